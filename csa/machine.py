@@ -1,0 +1,80 @@
+"""Machine facts CSA plans with: cache sizes, line size, vector registers, access latencies."""
+import os
+from dataclasses import dataclass, replace
+
+_SYSFS = "/sys/devices/system/cpu/cpu{cpu}/cache"
+# Used where the OS does not tell (non-Linux, containers hiding sysfs): a typical x86 core.
+FALLBACK = {"l1d": 32 * 1024, "l2": 1024 * 1024, "l3": 8 * 1024 * 1024, "line": 64}
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Sizes in bytes; caches are per core except L3 (shared). Vector facts are plain numbers
+    (the micro-kernel ISA's register width and count); latencies are cycles per line, used only
+    to weigh the cost model's terms against each other."""
+    l1d: int = FALLBACK["l1d"]
+    l2: int = FALLBACK["l2"]
+    l3: int = FALLBACK["l3"]
+    line: int = FALLBACK["line"]
+    vector_bytes: int = 16
+    vector_registers: int = 16
+    latency_l1: float = 4.0
+    latency_l2: float = 14.0
+    latency_l3: float = 50.0
+    latency_mem: float = 250.0
+    source: str = "defaults"
+
+    @classmethod
+    def host(cls, cpu=None, **overrides):
+        """Caches of the core this process runs on, read from Linux sysfs (index*/level, type,
+        size, coherency_line_size); ``FALLBACK`` values where unavailable. ``overrides`` set any
+        field, e.g. the vector facts of the ISA the kernels are compiled for."""
+        if cpu is None:
+            cpu = min(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
+        found = read_sysfs_caches(_SYSFS.format(cpu=cpu))
+        facts = dict(FALLBACK, **found, source="sysfs" if found else "fallback (no sysfs)")
+        return cls(**facts).with_(**overrides)
+
+    def with_(self, **changes):
+        return replace(self, **changes)
+
+    def __str__(self):
+        return (f"L1d {self.l1d // 1024} KiB, L2 {self.l2 // 1024} KiB, L3 {self.l3 // 1024} KiB, "
+                f"line {self.line} B, {self.vector_registers} x {self.vector_bytes * 8}-bit vector "
+                f"registers ({self.source})")
+
+
+def read_sysfs_caches(path):
+    """{'l1d', 'l2', 'l3', 'line'} as found under ``path`` (a sysfs cache directory); {} if absent."""
+    found = {}
+    try:
+        entries = sorted(e for e in os.listdir(path) if e.startswith("index"))
+    except OSError:
+        return found
+    for entry in entries:
+        try:
+            level, kind, size, line = (_read(path, entry, name) for name in
+                                       ("level", "type", "size", "coherency_line_size"))
+        except OSError:
+            continue
+        if kind == "Instruction":
+            continue
+        key = {"1": "l1d", "2": "l2", "3": "l3"}.get(level)
+        if key:
+            found[key] = parse_size(size)
+            found["line"] = int(line)
+    return found
+
+
+def _read(path, entry, name):
+    with open(os.path.join(path, entry, name)) as f:
+        return f.read().strip()
+
+
+def parse_size(text):
+    """'48K' -> 49152, '1024K', '32M', '512' (bytes)."""
+    units = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
+    text = text.strip().upper()
+    if text and text[-1] in units:
+        return int(text[:-1]) * units[text[-1]]
+    return int(text)

@@ -1,0 +1,179 @@
+"""Convolution Slicing Analysis: micro-tile, channel tile, cache blocking and schedule.
+
+Symbols (DESIGN.md): C_g = channels per group, K_g = filters per group, R x S filter, P x Q output,
+ds bytes per element, micro-tile Nwin windows x Nf filters. Footprints of packed tiles:
+|IN| = Nwin*R*S*Nc*ds, |W| = Nf*R*S*Nc*ds, |OUT| = Nwin*Nf*ds.
+"""
+from dataclasses import dataclass, field
+from math import ceil
+
+from .machine import Machine
+
+SCHEDULES = ("IS", "WS")
+CACHE_FILL = 0.9  # fraction of each cache level a tile set may occupy
+
+
+def microtile(vector_lanes, vector_registers):
+    """(Nwin, Nf) from the register budget: two vectors of windows (little lane waste on small
+    output planes), and as many filter rows as leave room for the two window vectors and one
+    broadcast: Nf*2 + 2 + 1 <= registers (AVX-512: 14 x 32 floats, AVX2: 6 x 16)."""
+    vectors = 2
+    return vectors * vector_lanes, max(1, (vector_registers - vectors - 1) // vectors)
+
+
+@dataclass(frozen=True)
+class SlicingPlan:
+    spec: object
+    machine: Machine
+    nwin: int
+    nf: int
+    nc: int
+    k2: int
+    k3: int
+    schedule: str
+    costs: dict = field(compare=False)      # schedule -> {term: cycles}
+    forced: tuple = ()                      # names of the values set by an override
+
+    @property
+    def window_tiles(self):
+        return ceil(self.spec.p * self.spec.q / self.nwin)
+
+    @property
+    def filter_tiles(self):
+        return ceil(self.spec.k_per_group / self.nf)
+
+    @property
+    def channel_tiles(self):
+        return ceil(self.spec.c_per_group / self.nc)
+
+    def footprints(self):
+        return tile_footprints(self.spec, self.nwin, self.nf, self.nc)
+
+    def explain(self):
+        s, m = self.spec, self.machine
+        fin, fw, fout = self.footprints()
+        ds, rs = s.itemsize, s.r * s.s
+        lines = [
+            f"SlicingPlan for {s} ({s.flops / 1e9:.3f} GFLOP)",
+            f"  machine: {m}",
+            f"  micro-tile: {self.nwin} windows x {self.nf} filters "
+            f"(from {m.vector_registers} registers of {m.vector_bytes * 8 // (ds * 8)} lanes)",
+            f"  Nc = {self.nc}: largest with Nc*(Nwin+Nf)*R*S*ds + Nwin*Nf*ds <= {CACHE_FILL}*L1 "
+            f"= {self.nc}*{self.nwin + self.nf}*{rs}*{ds} + {fout} = "
+            f"{self.nc * (self.nwin + self.nf) * rs * ds + fout} <= {int(CACHE_FILL * m.l1d)}"
+            f"{_forced(self, 'nc')}",
+            f"  tiles: {self.window_tiles} window x {self.filter_tiles} filter x "
+            f"{self.channel_tiles} channel (per image and group); |IN|={fin} B |W|={fw} B |OUT|={fout} B",
+        ]
+        if self.schedule == "IS":
+            lines.append(f"  IS: K2 = {self.k2} filter tiles in L2 (|IN| + K2*(|W|+|OUT|) <= "
+                         f"{CACHE_FILL}*L2), K3 = {self.k3} window tiles in L3 (K3*|IN| + K2*|W| + "
+                         f"K2*K3*|OUT| <= {CACHE_FILL}*L3){_forced(self, 'k2', 'k3')}")
+        else:
+            lines.append(f"  WS: K2 = {self.k2} window tiles in L2 (|W| + K2*(|IN|+|OUT|) <= "
+                         f"{CACHE_FILL}*L2), K3 = {self.k3} filter tiles in L3 (K3*|W| + K2*|IN| + "
+                         f"K2*K3*|OUT| <= {CACHE_FILL}*L3){_forced(self, 'k2', 'k3')}")
+        lines.append("  cost model (cache-line loads x latency, cycles):")
+        for name in SCHEDULES:
+            terms = self.costs[name]
+            detail = ", ".join(f"{k} {v:.3g}" for k, v in terms.items() if k != "total")
+            lines.append(f"    {name}: total {terms['total']:.4g}  ({detail})")
+        why = "forced by override" if "schedule" in self.forced else "cheaper"
+        lines.append(f"  schedule: {self.schedule} ({why})")
+        return "\n".join(lines)
+
+
+def _forced(plan, *names):
+    hit = [n for n in names if n in plan.forced]
+    return f" [forced: {', '.join(hit)}]" if hit else ""
+
+
+def tile_footprints(spec, nwin, nf, nc):
+    ds, rs = spec.itemsize, spec.r * spec.s
+    return nwin * rs * nc * ds, nf * rs * nc * ds, nwin * nf * ds
+
+
+def channel_tile(spec, nwin, nf, l1d):
+    """Largest Nc with Nc*(Nwin+Nf)*R*S*ds + Nwin*Nf*ds <= 0.9*L1, at least 1, at most C_g."""
+    ds, rs = spec.itemsize, spec.r * spec.s
+    room = CACHE_FILL * l1d - nwin * nf * ds
+    return int(min(spec.c_per_group, max(1, room // ((nwin + nf) * rs * ds))))
+
+
+def blocking(stationary, streamed, out, streamed_tiles, resident_tiles, machine):
+    """K2 streamed tiles kept in L2 beside one stationary tile, K3 stationary tiles kept in L3
+    beside them: direct solutions of the DESIGN.md inequalities, clamped to [1, tiles]."""
+    k2 = (CACHE_FILL * machine.l2 - stationary) // (streamed + out)
+    k2 = int(min(streamed_tiles, max(1, k2)))
+    k3 = (CACHE_FILL * machine.l3 - k2 * streamed) // (stationary + k2 * out)
+    k3 = int(min(resident_tiles, max(1, k3)))
+    return k2, k3
+
+
+def schedule_costs(spec, machine, nwin, nf, nc, k2, k3, schedule):
+    """Cache-line loads per level, weighted by latency, for one whole convolution.
+
+    Stationary tiles (inputs for IS, filters for WS) are re-read from L1 by every micro-kernel
+    call after the first of each streamed block, which brings them from L3. Streamed tiles are
+    read from L2 by every call except the first of each resident block, which brings them from
+    L3. Compulsory traffic reads the input and filters from memory once. Input packing writes
+    packed tiles once per pass over the filters (IS packs once; WS re-packs once per block of K3
+    filter tiles). Partial outputs are re-read once per extra channel tile, from L3 when the
+    output fits there, else from memory.
+    """
+    line, ds, rs = machine.line, spec.itemsize, spec.r * spec.s
+    images = spec.n * spec.groups
+    t_in = ceil(spec.p * spec.q / nwin)
+    t_w = ceil(spec.k_per_group / nf)
+    t_c = ceil(spec.c_per_group / nc)
+    in_lines = nwin * rs * spec.c_per_group * ds / line   # one window tile over all channel tiles
+    w_lines = nf * rs * spec.c_per_group * ds / line      # one filter tile over all channel tiles
+    calls = t_in * t_w
+    if schedule == "IS":
+        stat, strm, t_stat, t_strm = in_lines, w_lines, t_in, t_w
+        packs = 1
+    else:
+        stat, strm, t_stat, t_strm = w_lines, in_lines, t_w, t_in
+        packs = ceil(t_w / k3)
+    stat_from_l3 = t_stat * ceil(t_strm / k2) * stat
+    strm_from_l3 = ceil(t_stat / k3) * t_strm * strm
+    out_lines = spec.k_per_group * spec.p * spec.q * ds / line
+    out_latency = machine.latency_l3 if out_lines * line * images <= machine.l3 else machine.latency_mem
+    raw_in_lines = spec.c_per_group * spec.h * spec.w * ds / line
+    terms = {
+        "stationary L1": (calls * stat - stat_from_l3) * machine.latency_l1,
+        "stationary L3": stat_from_l3 * machine.latency_l3,
+        "streamed L2": (calls * strm - strm_from_l3) * machine.latency_l2,
+        "streamed L3": strm_from_l3 * machine.latency_l3,
+        "compulsory mem": (raw_in_lines + t_w * w_lines) * machine.latency_mem,
+        "input packing": packs * (raw_in_lines * machine.latency_l3 + t_in * in_lines * machine.latency_l2),
+        "partial outputs": (t_c - 1) * out_lines * out_latency,
+    }
+    terms = {k: v * images for k, v in terms.items()}
+    terms["total"] = sum(terms.values())
+    return terms
+
+
+def analyze(spec, machine=None, *, microtile_shape=None, nc=None, k2=None, k3=None, schedule=None):
+    """Plan ``spec`` for ``machine`` (default: ``Machine.host()``). Keyword overrides force a
+    value (tests and what-if analysis); the rest is derived as DESIGN.md says."""
+    machine = machine or Machine.host()
+    forced = tuple(name for name, v in (("microtile", microtile_shape), ("nc", nc), ("k2", k2),
+                                        ("k3", k3), ("schedule", schedule)) if v is not None)
+    lanes = machine.vector_bytes // spec.itemsize
+    nwin, nf = microtile_shape or microtile(lanes, machine.vector_registers)
+    if schedule not in (None,) + SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    for name, v in (("nc", nc), ("k2", k2), ("k3", k3)):
+        if v is not None and (not isinstance(v, int) or v < 1):
+            raise ValueError(f"{name} override must be a positive int, got {v!r}")
+    nc = min(nc, spec.c_per_group) if nc else channel_tile(spec, nwin, nf, machine.l1d)
+    fin, fw, fout = tile_footprints(spec, nwin, nf, nc)
+    t_in, t_w = ceil(spec.p * spec.q / nwin), ceil(spec.k_per_group / nf)
+    blocks = {"IS": blocking(fin, fw, fout, t_w, t_in, machine),
+              "WS": blocking(fw, fin, fout, t_in, t_w, machine)}
+    costs = {name: schedule_costs(spec, machine, nwin, nf, nc, *blocks[name], name)
+             for name in SCHEDULES}
+    chosen = schedule or min(SCHEDULES, key=lambda name: costs[name]["total"])
+    b2, b3 = blocks[chosen]
+    return SlicingPlan(spec, machine, nwin, nf, nc, k2 or b2, k3 or b3, chosen, costs, forced)

@@ -1,0 +1,108 @@
+"""Public API: ``conv2d`` (one call) and ``Conv2d`` (filters packed once, run many times).
+
+Semantics are PyTorch's ``torch.nn.functional.conv2d``: cross-correlation, NCHW input, OIHW
+weights, zero padding, output in the input's dtype.
+"""
+from functools import lru_cache
+
+import numpy as np
+
+import csa
+from microkernels import KernelSpec, get_isa, host_isa
+from packing import pack_filters
+
+from . import arguments as args
+from .lowering import execute
+
+
+@lru_cache(maxsize=None)
+def host_machine(isa_name=None):
+    """The machine CSA plans for: the host's caches and the vector facts of the kernel ISA."""
+    isa = get_isa(isa_name) if isa_name else host_isa()
+    return csa.Machine.host(vector_bytes=isa.vector_bytes, vector_registers=isa.vector_registers)
+
+
+@lru_cache(maxsize=1024)
+def _plan(spec, isa_name, overrides):
+    return csa.analyze(spec, host_machine(isa_name), **dict(overrides))
+
+
+class Conv2d:
+    """A convolution with fixed weights: validates and packs ``weight`` once, then ``conv(x)``
+    runs it on any input with the right channel count. ``plan_overrides`` forces CSA choices
+    (``nc``, ``k2``, ``k3``, ``schedule`` 'IS'/'WS') and ``isa`` picks a micro-kernel ISA other
+    than the host's best; both exist for tests and experiments."""
+
+    def __init__(self, weight, bias=None, stride=1, padding=0, dilation=1, groups=1,
+                 activation=None, *, plan_overrides=None, isa=None):
+        self.groups = args.check_weight(weight, bias, groups)
+        self.stride = args.pair("stride", stride, 1)
+        self.dilation = args.pair("dilation", dilation, 1)
+        self.padding = args.padding_rule(padding)
+        self.activation = args.check_activation(activation)
+        self.isa = (get_isa(isa) if isa else host_isa()).name
+        self.overrides = tuple(sorted((plan_overrides or {}).items()))
+        self.dtype = weight.dtype
+        self.weight_shape = weight.shape
+        nwin, nf = self._microtile()
+        self.kernel = KernelSpec.for_dtype(self.dtype, nf, nwin, self.isa)
+        self.packed_weight = pack_filters(weight, nf, self.groups)
+        self.bias = (np.empty(0, self.dtype) if bias is None else
+                     np.ascontiguousarray(bias, dtype=self.dtype))
+
+    def _microtile(self):
+        forced = dict(self.overrides).get("microtile_shape")
+        machine = host_machine(self.isa)
+        return forced or csa.microtile(machine.vector_bytes // self.dtype.itemsize,
+                                       machine.vector_registers)
+
+    def spec_for(self, shape, dtype=None):
+        shape = tuple(shape)
+        if len(shape) == 3:
+            shape = (1,) + shape
+        return args.conv_spec(shape, np.dtype(dtype or self.dtype), self.weight_shape, self.dtype,
+                              self.stride, self.padding, self.dilation, self.groups)
+
+    def plan_for(self, shape):
+        """The SlicingPlan used for inputs of ``shape`` (N, C, H, W) or (C, H, W)."""
+        return _plan(self.spec_for(shape), self.isa, self.overrides)
+
+    def __call__(self, x, out=None):
+        args.check_array("input", x)
+        unbatched = x.ndim == 3
+        spec = self.spec_for(x.shape, x.dtype)
+        batch = x.shape[0] if x.ndim == 4 else 1
+        shape = (batch,) + spec.output_shape[1:]
+        if out is None:
+            result = np.empty(shape, dtype=self.dtype)
+        else:
+            args.check_out(out, spec.output_shape[1:] if unbatched else shape, self.dtype,
+                           (("input", x), ("weight", self.packed_weight), ("bias", self.bias)))
+            result = out.reshape(shape)
+        x4 = np.ascontiguousarray(x.reshape((batch,) + x.shape[-3:]))
+        plan = _plan(spec, self.isa, self.overrides)
+        execute(plan, self.kernel, x4, self.packed_weight, self.bias, result,
+                relu=self.activation == "relu")
+        return result[0] if unbatched and out is None else (out if out is not None else result)
+
+    def __repr__(self):
+        return (f"Conv2d(weight {self.weight_shape} {self.dtype}, stride={self.stride}, "
+                f"padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
+                f"activation={self.activation}, kernel={self.kernel.name})")
+
+
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, activation=None,
+           out=None):
+    """2-D convolution of ``x`` (N, C, H, W) or (C, H, W) with ``weight`` (K, C/groups, R, S).
+
+    ``stride``, ``dilation``: int or (h, w). ``padding``: int, (h, w), ((top, bottom), (left,
+    right)), 'valid' or 'same' (output = ceil(input / stride), an odd extra row or column at
+    the end). ``activation``: None or 'relu', fused into the store. ``out``: optional
+    C-contiguous array of the output shape and dtype to write into.
+    """
+    args.check_array("input", x)
+    args.check_array("weight", weight)
+    if x.dtype != weight.dtype:
+        raise TypeError(f"input dtype {x.dtype} differs from weight dtype {weight.dtype}; "
+                        "mixed dtypes are not supported")
+    return Conv2d(weight, bias, stride, padding, dilation, groups, activation)(x, out=out)

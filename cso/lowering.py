@@ -1,0 +1,117 @@
+"""Lowering: the compiled macro-kernel loop nest (IS and WS orders) around one micro-kernel.
+
+One loop nest is compiled per KernelSpec (dtype, micro-tile, ISA); every shape, stride, padding,
+dilation, group count and tiling is a run-time argument, so a model with many distinct
+convolutions compiles it once. No Python runs per tile: packing and micro-kernel calls happen
+inside the numba-compiled function.
+"""
+from functools import lru_cache
+import numpy as np
+from numba import njit
+
+from microkernels import ACCUMULATE, BIAS, RELU
+from microkernels.numba_bridge import kernel_intrinsic
+from packing import pack_input_tile
+
+# Layout of the int64 ``geom`` vector passed to the loop nest: the first nine entries are the
+# window geometry the input packer reads.
+GEOM_FIELDS = ("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q",
+               "P", "groups", "Cg", "Kg", "nc", "k2", "k3", "is_input_stationary", "epilogue")
+
+
+def geometry(plan, epilogue_flags):
+    """The ``geom`` vector for ``plan``; ``epilogue_flags`` (BIAS | RELU) apply on the last
+    channel tile."""
+    s = plan.spec
+    values = dict(R=s.r, S=s.s, sh=s.stride[0], sw=s.stride[1], dh=s.dilation[0], dw=s.dilation[1],
+                  pt=s.padding[0], pl=s.padding[2], Q=s.q, P=s.p, groups=s.groups,
+                  Cg=s.c_per_group, Kg=s.k_per_group, nc=plan.nc, k2=plan.k2, k3=plan.k3,
+                  is_input_stationary=int(plan.schedule == "IS"), epilogue=epilogue_flags)
+    return np.array([values[f] for f in GEOM_FIELDS], dtype=np.int64)
+
+
+def scratch_elements(plan):
+    """Packed input tiles held at once: K3 of them for IS, K2 for WS."""
+    s = plan.spec
+    tiles = plan.k3 if plan.schedule == "IS" else plan.k2
+    return tiles * plan.nwin * plan.nc * s.r * s.s
+
+
+@lru_cache(maxsize=None)
+def conv_loop_nest(kspec):
+    """The compiled ``run(x, packed_w, bias, out, geom, scratch)`` for micro-kernel ``kspec``."""
+    ukernel = kernel_intrinsic(kspec)
+    NWIN, NF = kspec.nwin, kspec.nf
+
+    @njit(nogil=True)
+    def run(x, packed_w, bias, out, geom, scratch):
+        R, S = geom[0], geom[1]
+        Q, P, G, Cg, Kg = geom[8], geom[9], geom[10], geom[11], geom[12]
+        nc_max, k2, k3, input_stationary, epilogue = geom[13], geom[14], geom[15], geom[16], geom[17]
+        N, K = x.shape[0], out.shape[1]
+        PQ = P * Q
+        t_in = (PQ + NWIN - 1) // NWIN
+        t_w = (Kg + NF - 1) // NF
+        for n in range(N):
+            for g in range(G):
+                for c0 in range(0, Cg, nc_max):
+                    nc = min(nc_max, Cg - c0)
+                    flags = ACCUMULATE if c0 > 0 else 0
+                    if c0 + nc == Cg:
+                        flags |= epilogue
+                    depth = nc * R * S           # rows of the packed tiles (the kernel's k)
+                    tile = depth * NWIN          # elements of one packed input tile
+                    w_base = (g * t_w * Cg + c0) * R * S * NF
+                    w_tile = Cg * R * S * NF     # stride between filter tiles
+                    out_base = (n * K + g * Kg) * PQ
+                    if input_stationary:
+                        # K3 window tiles packed once, then K2 filter tiles at a time
+                        for wb in range(0, t_in, k3):
+                            wend = min(t_in, wb + k3)
+                            for wt in range(wb, wend):
+                                p0 = wt * NWIN
+                                pack_input_tile(x, n, g * Cg + c0, nc, p0, min(NWIN, PQ - p0),
+                                                geom, scratch, (wt - wb) * tile, NWIN)
+                            for fb in range(0, t_w, k2):
+                                for wt in range(wb, wend):
+                                    p0 = wt * NWIN
+                                    for ft in range(fb, min(t_w, fb + k2)):
+                                        f0 = ft * NF
+                                        ukernel(depth, scratch, (wt - wb) * tile,
+                                                packed_w, w_base + ft * w_tile,
+                                                out, out_base + f0 * PQ + p0, PQ,
+                                                min(NWIN, PQ - p0), min(NF, Kg - f0),
+                                                bias, g * Kg + f0, flags)
+                    else:
+                        # K3 filter tiles stay in L3; K2 window tiles packed per block
+                        for fb in range(0, t_w, k3):
+                            for wb in range(0, t_in, k2):
+                                wend = min(t_in, wb + k2)
+                                for wt in range(wb, wend):
+                                    p0 = wt * NWIN
+                                    pack_input_tile(x, n, g * Cg + c0, nc, p0, min(NWIN, PQ - p0),
+                                                    geom, scratch, (wt - wb) * tile, NWIN)
+                                for ft in range(fb, min(t_w, fb + k3)):
+                                    f0 = ft * NF
+                                    for wt in range(wb, wend):
+                                        p0 = wt * NWIN
+                                        ukernel(depth, scratch, (wt - wb) * tile,
+                                                packed_w, w_base + ft * w_tile,
+                                                out, out_base + f0 * PQ + p0, PQ,
+                                                min(NWIN, PQ - p0), min(NF, Kg - f0),
+                                                bias, g * Kg + f0, flags)
+
+    return run
+
+
+def execute(plan, kspec, x, packed_w, bias, out, relu):
+    """Run ``plan`` on validated arrays: ``x`` 4-D C-contiguous, ``packed_w`` from
+    ``packing.pack_filters`` with ``kspec.nf``, ``bias`` 1-D (length K, or empty for none),
+    ``out`` 4-D C-contiguous of the output shape."""
+    if x.shape[0] == 0:
+        return out
+    flags = (BIAS if bias.size else 0) | (RELU if relu else 0)
+    scratch = np.empty(scratch_elements(plan), dtype=x.dtype)
+    conv_loop_nest(kspec)(x, packed_w.reshape(-1), bias, out, geometry(plan, flags), scratch)
+    return out
+

@@ -1,0 +1,208 @@
+"""LLVM IR generator for the outer-product convolution micro-kernel.
+
+Contract (BLIS-style): for a packed input tile A (k rows of ``nwin`` window values) and a packed
+filter tile B (k rows of ``nf`` filter values)
+
+    C[f][0:nwin] (+)= sum_i A[i][0:nwin] * B[i][f]      for f < nf_used, window < nwin_used
+
+where row f of C starts at ``c + f * ldc``. Windows are the vector dimension, filters are
+broadcast. A and B are always full-size (padded by the packer), so the loop reads no more than
+k * nwin and k * nf elements; only the store is trimmed to the used rows (``nf_used``) and windows
+(``nwin_used``), with masked vector accesses, so an edge tile never touches memory outside its
+output rows.
+
+``flags``: ACCUMULATE adds to C (later channel tiles) instead of overwriting it, BIAS adds
+``bias[f]`` (``bias`` is read only when this flag is set), RELU clamps at zero (NaN passes).
+One generator serves every dtype and ISA: only the vector width and tile shape change.
+"""
+from llvmlite import ir
+
+ACCUMULATE, BIAS, RELU = 1, 2, 4
+UNROLL = 4  # k-loop unroll; a power of two
+
+I32, I64 = ir.IntType(32), ir.IntType(64)
+PTR = ir.PointerType()
+ARG_NAMES = ("k", "a", "b", "c", "ldc", "nwin_used", "nf_used", "bias", "flags")
+FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [I64, PTR, PTR, PTR, I64, I64, I64, PTR, I64])
+
+
+def _scalar_type(spec):
+    return {"f32": ir.FloatType(), "f64": ir.DoubleType()}[spec.dtype]
+
+
+def _vector_intrinsics(module, vec):
+    """llvm.fma, llvm.masked.load and llvm.masked.store for ``vec`` (the masked accesses take
+    their alignment as a pointer attribute; without one they assume 1, which x86 does not mind)."""
+    suffix = f"v{vec.count}{'f32' if isinstance(vec.element, ir.FloatType) else 'f64'}"
+    mask = ir.VectorType(ir.IntType(1), vec.count)
+    fma = _declare(module, f"llvm.fma.{suffix}", ir.FunctionType(vec, [vec, vec, vec]))
+    load = _declare(module, f"llvm.masked.load.{suffix}.p0", ir.FunctionType(vec, [PTR, mask, vec]))
+    store = _declare(module, f"llvm.masked.store.{suffix}.p0",
+                     ir.FunctionType(ir.VoidType(), [vec, PTR, mask]))
+    return fma, load, store
+
+
+def _declare(module, name, fnty):
+    try:
+        return module.get_global(name)
+    except KeyError:
+        return ir.Function(module, fnty, name)
+
+
+def define_kernel(module, spec, linkage="internal"):
+    """Return the kernel function for ``spec`` in ``module``, defining it on first use."""
+    try:
+        return module.get_global(spec.name)
+    except KeyError:
+        pass
+    fn = ir.Function(module, FUNCTION_TYPE, spec.name)
+    fn.linkage = linkage
+    fn.attributes.add("nounwind")
+    for arg, name in zip(fn.args, ARG_NAMES):
+        arg.name = name
+    for ptr_arg in fn.args[1:4]:
+        ptr_arg.add_attribute("noalias")
+    _KernelBuilder(module, fn, spec).build()
+    return fn
+
+
+class _KernelBuilder:
+    def __init__(self, module, fn, spec):
+        self.spec, self.fn = spec, fn
+        self.scalar = _scalar_type(spec)
+        self.vec = ir.VectorType(self.scalar, spec.lanes)
+        self.zero = ir.Constant(self.vec, [0.0] * spec.lanes)
+        self.fma, self.masked_load, self.masked_store = _vector_intrinsics(module, self.vec)
+        self.align = spec.np_dtype.itemsize
+
+    def build(self):
+        spec, fn = self.spec, self.fn
+        k, a, b, c, ldc, nwin_used, nf_used, bias, flags = fn.args
+        entry = fn.append_basic_block("entry")
+        main_head, main_body = fn.append_basic_block("main_head"), fn.append_basic_block("main_body")
+        rem_head, rem_body = fn.append_basic_block("rem_head"), fn.append_basic_block("rem_body")
+        epilogue = fn.append_basic_block("epilogue")
+        bld = ir.IRBuilder(entry)
+        zero_slot = bld.alloca(self.scalar, name="zero_slot")  # bias source when BIAS is off
+        bld.store(ir.Constant(self.scalar, 0.0), zero_slot)
+        k_main = bld.and_(k, ir.Constant(I64, -UNROLL), name="k_main")
+        bld.branch(main_head)
+        n_acc = spec.nf * spec.vectors
+
+        # Main loop: UNROLL rows of A and B per iteration, accumulators carried in phis.
+        bld.position_at_end(main_head)
+        i = bld.phi(I64, name="i")
+        accs = [bld.phi(self.vec, name=f"acc{j}") for j in range(n_acc)]
+        bld.cbranch(bld.icmp_unsigned("<", i, k_main), main_body, rem_head)
+        bld.position_at_end(main_body)
+        new = list(accs)
+        for u in range(UNROLL):
+            new = self._step(bld, bld.add(i, ir.Constant(I64, u)), new)
+        i_next = bld.add(i, ir.Constant(I64, UNROLL))
+        bld.branch(main_head)
+        i.add_incoming(ir.Constant(I64, 0), entry)
+        i.add_incoming(i_next, main_body)
+        for phi, init, upd in zip(accs, [self.zero] * n_acc, new):
+            phi.add_incoming(init, entry)
+            phi.add_incoming(upd, main_body)
+
+        # Remainder loop: the last k mod UNROLL rows, one at a time.
+        bld.position_at_end(rem_head)
+        j = bld.phi(I64, name="j")
+        raccs = [bld.phi(self.vec, name=f"racc{n}") for n in range(n_acc)]
+        bld.cbranch(bld.icmp_unsigned("<", j, k), rem_body, epilogue)
+        bld.position_at_end(rem_body)
+        rnew = self._step(bld, j, raccs)
+        j_next = bld.add(j, ir.Constant(I64, 1))
+        bld.branch(rem_head)
+        j.add_incoming(i, main_head)
+        j.add_incoming(j_next, rem_body)
+        for phi, init, upd in zip(raccs, accs, rnew):
+            phi.add_incoming(init, main_head)
+            phi.add_incoming(upd, rem_body)
+
+        self._epilogue(epilogue, raccs, c, ldc, nwin_used, nf_used, bias, flags, zero_slot)
+
+    def _step(self, bld, row, accs):
+        """One rank-1 update: accs[f][v] += A[row][v-th vector] * B[row][f]."""
+        spec = self.spec
+        a_row = bld.mul(row, ir.Constant(I64, spec.nwin))
+        b_row = bld.mul(row, ir.Constant(I64, spec.nf))
+        a_vecs = []
+        for v in range(spec.vectors):
+            ptr = bld.gep(self.fn.args[1], [bld.add(a_row, ir.Constant(I64, v * spec.lanes))],
+                          inbounds=True, source_etype=self.scalar)
+            a_vecs.append(bld.load(ptr, typ=self.vec, align=self.align))
+        out = []
+        for f in range(spec.nf):
+            ptr = bld.gep(self.fn.args[2], [bld.add(b_row, ir.Constant(I64, f))], inbounds=True,
+                          source_etype=self.scalar)
+            bvec = self._splat(bld, bld.load(ptr, typ=self.scalar, align=self.align))
+            for v in range(spec.vectors):
+                out.append(bld.call(self.fma, [a_vecs[v], bvec, accs[f * spec.vectors + v]]))
+        return out
+
+    def _splat(self, bld, scalar):
+        lanes = self.spec.lanes
+        one = bld.insert_element(ir.Constant(self.vec, ir.Undefined), scalar, ir.Constant(I32, 0))
+        return bld.shuffle_vector(one, ir.Constant(self.vec, ir.Undefined),
+                                  ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
+
+    def _epilogue(self, block, accs, c, ldc, nwin_used, nf_used, bias, flags, zero_slot):
+        """Store the used rows; four variants: full or partial (masked) windows x overwrite or
+        accumulate. Bias and ReLU are cheap selects on the flags."""
+        spec, fn = self.spec, self.fn
+        bld = ir.IRBuilder(block)
+        flag_on = [bld.icmp_unsigned("!=", bld.and_(flags, ir.Constant(I64, bit)), ir.Constant(I64, 0))
+                   for bit in (ACCUMULATE, BIAS, RELU)]
+        accumulate, bias_on, relu_on = flag_on
+        lanes = spec.lanes
+        iota = ir.Constant(ir.VectorType(I32, lanes), list(range(lanes)))
+        nwin32 = bld.trunc(nwin_used, I32)
+        masks = [bld.icmp_signed("<", iota, self._splat_int(bld, bld.sub(nwin32, ir.Constant(I32, v * lanes))))
+                 for v in range(spec.vectors)]
+        done = fn.append_basic_block("done")
+        full_blk, part_blk = fn.append_basic_block("store_full"), fn.append_basic_block("store_part")
+        bld.cbranch(bld.icmp_unsigned("==", nwin_used, ir.Constant(I64, spec.nwin)), full_blk, part_blk)
+        for masked, blk in ((False, full_blk), (True, part_blk)):
+            bld.position_at_end(blk)
+            over, add = fn.append_basic_block(), fn.append_basic_block()
+            bld.cbranch(accumulate, add, over)
+            for acc_mode, rows_blk in ((False, over), (True, add)):
+                bld.position_at_end(rows_blk)
+                for f in range(spec.nf):
+                    if f:  # row 0 always exists (nf_used >= 1)
+                        row_blk = fn.append_basic_block()
+                        bld.cbranch(bld.icmp_unsigned("<", ir.Constant(I64, f), nf_used), row_blk, done)
+                        bld.position_at_end(row_blk)
+                    self._store_row(bld, f, accs, c, ldc, masks if masked else None, acc_mode,
+                                    bias, bias_on, relu_on, zero_slot)
+                bld.branch(done)
+        bld.position_at_end(done)
+        bld.ret_void()
+
+    def _splat_int(self, bld, value):
+        vty = ir.VectorType(I32, self.spec.lanes)
+        one = bld.insert_element(ir.Constant(vty, ir.Undefined), value, ir.Constant(I32, 0))
+        return bld.shuffle_vector(one, ir.Constant(vty, ir.Undefined),
+                                  ir.Constant(vty, [0] * self.spec.lanes))
+
+    def _store_row(self, bld, f, accs, c, ldc, masks, accumulate, bias, bias_on, relu_on, zero_slot):
+        spec = self.spec
+        bias_ptr = bld.select(bias_on, bld.gep(bias, [ir.Constant(I64, f)], source_etype=self.scalar),
+                              zero_slot)
+        bvec = self._splat(bld, bld.load(bias_ptr, typ=self.scalar, align=self.align))
+        row = bld.mul(ir.Constant(I64, f), ldc)
+        for v in range(spec.vectors):
+            ptr = bld.gep(c, [bld.add(row, ir.Constant(I64, v * spec.lanes))], source_etype=self.scalar)
+            val = accs[f * spec.vectors + v]
+            if accumulate:
+                prev = (bld.load(ptr, typ=self.vec, align=self.align) if masks is None else
+                        bld.call(self.masked_load, [ptr, masks[v], self.zero]))
+                val = bld.fadd(val, prev)
+            val = bld.select(bias_on, bld.fadd(val, bvec), val)
+            val = bld.select(relu_on, bld.select(bld.fcmp_ordered("<", val, self.zero), self.zero, val), val)
+            if masks is None:
+                bld.store(val, ptr, align=self.align)
+            else:
+                bld.call(self.masked_store, [val, ptr, masks[v]])

@@ -1,0 +1,19 @@
+"""The micro-kernel contract in plain NumPy: the reference every generated kernel is tested against."""
+import numpy as np
+
+from .ir_gen import ACCUMULATE, BIAS, RELU
+
+
+def reference_kernel(spec, k, a, b, c, ldc, nwin_used, nf_used, bias=None, flags=0):
+    """C rows f < nf_used, windows < nwin_used: (C +) A^T B (+ bias), optionally ReLU."""
+    A = a[: k * spec.nwin].reshape(k, spec.nwin)[:, :nwin_used]
+    B = b[: k * spec.nf].reshape(k, spec.nf)[:, :nf_used]
+    tile = (B.T @ A).astype(spec.np_dtype)
+    for f in range(nf_used):
+        row = c[f * ldc: f * ldc + nwin_used]
+        val = tile[f] + row if flags & ACCUMULATE else tile[f]
+        if flags & BIAS:
+            val = val + bias[f]
+        if flags & RELU:
+            val = np.where(val < 0, 0, val)
+        row[...] = val

@@ -1,0 +1,64 @@
+"""KernelSpec: what a micro-kernel computes and where it runs. Its name is its cache key."""
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from .isa import get_isa
+
+DTYPES = {"f32": np.dtype(np.float32), "f64": np.dtype(np.float64)}
+_NAME = re.compile(r"^(f32|f64)_conv_ukernel_(\d+)x(\d+)__(\w+)$")
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """An ``nf`` x ``nwin`` outer-product tile: ``nf`` filters (broadcast) by ``nwin`` windows
+    (the vector dimension) for one dtype and ISA."""
+    dtype: str   # "f32" or "f64"
+    nf: int
+    nwin: int
+    isa: str
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"KernelSpec dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        lanes = self.lanes
+        if self.nf < 1 or self.nwin < 1 or self.nwin % lanes:
+            raise ValueError(f"KernelSpec needs nf >= 1 and nwin a positive multiple of the "
+                             f"{lanes} vector lanes, got nf={self.nf}, nwin={self.nwin}")
+
+    @property
+    def np_dtype(self):
+        return DTYPES[self.dtype]
+
+    @property
+    def lanes(self):
+        return get_isa(self.isa).lanes(DTYPES[self.dtype].itemsize)
+
+    @property
+    def vectors(self):
+        """Vectors per window row of the tile."""
+        return self.nwin // self.lanes
+
+    @property
+    def name(self):
+        return f"{self.dtype}_conv_ukernel_{self.nf}x{self.nwin}__{self.isa}"
+
+    def __str__(self):
+        return self.name
+
+    @classmethod
+    def parse(cls, name):
+        m = _NAME.match(name)
+        if not m:
+            raise ValueError(f"not a kernel name: {name!r} "
+                             "(expected e.g. 'f32_conv_ukernel_14x32__avx512')")
+        dtype, nf, nwin, isa = m.groups()
+        return cls(dtype, int(nf), int(nwin), isa)
+
+    @classmethod
+    def for_dtype(cls, dtype, nf, nwin, isa):
+        for short, dt in DTYPES.items():
+            if dt == np.dtype(dtype):
+                return cls(short, nf, nwin, isa)
+        raise TypeError(f"no micro-kernel for dtype {np.dtype(dtype)}; supported: float32, float64")

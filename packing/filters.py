@@ -1,0 +1,36 @@
+"""Filter packing, done once per weight tensor (model load time).
+
+Layout (G, T_w, C_g, R, S, Nf): for each group and tile of Nf filters, for each (c, r, s), the Nf
+filter values the micro-kernel broadcasts, contiguous. Filters past K_g in the last tile are zero.
+Any channel tile [c0, c0 + Nc) of a filter tile is the contiguous block starting at c0*R*S*Nf, so
+the packed form does not depend on the channel tile CSA picks (nor on the input shape).
+"""
+from math import ceil
+
+import numpy as np
+
+
+def packed_filters_shape(weight_shape, nf, groups):
+    k, c_g, r, s = weight_shape
+    return (groups, ceil(k // groups / nf), c_g, r, s, nf)
+
+
+def pack_filters(w, nf, groups=1):
+    """Pack OIHW weights ``w`` (K x C/groups x R x S) into tiles of ``nf`` filters; returns a
+    C-contiguous array of ``packed_filters_shape`` in w's dtype."""
+    k, c_g, r, s = w.shape
+    k_g = k // groups
+    shape = packed_filters_shape(w.shape, nf, groups)
+    padded = np.zeros((groups, shape[1] * nf, c_g, r, s), dtype=w.dtype)
+    padded[:, :k_g] = w.reshape(groups, k_g, c_g, r, s)
+    # (G, T_w*Nf, C, R, S) -> (G, T_w, Nf, C, R, S) -> (G, T_w, C, R, S, Nf)
+    tiles = padded.reshape(groups, shape[1], nf, c_g, r, s)
+    return np.ascontiguousarray(tiles.transpose(0, 1, 3, 4, 5, 2))
+
+
+def unpack_filters(packed, k):
+    """Inverse of ``pack_filters``: the K x C/groups x R x S weights."""
+    groups, t_w, c_g, r, s, nf = packed.shape
+    k_g = k // groups
+    tiles = packed.transpose(0, 1, 5, 2, 3, 4).reshape(groups, t_w * nf, c_g, r, s)
+    return np.ascontiguousarray(tiles[:, :k_g].reshape(k, c_g, r, s))
