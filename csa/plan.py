@@ -154,19 +154,33 @@ def schedule_costs(spec, machine, nwin, nf, nc, k2, k3, schedule):
     return terms
 
 
+OVERRIDES = ("microtile_shape", "nc", "k2", "k3", "schedule")
+
+
+def check_overrides(**overrides):
+    """Raise TypeError for an unknown override name, ValueError for a bad value (None = unset)."""
+    for name, v in overrides.items():
+        if name not in OVERRIDES:
+            raise TypeError(f"unknown plan override {name!r}; known: {OVERRIDES}")
+        if v is None:
+            continue
+        if name == "schedule" and v not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {v!r}")
+        if name in ("nc", "k2", "k3") and (not isinstance(v, int) or v < 1):
+            raise ValueError(f"{name} override must be a positive int, got {v!r}")
+        if name == "microtile_shape" and (len(v) != 2 or min(v) < 1):
+            raise ValueError(f"microtile_shape override must be (nwin, nf), got {v!r}")
+
+
 def analyze(spec, machine=None, *, microtile_shape=None, nc=None, k2=None, k3=None, schedule=None):
     """Plan ``spec`` for ``machine`` (default: ``Machine.host()``). Keyword overrides force a
     value (tests and what-if analysis); the rest is derived as DESIGN.md says."""
     machine = machine or Machine.host()
     forced = tuple(name for name, v in (("microtile", microtile_shape), ("nc", nc), ("k2", k2),
                                         ("k3", k3), ("schedule", schedule)) if v is not None)
+    check_overrides(microtile_shape=microtile_shape, nc=nc, k2=k2, k3=k3, schedule=schedule)
     lanes = machine.vector_bytes // spec.itemsize
     nwin, nf = microtile_shape or microtile(lanes, machine.vector_registers)
-    if schedule not in (None,) + SCHEDULES:
-        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    for name, v in (("nc", nc), ("k2", k2), ("k3", k3)):
-        if v is not None and (not isinstance(v, int) or v < 1):
-            raise ValueError(f"{name} override must be a positive int, got {v!r}")
     nc = min(nc, spec.c_per_group) if nc else channel_tile(spec, nwin, nf, machine.l1d)
     fin, fw, fout = tile_footprints(spec, nwin, nf, nc)
     t_in, t_w = ceil(spec.p * spec.q / nwin), ceil(spec.k_per_group / nf)

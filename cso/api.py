@@ -8,7 +8,7 @@ from functools import lru_cache
 import numpy as np
 
 import csa
-from microkernels import KernelSpec, get_isa, host_isa
+from microkernels import KernelSpec, get_isa, host_isa, supported_isas
 from packing import pack_filters
 
 from . import arguments as args
@@ -27,6 +27,16 @@ def _plan(spec, isa_name, overrides):
     return csa.analyze(spec, host_machine(isa_name), **dict(overrides))
 
 
+def _check_isa(name):
+    if name is None:
+        return host_isa().name
+    isa = get_isa(name)
+    if isa not in supported_isas():
+        raise ValueError(f"isa {name!r} is not supported by this CPU; supported: "
+                         f"{[i.name for i in supported_isas()]}")
+    return isa.name
+
+
 class Conv2d:
     """A convolution with fixed weights: validates and packs ``weight`` once, then ``conv(x)``
     runs it on any input with the right channel count. ``plan_overrides`` forces CSA choices
@@ -40,7 +50,11 @@ class Conv2d:
         self.dilation = args.pair("dilation", dilation, 1)
         self.padding = args.padding_rule(padding)
         self.activation = args.check_activation(activation)
-        self.isa = (get_isa(isa) if isa else host_isa()).name
+        self.isa = _check_isa(isa)
+        try:
+            csa.check_overrides(**(plan_overrides or {}))
+        except TypeError as err:
+            raise TypeError(f"plan_overrides: {err}") from None
         self.overrides = tuple(sorted((plan_overrides or {}).items()))
         self.dtype = weight.dtype
         self.weight_shape = weight.shape

@@ -7,7 +7,8 @@ inside the numba-compiled function.
 """
 from functools import lru_cache
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.np.numpy_support import from_dtype
 
 from microkernels import ACCUMULATE, BIAS, RELU
 from microkernels.numba_bridge import kernel_intrinsic
@@ -37,13 +38,22 @@ def scratch_elements(plan):
     return tiles * plan.nwin * plan.nc * s.r * s.s
 
 
+def loop_nest_signature(dtype):
+    """One explicit signature: inputs typed read-only (a writeable array converts to it), so
+    read-only, writeable, sliced or copied arguments never trigger another compilation."""
+    def array(ndim, dt=from_dtype(dtype), readonly=False):
+        return types.Array(dt, ndim, "C", readonly=readonly)
+    return types.void(array(4, readonly=True), array(1, readonly=True), array(1, readonly=True),
+                      array(4), array(1, types.int64, readonly=True), array(1))
+
+
 @lru_cache(maxsize=None)
 def conv_loop_nest(kspec):
     """The compiled ``run(x, packed_w, bias, out, geom, scratch)`` for micro-kernel ``kspec``."""
     ukernel = kernel_intrinsic(kspec)
     NWIN, NF = kspec.nwin, kspec.nf
 
-    @njit(nogil=True)
+    @njit(loop_nest_signature(kspec.np_dtype), nogil=True)
     def run(x, packed_w, bias, out, geom, scratch):
         R, S = geom[0], geom[1]
         Q, P, G, Cg, Kg = geom[8], geom[9], geom[10], geom[11], geom[12]

@@ -1,0 +1,123 @@
+"""What one core can do: an FMA-only probe (the hardware ceiling) and the micro-kernel alone on
+L1-resident tiles (the ceiling for cso's loop nests)."""
+import ctypes
+import re
+import time
+
+import llvmlite.binding as llvm
+import numpy as np
+from llvmlite import ir
+from numba import njit
+
+import cso
+from microkernels import ACCUMULATE, host_isa
+from microkernels.jit import host_target_machine, optimize
+from microkernels.numba_bridge import kernel_intrinsic
+
+NOMINAL_PEAK_GFLOPS = 117  # per core, the design document's figure for its reference machine
+FMA_CHAINS = 12            # independent accumulators: >= FMA latency x FMA pipes, so no stalls
+UKERNEL_K = 256            # packed rows per call; 14x32 float32 tiles: A 32 KiB + B 14 KiB, in L1
+SHIFT = 16                 # floats (one 64-byte line) the tiles move by from one call to the next
+
+
+def _best_seconds(run, trials=3):
+    best = float("inf")
+    for _ in range(trials):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _fma_probe_module(lanes):
+    """``float fma_probe(i64 n, float m, float a)``: n iterations of FMA_CHAINS independent
+    vector FMAs acc = acc*m + a. m and a are arguments and the lanes are summed into the result,
+    so LLVM can neither fold the loop nor drop it."""
+    f32, i64 = ir.FloatType(), ir.IntType(64)
+    vec = ir.VectorType(f32, lanes)
+    module = ir.Module(name="fma_probe")
+    module.triple = llvm.get_process_triple()
+    fma = ir.Function(module, ir.FunctionType(vec, [vec] * 3), f"llvm.fma.v{lanes}f32")
+    fn = ir.Function(module, ir.FunctionType(f32, [i64, f32, f32]), "fma_probe")
+    n, m, a = fn.args
+    entry, loop, done = (fn.append_basic_block(name) for name in ("entry", "loop", "done"))
+    bld = ir.IRBuilder(entry)
+    m_vec, a_vec = (_splat(bld, v, vec) for v in (m, a))
+    bld.branch(loop)
+    bld.position_at_end(loop)
+    i = bld.phi(i64)
+    accs = [bld.phi(vec) for _ in range(FMA_CHAINS)]
+    new = [bld.call(fma, [acc, m_vec, a_vec]) for acc in accs]
+    i_next = bld.add(i, ir.Constant(i64, 1))
+    bld.cbranch(bld.icmp_unsigned("<", i_next, n), loop, done)
+    i.add_incoming(ir.Constant(i64, 0), entry)
+    i.add_incoming(i_next, loop)
+    for j, (acc, upd) in enumerate(zip(accs, new)):
+        acc.add_incoming(ir.Constant(vec, [float(j)] * lanes), entry)
+        acc.add_incoming(upd, loop)
+    bld.position_at_end(done)
+    total = new[0]
+    for v in new[1:]:
+        total = bld.fadd(total, v)
+    result = bld.extract_element(total, ir.Constant(i64, 0))
+    for lane in range(1, lanes):
+        result = bld.fadd(result, bld.extract_element(total, ir.Constant(i64, lane)))
+    bld.ret(result)
+    return str(module)
+
+
+def _splat(bld, scalar, vec):
+    i32 = ir.IntType(32)
+    one = bld.insert_element(ir.Constant(vec, ir.Undefined), scalar, ir.Constant(i32, 0))
+    return bld.shuffle_vector(one, ir.Constant(vec, ir.Undefined),
+                              ir.Constant(ir.VectorType(i32, vec.count), [0] * vec.count))
+
+
+def fma_peak(iterations=1 << 27):
+    """(GFLOP/s, full-width vfmadd instructions in the compiled probe) at the host ISA's vector
+    width. One ctypes call runs ~10^8 iterations, so the call overhead is negligible."""
+    vector_bytes = host_isa().vector_bytes
+    lanes, register = vector_bytes // 4, {64: "zmm", 32: "ymm", 16: "xmm"}[vector_bytes]
+    target_machine = host_target_machine()  # its own: sharing one between engines crashes
+    ref = llvm.parse_assembly(_fma_probe_module(lanes))
+    ref.verify()
+    optimize(ref, target_machine)
+    asm = target_machine.emit_assembly(ref)
+    fma_count = len(re.findall(rf"^\s*vfmadd\w*ps\s.*%{register}", asm, re.M))
+    engine = llvm.create_mcjit_compiler(ref, target_machine)
+    engine.finalize_object()
+    probe = ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_int64, ctypes.c_float, ctypes.c_float)(
+        engine.get_function_address("fma_probe"))
+    probe(1000, 1.0, 1e-7)  # page in the code, spin the core up
+    seconds = _best_seconds(lambda: probe(iterations, 1.0, 1e-7))
+    return 2 * FMA_CHAINS * lanes * iterations / seconds / 1e9, fma_count
+
+
+def _kernel_loop(spec):
+    ukernel, nwin, nf = kernel_intrinsic(spec), spec.nwin, spec.nf
+
+    @njit(nogil=True)
+    def loop(a, b, c, bias, calls):
+        for i in range(calls):
+            # A and B start SHIFT floats further each call, cycling over 4 offsets: LLVM
+            # cannot prove two calls read the same data, so it cannot hoist the work out of the
+            # loop, and the 4 overlapping tiles together stay L1-resident.
+            shift = (i & 3) * SHIFT
+            ukernel(UKERNEL_K, a, shift, b, shift, c, 0, nwin, nwin, nf, bias, 0, ACCUMULATE)
+
+    return loop
+
+
+def ukernel_peak(calls=200_000):
+    """(GFLOP/s, kernel name) of the host's float32 micro-kernel called back to back on
+    L1-resident packed tiles of UKERNEL_K rows, accumulating into one C tile."""
+    spec = cso.Conv2d(np.zeros((1, 1, 1, 1), np.float32)).kernel
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(UKERNEL_K * spec.nwin + 3 * SHIFT).astype(np.float32)
+    b = rng.standard_normal(UKERNEL_K * spec.nf + 3 * SHIFT).astype(np.float32)
+    c = np.zeros(spec.nf * spec.nwin, np.float32)
+    bias = np.zeros(spec.nf, np.float32)
+    loop = _kernel_loop(spec)
+    loop(a, b, c, bias, 10)  # compile
+    seconds = _best_seconds(lambda: loop(a, b, c, bias, calls))
+    return 2 * UKERNEL_K * spec.nwin * spec.nf * calls / seconds / 1e9, spec.name

@@ -1,0 +1,192 @@
+"""Operator conformance: cso.conv2d / Conv2d against the NumPy reference over every feature."""
+import numpy as np
+import pytest
+
+import cso
+import microkernels as mk
+from reference import assert_conv_close
+
+F32, F64 = np.float32, np.float64
+
+# (N, C, H, W, K, R, S, stride, padding (t, b, l, r), dilation, groups)
+CASES = {
+    "plain3x3": (1, 3, 8, 8, 4, 3, 3, (1, 1), (0, 0, 0, 0), (1, 1), 1),
+    "pad1": (2, 5, 9, 11, 7, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    "asym_pad": (1, 4, 7, 6, 5, 3, 2, (1, 1), (0, 2, 3, 1), (1, 1), 1),
+    "stride2": (1, 6, 15, 14, 9, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1),
+    "stride_hw": (2, 3, 13, 17, 4, 2, 3, (3, 2), (1, 0, 0, 2), (1, 1), 1),
+    "dilated": (1, 4, 12, 12, 6, 3, 3, (1, 1), (2, 2, 2, 2), (2, 2), 1),
+    "dilation_hw": (1, 3, 11, 9, 5, 3, 2, (1, 2), (1, 1, 0, 0), (3, 1), 1),
+    "pointwise": (2, 33, 7, 9, 17, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),
+    "pointwise_s2": (1, 16, 9, 9, 30, 1, 1, (2, 2), (0, 0, 0, 0), (1, 1), 1),
+    "stem7x7": (1, 3, 23, 23, 8, 7, 7, (2, 2), (3, 3, 3, 3), (1, 1), 1),
+    "grouped": (2, 8, 7, 7, 12, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 4),
+    "depthwise": (1, 6, 9, 8, 6, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 6),
+    "depthwise_mult": (1, 4, 8, 9, 12, 3, 3, (2, 1), (1, 1, 1, 1), (1, 1), 4),
+    "kernel_eq_input": (1, 3, 5, 4, 2, 5, 4, (1, 1), (0, 0, 0, 0), (1, 1), 1),
+    "one_pixel": (3, 2, 1, 1, 3, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),
+    "kernel_in_padding": (1, 2, 2, 2, 3, 3, 3, (1, 1), (2, 2, 2, 2), (1, 1), 1),
+    "many_tiles": (1, 40, 20, 19, 33, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),
+}
+
+
+def make(rng, case, dtype, bias=True):
+    n, c, h, w, k, r, s, stride, pads, dil, groups = case
+    x = rng.standard_normal((n, c, h, w)).astype(dtype)
+    wt = rng.standard_normal((k, c // groups, r, s)).astype(dtype)
+    b = rng.standard_normal(k).astype(dtype) if bias else None
+    geometry = dict(stride=stride, padding=pads, dilation=dil, groups=groups)
+    return x, wt, b, geometry
+
+
+def run(x, wt, b, geometry, **kwargs):
+    t, bo, left, right = geometry["padding"]
+    return cso.conv2d(x, wt, b, stride=geometry["stride"], padding=((t, bo), (left, right)),
+                      dilation=geometry["dilation"], groups=geometry["groups"], **kwargs)
+
+
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_matches_reference(rng, name, dtype):
+    x, wt, b, geometry = make(rng, CASES[name], dtype, bias=len(name) % 2 == 0)
+    assert_conv_close(run(x, wt, b, geometry), x, wt, b, **geometry)
+
+
+@pytest.mark.parametrize("name", ["pad1", "stride_hw", "grouped", "many_tiles"])
+def test_fused_relu(rng, name):
+    x, wt, b, geometry = make(rng, CASES[name], F32)
+    assert_conv_close(run(x, wt, b, geometry, activation="relu"), x, wt, b, relu=True, **geometry)
+
+
+@pytest.mark.parametrize("isa", [isa.name for isa in mk.supported_isas()])
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_every_supported_isa(rng, isa, dtype):
+    x, wt, b, geometry = make(rng, CASES["many_tiles"], dtype)
+    t, bo, left, right = geometry["padding"]
+    conv = cso.Conv2d(wt, b, padding=((t, bo), (left, right)), isa=isa)
+    assert conv.kernel.isa == isa
+    assert_conv_close(conv(x), x, wt, b, **geometry)
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(nc=1), dict(nc=7), dict(nc=3, k2=1, k3=1), dict(k2=2, k3=3), dict(k2=1), dict(k3=2),
+])
+@pytest.mark.parametrize("name", ["many_tiles", "grouped", "stride_hw"])
+def test_both_schedules_identical_over_tilings(rng, name, overrides):
+    """Channel remainders (nc not dividing C), partial K2/K3 blocks: IS and WS agree bit for bit
+    (same reduction order per output) and match the reference."""
+    x, wt, b, geometry = make(rng, CASES[name], F32)
+    t, bo, left, right = geometry["padding"]
+    results = {}
+    for schedule in ("IS", "WS"):
+        conv = cso.Conv2d(wt, b, geometry["stride"], ((t, bo), (left, right)), geometry["dilation"],
+                          geometry["groups"], plan_overrides=dict(overrides, schedule=schedule))
+        plan = conv.plan_for(x.shape)
+        assert plan.schedule == schedule
+        results[schedule] = conv(x)
+    np.testing.assert_array_equal(results["IS"], results["WS"])
+    assert_conv_close(results["IS"], x, wt, b, **geometry)
+
+
+def test_odd_window_and_filter_counts_cover_every_edge(rng):
+    """Output planes of 1..2*Nwin+1 positions and 1..2*Nf+1 filters: every edge tile shape."""
+    nwin, nf = cso.Conv2d(np.zeros((1, 1, 1, 1), F32)).kernel.nwin, cso.Conv2d(np.zeros((1, 1, 1, 1), F32)).kernel.nf
+    for q in sorted({1, nwin - 1, nwin, nwin + 1, 2 * nwin + 1}):
+        for k in sorted({1, nf - 1, nf, nf + 1, 2 * nf + 1}):
+            x = rng.standard_normal((1, 3, 1, q + 2)).astype(F32)
+            wt = rng.standard_normal((k, 3, 1, 3)).astype(F32)
+            assert_conv_close(cso.conv2d(x, wt), x, wt)
+
+
+@pytest.mark.parametrize("stride", [1, 2, 3])
+@pytest.mark.parametrize("size,kernel,dilation", [(7, 3, 1), (8, 3, 1), (9, 4, 1), (10, 3, 2), (5, 1, 1)])
+def test_same_padding(rng, size, kernel, dilation, stride):
+    x = rng.standard_normal((1, 2, size, size + 1)).astype(F32)
+    wt = rng.standard_normal((3, 2, kernel, kernel)).astype(F32)
+    y = cso.conv2d(x, wt, stride=stride, dilation=dilation, padding="same")
+    assert y.shape[2:] == (-(-size // stride), -(-(size + 1) // stride))
+    pads = []
+    for n in (size, size + 1):   # SAME_UPPER: total pad split with the odd one at the end
+        total = max(0, (-(-n // stride) - 1) * stride + dilation * (kernel - 1) + 1 - n)
+        pads += [total // 2, total - total // 2]
+    assert_conv_close(y, x, wt, stride=(stride, stride), padding=tuple(pads), dilation=(dilation, dilation))
+
+
+def test_valid_padding_is_zero_padding(rng):
+    x, wt, b, geometry = make(rng, CASES["plain3x3"], F32)
+    np.testing.assert_array_equal(cso.conv2d(x, wt, b, padding="valid"), cso.conv2d(x, wt, b))
+
+
+def test_padding_forms_agree(rng):
+    x = rng.standard_normal((1, 2, 6, 7)).astype(F32)
+    wt = rng.standard_normal((3, 2, 3, 3)).astype(F32)
+    a = cso.conv2d(x, wt, padding=1)
+    np.testing.assert_array_equal(a, cso.conv2d(x, wt, padding=(1, 1)))
+    np.testing.assert_array_equal(a, cso.conv2d(x, wt, padding=((1, 1), (1, 1))))
+    b = cso.conv2d(x, wt, padding=(2, 0))
+    assert_conv_close(b, x, wt, padding=(2, 2, 0, 0))
+
+
+def test_non_contiguous_inputs(rng):
+    x, wt, b, geometry = make(rng, CASES["pad1"], F32)
+    expected = run(x, wt, b, geometry)
+    big = rng.standard_normal((4, 10, 20, 25)).astype(F32)
+    big[::2, ::2, 1:19:2, 2:24:2] = x
+    sliced = big[::2, ::2, 1:19:2, 2:24:2]
+    assert not sliced.flags.c_contiguous
+    np.testing.assert_array_equal(run(sliced, wt, b, geometry), expected)
+    fortran = np.asfortranarray(x)
+    np.testing.assert_array_equal(run(fortran, np.asfortranarray(wt), b, geometry), expected)
+    np.testing.assert_array_equal(run(x, wt[:, :, ::-1, ::-1].copy()[:, :, ::-1, ::-1], b, geometry), expected)
+    readonly = x.copy()
+    readonly.flags.writeable = False
+    np.testing.assert_array_equal(run(readonly, wt, b, geometry), expected)
+
+
+def test_out_argument(rng):
+    x, wt, b, geometry = make(rng, CASES["stride2"], F64)
+    expected = run(x, wt, b, geometry)
+    out = np.full(expected.shape, np.nan)
+    result = run(x, wt, b, geometry, out=out)
+    assert result is out
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_unbatched_input(rng):
+    x, wt, b, geometry = make(rng, CASES["pad1"], F32)
+    y = run(x[1], wt, b, geometry)
+    assert y.ndim == 3
+    np.testing.assert_array_equal(y, run(x, wt, b, geometry)[1])
+    out = np.empty_like(y)
+    assert run(x[1], wt, b, geometry, out=out) is out
+    np.testing.assert_array_equal(out, y)
+
+
+def test_empty_batch(rng):
+    wt = rng.standard_normal((4, 3, 3, 3)).astype(F32)
+    y = cso.conv2d(np.zeros((0, 3, 8, 8), F32), wt, padding=1)
+    assert y.shape == (0, 4, 8, 8) and y.dtype == F32
+
+
+def test_prepared_conv_reuses_packed_filters_and_plans(rng):
+    x, wt, b, geometry = make(rng, CASES["pad1"], F32)
+    t, bo, left, right = geometry["padding"]
+    conv = cso.Conv2d(wt, b, padding=((t, bo), (left, right)))
+    assert not any(np.shares_memory(conv.packed_weight, a) for a in (wt,))
+    wt_copy = wt.copy()
+    wt[...] = 0   # the prepared conv keeps only its packed copy
+    assert_conv_close(conv(x), x, wt_copy, b, **geometry)
+    other = rng.standard_normal((3, 5, 12, 4)).astype(F32)   # another shape, same conv
+    assert_conv_close(conv(other), other, wt_copy, b, **geometry)
+    plan = conv.plan_for(other.shape)
+    assert plan is conv.plan_for(other.shape)
+    assert plan.spec.input_shape == other.shape and "SlicingPlan" in plan.explain()
+
+
+def test_one_loop_nest_serves_many_shapes(rng):
+    from cso.lowering import conv_loop_nest
+    wt = rng.standard_normal((5, 3, 3, 3)).astype(F32)
+    for hw in (5, 6, 9, 13):
+        cso.conv2d(rng.standard_normal((1, 3, hw, hw + 1)).astype(F32), wt, padding=1, stride=1 + hw % 2)
+    kernel = cso.Conv2d(wt).kernel
+    assert len(conv_loop_nest(kernel).signatures) == 1

@@ -1,0 +1,141 @@
+"""CSA: specs, machine facts and plans checked against hand-computed values."""
+import pytest
+
+import csa
+from csa import ConvSpec, Machine
+
+# A small what-if machine (AVX-512 register facts) so that no clamping hides the formulas.
+SMALL = Machine(l1d=32 * 1024, l2=64 * 1024, l3=256 * 1024, line=64, vector_bytes=64,
+                vector_registers=32)
+LAYER = ConvSpec(1, 64, 56, 56, 64, 3, 3, padding=(1, 1, 1, 1))
+
+
+def test_microtile_from_register_budget():
+    assert csa.microtile(16, 32) == (32, 14)   # AVX-512 float32: 28 accumulators + 3
+    assert csa.microtile(8, 32) == (16, 14)    # AVX-512 float64
+    assert csa.microtile(8, 16) == (16, 6)     # AVX2 float32: 12 accumulators + 3
+    assert csa.microtile(4, 16) == (8, 6)
+
+
+def test_plan_hand_computed_input_stationary():
+    plan = csa.analyze(LAYER, SMALL, schedule="IS")
+    assert (plan.nwin, plan.nf) == (32, 14)
+    # Nc: (0.9*32768 - 32*14*4) / ((32+14)*9*4) = 27699.2 / 1656 = 16.7
+    assert plan.nc == 16
+    assert plan.footprints() == (32 * 9 * 16 * 4, 14 * 9 * 16 * 4, 32 * 14 * 4)
+    # K2: (0.9*65536 - 18432) / (8064 + 1792) = 4.11; K3: (235929.6 - 4*8064) / (18432 + 4*1792) = 7.96
+    assert (plan.k2, plan.k3) == (4, 7)
+    assert (plan.window_tiles, plan.filter_tiles, plan.channel_tiles) == (98, 5, 4)
+
+
+def test_plan_hand_computed_weight_stationary():
+    plan = csa.analyze(LAYER, SMALL, schedule="WS")
+    # K2 window tiles: (58982.4 - 8064) / (18432 + 1792) = 2.5; K3 filter tiles:
+    # (235929.6 - 2*18432) / (8064 + 2*1792) = 17.1, clamped to the 5 filter tiles
+    assert (plan.k2, plan.k3) == (2, 5)
+    assert plan.schedule == "WS" and "schedule" in plan.forced
+
+
+def test_blocking_clamps_to_tile_counts_and_at_least_one():
+    huge = SMALL.with_(l2=1 << 30, l3=1 << 34)
+    plan = csa.analyze(LAYER, huge, schedule="IS")
+    assert (plan.k2, plan.k3) == (plan.filter_tiles, plan.window_tiles)
+    tiny = SMALL.with_(l1d=1024, l2=2048, l3=4096)
+    plan = csa.analyze(LAYER, tiny)
+    assert plan.nc == 1 and plan.k2 == 1 and plan.k3 == 1
+
+
+def test_channel_tile_never_exceeds_channels_per_group():
+    spec = ConvSpec(1, 32, 8, 8, 32, 1, 1, groups=8)
+    assert csa.analyze(spec, SMALL).nc == 4
+    assert csa.channel_tile(spec, 32, 14, 48 * 1024) == 4
+
+
+def test_float64_roughly_halves_the_channel_tile():
+    f32 = csa.analyze(LAYER, SMALL, microtile_shape=(32, 14))
+    f64 = csa.analyze(ConvSpec(1, 64, 56, 56, 64, 3, 3, padding=(1,) * 4, dtype="float64"), SMALL,
+                      microtile_shape=(32, 14))
+    # (29491.2 - 32*14*8) / (46*9*8) = 7.8 against 16.7 for float32
+    assert f64.nc == 7 and f32.nc == 16
+
+
+def test_cost_model_picks_the_cheaper_schedule_and_shows_every_term():
+    plan = csa.analyze(LAYER, SMALL)
+    totals = {name: terms["total"] for name, terms in plan.costs.items()}
+    assert plan.schedule == min(totals, key=totals.get)
+    for terms in plan.costs.values():
+        parts = [v for k, v in terms.items() if k != "total"]
+        assert all(v >= 0 for v in parts)
+        assert terms["total"] == pytest.approx(sum(parts))
+    text = plan.explain()
+    for needle in ("Nc = 16", "K2 = ", "K3 = ", "IS: total", "WS: total", str(LAYER), "cheaper"):
+        assert needle in text
+
+
+def test_overrides_are_applied_and_reported():
+    plan = csa.analyze(LAYER, SMALL, nc=3, k2=2, k3=5, schedule="WS")
+    assert (plan.nc, plan.k2, plan.k3, plan.schedule) == (3, 2, 5, "WS")
+    assert "forced" in plan.explain()
+    with pytest.raises(ValueError, match="schedule"):
+        csa.analyze(LAYER, SMALL, schedule="XS")
+    with pytest.raises(ValueError, match="nc"):
+        csa.analyze(LAYER, SMALL, nc=0)
+
+
+def test_conv_spec_output_size_and_flops():
+    spec = ConvSpec(2, 6, 10, 13, 4, 3, 2, stride=(2, 3), padding=(0, 1, 2, 0), dilation=(2, 1), groups=2)
+    assert (spec.p, spec.q) == ((10 + 1 - 4 - 1) // 2 + 1, (13 + 2 - 1 - 1) // 3 + 1)
+    assert spec.flops == 2 * 2 * 4 * spec.p * spec.q * 3 * 3 * 2
+    assert spec.weight_shape == (4, 3, 3, 2)
+
+
+@pytest.mark.parametrize("spec", [
+    LAYER,
+    ConvSpec(8, 64, 56, 56, 256, 1, 1, stride=(2, 1), padding=(0, 1, 2, 3), dilation=(2, 2), groups=2,
+             dtype="float64"),
+    ConvSpec(1, 3, 224, 224, 64, 7, 7, stride=(2, 2), padding=(3, 3, 3, 3)),
+], ids=str)
+def test_conv_spec_canonical_string_round_trip(spec):
+    assert ConvSpec.parse(str(spec)) == spec
+
+
+def test_conv_spec_canonical_string_example():
+    assert str(LAYER) == "n1c64h56w56k64r3s3p1u1"
+    with pytest.raises(ValueError, match="canonical"):
+        ConvSpec.parse("n1c64")
+
+
+@pytest.mark.parametrize("kwargs", [dict(n=0), dict(groups=4), dict(r=9), dict(dtype="float16")])
+def test_conv_spec_rejects_invalid(kwargs):
+    base = dict(n=1, c=6, h=8, w=8, k=6, r=3, s=3)
+    with pytest.raises(ValueError):
+        ConvSpec(**dict(base, **kwargs))
+
+
+def test_machine_reads_a_sysfs_tree(tmp_path):
+    def entry(i, level, kind, size):
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        for name, value in (("level", level), ("type", kind), ("size", size), ("coherency_line_size", "128")):
+            (d / name).write_text(value + "\n")
+    entry(0, "1", "Data", "48K")
+    entry(1, "1", "Instruction", "32K")
+    entry(2, "2", "Unified", "1024K")
+    entry(3, "3", "Unified", "32M")
+    assert csa.read_sysfs_caches(str(tmp_path)) == {"l1d": 48 * 1024, "l2": 1 << 20, "l3": 32 << 20,
+                                                    "line": 128}
+    assert csa.read_sysfs_caches(str(tmp_path / "missing")) == {}
+
+
+def test_host_machine_has_plausible_caches_and_overrides():
+    m = Machine.host(vector_bytes=32, vector_registers=16)
+    assert 8 * 1024 <= m.l1d <= m.l2 <= m.l3
+    assert m.line in (32, 64, 128, 256)
+    assert (m.vector_bytes, m.vector_registers) == (32, 16)
+    assert Machine.host(l2=12345).l2 == 12345
+
+
+def test_parse_size():
+    assert csa.parse_size("48K") == 49152
+    assert csa.parse_size("32M") == 32 << 20
+    assert csa.parse_size("512") == 512

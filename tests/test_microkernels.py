@@ -1,0 +1,126 @@
+"""Micro-kernels over their edges, against the NumPy contract, with guard values around C."""
+import numpy as np
+import pytest
+
+import csa
+import microkernels as mk
+from microkernels.ir_gen import UNROLL
+
+SENTINEL = 12345.0
+
+
+def host_specs():
+    specs = []
+    for isa in mk.supported_isas():
+        for dtype, itemsize in (("f32", 4), ("f64", 8)):
+            nwin, nf = csa.microtile(isa.lanes(itemsize), isa.vector_registers)
+            specs.append(mk.KernelSpec(dtype, nf, nwin, isa.name))
+    return specs
+
+
+SPECS = host_specs()
+DEPTHS = sorted({1, UNROLL - 1, UNROLL, UNROLL + 1, 2 * UNROLL, 2 * UNROLL + 1, 3 * UNROLL + 2})
+FLAG_SETS = (0, mk.ACCUMULATE, mk.BIAS, mk.RELU, mk.ACCUMULATE | mk.BIAS | mk.RELU)
+
+
+def run_both(spec, rng, k, nwin_used, nf_used, flags, ldc):
+    dt = spec.np_dtype
+    a = rng.standard_normal(k * spec.nwin).astype(dt)
+    b = rng.standard_normal(k * spec.nf).astype(dt)
+    bias = rng.standard_normal(nf_used).astype(dt)   # exactly nf_used values: no slack to read
+    guard = 7
+    c = np.full(guard + (nf_used - 1) * ldc + nwin_used + guard, SENTINEL, dtype=dt)
+    inside = np.zeros(c.shape, bool)
+    for f in range(nf_used):
+        start = guard + f * ldc
+        c[start:start + nwin_used] = rng.standard_normal(nwin_used)
+        inside[start:start + nwin_used] = True
+    expected = c.copy()
+    mk.reference_kernel(spec, k, a, b, expected[guard:], ldc, nwin_used, nf_used, bias, flags)
+    actual = c.copy()
+    mk.compile(spec)(k, a, b, actual[guard:], ldc, nwin_used, nf_used, bias, flags)
+    return actual, expected, inside
+
+
+def check(spec, actual, expected, inside, k):
+    assert np.all(actual[~inside] == SENTINEL), "kernel wrote outside its output rows"
+    tol = (1e-5 if spec.dtype == "f32" else 1e-13) * np.sqrt(k) * (np.sqrt(k) + 2)
+    np.testing.assert_allclose(actual[inside], expected[inside], rtol=0, atol=tol)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+def test_every_window_count(spec, rng):
+    for k in DEPTHS:
+        for nwin_used in range(1, spec.nwin + 1):
+            flags = FLAG_SETS[nwin_used % len(FLAG_SETS)]
+            ldc = spec.nwin + 2 * k + 1  # odd row stride
+            check(spec, *run_both(spec, rng, k, nwin_used, spec.nf, flags, ldc), k)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+def test_every_filter_count(spec, rng):
+    for k in DEPTHS:
+        for nf_used in range(1, spec.nf + 1):
+            for nwin_used in (1, spec.lanes - 1 or 1, spec.nwin):
+                flags = FLAG_SETS[(nf_used + k) % len(FLAG_SETS)]
+                check(spec, *run_both(spec, rng, k, nwin_used, nf_used, flags, nwin_used), k)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+def test_every_flag_combination(spec, rng):
+    for flags in range(8):
+        check(spec, *run_both(spec, rng, 2 * UNROLL + 1, spec.nwin - 1, spec.nf, flags, spec.nwin + 3),
+              2 * UNROLL + 1)
+
+
+def test_relu_keeps_nan_and_clamps_negatives():
+    spec = SPECS[0]
+    k = 1
+    a = np.zeros(spec.nwin, spec.np_dtype)
+    a[:3] = [np.nan, -1.0, 2.0]
+    b = np.ones(spec.nf, spec.np_dtype)
+    c = np.empty(spec.nf * spec.nwin, spec.np_dtype)
+    mk.compile(spec)(k, a, b, c, spec.nwin, spec.nwin, spec.nf, None, mk.RELU)
+    assert np.isnan(c[0]) and c[1] == 0.0 and c[2] == 2.0
+
+
+def test_kernel_spec_name_round_trip():
+    for spec in SPECS + [mk.KernelSpec("f64", 3, 8, "avx512")]:
+        assert mk.KernelSpec.parse(spec.name) == spec
+        assert str(spec) == spec.name
+    assert mk.KernelSpec.parse("f32_conv_ukernel_14x32__avx512") == mk.KernelSpec("f32", 14, 32, "avx512")
+
+
+@pytest.mark.parametrize("name", ["f16_conv_ukernel_4x16__avx512", "f32_conv_ukernel_4x16",
+                                  "f32_conv_ukernel_4x17__avx512", "f32_conv_ukernel_0x16__avx512",
+                                  "f32_conv_ukernel_4x16__sse9", ""])
+def test_kernel_spec_rejects_bad_names(name):
+    with pytest.raises(ValueError):
+        mk.KernelSpec.parse(name)
+
+
+def test_isa_selection_from_features():
+    assert mk.select_isa({"avx512f", "avx512vl", "fma", "avx2"}).name == "avx512"
+    assert mk.select_isa({"avx2", "fma"}).name == "avx2"
+    assert mk.select_isa({"avx2"}).name == "generic"   # AVX2 without FMA: no fused kernels
+    assert mk.select_isa(set()).name == "generic"
+    assert mk.host_isa() in mk.supported_isas()
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+def test_compiled_kernel_exposes_ir_and_assembly(spec):
+    kernel = mk.compile(spec)
+    assert f"define void @{spec.name}" in kernel.ir
+    assert "fma" in kernel.ir
+    assert spec.name + ":" in kernel.asm
+    if spec.isa != "generic":
+        assert "vfmadd" in kernel.asm
+
+
+def test_dump_command_prints_ir_and_asm(capsys):
+    from microkernels.dump import main
+    main([SPECS[0].name])
+    text = capsys.readouterr().out
+    assert f"define void @{SPECS[0].name}" in text and SPECS[0].name + ":" in text
+    with pytest.raises(SystemExit):
+        main(["not_a_kernel"])

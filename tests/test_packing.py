@@ -1,0 +1,62 @@
+"""Packing: filters pack/unpack exactly; input tiles equal a NumPy gather with zero padding."""
+import numpy as np
+import pytest
+
+from packing import pack_filters, pack_input_tile, packed_filters_shape, unpack_filters
+
+
+@pytest.mark.parametrize("k,c_g,r,s,nf,groups", [
+    (7, 3, 3, 3, 14, 1), (14, 5, 1, 1, 14, 1), (29, 2, 3, 1, 14, 1), (12, 4, 3, 3, 6, 3),
+    (8, 1, 3, 3, 6, 8), (16, 1, 5, 5, 14, 4),
+])
+def test_filters_round_trip_and_layout(rng, k, c_g, r, s, nf, groups):
+    w = rng.standard_normal((k, c_g, r, s)).astype(np.float32)
+    packed = pack_filters(w, nf, groups)
+    assert packed.shape == packed_filters_shape(w.shape, nf, groups)
+    assert packed.flags.c_contiguous and packed.dtype == w.dtype
+    np.testing.assert_array_equal(unpack_filters(packed, k), w)
+    k_g = k // groups
+    g, t, f = groups - 1, (k_g - 1) // nf, (k_g - 1) % nf   # last filter of the last group
+    np.testing.assert_array_equal(packed[g, t, :, :, :, f], w[g * k_g + k_g - 1])
+    assert np.all(packed[g, t, ..., f + 1:] == 0)            # padding filters are zero
+
+
+def gather_tile(x, n, c_first, nc, p0, nwin_used, nwin, R, S, stride, dil, pt, pl, P, Q):
+    """The packed tile by definition: A[(c, r, s)][j] = padded input under window p0 + j."""
+    H, W = x.shape[2:]
+    tile = np.zeros((nc, R, S, nwin), x.dtype)
+    for j in range(nwin_used):
+        oh, ow = divmod(p0 + j, Q)
+        for c in range(nc):
+            for r in range(R):
+                for s in range(S):
+                    ih, iw = oh * stride[0] - pt + r * dil[0], ow * stride[1] - pl + s * dil[1]
+                    if 0 <= ih < H and 0 <= iw < W:
+                        tile[c, r, s, j] = x[n, c_first + c, ih, iw]
+    return tile.reshape(-1)
+
+
+@pytest.mark.parametrize("H,W,R,S,stride,dil,pads", [
+    (7, 9, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1)),
+    (6, 5, 3, 2, (2, 3), (1, 2), (0, 2, 3, 1)),
+    (5, 11, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0)),
+    (4, 4, 3, 3, (1, 1), (2, 2), (2, 2, 2, 2)),
+    (12, 3, 5, 3, (3, 1), (1, 1), (4, 0, 0, 2)),
+])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_input_tiles_match_the_gather(rng, H, W, R, S, stride, dil, pads, dtype):
+    N, C, nwin = 2, 5, 16
+    x = rng.standard_normal((N, C, H, W)).astype(dtype)
+    pt, pb, pl, pr = pads
+    P = (H + pt + pb - dil[0] * (R - 1) - 1) // stride[0] + 1
+    Q = (W + pl + pr - dil[1] * (S - 1) - 1) // stride[1] + 1
+    geom = np.array([R, S, stride[0], stride[1], dil[0], dil[1], pt, pl, Q], np.int64)
+    for n, c_first, nc in ((0, 0, C), (1, 2, 3)):
+        for p0 in range(0, P * Q, nwin):
+            nwin_used = min(nwin, P * Q - p0)
+            size = nc * R * S * nwin
+            dst = np.full(3 + size + 3, np.nan, dtype)       # NaN guards on both sides
+            pack_input_tile(x, n, c_first, nc, p0, nwin_used, geom, dst, 3, nwin)
+            expected = gather_tile(x, n, c_first, nc, p0, nwin_used, nwin, R, S, stride, dil, pt, pl, P, Q)
+            np.testing.assert_array_equal(dst[3:3 + size], expected)
+            assert np.all(np.isnan(dst[:3])) and np.all(np.isnan(dst[3 + size:]))
