@@ -13,9 +13,15 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from . import peak, report  # noqa: E402
+import cso  # noqa: E402
+from microkernels.probe import UKERNEL_K, fma_peak, kernel_throughput  # noqa: E402
+
+from . import report  # noqa: E402
 from .engines import ENGINES, check, reference  # noqa: E402
 from .layers import LAYERS  # noqa: E402
+
+
+NOMINAL_PEAK_GFLOPS = 117  # per core: the design document's figure for its reference machine
 
 
 def median_seconds(run, x, repeat):
@@ -37,14 +43,15 @@ def main():
     if not layers:
         parser.error(f"no layer name contains {opts.layers!r}")
 
-    fma_gflops, fma_count = peak.fma_peak()
-    ukernel_gflops, kernel = peak.ukernel_peak()
+    fma_gflops, fma_count = fma_peak()
+    kernel = cso.Conv2d(np.zeros((1, 1, 1, 1), np.float32)).kernel
+    ukernel_gflops = kernel_throughput(kernel)
     report.print_facts(report.machine_facts() + [
         ("FMA peak", f"{fma_gflops:.1f} GFLOP/s measured on one core ({fma_count} full-width "
                      f"vfmadd in the probe's asm); design doc's nominal"
-                     f" {peak.NOMINAL_PEAK_GFLOPS} GFLOP/s"),
+                     f" {NOMINAL_PEAK_GFLOPS} GFLOP/s"),
         ("u-kernel", f"{ukernel_gflops:.1f} GFLOP/s = {100 * ukernel_gflops / fma_gflops:.1f}% of "
-                     f"FMA peak ({kernel}, k={peak.UKERNEL_K}, L1-resident tiles)"),
+                     f"FMA peak ({kernel}, k={UKERNEL_K}, L1-resident tiles)"),
         ("Timing", f"median of {opts.repeat} calls after a warm-up; every output checked against "
                    "a float64 reference first"),
     ])

@@ -42,6 +42,13 @@ def _vector_intrinsics(module, vec):
     return fma, load, store
 
 
+def splat(bld, scalar, vec):
+    """``scalar`` broadcast to every lane of vector type ``vec``."""
+    lane_ids = ir.VectorType(I32, vec.count)
+    one = bld.insert_element(ir.Constant(vec, ir.Undefined), scalar, ir.Constant(I32, 0))
+    return bld.shuffle_vector(one, ir.Constant(vec, ir.Undefined), ir.Constant(lane_ids, [0] * vec.count))
+
+
 def _declare(module, name, fnty):
     try:
         return module.get_global(name)
@@ -137,16 +144,10 @@ class _KernelBuilder:
         for f in range(spec.nf):
             ptr = bld.gep(self.fn.args[2], [bld.add(b_row, ir.Constant(I64, f))], inbounds=True,
                           source_etype=self.scalar)
-            bvec = self._splat(bld, bld.load(ptr, typ=self.scalar, align=self.align))
+            bvec = splat(bld, bld.load(ptr, typ=self.scalar, align=self.align), self.vec)
             for v in range(spec.vectors):
                 out.append(bld.call(self.fma, [a_vecs[v], bvec, accs[f * spec.vectors + v]]))
         return out
-
-    def _splat(self, bld, scalar):
-        lanes = self.spec.lanes
-        one = bld.insert_element(ir.Constant(self.vec, ir.Undefined), scalar, ir.Constant(I32, 0))
-        return bld.shuffle_vector(one, ir.Constant(self.vec, ir.Undefined),
-                                  ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
 
     def _epilogue(self, block, accs, c, ldc, nwin_used, nf_used, bias, flags, zero_slot):
         """Store the used rows; four variants: full or partial (masked) windows x overwrite or
@@ -159,7 +160,7 @@ class _KernelBuilder:
         lanes = spec.lanes
         iota = ir.Constant(ir.VectorType(I32, lanes), list(range(lanes)))
         nwin32 = bld.trunc(nwin_used, I32)
-        masks = [bld.icmp_signed("<", iota, self._splat_int(bld, bld.sub(nwin32, ir.Constant(I32, v * lanes))))
+        masks = [bld.icmp_signed("<", iota, splat(bld, bld.sub(nwin32, ir.Constant(I32, v * lanes)), ir.VectorType(I32, lanes)))
                  for v in range(spec.vectors)]
         done = fn.append_basic_block("done")
         full_blk, part_blk = fn.append_basic_block("store_full"), fn.append_basic_block("store_part")
@@ -181,17 +182,11 @@ class _KernelBuilder:
         bld.position_at_end(done)
         bld.ret_void()
 
-    def _splat_int(self, bld, value):
-        vty = ir.VectorType(I32, self.spec.lanes)
-        one = bld.insert_element(ir.Constant(vty, ir.Undefined), value, ir.Constant(I32, 0))
-        return bld.shuffle_vector(one, ir.Constant(vty, ir.Undefined),
-                                  ir.Constant(vty, [0] * self.spec.lanes))
-
     def _store_row(self, bld, f, accs, c, ldc, masks, accumulate, bias, bias_on, relu_on, zero_slot):
         spec = self.spec
         bias_ptr = bld.select(bias_on, bld.gep(bias, [ir.Constant(I64, f)], source_etype=self.scalar),
                               zero_slot)
-        bvec = self._splat(bld, bld.load(bias_ptr, typ=self.scalar, align=self.align))
+        bvec = splat(bld, bld.load(bias_ptr, typ=self.scalar, align=self.align), self.vec)
         row = bld.mul(ir.Constant(I64, f), ldc)
         for v in range(spec.vectors):
             ptr = bld.gep(c, [bld.add(row, ir.Constant(I64, v * spec.lanes))], source_etype=self.scalar)

@@ -1,5 +1,5 @@
-"""What one core can do: an FMA-only probe (the hardware ceiling) and the micro-kernel alone on
-L1-resident tiles (the ceiling for cso's loop nests)."""
+"""What one core can do: an FMA-only probe (the hardware ceiling) and a micro-kernel alone on
+L1-resident tiles (the ceiling for the convolution loop nests). Used by ``bench``."""
 import ctypes
 import re
 import time
@@ -9,12 +9,11 @@ import numpy as np
 from llvmlite import ir
 from numba import njit
 
-import cso
-from microkernels import ACCUMULATE, host_isa
-from microkernels.jit import host_target_machine, optimize
-from microkernels.numba_bridge import kernel_intrinsic
+from .ir_gen import ACCUMULATE, splat
+from .isa import host_isa
+from .jit import host_target_machine, optimize
+from .numba_bridge import kernel_intrinsic
 
-NOMINAL_PEAK_GFLOPS = 117  # per core, the design document's figure for its reference machine
 FMA_CHAINS = 12            # independent accumulators: >= FMA latency x FMA pipes, so no stalls
 UKERNEL_K = 256            # packed rows per call; 14x32 float32 tiles: A 32 KiB + B 14 KiB, in L1
 SHIFT = 16                 # floats (one 64-byte line) the tiles move by from one call to the next
@@ -42,7 +41,7 @@ def _fma_probe_module(lanes):
     n, m, a = fn.args
     entry, loop, done = (fn.append_basic_block(name) for name in ("entry", "loop", "done"))
     bld = ir.IRBuilder(entry)
-    m_vec, a_vec = (_splat(bld, v, vec) for v in (m, a))
+    m_vec, a_vec = (splat(bld, v, vec) for v in (m, a))
     bld.branch(loop)
     bld.position_at_end(loop)
     i = bld.phi(i64)
@@ -64,13 +63,6 @@ def _fma_probe_module(lanes):
         result = bld.fadd(result, bld.extract_element(total, ir.Constant(i64, lane)))
     bld.ret(result)
     return str(module)
-
-
-def _splat(bld, scalar, vec):
-    i32 = ir.IntType(32)
-    one = bld.insert_element(ir.Constant(vec, ir.Undefined), scalar, ir.Constant(i32, 0))
-    return bld.shuffle_vector(one, ir.Constant(vec, ir.Undefined),
-                              ir.Constant(ir.VectorType(i32, vec.count), [0] * vec.count))
 
 
 def fma_peak(iterations=1 << 27):
@@ -108,16 +100,15 @@ def _kernel_loop(spec):
     return loop
 
 
-def ukernel_peak(calls=200_000):
-    """(GFLOP/s, kernel name) of the host's float32 micro-kernel called back to back on
-    L1-resident packed tiles of UKERNEL_K rows, accumulating into one C tile."""
-    spec = cso.Conv2d(np.zeros((1, 1, 1, 1), np.float32)).kernel
+def kernel_throughput(spec, calls=200_000):
+    """GFLOP/s of micro-kernel ``spec`` called back to back from compiled code on L1-resident
+    packed tiles of UKERNEL_K rows, accumulating into one C tile."""
     rng = np.random.default_rng(0)
-    a = rng.standard_normal(UKERNEL_K * spec.nwin + 3 * SHIFT).astype(np.float32)
-    b = rng.standard_normal(UKERNEL_K * spec.nf + 3 * SHIFT).astype(np.float32)
-    c = np.zeros(spec.nf * spec.nwin, np.float32)
-    bias = np.zeros(spec.nf, np.float32)
+    a = rng.standard_normal(UKERNEL_K * spec.nwin + 3 * SHIFT).astype(spec.np_dtype)
+    b = rng.standard_normal(UKERNEL_K * spec.nf + 3 * SHIFT).astype(spec.np_dtype)
+    c = np.zeros(spec.nf * spec.nwin, spec.np_dtype)
+    bias = np.zeros(spec.nf, spec.np_dtype)
     loop = _kernel_loop(spec)
     loop(a, b, c, bias, 10)  # compile
     seconds = _best_seconds(lambda: loop(a, b, c, bias, calls))
-    return 2 * UKERNEL_K * spec.nwin * spec.nf * calls / seconds / 1e9, spec.name
+    return 2 * UKERNEL_K * spec.nwin * spec.nf * calls / seconds / 1e9
