@@ -87,7 +87,7 @@ def conv_loop_nest(kspec):
                                     p0 = wt * NWIN
                                     for ft in range(fb, min(t_w, fb + k2)):
                                         f0 = ft * NF
-                                        ukernel(depth, scratch, (wt - wb) * tile,
+                                        ukernel(depth, scratch, (wt - wb) * tile, NWIN,
                                                 packed_w, w_base + ft * w_tile,
                                                 out, out_base + f0 * PQ + p0, PQ,
                                                 min(NWIN, PQ - p0), min(NF, Kg - f0),
@@ -105,7 +105,7 @@ def conv_loop_nest(kspec):
                                     f0 = ft * NF
                                     for wt in range(wb, wend):
                                         p0 = wt * NWIN
-                                        ukernel(depth, scratch, (wt - wb) * tile,
+                                        ukernel(depth, scratch, (wt - wb) * tile, NWIN,
                                                 packed_w, w_base + ft * w_tile,
                                                 out, out_base + f0 * PQ + p0, PQ,
                                                 min(NWIN, PQ - p0), min(NF, Kg - f0),

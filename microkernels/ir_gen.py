@@ -1,13 +1,14 @@
 """LLVM IR generator for the outer-product convolution micro-kernel.
 
-Contract (BLIS-style): for a packed input tile A (k rows of ``nwin`` window values) and a packed
+Contract (BLIS-style): for an input tile A (k rows of ``nwin`` window values, row i at
+``a + i * lda``: a packed tile has lda = nwin, an unpacked 1x1 input has lda = H*W) and a packed
 filter tile B (k rows of ``nf`` filter values)
 
     C[f][0:nwin] (+)= sum_i A[i][0:nwin] * B[i][f]      for f < nf_used, window < nwin_used
 
 where row f of C starts at ``c + f * ldc``. Windows are the vector dimension, filters are
-broadcast. A and B are always full-size (padded by the packer), so the loop reads no more than
-k * nwin and k * nf elements; only the store is trimmed to the used rows (``nf_used``) and windows
+broadcast. Every A row and B row is read in full (``nwin`` and ``nf`` values: the packer pads
+them), so the caller guarantees those are readable; only the store is trimmed to the used rows (``nf_used``) and windows
 (``nwin_used``), with masked vector accesses, so an edge tile never touches memory outside its
 output rows.
 
@@ -22,8 +23,8 @@ UNROLL = 4  # k-loop unroll; a power of two
 
 I32, I64 = ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
-ARG_NAMES = ("k", "a", "b", "c", "ldc", "nwin_used", "nf_used", "bias", "flags")
-FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [I64, PTR, PTR, PTR, I64, I64, I64, PTR, I64])
+ARG_NAMES = ("k", "a", "lda", "b", "c", "ldc", "nwin_used", "nf_used", "bias", "flags")
+FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [I64, PTR, I64, PTR, PTR, I64, I64, I64, PTR, I64])
 
 
 def _scalar_type(spec):
@@ -67,7 +68,7 @@ def define_kernel(module, spec, linkage="internal"):
     fn.attributes.add("nounwind")
     for arg, name in zip(fn.args, ARG_NAMES):
         arg.name = name
-    for ptr_arg in fn.args[1:4]:
+    for ptr_arg in (fn.args[1], fn.args[3], fn.args[4]):  # a, b, c
         ptr_arg.add_attribute("noalias")
     _KernelBuilder(module, fn, spec).build()
     return fn
@@ -84,7 +85,7 @@ class _KernelBuilder:
 
     def build(self):
         spec, fn = self.spec, self.fn
-        k, a, b, c, ldc, nwin_used, nf_used, bias, flags = fn.args
+        k, a, lda, b, c, ldc, nwin_used, nf_used, bias, flags = fn.args
         entry = fn.append_basic_block("entry")
         main_head, main_body = fn.append_basic_block("main_head"), fn.append_basic_block("main_body")
         rem_head, rem_body = fn.append_basic_block("rem_head"), fn.append_basic_block("rem_body")
@@ -133,16 +134,17 @@ class _KernelBuilder:
     def _step(self, bld, row, accs):
         """One rank-1 update: accs[f][v] += A[row][v-th vector] * B[row][f]."""
         spec = self.spec
-        a_row = bld.mul(row, ir.Constant(I64, spec.nwin))
+        k, a, lda, b = self.fn.args[:4]
+        a_row = bld.mul(row, lda)
         b_row = bld.mul(row, ir.Constant(I64, spec.nf))
         a_vecs = []
         for v in range(spec.vectors):
-            ptr = bld.gep(self.fn.args[1], [bld.add(a_row, ir.Constant(I64, v * spec.lanes))],
+            ptr = bld.gep(a, [bld.add(a_row, ir.Constant(I64, v * spec.lanes))],
                           inbounds=True, source_etype=self.scalar)
             a_vecs.append(bld.load(ptr, typ=self.vec, align=self.align))
         out = []
         for f in range(spec.nf):
-            ptr = bld.gep(self.fn.args[2], [bld.add(b_row, ir.Constant(I64, f))], inbounds=True,
+            ptr = bld.gep(b, [bld.add(b_row, ir.Constant(I64, f))], inbounds=True,
                           source_etype=self.scalar)
             bvec = splat(bld, bld.load(ptr, typ=self.scalar, align=self.align), self.vec)
             for v in range(spec.vectors):

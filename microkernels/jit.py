@@ -30,7 +30,7 @@ def optimize(module_ref, target_machine):
 
 class CompiledKernel:
     """A kernel compiled for the host: ``.ir`` (optimised LLVM IR), ``.asm`` and a ctypes
-    ``function(k, a, b, c, ldc, nwin_used, nf_used, bias, flags)`` taking raw addresses."""
+    ``function(k, a, lda, b, c, ldc, nwin_used, nf_used, bias, flags)`` taking raw addresses."""
 
     def __init__(self, spec):
         self.spec = spec
@@ -47,13 +47,16 @@ class CompiledKernel:
         self._engine = llvm.create_mcjit_compiler(ref, self._target_machine)
         self._engine.finalize_object()
         address = self._engine.get_function_address(spec.name)
-        args = [ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_void_p, ctypes.c_int64]
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        args = [i64, ptr, i64, ptr, ptr, i64, i64, i64, ptr, i64]
         self.function = ctypes.CFUNCTYPE(None, *args)(address)
 
-    def __call__(self, k, a, b, c, ldc, nwin_used, nf_used, bias=None, flags=0):
-        """Run on NumPy arrays (checked for size so that a test cannot read out of bounds)."""
+    def __call__(self, k, a, b, c, ldc, nwin_used, nf_used, bias=None, flags=0, lda=None):
+        """Run on NumPy arrays (checked for size so that a test cannot read out of bounds);
+        ``lda`` defaults to a packed tile's ``nwin``."""
         spec = self.spec
-        for name, arr, need in (("a", a, k * spec.nwin), ("b", b, k * spec.nf)):
+        lda = spec.nwin if lda is None else lda
+        for name, arr, need in (("a", a, (k - 1) * lda + spec.nwin), ("b", b, k * spec.nf)):
             if arr.dtype != spec.np_dtype or not arr.flags.c_contiguous or arr.size < need:
                 raise ValueError(f"{name} must be a contiguous {spec.np_dtype} array of at least "
                                  f"{need} elements, got {arr.dtype} of shape {arr.shape}")
@@ -62,7 +65,7 @@ class CompiledKernel:
         if c.dtype != spec.np_dtype or c.size < (nf_used - 1) * ldc + nwin_used:
             raise ValueError(f"c too small for {nf_used} rows of stride {ldc}")
         bias_addr = 0 if bias is None else bias.ctypes.data
-        self.function(k, a.ctypes.data, b.ctypes.data, c.ctypes.data, ldc, nwin_used, nf_used,
+        self.function(k, a.ctypes.data, lda, b.ctypes.data, c.ctypes.data, ldc, nwin_used, nf_used,
                       bias_addr, flags)
 
 

@@ -4,9 +4,10 @@ import numpy as np
 from .ir_gen import ACCUMULATE, BIAS, RELU
 
 
-def reference_kernel(spec, k, a, b, c, ldc, nwin_used, nf_used, bias=None, flags=0):
+def reference_kernel(spec, k, a, b, c, ldc, nwin_used, nf_used, bias=None, flags=0, lda=None):
     """C rows f < nf_used, windows < nwin_used: (C +) A^T B (+ bias), optionally ReLU."""
-    A = a[: k * spec.nwin].reshape(k, spec.nwin)[:, :nwin_used]
+    lda = spec.nwin if lda is None else lda
+    A = np.stack([a[i * lda: i * lda + nwin_used] for i in range(k)])
     B = b[: k * spec.nf].reshape(k, spec.nf)[:, :nf_used]
     tile = (B.T @ A).astype(spec.np_dtype)
     for f in range(nf_used):

@@ -23,9 +23,10 @@ DEPTHS = sorted({1, UNROLL - 1, UNROLL, UNROLL + 1, 2 * UNROLL, 2 * UNROLL + 1, 
 FLAG_SETS = (0, mk.ACCUMULATE, mk.BIAS, mk.RELU, mk.ACCUMULATE | mk.BIAS | mk.RELU)
 
 
-def run_both(spec, rng, k, nwin_used, nf_used, flags, ldc):
+def run_both(spec, rng, k, nwin_used, nf_used, flags, ldc, lda=None):
     dt = spec.np_dtype
-    a = rng.standard_normal(k * spec.nwin).astype(dt)
+    lda = spec.nwin if lda is None else lda
+    a = rng.standard_normal((k - 1) * lda + spec.nwin).astype(dt)   # exactly what k rows span
     b = rng.standard_normal(k * spec.nf).astype(dt)
     bias = rng.standard_normal(nf_used).astype(dt)   # exactly nf_used values: no slack to read
     guard = 7
@@ -36,9 +37,9 @@ def run_both(spec, rng, k, nwin_used, nf_used, flags, ldc):
         c[start:start + nwin_used] = rng.standard_normal(nwin_used)
         inside[start:start + nwin_used] = True
     expected = c.copy()
-    mk.reference_kernel(spec, k, a, b, expected[guard:], ldc, nwin_used, nf_used, bias, flags)
+    mk.reference_kernel(spec, k, a, b, expected[guard:], ldc, nwin_used, nf_used, bias, flags, lda)
     actual = c.copy()
-    mk.compile(spec)(k, a, b, actual[guard:], ldc, nwin_used, nf_used, bias, flags)
+    mk.compile(spec)(k, a, b, actual[guard:], ldc, nwin_used, nf_used, bias, flags, lda)
     return actual, expected, inside
 
 
@@ -71,6 +72,14 @@ def test_every_flag_combination(spec, rng):
     for flags in range(8):
         check(spec, *run_both(spec, rng, 2 * UNROLL + 1, spec.nwin - 1, spec.nf, flags, spec.nwin + 3),
               2 * UNROLL + 1)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+def test_input_row_stride(spec, rng):
+    """Unpacked input (lda = H*W > nwin, odd): rows read at their stride."""
+    for k in DEPTHS:
+        lda = spec.nwin + 2 * k + 3
+        check(spec, *run_both(spec, rng, k, spec.nwin, spec.nf, mk.ACCUMULATE, spec.nwin + 1, lda), k)
 
 
 def test_relu_keeps_nan_and_clamps_negatives():
