@@ -6,18 +6,26 @@ convolutions compiles it once. No Python runs per tile: packing and micro-kernel
 inside the numba-compiled function.
 """
 from functools import lru_cache
+
 import numpy as np
 from numba import njit, types
 from numba.np.numpy_support import from_dtype
 
 from microkernels import ACCUMULATE, BIAS, RELU
 from microkernels.numba_bridge import kernel_intrinsic
-from packing import pack_input_tile
+from packing import input_packer
 
 # Layout of the int64 ``geom`` vector passed to the loop nest: the first nine entries are the
 # window geometry the input packer reads.
 GEOM_FIELDS = ("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q",
-               "P", "groups", "Cg", "Kg", "nc", "k2", "k3", "is_input_stationary", "epilogue")
+               "P", "groups", "Cg", "Kg", "nc", "k2", "k3", "is_input_stationary", "epilogue",
+               "unpacked")
+
+
+def reads_input_unpacked(spec):
+    """1x1, stride 1, no padding: the NCHW input already is the C x (H*W) matrix the kernel
+    streams, so full window tiles need no packing."""
+    return (spec.r, spec.s, spec.stride, spec.padding) == (1, 1, (1, 1), (0, 0, 0, 0))
 
 
 def geometry(plan, epilogue_flags):
@@ -27,7 +35,8 @@ def geometry(plan, epilogue_flags):
     values = dict(R=s.r, S=s.s, sh=s.stride[0], sw=s.stride[1], dh=s.dilation[0], dw=s.dilation[1],
                   pt=s.padding[0], pl=s.padding[2], Q=s.q, P=s.p, groups=s.groups,
                   Cg=s.c_per_group, Kg=s.k_per_group, nc=plan.nc, k2=plan.k2, k3=plan.k3,
-                  is_input_stationary=int(plan.schedule == "IS"), epilogue=epilogue_flags)
+                  is_input_stationary=int(plan.schedule == "IS"), epilogue=epilogue_flags,
+                  unpacked=int(reads_input_unpacked(s)))
     return np.array([values[f] for f in GEOM_FIELDS], dtype=np.int64)
 
 
@@ -51,17 +60,25 @@ def loop_nest_signature(dtype):
 def conv_loop_nest(kspec):
     """The compiled ``run(x, packed_w, bias, out, geom, scratch)`` for micro-kernel ``kspec``."""
     ukernel = kernel_intrinsic(kspec)
+    pack = input_packer(kspec.dtype, kspec.lanes, kspec.nwin)
     NWIN, NF = kspec.nwin, kspec.nf
 
     @njit(loop_nest_signature(kspec.np_dtype), nogil=True)
     def run(x, packed_w, bias, out, geom, scratch):
         R, S = geom[0], geom[1]
         Q, P, G, Cg, Kg = geom[8], geom[9], geom[10], geom[11], geom[12]
-        nc_max, k2, k3, input_stationary, epilogue = geom[13], geom[14], geom[15], geom[16], geom[17]
-        N, K = x.shape[0], out.shape[1]
+        nc_max, k2, k3, input_stationary = geom[13], geom[14], geom[15], geom[16]
+        epilogue, unpacked = geom[17], geom[18]
+        N, C, K = x.shape[0], x.shape[1], out.shape[1]
         PQ = P * Q
         t_in = (PQ + NWIN - 1) // NWIN
         t_w = (Kg + NF - 1) // NF
+        item = x.itemsize
+        x_addr, w_addr, out_addr = x.ctypes.data, packed_w.ctypes.data, out.ctypes.data
+        bias_addr, scratch_addr = bias.ctypes.data, scratch.ctypes.data
+        # blocks: IS = K3 window tiles (packed together) x K2 filter tiles;
+        #         WS = K3 filter tiles x K2 window tiles (packed together)
+        w_block, f_block = (k3, k2) if input_stationary else (k2, k3)
         for n in range(N):
             for g in range(G):
                 for c0 in range(0, Cg, nc_max):
@@ -69,47 +86,37 @@ def conv_loop_nest(kspec):
                     flags = ACCUMULATE if c0 > 0 else 0
                     if c0 + nc == Cg:
                         flags |= epilogue
-                    depth = nc * R * S           # rows of the packed tiles (the kernel's k)
-                    tile = depth * NWIN          # elements of one packed input tile
-                    w_base = (g * t_w * Cg + c0) * R * S * NF
-                    w_tile = Cg * R * S * NF     # stride between filter tiles
-                    out_base = (n * K + g * Kg) * PQ
-                    if input_stationary:
-                        # K3 window tiles packed once, then K2 filter tiles at a time
-                        for wb in range(0, t_in, k3):
-                            wend = min(t_in, wb + k3)
+                    depth = nc * R * S                      # rows of the packed tiles (kernel k)
+                    tile_bytes = depth * NWIN * item
+                    w_base = w_addr + (g * t_w * Cg + c0) * R * S * NF * item
+                    w_tile_bytes = Cg * R * S * NF * item   # stride between filter tiles
+                    out_base = out_addr + (n * K + g * Kg) * PQ * item
+                    x_base = x_addr + ((n * C + g * Cg + c0) * PQ) * item   # unpacked 1x1 only
+                    for outer in range(0, t_in if input_stationary else t_w,
+                                       w_block if input_stationary else f_block):
+                        for inner in range(0, t_w if input_stationary else t_in,
+                                           f_block if input_stationary else w_block):
+                            wb, fb = (outer, inner) if input_stationary else (inner, outer)
+                            wend, fend = min(t_in, wb + w_block), min(t_w, fb + f_block)
+                            # the window tiles of this block are packed once per block pass
+                            # (IS: once per channel tile, since wb is outermost)
+                            if inner == 0 or not input_stationary:
+                                for wt in range(wb, wend):
+                                    p0 = wt * NWIN
+                                    if not unpacked or p0 + NWIN > PQ:
+                                        pack(x, n, g * Cg + c0, nc, p0, min(NWIN, PQ - p0), geom,
+                                             scratch_addr + (wt - wb) * tile_bytes)
                             for wt in range(wb, wend):
                                 p0 = wt * NWIN
-                                pack_input_tile(x, n, g * Cg + c0, nc, p0, min(NWIN, PQ - p0),
-                                                geom, scratch, (wt - wb) * tile, NWIN)
-                            for fb in range(0, t_w, k2):
-                                for wt in range(wb, wend):
-                                    p0 = wt * NWIN
-                                    for ft in range(fb, min(t_w, fb + k2)):
-                                        f0 = ft * NF
-                                        ukernel(depth, scratch, (wt - wb) * tile, NWIN,
-                                                packed_w, w_base + ft * w_tile,
-                                                out, out_base + f0 * PQ + p0, PQ,
-                                                min(NWIN, PQ - p0), min(NF, Kg - f0),
-                                                bias, g * Kg + f0, flags)
-                    else:
-                        # K3 filter tiles stay in L3; K2 window tiles packed per block
-                        for fb in range(0, t_w, k3):
-                            for wb in range(0, t_in, k2):
-                                wend = min(t_in, wb + k2)
-                                for wt in range(wb, wend):
-                                    p0 = wt * NWIN
-                                    pack_input_tile(x, n, g * Cg + c0, nc, p0, min(NWIN, PQ - p0),
-                                                    geom, scratch, (wt - wb) * tile, NWIN)
-                                for ft in range(fb, min(t_w, fb + k3)):
+                                a_addr, lda = scratch_addr + (wt - wb) * tile_bytes, NWIN
+                                if unpacked and p0 + NWIN <= PQ:
+                                    a_addr, lda = x_base + p0 * item, PQ
+                                for ft in range(fb, fend):
                                     f0 = ft * NF
-                                    for wt in range(wb, wend):
-                                        p0 = wt * NWIN
-                                        ukernel(depth, scratch, (wt - wb) * tile, NWIN,
-                                                packed_w, w_base + ft * w_tile,
-                                                out, out_base + f0 * PQ + p0, PQ,
-                                                min(NWIN, PQ - p0), min(NF, Kg - f0),
-                                                bias, g * Kg + f0, flags)
+                                    ukernel(depth, a_addr, lda, w_base + ft * w_tile_bytes,
+                                            out_base + (f0 * PQ + p0) * item, PQ,
+                                            min(NWIN, PQ - p0), min(NF, Kg - f0),
+                                            bias_addr + (g * Kg + f0) * item, flags)
 
     return run
 
@@ -124,4 +131,3 @@ def execute(plan, kspec, x, packed_w, bias, out, relu):
     scratch = np.empty(scratch_elements(plan), dtype=x.dtype)
     conv_loop_nest(kspec)(x, packed_w.reshape(-1), bias, out, geometry(plan, flags), scratch)
     return out
-

@@ -95,7 +95,9 @@ def _kernel_loop(spec):
             # cannot prove two calls read the same data, so it cannot hoist the work out of the
             # loop, and the 4 overlapping tiles together stay L1-resident.
             shift = (i & 3) * SHIFT
-            ukernel(UKERNEL_K, a, shift, nwin, b, shift, c, 0, nwin, nwin, nf, bias, 0, ACCUMULATE)
+            offset = shift * a.itemsize
+            ukernel(UKERNEL_K, a.ctypes.data + offset, nwin, b.ctypes.data + offset, c.ctypes.data,
+                    nwin, nwin, nf, bias.ctypes.data, ACCUMULATE)
 
     return loop
 

@@ -6,45 +6,51 @@ starting at p0 is output position p0 + j, row (p0 + j) // Q, column (p0 + j) % Q
 span several output rows. Zero padding is produced here: out-of-image taps and windows past the
 end of the plane are written as zeros, and the input is never copied whole.
 
-The copy goes by runs of windows that share an output row: for a fixed (c, r, s) such a run reads
-one input row at stride ``sw``, and the part of it inside the image is a plain strided copy
-(contiguous for stride 1, which LLVM vectorises), with zeros written on either side.
+The tile is filled by runs of windows that share an output row: for a fixed (c, r, s) a run reads
+one input row at stride ``sw``, and one vector row copy (``row_copy``) moves the whole run,
+masking the taps that fall in the padding. Per (c, r, s) the scalar work is a few bounds.
 """
+from functools import lru_cache
+
 from numba import njit
 
+from .row_copy import row_copy_intrinsic
 
-@njit(nogil=True, cache=True)
-def pack_input_tile(x, n, c_first, nc, p0, nwin_used, geom, dst, off, nwin):
-    """Pack windows p0 .. p0+nwin_used-1 of image ``n``, channels c_first .. c_first+nc-1 of the
-    4-D C-contiguous input ``x`` into ``dst[off : off + nc*R*S*nwin]``; ``geom`` holds
-    (R, S, stride_h, stride_w, dil_h, dil_w, pad_top, pad_left, Q)."""
-    R, S, sh, sw, dh, dw, pt, pl, Q = geom[0], geom[1], geom[2], geom[3], geom[4], geom[5], geom[6], geom[7], geom[8]
-    H, W = x.shape[2], x.shape[3]
-    j = 0
-    while j < nwin_used:
-        p = p0 + j
-        oh, ow0 = p // Q, p % Q
-        run = min(Q - ow0, nwin_used - j)
-        for c in range(nc):
-            for r in range(R):
-                ih = oh * sh - pt + r * dh
-                for s in range(S):
-                    base = off + ((c * R + r) * S + s) * nwin + j
-                    iw0 = ow0 * sw - pl + s * dw
-                    if ih < 0 or ih >= H:
-                        lo = hi = run
-                    else:
-                        # windows t in [lo, hi) read inside the row: 0 <= iw0 + t*sw < W
-                        lo = min(run, max(0, (-iw0 + sw - 1) // sw))
-                        hi = max(lo, min(run, (W - iw0 + sw - 1) // sw))
-                    for t in range(lo):
-                        dst[base + t] = 0
-                    for t in range(lo, hi):
-                        dst[base + t] = x[n, c_first + c, ih, iw0 + t * sw]
-                    for t in range(hi, run):
-                        dst[base + t] = 0
-        j += run
-    if nwin_used < nwin:  # windows past the end of the output plane
-        for crs in range(nc * R * S):
-            for t in range(off + crs * nwin + nwin_used, off + (crs + 1) * nwin):
-                dst[t] = 0
+
+@lru_cache(maxsize=None)
+def input_packer(dtype, lanes, nwin):
+    """The compiled ``pack_input_tile(x, n, c_first, nc, p0, nwin_used, geom, dst_addr)`` for
+    ``nwin``-window tiles of ``dtype`` ('f32'/'f64') built from ``lanes``-wide vectors.
+
+    It packs windows p0 .. p0+nwin_used-1 of image ``n``, channels c_first .. c_first+nc-1 of the
+    4-D C-contiguous input ``x`` into the nc*R*S*nwin values at address ``dst_addr``; ``geom``
+    starts with (R, S, stride_h, stride_w, dil_h, dil_w, pad_top, pad_left, Q)."""
+    copy_row = row_copy_intrinsic(dtype, lanes, nwin)
+
+    @njit(nogil=True)
+    def pack_input_tile(x, n, c_first, nc, p0, nwin_used, geom, dst_addr):
+        R, S, sh, sw, dh, dw, pt, pl, Q = (geom[0], geom[1], geom[2], geom[3], geom[4], geom[5],
+                                           geom[6], geom[7], geom[8])
+        C, H, W = x.shape[1], x.shape[2], x.shape[3]
+        item = x.itemsize
+        x_addr = x.ctypes.data
+        j = 0
+        while j < nwin_used:
+            oh, ow0 = (p0 + j) // Q, (p0 + j) % Q
+            j1 = j + min(Q - ow0, nwin_used - j)
+            store_end = nwin if j1 == nwin_used else j1   # the last run also zeroes the tail
+            for c in range(nc):
+                for r in range(R):
+                    ih = oh * sh - pt + r * dh
+                    row = ((n * C + c_first + c) * H + ih) * W
+                    for s in range(S):
+                        col0 = (ow0 - j) * sw - pl + s * dw   # input column lane 0 would read
+                        lo, hi = j, j                          # lanes reading inside the row
+                        if 0 <= ih < H:
+                            lo = max(j, (-col0 + sw - 1) // sw)
+                            hi = max(lo, min(j1, (W - col0 + sw - 1) // sw))
+                        copy_row(dst_addr + ((c * R + r) * S + s) * nwin * item,
+                                 x_addr + (row + col0) * item, sw, j, store_end, lo, hi)
+            j = j1
+
+    return pack_input_tile

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from packing import pack_filters, pack_input_tile, packed_filters_shape, unpack_filters
+from packing import input_packer, pack_filters, packed_filters_shape, unpack_filters
 
 
 @pytest.mark.parametrize("k,c_g,r,s,nf,groups", [
@@ -43,10 +43,13 @@ def gather_tile(x, n, c_first, nc, p0, nwin_used, nwin, R, S, stride, dil, pt, p
     (4, 4, 3, 3, (1, 1), (2, 2), (2, 2, 2, 2)),
     (12, 3, 5, 3, (3, 1), (1, 1), (4, 0, 0, 2)),
 ])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_input_tiles_match_the_gather(rng, H, W, R, S, stride, dil, pads, dtype):
-    N, C, nwin = 2, 5, 16
+@pytest.mark.parametrize("dtype,lanes,nwin", [
+    (np.float32, 16, 32), (np.float64, 8, 16), (np.float32, 8, 16), (np.float64, 4, 8),
+    (np.float32, 4, 8), (np.float64, 2, 4)])
+def test_input_tiles_match_the_gather(rng, H, W, R, S, stride, dil, pads, dtype, lanes, nwin):
+    N, C = 2, 5
     x = rng.standard_normal((N, C, H, W)).astype(dtype)
+    pack = input_packer("f32" if dtype == np.float32 else "f64", lanes, nwin)
     pt, pb, pl, pr = pads
     P = (H + pt + pb - dil[0] * (R - 1) - 1) // stride[0] + 1
     Q = (W + pl + pr - dil[1] * (S - 1) - 1) // stride[1] + 1
@@ -56,7 +59,7 @@ def test_input_tiles_match_the_gather(rng, H, W, R, S, stride, dil, pads, dtype)
             nwin_used = min(nwin, P * Q - p0)
             size = nc * R * S * nwin
             dst = np.full(3 + size + 3, np.nan, dtype)       # NaN guards on both sides
-            pack_input_tile(x, n, c_first, nc, p0, nwin_used, geom, dst, 3, nwin)
+            pack(x, n, c_first, nc, p0, nwin_used, geom, dst.ctypes.data + 3 * dst.itemsize)
             expected = gather_tile(x, n, c_first, nc, p0, nwin_used, nwin, R, S, stride, dil, pt, pl, P, Q)
             np.testing.assert_array_equal(dst[3:3 + size], expected)
             assert np.all(np.isnan(dst[:3])) and np.all(np.isnan(dst[3 + size:]))
