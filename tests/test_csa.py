@@ -4,21 +4,22 @@ import pytest
 import csa
 from csa import ConvSpec, Machine
 
-# A small what-if machine (AVX-512 register facts) so that no clamping hides the formulas.
+# A small what-if machine so that no clamping hides the formulas; plans use a 32 x 14 micro-tile.
 SMALL = Machine(l1d=32 * 1024, l2=64 * 1024, l3=256 * 1024, line=64, vector_bytes=64,
                 vector_registers=32)
+TILE = (32, 14)
 LAYER = ConvSpec(1, 64, 56, 56, 64, 3, 3, padding=(1, 1, 1, 1))
 
 
 def test_microtile_from_register_budget():
-    assert csa.microtile(16, 32) == (32, 14)   # AVX-512 float32: 28 accumulators + 3
-    assert csa.microtile(8, 32) == (16, 14)    # AVX-512 float64
+    assert csa.microtile(16, 32) == (32, 8)    # AVX-512 float32: 14 rows fit, 8 divide real K
+    assert csa.microtile(8, 32) == (16, 8)     # AVX-512 float64
     assert csa.microtile(8, 16) == (16, 6)     # AVX2 float32: 12 accumulators + 3
     assert csa.microtile(4, 16) == (8, 6)
 
 
 def test_plan_hand_computed_input_stationary():
-    plan = csa.analyze(LAYER, SMALL, schedule="IS")
+    plan = csa.analyze(LAYER, SMALL, microtile_shape=TILE, schedule="IS")
     assert (plan.nwin, plan.nf) == (32, 14)
     # Nc: (0.9*32768 - 32*14*4) / ((32+14)*9*4) = 27699.2 / 1656 = 16.7
     assert plan.nc == 16
@@ -29,7 +30,7 @@ def test_plan_hand_computed_input_stationary():
 
 
 def test_plan_hand_computed_weight_stationary():
-    plan = csa.analyze(LAYER, SMALL, schedule="WS")
+    plan = csa.analyze(LAYER, SMALL, microtile_shape=TILE, schedule="WS")
     # K2 window tiles: (58982.4 - 8064) / (18432 + 1792) = 2.5; K3 filter tiles:
     # (235929.6 - 2*18432) / (8064 + 2*1792) = 17.1, clamped to the 5 filter tiles
     assert (plan.k2, plan.k3) == (2, 5)
@@ -38,7 +39,7 @@ def test_plan_hand_computed_weight_stationary():
 
 def test_blocking_clamps_to_tile_counts_and_at_least_one():
     huge = SMALL.with_(l2=1 << 30, l3=1 << 34)
-    plan = csa.analyze(LAYER, huge, schedule="IS")
+    plan = csa.analyze(LAYER, huge, microtile_shape=TILE, schedule="IS")
     assert (plan.k2, plan.k3) == (plan.filter_tiles, plan.window_tiles)
     tiny = SMALL.with_(l1d=1024, l2=2048, l3=4096)
     plan = csa.analyze(LAYER, tiny)
@@ -47,7 +48,7 @@ def test_blocking_clamps_to_tile_counts_and_at_least_one():
 
 def test_channel_tile_never_exceeds_channels_per_group():
     spec = ConvSpec(1, 32, 8, 8, 32, 1, 1, groups=8)
-    assert csa.analyze(spec, SMALL).nc == 4
+    assert csa.analyze(spec, SMALL, microtile_shape=TILE).nc == 4
     assert csa.channel_tile(spec, 32, 14, 48 * 1024) == 4
 
 
@@ -60,7 +61,7 @@ def test_float64_roughly_halves_the_channel_tile():
 
 
 def test_cost_model_picks_the_cheaper_schedule_and_shows_every_term():
-    plan = csa.analyze(LAYER, SMALL)
+    plan = csa.analyze(LAYER, SMALL, microtile_shape=TILE)
     totals = {name: terms["total"] for name, terms in plan.costs.items()}
     assert plan.schedule == min(totals, key=totals.get)
     for terms in plan.costs.values():
