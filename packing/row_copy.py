@@ -2,7 +2,8 @@
 
 ``copy_row(dst, src, stride, j0, j1, lo, hi)`` writes lanes j0 <= j < j1 of one packed tile row
 (``nwin`` values at ``dst``): lane j gets ``src[j * stride]`` when lo <= j < hi, else zero. The
-source is read with masked vector loads (stride 1) or masked gathers (other strides), so lanes
+source is read with masked vector loads (strides 1-4: stride*nwin contiguous values, every stride-th kept
+by a constant shuffle) or masked gathers (larger strides), so lanes
 outside [lo, hi) -- taps in the zero padding, windows past the end of the plane -- are never
 read, and ``src`` may point outside the input for them. A whole row of windows moves per vector
 instruction; no scalar loop runs per element.
@@ -18,6 +19,7 @@ PTR = ir.PointerType()
 ARGS = ("dst", "src", "stride", "j0", "j1", "lo", "hi")
 FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I64, I64, I64, I64])
 SCALARS = {"f32": ir.FloatType(), "f64": ir.DoubleType()}
+SAMPLED_STRIDES = 4  # strides up to this use contiguous loads + a shuffle; larger ones gather
 
 
 def _declare(module, name, fnty):
@@ -41,49 +43,92 @@ def define_row_copy(module, dtype, lanes, nwin):
         return module.get_global(name)
     except KeyError:
         pass
-    scalar = SCALARS[dtype]
-    vec, mask_ty = ir.VectorType(scalar, lanes), ir.VectorType(I1, lanes)
-    idx_ty, ptrs_ty = ir.VectorType(I64, lanes), ir.VectorType(PTR, lanes)
-    suffix = f"v{lanes}{dtype}"
-    load = _declare(module, f"llvm.masked.load.{suffix}.p0", ir.FunctionType(vec, [PTR, mask_ty, vec]))
-    gather = _declare(module, f"llvm.masked.gather.{suffix}.v{lanes}p0",
-                      ir.FunctionType(vec, [ptrs_ty, mask_ty, vec]))
-    store = _declare(module, f"llvm.masked.store.{suffix}.p0",
-                     ir.FunctionType(ir.VoidType(), [vec, PTR, mask_ty]))
     fn = ir.Function(module, FUNCTION_TYPE, name)
     fn.linkage = "internal"
     fn.attributes.add("nounwind")
     fn.attributes.add("alwaysinline")
     for arg, arg_name in zip(fn.args, ARGS):
         arg.name = arg_name
-    dst, src, stride, j0, j1, lo, hi = fn.args
-    entry, unit, strided = (fn.append_basic_block(n) for n in ("entry", "unit", "strided"))
-    bld = ir.IRBuilder(entry)
-    zero = ir.Constant(vec, [0.0] * lanes)
-    bounds = [_splat(bld, v, idx_ty) for v in (j0, j1, lo, hi)]
-    stride_vec = _splat(bld, stride, idx_ty)
-    src_vec = _splat(bld, bld.ptrtoint(src, I64), idx_ty)
-    itemsize = {"f32": 4, "f64": 8}[dtype]
-    bld.cbranch(bld.icmp_unsigned("==", stride, ir.Constant(I64, 1)), unit, strided)
-    for block, unit_stride in ((unit, True), (strided, False)):
-        bld.position_at_end(block)
-        for v in range(nwin // lanes):
-            lane = ir.Constant(idx_ty, [v * lanes + i for i in range(lanes)])
-            inside = [bld.icmp_signed(">=", lane, bounds[0]), bld.icmp_signed("<", lane, bounds[1]),
-                      bld.icmp_signed(">=", lane, bounds[2]), bld.icmp_signed("<", lane, bounds[3])]
-            store_mask, load_mask = bld.and_(inside[0], inside[1]), bld.and_(inside[2], inside[3])
-            if unit_stride:
-                value = bld.call(load, [bld.gep(src, [ir.Constant(I64, v * lanes)], source_etype=scalar),
-                                        load_mask, zero])
-            else:
-                # lane addresses src + lane*stride*itemsize (llvmlite has no vector GEP)
-                offsets = bld.mul(bld.mul(lane, stride_vec), ir.Constant(idx_ty, [itemsize] * lanes))
-                ptrs = bld.inttoptr(bld.add(src_vec, offsets), ptrs_ty)
-                value = bld.call(gather, [ptrs, load_mask, zero])
-            bld.call(store, [value, bld.gep(dst, [ir.Constant(I64, v * lanes)], source_etype=scalar),
-                             store_mask])
-        bld.ret_void()
+    _RowCopyBuilder(module, fn, dtype, lanes, nwin).build()
     return fn
+
+
+class _RowCopyBuilder:
+    def __init__(self, module, fn, dtype, lanes, nwin):
+        self.module, self.fn, self.dtype, self.lanes, self.nwin = module, fn, dtype, lanes, nwin
+        self.scalar = SCALARS[dtype]
+        self.vec = ir.VectorType(self.scalar, lanes)
+        self.idx_ty = ir.VectorType(I64, lanes)
+        self.zero = ir.Constant(self.vec, [0.0] * lanes)
+
+    def _masked(self, op, count):
+        """llvm.masked.load/.store on <count x scalar> vectors."""
+        vec, mask = ir.VectorType(self.scalar, count), ir.VectorType(I1, count)
+        name = f"llvm.masked.{op}.v{count}{self.dtype}.p0"
+        fnty = (ir.FunctionType(vec, [PTR, mask, vec]) if op == "load" else
+                ir.FunctionType(ir.VoidType(), [vec, PTR, mask]))
+        return _declare(self.module, name, fnty)
+
+    def build(self):
+        dst, src, stride, j0, j1, lo, hi = self.fn.args
+        entry = self.fn.append_basic_block("entry")
+        bld = ir.IRBuilder(entry)
+        self.bounds = [_splat(bld, v, self.idx_ty) for v in (j0, j1, lo, hi)]
+        gather_blk = self.fn.append_basic_block("gather")
+        switch = bld.switch(stride, gather_blk)
+        for step in range(1, SAMPLED_STRIDES + 1):
+            block = self.fn.append_basic_block(f"stride{step}")
+            switch.add_case(ir.Constant(I64, step), block)
+            bld.position_at_end(block)
+            self._copy(bld, lambda bld, v, mask: self._sampled_load(bld, v, mask, step))
+        bld.position_at_end(gather_blk)
+        self._copy(bld, lambda bld, v, mask: self._gather(bld, v, mask, stride))
+
+    def _copy(self, bld, load_vector):
+        """For each vector of the row: load lanes [lo, hi) (zeros elsewhere) with
+        ``load_vector``, store lanes [j0, j1)."""
+        j0, j1, lo, hi = self.bounds
+        dst = self.fn.args[0]
+        for v in range(self.nwin // self.lanes):
+            lane = ir.Constant(self.idx_ty, [v * self.lanes + i for i in range(self.lanes)])
+            load_mask = bld.and_(bld.icmp_signed(">=", lane, lo), bld.icmp_signed("<", lane, hi))
+            store_mask = bld.and_(bld.icmp_signed(">=", lane, j0), bld.icmp_signed("<", lane, j1))
+            value = load_vector(bld, v, load_mask)
+            ptr = bld.gep(dst, [ir.Constant(I64, v * self.lanes)], source_etype=self.scalar)
+            bld.call(self._masked("store", self.lanes), [value, ptr, store_mask])
+        bld.ret_void()
+
+    def _sampled_load(self, bld, v, lane_mask, step):
+        """Stride ``step``: one masked load of step*lanes contiguous values (only the sampled,
+        in-row ones are read) and a constant shuffle keeping every step-th."""
+        width = step * self.lanes
+        sampled = [i % step == 0 for i in range(width)]
+        owner = [i // step for i in range(width)]          # the lane each source value feeds
+        wide_mask = bld.shuffle_vector(lane_mask, ir.Constant(lane_mask.type, ir.Undefined),
+                                       ir.Constant(ir.VectorType(I32, width), owner))
+        wide_mask = bld.and_(wide_mask, ir.Constant(ir.VectorType(I1, width), sampled))
+        ptr = bld.gep(self.fn.args[1], [ir.Constant(I64, v * width)], source_etype=self.scalar)
+        wide = bld.call(self._masked("load", width),
+                        [ptr, wide_mask, ir.Constant(ir.VectorType(self.scalar, width), [0.0] * width)])
+        if step == 1:
+            return wide
+        return bld.shuffle_vector(wide, ir.Constant(wide.type, ir.Undefined),
+                                  ir.Constant(ir.VectorType(I32, self.lanes),
+                                              [i * step for i in range(self.lanes)]))
+
+    def _gather(self, bld, v, lane_mask, stride):
+        """Any stride: a masked gather (lane addresses src + lane*stride*itemsize; llvmlite
+        has no vector GEP, so they are computed as integers)."""
+        itemsize = {"f32": 4, "f64": 8}[self.dtype]
+        lane = ir.Constant(self.idx_ty, [v * self.lanes + i for i in range(self.lanes)])
+        base = _splat(bld, bld.ptrtoint(self.fn.args[1], I64), self.idx_ty)
+        offsets = bld.mul(bld.mul(lane, _splat(bld, stride, self.idx_ty)),
+                          ir.Constant(self.idx_ty, [itemsize] * self.lanes))
+        ptrs = bld.inttoptr(bld.add(base, offsets), ir.VectorType(PTR, self.lanes))
+        mask_ty = ir.VectorType(I1, self.lanes)
+        gather = _declare(self.module, f"llvm.masked.gather.v{self.lanes}{self.dtype}.v{self.lanes}p0",
+                          ir.FunctionType(self.vec, [ptrs.type, mask_ty, self.vec]))
+        return bld.call(gather, [ptrs, lane_mask, self.zero])
 
 
 @lru_cache(maxsize=None)

@@ -42,6 +42,8 @@ def gather_tile(x, n, c_first, nc, p0, nwin_used, nwin, R, S, stride, dil, pt, p
     (5, 11, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0)),
     (4, 4, 3, 3, (1, 1), (2, 2), (2, 2, 2, 2)),
     (12, 3, 5, 3, (3, 1), (1, 1), (4, 0, 0, 2)),
+    (14, 40, 2, 3, (4, 4), (1, 2), (1, 0, 2, 1)),     # the largest shuffled stride
+    (14, 45, 2, 3, (5, 7), (1, 1), (1, 0, 2, 1)),     # gathered strides
 ])
 @pytest.mark.parametrize("dtype,lanes,nwin", [
     (np.float32, 16, 32), (np.float64, 8, 16), (np.float32, 8, 16), (np.float64, 4, 8),
