@@ -3,16 +3,19 @@
 Semantics are PyTorch's ``torch.nn.functional.conv2d``: cross-correlation, NCHW input, OIHW
 weights, zero padding, output in the input's dtype.
 """
+import threading
 from functools import lru_cache
 
 import numpy as np
 
 import csa
-from microkernels import KernelSpec, get_isa, host_isa, supported_isas
+from microkernels import BIAS, RELU, KernelSpec, get_isa, host_isa, supported_isas
 from packing import pack_filters
 
 from . import arguments as args
-from .lowering import execute
+from .lowering import Prepared
+
+PREPARED_SHAPES = 64  # input shapes a Conv2d keeps prepared
 
 
 @lru_cache(maxsize=None)
@@ -63,6 +66,8 @@ class Conv2d:
         self.packed_weight = pack_filters(weight, nf, self.groups)
         self.bias = (np.empty(0, self.dtype) if bias is None else
                      np.ascontiguousarray(bias, dtype=self.dtype))
+        self._by_shape = {}
+        self._by_shape_lock = threading.Lock()
 
     def _microtile(self):
         forced = dict(self.overrides).get("microtile_shape")
@@ -79,25 +84,41 @@ class Conv2d:
 
     def plan_for(self, shape):
         """The SlicingPlan used for inputs of ``shape`` (N, C, H, W) or (C, H, W)."""
-        return _plan(self.spec_for(shape), self.isa, self.overrides)
+        return self._prepared(tuple(shape), self.dtype).plan
+
+    def _prepared(self, shape, dtype):
+        """Everything a call on ``shape`` needs that does not depend on the data, computed once
+        per shape (a small FIFO-bounded table: a stream of new shapes cannot grow it)."""
+        key = (shape, dtype)
+        found = self._by_shape.get(key)
+        if found is None:
+            spec = self.spec_for(shape, dtype)
+            flags = (BIAS if self.bias.size else 0) | (RELU if self.activation == "relu" else 0)
+            found = Prepared(_plan(spec, self.isa, self.overrides), flags)
+            with self._by_shape_lock:  # calls from several threads may miss at once
+                if len(self._by_shape) >= PREPARED_SHAPES:
+                    del self._by_shape[next(iter(self._by_shape))]
+                self._by_shape[key] = found
+        return found
 
     def __call__(self, x, out=None):
         args.check_array("input", x)
-        unbatched = x.ndim == 3
-        spec = self.spec_for(x.shape, x.dtype)
+        prepared = self._prepared(x.shape, x.dtype)
+        spec = prepared.plan.spec
         batch = x.shape[0] if x.ndim == 4 else 1
         shape = (batch,) + spec.output_shape[1:]
         if out is None:
             result = np.empty(shape, dtype=self.dtype)
         else:
-            args.check_out(out, spec.output_shape[1:] if unbatched else shape, self.dtype,
+            args.check_out(out, shape if x.ndim == 4 else shape[1:], self.dtype,
                            (("input", x), ("weight", self.packed_weight), ("bias", self.bias)))
             result = out.reshape(shape)
         x4 = np.ascontiguousarray(x.reshape((batch,) + x.shape[-3:]))
-        plan = _plan(spec, self.isa, self.overrides)
-        execute(plan, self.kernel, x4, self.packed_weight, self.bias, result,
-                relu=self.activation == "relu")
-        return result[0] if unbatched and out is None else (out if out is not None else result)
+        if batch:
+            prepared.run(self.kernel, x4, self.packed_weight, self.bias, result)
+        if out is not None:
+            return out
+        return result if x.ndim == 4 else result[0]
 
     def __repr__(self):
         return (f"Conv2d(weight {self.weight_shape} {self.dtype}, stride={self.stride}, "

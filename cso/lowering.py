@@ -11,7 +11,7 @@ import numpy as np
 from numba import njit, types
 from numba.np.numpy_support import from_dtype
 
-from microkernels import ACCUMULATE, BIAS, RELU
+from microkernels import ACCUMULATE
 from microkernels.numba_bridge import kernel_intrinsic
 from packing import input_packer
 
@@ -121,13 +121,20 @@ def conv_loop_nest(kspec):
     return run
 
 
-def execute(plan, kspec, x, packed_w, bias, out, relu):
-    """Run ``plan`` on validated arrays: ``x`` 4-D C-contiguous, ``packed_w`` from
-    ``packing.pack_filters`` with ``kspec.nf``, ``bias`` 1-D (length K, or empty for none),
-    ``out`` 4-D C-contiguous of the output shape."""
-    if x.shape[0] == 0:
-        return out
-    flags = (BIAS if bias.size else 0) | (RELU if relu else 0)
-    scratch = np.empty(scratch_elements(plan), dtype=x.dtype)
-    conv_loop_nest(kspec)(x, packed_w.reshape(-1), bias, out, geometry(plan, flags), scratch)
-    return out
+class Prepared:
+    """A plan bound to its compiled loop nest and ``geom`` vector: what a call on one input
+    shape needs besides the data. ``epilogue_flags`` (BIAS | RELU) apply on the last channel
+    tile."""
+
+    def __init__(self, plan, epilogue_flags):
+        self.plan = plan
+        self.geom = geometry(plan, epilogue_flags)
+        self.scratch_elements = scratch_elements(plan)
+
+    def run(self, kspec, x, packed_w, bias, out):
+        """``x`` 4-D C-contiguous (N >= 1), ``packed_w`` from ``packing.pack_filters`` with
+        ``kspec.nf``, ``bias`` 1-D (length K, or empty for none), ``out`` 4-D C-contiguous of
+        the output shape. The scratch for packed tiles is per call: concurrent calls share
+        nothing."""
+        scratch = np.empty(self.scratch_elements, dtype=x.dtype)
+        conv_loop_nest(kspec)(x, packed_w.reshape(-1), bias, out, self.geom, scratch)
