@@ -12,7 +12,7 @@ from numba import njit, types
 from numba.np.numpy_support import from_dtype
 
 from microkernels import ACCUMULATE
-from microkernels.numba_bridge import kernel_intrinsic
+from microkernels.numba_bridge import kernel_intrinsic, row_copy_intrinsic
 from packing import input_packer
 
 # Layout of the int64 ``geom`` vector passed to the loop nest: the first nine entries are the
@@ -60,7 +60,7 @@ def loop_nest_signature(dtype):
 def conv_loop_nest(kspec):
     """The compiled ``run(x, packed_w, bias, out, geom, scratch)`` for micro-kernel ``kspec``."""
     ukernel = kernel_intrinsic(kspec)
-    pack = input_packer(kspec.dtype, kspec.lanes, kspec.nwin)
+    pack = input_packer(row_copy_intrinsic(kspec), kspec.nwin)
     NWIN, NF = kspec.nwin, kspec.nf
 
     @njit(loop_nest_signature(kspec.np_dtype), nogil=True)

@@ -36,9 +36,9 @@ def _vector_intrinsics(module, vec):
     their alignment as a pointer attribute; without one they assume 1, which x86 does not mind)."""
     suffix = f"v{vec.count}{'f32' if isinstance(vec.element, ir.FloatType) else 'f64'}"
     mask = ir.VectorType(ir.IntType(1), vec.count)
-    fma = _declare(module, f"llvm.fma.{suffix}", ir.FunctionType(vec, [vec, vec, vec]))
-    load = _declare(module, f"llvm.masked.load.{suffix}.p0", ir.FunctionType(vec, [PTR, mask, vec]))
-    store = _declare(module, f"llvm.masked.store.{suffix}.p0",
+    fma = declare(module, f"llvm.fma.{suffix}", ir.FunctionType(vec, [vec, vec, vec]))
+    load = declare(module, f"llvm.masked.load.{suffix}.p0", ir.FunctionType(vec, [PTR, mask, vec]))
+    store = declare(module, f"llvm.masked.store.{suffix}.p0",
                      ir.FunctionType(ir.VoidType(), [vec, PTR, mask]))
     return fma, load, store
 
@@ -50,7 +50,7 @@ def splat(bld, scalar, vec):
     return bld.shuffle_vector(one, ir.Constant(vec, ir.Undefined), ir.Constant(lane_ids, [0] * vec.count))
 
 
-def _declare(module, name, fnty):
+def declare(module, name, fnty):
     try:
         return module.get_global(name)
     except KeyError:

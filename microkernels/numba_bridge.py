@@ -1,36 +1,55 @@
-"""Call a micro-kernel from numba-compiled code: the kernel's IR is emitted into numba's own
+"""Call generated functions from numba-compiled code: their IR is emitted into numba's own
 module through ``numba.extending.intrinsic`` (no ctypes, so the caller stays cacheable and LLVM
-may inline the kernel)."""
+may inline them).
+
+Pointer arguments are passed as integer addresses (``arr.ctypes.data`` plus a byte offset), so
+one call site serves any array; addresses are the caller's responsibility, exactly as in C.
+"""
 from functools import lru_cache
 
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from .ir_gen import FUNCTION_TYPE, define_kernel
+from . import ir_gen, row_copy
+
+
+def _signature_and_codegen(arg_types, define, function_type):
+    """An intrinsic's typing result: integers for every argument of ``function_type``
+    (addresses for the pointers), calling the function ``define(module)`` returns."""
+    if not all(isinstance(t, types.Integer) for t in arg_types):
+        return None
+
+    def codegen(context, builder, signature, values):
+        fn = define(builder.module)
+        builder.call(fn, [builder.inttoptr(v, ty) if isinstance(ty, ir.PointerType) else v
+                          for v, ty in zip(values, function_type.args)])
+        return context.get_dummy_value()
+
+    return types.void(*([types.intp] * len(arg_types))), codegen
 
 
 @lru_cache(maxsize=None)
 def kernel_intrinsic(spec):
-    """A numba intrinsic ``ukernel(k, a, lda, b, c, ldc, nwin_used, nf_used, bias, flags)``
-    with the kernel's own arguments: the four pointers are addresses (``arr.ctypes.data`` plus
-    a byte offset), so one call site serves packed tiles and unpacked inputs alike. Addresses are
-    the caller's responsibility: this is raw pointer arithmetic, exactly as in the kernel."""
+    """``ukernel(k, a, lda, b, c, ldc, nwin_used, nf_used, bias, flags)``: the micro-kernel."""
 
     @intrinsic
     def ukernel(typingctx, k, a, lda, b, c, ldc, nwin_used, nf_used, bias, flags):
-        if not all(isinstance(t, types.Integer) for t in (k, a, lda, b, c, ldc, nwin_used, nf_used,
-                                                           bias, flags)):
-            return None
-        sig = types.void(*([types.intp] * 10))
-
-        def codegen(context, builder, signature, args):
-            fn = define_kernel(builder.module, spec)
-            call_args = [builder.inttoptr(v, ty) if isinstance(ty, ir.PointerType) else v
-                         for v, ty in zip(args, FUNCTION_TYPE.args)]
-            builder.call(fn, call_args)
-            return context.get_dummy_value()
-
-        return sig, codegen
+        return _signature_and_codegen((k, a, lda, b, c, ldc, nwin_used, nf_used, bias, flags),
+                                      lambda module: ir_gen.define_kernel(module, spec),
+                                      ir_gen.FUNCTION_TYPE)
 
     return ukernel
+
+
+@lru_cache(maxsize=None)
+def row_copy_intrinsic(spec):
+    """``copy_row(dst, src, stride, j0, j1, lo, hi)``: one packed row of ``spec``'s tiles."""
+
+    @intrinsic
+    def copy_row(typingctx, dst, src, stride, j0, j1, lo, hi):
+        return _signature_and_codegen((dst, src, stride, j0, j1, lo, hi),
+                                      lambda module: row_copy.define_row_copy(module, spec),
+                                      row_copy.FUNCTION_TYPE)
+
+    return copy_row

@@ -14,18 +14,16 @@ from functools import lru_cache
 
 from numba import njit
 
-from .row_copy import row_copy_intrinsic
-
 
 @lru_cache(maxsize=None)
-def input_packer(dtype, lanes, nwin):
+def input_packer(copy_row, nwin):
     """The compiled ``pack_input_tile(x, n, c_first, nc, p0, nwin_used, geom, dst_addr)`` for
-    ``nwin``-window tiles of ``dtype`` ('f32'/'f64') built from ``lanes``-wide vectors.
+    ``nwin``-window tiles, moving rows with ``copy_row(dst, src, stride, j0, j1, lo, hi)`` (a
+    compiled function or intrinsic, e.g. ``microkernels.numba_bridge.row_copy_intrinsic``).
 
     It packs windows p0 .. p0+nwin_used-1 of image ``n``, channels c_first .. c_first+nc-1 of the
     4-D C-contiguous input ``x`` into the nc*R*S*nwin values at address ``dst_addr``; ``geom``
     starts with (R, S, stride_h, stride_w, dil_h, dil_w, pad_top, pad_left, Q)."""
-    copy_row = row_copy_intrinsic(dtype, lanes, nwin)
 
     @njit(nogil=True)
     def pack_input_tile(x, n, c_first, nc, p0, nwin_used, geom, dst_addr):

@@ -2,6 +2,8 @@
 import numpy as np
 import pytest
 
+from microkernels import KernelSpec
+from microkernels.numba_bridge import row_copy_intrinsic
 from packing import input_packer, pack_filters, packed_filters_shape, unpack_filters
 
 
@@ -45,13 +47,13 @@ def gather_tile(x, n, c_first, nc, p0, nwin_used, nwin, R, S, stride, dil, pt, p
     (14, 40, 2, 3, (4, 4), (1, 2), (1, 0, 2, 1)),     # the largest shuffled stride
     (14, 45, 2, 3, (5, 7), (1, 1), (1, 0, 2, 1)),     # gathered strides
 ])
-@pytest.mark.parametrize("dtype,lanes,nwin", [
-    (np.float32, 16, 32), (np.float64, 8, 16), (np.float32, 8, 16), (np.float64, 4, 8),
-    (np.float32, 4, 8), (np.float64, 2, 4)])
-def test_input_tiles_match_the_gather(rng, H, W, R, S, stride, dil, pads, dtype, lanes, nwin):
-    N, C = 2, 5
+@pytest.mark.parametrize("kernel", [KernelSpec(dt, 8, nwin, isa) for dt, nwin, isa in (
+    ("f32", 32, "avx512"), ("f64", 16, "avx512"), ("f32", 16, "avx2"), ("f64", 8, "avx2"),
+    ("f32", 8, "generic"), ("f64", 4, "generic"))], ids=str)
+def test_input_tiles_match_the_gather(rng, H, W, R, S, stride, dil, pads, kernel):
+    N, C, nwin, dtype = 2, 5, kernel.nwin, kernel.np_dtype
     x = rng.standard_normal((N, C, H, W)).astype(dtype)
-    pack = input_packer("f32" if dtype == np.float32 else "f64", lanes, nwin)
+    pack = input_packer(row_copy_intrinsic(kernel), nwin)
     pt, pb, pl, pr = pads
     P = (H + pt + pb - dil[0] * (R - 1) - 1) // stride[0] + 1
     Q = (W + pl + pr - dil[1] * (S - 1) - 1) // stride[1] + 1

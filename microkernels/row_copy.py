@@ -1,44 +1,30 @@
-"""Vector row copy for input packing, generated as LLVM IR and inlined into numba code.
+"""Vector row copy for input packing, generated as LLVM IR and inlined into numba code
+(``packing`` drives it; the vector code lives here with the other generators).
 
 ``copy_row(dst, src, stride, j0, j1, lo, hi)`` writes lanes j0 <= j < j1 of one packed tile row
 (``nwin`` values at ``dst``): lane j gets ``src[j * stride]`` when lo <= j < hi, else zero. The
-source is read with masked vector loads (strides 1-4: stride*nwin contiguous values, every stride-th kept
-by a constant shuffle) or masked gathers (larger strides), so lanes
-outside [lo, hi) -- taps in the zero padding, windows past the end of the plane -- are never
-read, and ``src`` may point outside the input for them. A whole row of windows moves per vector
+source is read with masked vector loads (strides 1-4: stride*nwin contiguous values, every
+stride-th kept by a constant shuffle) or masked gathers (larger strides), so lanes outside
+[lo, hi) -- taps in the zero padding, windows past the end of the plane -- are never read, and
+``src`` may point outside the input for them. A whole row of windows moves per vector
 instruction; no scalar loop runs per element.
 """
-from functools import lru_cache
-
 from llvmlite import ir
-from numba import types
-from numba.extending import intrinsic
 
-I1, I32, I64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
-PTR = ir.PointerType()
+from .ir_gen import I32, I64, PTR, declare, splat
+
+I1 = ir.IntType(1)
 ARGS = ("dst", "src", "stride", "j0", "j1", "lo", "hi")
 FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I64, I64, I64, I64])
 SCALARS = {"f32": ir.FloatType(), "f64": ir.DoubleType()}
 SAMPLED_STRIDES = 4  # strides up to this use contiguous loads + a shuffle; larger ones gather
 
 
-def _declare(module, name, fnty):
-    try:
-        return module.get_global(name)
-    except KeyError:
-        return ir.Function(module, fnty, name)
-
-
-def _splat(bld, value, vec):
-    one = bld.insert_element(ir.Constant(vec, ir.Undefined), value, ir.Constant(I32, 0))
-    return bld.shuffle_vector(one, ir.Constant(vec, ir.Undefined),
-                              ir.Constant(ir.VectorType(I32, vec.count), [0] * vec.count))
-
-
-def define_row_copy(module, dtype, lanes, nwin):
-    """The copy function for ``nwin``-wide rows of ``dtype`` ('f32'/'f64') in ``lanes``-wide
-    vectors, defined in ``module`` on first use."""
-    name = f"{dtype}_pack_row_{nwin}__v{lanes}"
+def define_row_copy(module, spec):
+    """The copy function for tiles of kernel ``spec`` (its dtype, ``nwin`` and vector lanes),
+    defined in ``module`` on first use."""
+    dtype, lanes, nwin = spec.dtype, spec.lanes, spec.nwin
+    name = f"{dtype}_pack_row_{nwin}__{spec.isa}"
     try:
         return module.get_global(name)
     except KeyError:
@@ -67,13 +53,13 @@ class _RowCopyBuilder:
         name = f"llvm.masked.{op}.v{count}{self.dtype}.p0"
         fnty = (ir.FunctionType(vec, [PTR, mask, vec]) if op == "load" else
                 ir.FunctionType(ir.VoidType(), [vec, PTR, mask]))
-        return _declare(self.module, name, fnty)
+        return declare(self.module, name, fnty)
 
     def build(self):
         dst, src, stride, j0, j1, lo, hi = self.fn.args
         entry = self.fn.append_basic_block("entry")
         bld = ir.IRBuilder(entry)
-        self.bounds = [_splat(bld, v, self.idx_ty) for v in (j0, j1, lo, hi)]
+        self.bounds = [splat(bld, v, self.idx_ty) for v in (j0, j1, lo, hi)]
         gather_blk = self.fn.append_basic_block("gather")
         switch = bld.switch(stride, gather_blk)
         for step in range(1, SAMPLED_STRIDES + 1):
@@ -121,32 +107,11 @@ class _RowCopyBuilder:
         has no vector GEP, so they are computed as integers)."""
         itemsize = {"f32": 4, "f64": 8}[self.dtype]
         lane = ir.Constant(self.idx_ty, [v * self.lanes + i for i in range(self.lanes)])
-        base = _splat(bld, bld.ptrtoint(self.fn.args[1], I64), self.idx_ty)
-        offsets = bld.mul(bld.mul(lane, _splat(bld, stride, self.idx_ty)),
+        base = splat(bld, bld.ptrtoint(self.fn.args[1], I64), self.idx_ty)
+        offsets = bld.mul(bld.mul(lane, splat(bld, stride, self.idx_ty)),
                           ir.Constant(self.idx_ty, [itemsize] * self.lanes))
         ptrs = bld.inttoptr(bld.add(base, offsets), ir.VectorType(PTR, self.lanes))
         mask_ty = ir.VectorType(I1, self.lanes)
-        gather = _declare(self.module, f"llvm.masked.gather.v{self.lanes}{self.dtype}.v{self.lanes}p0",
+        gather = declare(self.module, f"llvm.masked.gather.v{self.lanes}{self.dtype}.v{self.lanes}p0",
                           ir.FunctionType(self.vec, [ptrs.type, mask_ty, self.vec]))
         return bld.call(gather, [ptrs, lane_mask, self.zero])
-
-
-@lru_cache(maxsize=None)
-def row_copy_intrinsic(dtype, lanes, nwin):
-    """numba intrinsic ``copy_row(dst_addr, src_addr, stride, j0, j1, lo, hi)`` (addresses as
-    ints, e.g. ``arr.ctypes.data`` plus a byte offset)."""
-
-    @intrinsic
-    def copy_row(typingctx, dst, src, stride, j0, j1, lo, hi):
-        if not all(isinstance(t, types.Integer) for t in (dst, src, stride, j0, j1, lo, hi)):
-            return None
-
-        def codegen(context, builder, signature, args):
-            fn = define_row_copy(builder.module, dtype, lanes, nwin)
-            builder.call(fn, [builder.inttoptr(args[0], PTR), builder.inttoptr(args[1], PTR),
-                              *args[2:]])
-            return context.get_dummy_value()
-
-        return types.void(*([types.intp] * 7)), codegen
-
-    return copy_row
