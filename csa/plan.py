@@ -1,9 +1,10 @@
 """Convolution Slicing Analysis: micro-tile, channel tile, cache blocking and schedule.
 
-Symbols (DESIGN.md): C_g = channels per group, K_g = filters per group, R x S filter, P x Q output,
+Symbols (after SConv, Ferrari et al., ACM TACO 2023): C_g = channels per group, K_g = filters per group, R x S filter, P x Q output,
 ds bytes per element, micro-tile Nwin windows x Nf filters. Footprints of packed tiles:
 |IN| = Nwin*R*S*Nc*ds, |W| = Nf*R*S*Nc*ds, |OUT| = Nwin*Nf*ds.
 """
+import numbers
 from dataclasses import dataclass, field
 from math import ceil
 
@@ -57,14 +58,17 @@ class SlicingPlan:
         s, m = self.spec, self.machine
         fin, fw, fout = self.footprints()
         ds, rs = s.itemsize, s.r * s.s
+        nc_rule = ("all C/groups channels fit:" if self.nc == s.c_per_group else
+                   "the largest (at least 1) with")
         lines = [
             f"SlicingPlan for {s} ({s.flops / 1e9:.3f} GFLOP)",
             f"  machine: {m}",
             f"  micro-tile: {self.nwin} windows x {self.nf} filters "
-            f"(from {m.vector_registers} registers of {m.vector_bytes * 8 // (ds * 8)} lanes)",
-            f"  Nc = {self.nc}: largest with Nc*(Nwin+Nf)*R*S*ds + Nwin*Nf*ds <= {CACHE_FILL}*L1 "
-            f"= {self.nc}*{self.nwin + self.nf}*{rs}*{ds} + {fout} = "
-            f"{self.nc * (self.nwin + self.nf) * rs * ds + fout} <= {int(CACHE_FILL * m.l1d)}"
+            f"(from {m.vector_registers} registers of {m.vector_bytes // ds} lanes)"
+            f"{_forced(self, 'microtile_shape')}",
+            f"  Nc = {self.nc}: {nc_rule} Nc*(Nwin+Nf)*R*S*ds + Nwin*Nf*ds <= {CACHE_FILL}*L1: "
+            f"{self.nc}*{self.nwin + self.nf}*{rs}*{ds} + {fout} = "
+            f"{self.nc * (self.nwin + self.nf) * rs * ds + fout} vs {int(CACHE_FILL * m.l1d)}"
             f"{_forced(self, 'nc')}",
             f"  tiles: {self.window_tiles} window x {self.filter_tiles} filter x "
             f"{self.channel_tiles} channel (per image and group); |IN|={fin} B |W|={fw} B |OUT|={fout} B",
@@ -106,7 +110,9 @@ def channel_tile(spec, nwin, nf, l1d):
 
 def blocking(stationary, streamed, out, streamed_tiles, resident_tiles, machine):
     """K2 streamed tiles kept in L2 beside one stationary tile, K3 stationary tiles kept in L3
-    beside them: direct solutions of the DESIGN.md inequalities, clamped to [1, tiles]."""
+    beside them: the largest values satisfying (for IS; WS swaps inputs and filters)
+        |IN| + K2*(|W| + |OUT|) <= 0.9*L2,   K3*|IN| + K2*|W| + K2*K3*|OUT| <= 0.9*L3,
+    solved directly rather than by halving, and clamped to [1, tiles]."""
     k2 = (CACHE_FILL * machine.l2 - stationary) // (streamed + out)
     k2 = int(min(streamed_tiles, max(1, k2)))
     k3 = (CACHE_FILL * machine.l3 - k2 * streamed) // (stationary + k2 * out)
@@ -162,27 +168,42 @@ OVERRIDES = ("microtile_shape", "nc", "k2", "k3", "schedule")
 
 
 def check_overrides(**overrides):
-    """Raise TypeError for an unknown override name, ValueError for a bad value (None = unset)."""
+    """The overrides normalised (plain ints, tuples; None = unset, dropped). Raises TypeError
+    for an unknown name or a non-integer, ValueError for a bad value."""
+    normal = {}
     for name, v in overrides.items():
         if name not in OVERRIDES:
             raise TypeError(f"unknown plan override {name!r}; known: {OVERRIDES}")
         if v is None:
             continue
-        if name == "schedule" and v not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {SCHEDULES}, got {v!r}")
-        if name in ("nc", "k2", "k3") and (not isinstance(v, int) or v < 1):
-            raise ValueError(f"{name} override must be a positive int, got {v!r}")
-        if name == "microtile_shape" and (len(v) != 2 or min(v) < 1):
-            raise ValueError(f"microtile_shape override must be (nwin, nf), got {v!r}")
+        if name == "schedule":
+            if v not in SCHEDULES:
+                raise ValueError(f"schedule must be one of {SCHEDULES}, got {v!r}")
+            normal[name] = v
+        elif name == "microtile_shape":
+            if not isinstance(v, (tuple, list)) or len(v) != 2:
+                raise ValueError(f"microtile_shape override must be (nwin, nf), got {v!r}")
+            normal[name] = tuple(_positive_int(name, x) for x in v)
+        else:
+            normal[name] = _positive_int(name, v)
+    return normal
+
+
+def _positive_int(name, v):
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise TypeError(f"{name} override must be an int, got {v!r}")
+    if v < 1:
+        raise ValueError(f"{name} override must be >= 1, got {v!r}")
+    return int(v)
 
 
 def analyze(spec, machine=None, *, microtile_shape=None, nc=None, k2=None, k3=None, schedule=None):
     """Plan ``spec`` for ``machine`` (default: ``Machine.host()``). Keyword overrides force a
-    value (tests and what-if analysis); the rest is derived as DESIGN.md says."""
+    value (tests and what-if analysis); the rest is derived by the rules above."""
     machine = machine or Machine.host()
-    forced = tuple(name for name, v in (("microtile", microtile_shape), ("nc", nc), ("k2", k2),
-                                        ("k3", k3), ("schedule", schedule)) if v is not None)
-    check_overrides(microtile_shape=microtile_shape, nc=nc, k2=k2, k3=k3, schedule=schedule)
+    given = check_overrides(microtile_shape=microtile_shape, nc=nc, k2=k2, k3=k3, schedule=schedule)
+    forced = tuple(given)
+    microtile_shape, nc, k2, k3, schedule = (given.get(name) for name in OVERRIDES)
     lanes = machine.vector_bytes // spec.itemsize
     nwin, nf = microtile_shape or microtile(lanes, machine.vector_registers)
     nc = min(nc, spec.c_per_group) if nc else channel_tile(spec, nwin, nf, machine.l1d)

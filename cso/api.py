@@ -55,17 +55,15 @@ class Conv2d:
         self.activation = args.check_activation(activation)
         self.isa = _check_isa(isa)
         try:
-            csa.check_overrides(**(plan_overrides or {}))
-        except TypeError as err:
-            raise TypeError(f"plan_overrides: {err}") from None
-        self.overrides = tuple(sorted((plan_overrides or {}).items()))
+            self.overrides = tuple(sorted(csa.check_overrides(**(plan_overrides or {})).items()))
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"plan_overrides: {err}") from None
         self.dtype = weight.dtype
         self.weight_shape = weight.shape
         nwin, nf = self._microtile()
         self.kernel = KernelSpec.for_dtype(self.dtype, nf, nwin, self.isa)
         self.packed_weight = pack_filters(weight, nf, self.groups)
-        self.bias = (np.empty(0, self.dtype) if bias is None else
-                     np.ascontiguousarray(bias, dtype=self.dtype))
+        self.bias = np.empty(0, self.dtype) if bias is None else np.array(bias, copy=True)
         self._by_shape = {}
         self._by_shape_lock = threading.Lock()
 
@@ -76,9 +74,7 @@ class Conv2d:
                                        machine.vector_registers)
 
     def spec_for(self, shape, dtype=None):
-        shape = tuple(shape)
-        if len(shape) == 3:
-            shape = (1,) + shape
+        """The ConvSpec of an input of ``shape`` (N, C, H, W) or (C, H, W)."""
         return args.conv_spec(shape, np.dtype(dtype or self.dtype), self.weight_shape, self.dtype,
                               self.stride, self.padding, self.dilation, self.groups)
 
@@ -107,18 +103,20 @@ class Conv2d:
         spec = prepared.plan.spec
         batch = x.shape[0] if x.ndim == 4 else 1
         shape = (batch,) + spec.output_shape[1:]
-        if out is None:
-            result = np.empty(shape, dtype=self.dtype)
-        else:
+        if out is not None:
             args.check_out(out, shape if x.ndim == 4 else shape[1:], self.dtype,
                            (("input", x), ("weight", self.packed_weight), ("bias", self.bias)))
-            result = out.reshape(shape)
+        # the kernels write rows at a stride of P*Q: a strided ``out`` goes through a temporary
+        direct = out is not None and out.flags.c_contiguous
+        result = out.reshape(shape) if direct else np.empty(shape, dtype=self.dtype)
         x4 = np.ascontiguousarray(x.reshape((batch,) + x.shape[-3:]))
         if batch:
             prepared.run(self.kernel, x4, self.packed_weight, self.bias, result)
-        if out is not None:
-            return out
-        return result if x.ndim == 4 else result[0]
+        if out is None:
+            return result if x.ndim == 4 else result[0]
+        if not direct:
+            out[...] = result.reshape(out.shape)
+        return out
 
     def __repr__(self):
         return (f"Conv2d(weight {self.weight_shape} {self.dtype}, stride={self.stride}, "

@@ -12,11 +12,17 @@ from csa import ConvSpec
 
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 ACTIVATIONS = (None, "relu")
+# Every size, stride, padding and dilation stays below this, so that all index arithmetic in the
+# compiled loop nest (products of two such numbers, and their sums) fits in int64.
+INDEX_LIMIT = 2 ** 31
 
 
 def check_array(name, value):
     if not isinstance(value, np.ndarray):
         raise TypeError(f"{name} must be a numpy.ndarray, got {type(value).__name__}")
+    if isinstance(value, np.ma.MaskedArray):
+        raise TypeError(f"{name} is a masked array; its mask would be ignored: pass "
+                        f"{name}.filled(0) or another plain ndarray")
     if value.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{name} must be float32 or float64, got {value.dtype} "
                         f"({name} of shape {value.shape})")
@@ -28,6 +34,8 @@ def _int(name, value, minimum):
         raise TypeError(f"{name} must be an int or a pair of ints, got {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    if value >= INDEX_LIMIT:
+        raise ValueError(f"{name} must be < 2**31, got {value!r}")
     return int(value)
 
 
@@ -44,10 +52,9 @@ def pair(name, value, minimum):
 def padding_rule(value):
     """Normalise ``padding`` to a rule: 'same', or explicit (top, bottom, left, right)."""
     if isinstance(value, str):
-        rule = value.lower()
-        if rule == "valid":
+        if value == "valid":
             return (0, 0, 0, 0)
-        if rule == "same":
+        if value == "same":
             return "same"
         raise ValueError(f"padding must be an int, (h, w), ((top, bottom), (left, right)), "
                          f"'valid' or 'same', got {value!r}")
@@ -93,21 +100,25 @@ def check_activation(activation):
 
 
 def conv_spec(x_shape, x_dtype, w_shape, w_dtype, stride, padding, dilation, groups):
-    """The ConvSpec of a 4-D input of ``x_shape``, with every mismatch reported by name."""
+    """The ConvSpec of an input of ``x_shape`` (N, C, H, W) or unbatched (C, H, W), with every
+    mismatch reported by name and the shapes as given. An empty batch plans as one image."""
+    x_shape = tuple(x_shape)
     if x_dtype != w_dtype:
         raise TypeError(f"input dtype {x_dtype} differs from weight dtype {w_dtype}; "
                         "mixed dtypes are not supported")
-    if len(x_shape) != 4:
+    if len(x_shape) not in (3, 4):
         raise ValueError(f"expected 3-D (C, H, W) or 4-D (N, C, H, W) input, got input of shape "
                          f"{x_shape}")
-    n, c, h, w = x_shape
+    n, c, h, w = x_shape if len(x_shape) == 4 else (1,) + x_shape
     k, c_g, r, s = w_shape
     if c != c_g * groups:
         raise ValueError(f"expected input with {c_g * groups} channels for weight {tuple(w_shape)} "
-                         f"and groups={groups}, got input of shape {tuple(x_shape)}")
+                         f"and groups={groups}, got input of shape {x_shape}")
     if min(c, h, w) < 1:
         raise ValueError(f"input channels, height and width must be >= 1, got input of shape "
-                         f"{tuple(x_shape)}")
+                         f"{x_shape}")
+    if max(x_shape) >= INDEX_LIMIT:
+        raise ValueError(f"input dimensions must be < 2**31, got input of shape {x_shape}")
     if padding == "same":
         pads = same_padding(h, r, stride[0], dilation[0]) + same_padding(w, s, stride[1], dilation[1])
     else:
@@ -117,21 +128,23 @@ def conv_spec(x_shape, x_dtype, w_shape, w_dtype, stride, padding, dilation, gro
         raise ValueError(f"kernel of extent {extent_h}x{extent_w} (weight {tuple(w_shape)}, dilation "
                          f"{dilation}) is larger than the padded input "
                          f"{h + pads[0] + pads[1]}x{w + pads[2] + pads[3]} (input of shape "
-                         f"{tuple(x_shape)}, padding {pads})")
+                         f"{x_shape}, padding {pads})")
+    if max(pads) >= INDEX_LIMIT:
+        raise ValueError(f"padding must be < 2**31 per side, got {pads} for input of shape {x_shape}")
     return ConvSpec(max(n, 1), c, h, w, k, r, s, stride=stride, padding=pads, dilation=dilation,
                     groups=groups, dtype=x_dtype.name)
 
 
 def check_out(out, shape, dtype, inputs):
-    if not isinstance(out, np.ndarray):
-        raise TypeError(f"out must be a numpy.ndarray, got {type(out).__name__}")
+    """``out`` may have any strides (a non-contiguous one is filled through a temporary)."""
+    if not isinstance(out, np.ndarray) or isinstance(out, np.ma.MaskedArray):
+        raise TypeError(f"out must be a plain numpy.ndarray, got {type(out).__name__}")
     if out.dtype != dtype:
         raise TypeError(f"out must have dtype {dtype}, got {out.dtype}")
     if out.shape != shape:
         raise ValueError(f"expected out of shape {shape}, got out of shape {out.shape}")
-    if not out.flags.c_contiguous or not out.flags.writeable:
-        raise ValueError(f"out must be a writeable C-contiguous array, got out of shape {out.shape} "
-                         f"with strides {out.strides}")
+    if not out.flags.writeable:
+        raise ValueError(f"out must be writeable, got a read-only array of shape {out.shape}")
     for name, arr in inputs:
         if arr is not None and np.may_share_memory(out, arr):
             raise ValueError(f"out (shape {out.shape}) overlaps {name} (shape {arr.shape})")

@@ -1,6 +1,6 @@
 """Print a micro-kernel's optimised LLVM IR and host assembly.
 
-    python -m microkernels.dump f32_conv_ukernel_14x32__avx512 [--ir | --asm]
+    python -m microkernels.dump f32_conv_ukernel_8x32__avx512 [--ir | --asm]
 
 Kernel names are ``{f32|f64}_conv_ukernel_{Nf}x{Nwin}__{avx512|avx2|generic}``; ``Nwin`` must be
 a multiple of the ISA's vector lanes. ``repr(cso.Conv2d(w))`` names the kernel a layer uses.
@@ -15,7 +15,7 @@ from .spec import KernelSpec
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m microkernels.dump", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("name", help="kernel name, e.g. f32_conv_ukernel_14x32__avx512")
+    parser.add_argument("name", help="kernel name, e.g. f32_conv_ukernel_8x32__avx512")
     show = parser.add_mutually_exclusive_group()
     show.add_argument("--ir", action="store_true", help="only the optimised LLVM IR")
     show.add_argument("--asm", action="store_true", help="only the assembly")

@@ -8,9 +8,10 @@ import ctypes
 from functools import lru_cache
 
 import llvmlite.binding as llvm
+import numpy as np
 from llvmlite import ir
 
-from .ir_gen import define_kernel
+from .ir_gen import BIAS, define_kernel
 from .isa import host_features
 
 
@@ -52,19 +53,29 @@ class CompiledKernel:
         self.function = ctypes.CFUNCTYPE(None, *args)(address)
 
     def __call__(self, k, a, b, c, ldc, nwin_used, nf_used, bias=None, flags=0, lda=None):
-        """Run on NumPy arrays (checked for size so that a test cannot read out of bounds);
-        ``lda`` defaults to a packed tile's ``nwin``."""
+        """Run on NumPy arrays, after checking every size and stride against the contract so
+        that no call from Python can touch memory outside the arrays; ``lda`` defaults to a
+        packed tile's ``nwin``."""
         spec = self.spec
         lda = spec.nwin if lda is None else lda
-        for name, arr, need in (("a", a, (k - 1) * lda + spec.nwin), ("b", b, k * spec.nf)):
-            if arr.dtype != spec.np_dtype or not arr.flags.c_contiguous or arr.size < need:
-                raise ValueError(f"{name} must be a contiguous {spec.np_dtype} array of at least "
-                                 f"{need} elements, got {arr.dtype} of shape {arr.shape}")
-        if not (1 <= nf_used <= spec.nf and 1 <= nwin_used <= spec.nwin):
-            raise ValueError(f"need 1 <= nf_used <= {spec.nf} and 1 <= nwin_used <= {spec.nwin}")
-        if c.dtype != spec.np_dtype or c.size < (nf_used - 1) * ldc + nwin_used:
-            raise ValueError(f"c too small for {nf_used} rows of stride {ldc}")
-        bias_addr = 0 if bias is None else bias.ctypes.data
+        if not (k >= 1 and lda >= spec.nwin and 1 <= nf_used <= spec.nf and
+                1 <= nwin_used <= spec.nwin and ldc >= nwin_used):
+            raise ValueError(f"need k >= 1, lda >= {spec.nwin}, 1 <= nf_used <= {spec.nf}, "
+                             f"1 <= nwin_used <= {spec.nwin}, ldc >= nwin_used; got k={k}, "
+                             f"lda={lda}, nf_used={nf_used}, nwin_used={nwin_used}, ldc={ldc}")
+        needs = [("a", a, (k - 1) * lda + spec.nwin), ("b", b, k * spec.nf),
+                 ("c", c, (nf_used - 1) * ldc + nwin_used)]
+        if flags & BIAS:
+            needs.append(("bias", bias, nf_used))
+        for name, arr, need in needs:
+            if (not isinstance(arr, np.ndarray) or arr.dtype != spec.np_dtype
+                    or not arr.flags.c_contiguous or arr.size < need):
+                raise ValueError(f"{name} must be a C-contiguous {spec.np_dtype} array of at least "
+                                 f"{need} elements, got {getattr(arr, 'dtype', type(arr).__name__)} "
+                                 f"of shape {getattr(arr, 'shape', None)}")
+        if not c.flags.writeable:
+            raise ValueError("c must be writeable")
+        bias_addr = bias.ctypes.data if flags & BIAS else 0
         self.function(k, a.ctypes.data, lda, b.ctypes.data, c.ctypes.data, ldc, nwin_used, nf_used,
                       bias_addr, flags)
 

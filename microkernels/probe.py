@@ -15,7 +15,7 @@ from .jit import host_target_machine, optimize
 from .numba_bridge import kernel_intrinsic
 
 FMA_CHAINS = 12            # independent accumulators: >= FMA latency x FMA pipes, so no stalls
-UKERNEL_K = 256            # packed rows per call; 14x32 float32 tiles: A 32 KiB + B 14 KiB, in L1
+UKERNEL_K = 256            # packed rows per call; 8x32 float32 tiles: A 32 KiB + B 8 KiB, in L1
 SHIFT = 16                 # floats (one 64-byte line) the tiles move by from one call to the next
 
 

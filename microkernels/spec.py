@@ -52,7 +52,7 @@ class KernelSpec:
         m = _NAME.match(name)
         if not m:
             raise ValueError(f"not a kernel name: {name!r} "
-                             "(expected e.g. 'f32_conv_ukernel_14x32__avx512')")
+                             "(expected e.g. 'f32_conv_ukernel_8x32__avx512')")
         dtype, nf, nwin, isa = m.groups()
         return cls(dtype, int(nf), int(nwin), isa)
 

@@ -153,6 +153,25 @@ def test_out_argument(rng):
     np.testing.assert_array_equal(out, expected)
 
 
+def test_strided_out_across_channel_tiles(rng):
+    """out= that is a channel slice of a larger buffer (a concatenation target) or
+    Fortran-ordered, with several channel tiles accumulating."""
+    x, wt, b, geometry = make(rng, CASES["many_tiles"], F32)
+    t, bo, left, right = geometry["padding"]
+    conv = cso.Conv2d(wt, b, padding=((t, bo), (left, right)), plan_overrides={"nc": 7})
+    assert conv.plan_for(x.shape).channel_tiles > 1
+    expected = conv(x)
+    buffer = np.full((1, 50) + expected.shape[2:], np.nan, F32)
+    view = buffer[:, 10:10 + expected.shape[1]]
+    assert conv(x, out=view) is view
+    np.testing.assert_array_equal(view, expected)
+    assert np.isnan(buffer[:, :10]).all() and np.isnan(buffer[:, 10 + expected.shape[1]:]).all()
+    fortran = np.asfortranarray(np.zeros_like(expected))
+    np.testing.assert_array_equal(conv(x, out=fortran), expected)
+    contiguous = np.zeros_like(expected)
+    np.testing.assert_array_equal(conv(x, out=contiguous), expected)
+
+
 def test_unbatched_input(rng):
     x, wt, b, geometry = make(rng, CASES["pad1"], F32)
     y = run(x[1], wt, b, geometry)
@@ -173,21 +192,25 @@ def test_prepared_conv_reuses_packed_filters_and_plans(rng):
     x, wt, b, geometry = make(rng, CASES["pad1"], F32)
     t, bo, left, right = geometry["padding"]
     conv = cso.Conv2d(wt, b, padding=((t, bo), (left, right)))
-    assert not any(np.shares_memory(conv.packed_weight, a) for a in (wt,))
-    wt_copy = wt.copy()
-    wt[...] = 0   # the prepared conv keeps only its packed copy
-    assert_conv_close(conv(x), x, wt_copy, b, **geometry)
+    wt_copy, b_copy = wt.copy(), b.copy()
+    wt[...] = 0   # the prepared conv keeps its own copies
+    b[...] = 100
+    assert_conv_close(conv(x), x, wt_copy, b_copy, **geometry)
     other = rng.standard_normal((3, 5, 12, 4)).astype(F32)   # another shape, same conv
-    assert_conv_close(conv(other), other, wt_copy, b, **geometry)
+    assert_conv_close(conv(other), other, wt_copy, b_copy, **geometry)
     plan = conv.plan_for(other.shape)
     assert plan is conv.plan_for(other.shape)
     assert plan.spec.input_shape == other.shape and "SlicingPlan" in plan.explain()
 
 
 def test_one_loop_nest_serves_many_shapes(rng):
+    """Loop nests are built per kernel spec, never per shape (at most one new build here, if no
+    earlier test used this kernel)."""
     from cso.lowering import conv_loop_nest
     wt = rng.standard_normal((5, 3, 3, 3)).astype(F32)
+    built = conv_loop_nest.cache_info().misses
     for hw in (5, 6, 9, 13):
-        cso.conv2d(rng.standard_normal((1, 3, hw, hw + 1)).astype(F32), wt, padding=1, stride=1 + hw % 2)
-    kernel = cso.Conv2d(wt).kernel
-    assert len(conv_loop_nest(kernel).signatures) == 1
+        for dilation in (1, 2):
+            x = rng.standard_normal((1 + hw % 2, 3, hw, hw + 1)).astype(F32)
+            cso.conv2d(x, wt, padding=hw % 3, stride=1 + hw % 2, dilation=dilation)
+    assert conv_loop_nest.cache_info().misses - built <= 1

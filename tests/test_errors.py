@@ -99,16 +99,46 @@ def test_out_checks():
     err(ValueError, r"expected out of shape \(1, 6, 6, 6\), got out of shape \(1, 6, 6, 5\)", X, W,
         out=np.zeros((1, 6, 6, 5), np.float32))
     err(TypeError, r"out must have dtype float32, got float64", X, W, out=good.astype(np.float64))
-    err(ValueError, r"out must be a writeable C-contiguous", X, W, out=np.asfortranarray(good))
     readonly = good.copy()
     readonly.flags.writeable = False
     err(ValueError, r"writeable", X, W, out=readonly)
-    err(TypeError, r"out must be a numpy.ndarray", X, W, out=[0])
+    err(TypeError, r"out must be a plain numpy.ndarray", X, W, out=[0])
+    err(TypeError, r"out must be a plain numpy.ndarray", X, W, out=np.ma.masked_array(good))
     shared = np.zeros((1, 4, 8, 8), np.float32)
     err(ValueError, r"out .* overlaps input", shared, np.zeros((4, 4, 3, 3), np.float32), padding=1, out=shared)
 
 
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(stride=(2 ** 62, 1), padding=((0, 2 ** 64), (0, 0))), "stride must be < 2\\*\\*31"),
+    (dict(dilation=(2 ** 63 - 1, 1)), "dilation must be < 2\\*\\*31"),
+    (dict(padding=2 ** 63), "padding must be < 2\\*\\*31"),
+    (dict(stride=2 ** 64), "stride must be < 2\\*\\*31"),
+])
+def test_index_range_is_bounded(kwargs, match):
+    """Huge strides, paddings or dilations would overflow the compiled int64 index math."""
+    err(ValueError, match, np.ones((1, 1, 1, 1), np.float32), np.ones((1, 1, 1, 1), np.float32), **kwargs)
+
+
+def test_unbatched_input_errors_show_the_given_shape():
+    err(ValueError, r"got input of shape \(5, 6, 7\)$", np.zeros((5, 6, 7), np.float32), W)
+
+
+def test_masked_arrays_are_refused():
+    err(TypeError, "input is a masked array", np.ma.masked_array(X), W)
+    err(TypeError, "weight is a masked array", X, np.ma.masked_array(W))
+
+
+def test_padding_strings_are_exact():
+    err(ValueError, "padding must be", X, W, padding="SAME")
+
+
 def test_plan_overrides_and_isa_are_checked():
+    for bad, exc in (({"microtile_shape": (16.0, 8)}, TypeError), ({"microtile_shape": (32,)}, ValueError),
+                     ({"nc": True}, TypeError), ({"k2": 0}, ValueError), ({"schedule": "is"}, ValueError)):
+        with pytest.raises(exc, match="plan_overrides"):
+            cso.Conv2d(W, plan_overrides=bad)
+    conv = cso.Conv2d(W, plan_overrides={"nc": np.int64(2), "microtile_shape": [32, 8]})
+    assert conv.plan_for(X.shape).nc == 2 and conv.kernel.nwin == 32
     with pytest.raises(ValueError, match="unknown ISA"):
         cso.Conv2d(W, isa="sse9")
     with pytest.raises(ValueError, match="schedule"):

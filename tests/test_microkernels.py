@@ -93,6 +93,27 @@ def test_relu_keeps_nan_and_clamps_negatives():
     assert np.isnan(c[0]) and c[1] == 0.0 and c[2] == 2.0
 
 
+def test_python_wrapper_refuses_what_would_touch_foreign_memory():
+    spec = SPECS[0]
+    kernel = mk.compile(spec)
+    a = np.zeros(4 * spec.nwin, spec.np_dtype)
+    b = np.zeros(4 * spec.nf, spec.np_dtype)
+    c = np.zeros(spec.nf * spec.nwin, spec.np_dtype)
+    for args, kwargs in [((4, a, b, c, spec.nwin, spec.nwin, spec.nf, None, mk.BIAS), {}),
+                         ((-1, a, b, c, spec.nwin, spec.nwin, spec.nf), {}),
+                         ((4, a, b, c, -10 ** 6, spec.nwin, spec.nf), {}),
+                         ((4, a, b, c[::-1], spec.nwin, spec.nwin, spec.nf), {}),
+                         ((5, a, b, c, spec.nwin, spec.nwin, spec.nf), {}),
+                         ((4, a, b, c, spec.nwin, spec.nwin, spec.nf), {"lda": spec.nwin - 1}),
+                         ((4, a.astype(np.float16), b, c, spec.nwin, spec.nwin, spec.nf), {})]:
+        with pytest.raises(ValueError):
+            kernel(*args, **kwargs)
+    readonly = c.copy()
+    readonly.flags.writeable = False
+    with pytest.raises(ValueError, match="writeable"):
+        kernel(4, a, b, readonly, spec.nwin, spec.nwin, spec.nf)
+
+
 def test_kernel_spec_name_round_trip():
     for spec in SPECS + [mk.KernelSpec("f64", 3, 8, "avx512")]:
         assert mk.KernelSpec.parse(spec.name) == spec
