@@ -44,12 +44,13 @@ def kernel_intrinsic(spec):
 
 @lru_cache(maxsize=None)
 def row_copy_intrinsic(spec):
-    """``copy_row(dst, src, stride, j0, j1, lo, hi)``: one packed row of ``spec``'s tiles."""
+    """``copy_rows(dst, dst_step, src, src_step, count, stride, j0, j1, lo, hi)``: packed
+    rows of ``spec``'s tiles (see ``microkernels.row_copy``)."""
 
     @intrinsic
-    def copy_row(typingctx, dst, src, stride, j0, j1, lo, hi):
-        return _signature_and_codegen((dst, src, stride, j0, j1, lo, hi),
+    def copy_rows(typingctx, dst, dst_step, src, src_step, count, stride, j0, j1, lo, hi):
+        return _signature_and_codegen((dst, dst_step, src, src_step, count, stride, j0, j1, lo, hi),
                                       lambda module: row_copy.define_row_copy(module, spec),
                                       row_copy.FUNCTION_TYPE)
 
-    return copy_row
+    return copy_rows

@@ -1,30 +1,31 @@
 """Vector row copy for input packing, generated as LLVM IR and inlined into numba code
 (``packing`` drives it; the vector code lives here with the other generators).
 
-``copy_row(dst, src, stride, j0, j1, lo, hi)`` writes lanes j0 <= j < j1 of one packed tile row
-(``nwin`` values at ``dst``): lane j gets ``src[j * stride]`` when lo <= j < hi, else zero. The
-source is read with masked vector loads (strides 1-4: stride*nwin contiguous values, every
-stride-th kept by a constant shuffle) or masked gathers (larger strides), so lanes outside
-[lo, hi) -- taps in the zero padding, windows past the end of the plane -- are never read, and
-``src`` may point outside the input for them. A whole row of windows moves per vector
-instruction; no scalar loop runs per element.
+``copy_rows(dst, dst_step, src, src_step, count, stride, j0, j1, lo, hi)`` fills ``count``
+packed tile rows (``nwin`` values each; row i at ``dst + i*dst_step`` bytes, read from
+``src + i*src_step`` bytes): lanes j0 <= j < j1 of each row get ``src[j * stride]`` when
+lo <= j < hi, else zero. The rows share their lanes (one row per channel of the same tap), so
+the masks are computed once per call. The source is read with masked vector loads (strides 1-4:
+stride*nwin contiguous values, every stride-th kept by constant shuffles) or masked gathers
+(larger strides), so lanes outside [lo, hi) -- taps in the zero padding, windows past the end
+of the plane -- are never read, and ``src`` may point outside the input for them. A whole row
+of windows moves per vector instruction; no scalar loop runs per element.
 """
 from llvmlite import ir
 
 from .ir_gen import I32, I64, PTR, declare, splat
 
 I1 = ir.IntType(1)
-ARGS = ("dst", "src", "stride", "j0", "j1", "lo", "hi")
-FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I64, I64, I64, I64])
+ARGS = ("dst", "dst_step", "src", "src_step", "count", "stride", "j0", "j1", "lo", "hi")
+FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, PTR, I64] + [I64] * 6)
 SCALARS = {"f32": ir.FloatType(), "f64": ir.DoubleType()}
-SAMPLED_STRIDES = 4  # strides up to this use contiguous loads + a shuffle; larger ones gather
+SAMPLED_STRIDES = 4  # strides up to this use contiguous loads + shuffles; larger ones gather
 
 
 def define_row_copy(module, spec):
     """The copy function for tiles of kernel ``spec`` (its dtype, ``nwin`` and vector lanes),
     defined in ``module`` on first use."""
-    dtype, lanes, nwin = spec.dtype, spec.lanes, spec.nwin
-    name = f"{dtype}_pack_row_{nwin}__{spec.isa}"
+    name = f"{spec.dtype}_pack_rows_{spec.nwin}__{spec.isa}"
     try:
         return module.get_global(name)
     except KeyError:
@@ -35,17 +36,17 @@ def define_row_copy(module, spec):
     fn.attributes.add("alwaysinline")
     for arg, arg_name in zip(fn.args, ARGS):
         arg.name = arg_name
-    _RowCopyBuilder(module, fn, dtype, lanes, nwin).build()
+    _RowCopyBuilder(module, fn, spec).build()
     return fn
 
 
 class _RowCopyBuilder:
-    def __init__(self, module, fn, dtype, lanes, nwin):
-        self.module, self.fn, self.dtype, self.lanes, self.nwin = module, fn, dtype, lanes, nwin
-        self.scalar = SCALARS[dtype]
-        self.vec = ir.VectorType(self.scalar, lanes)
-        self.idx_ty = ir.VectorType(I64, lanes)
-        self.zero = ir.Constant(self.vec, [0.0] * lanes)
+    def __init__(self, module, fn, spec):
+        self.module, self.fn = module, fn
+        self.dtype, self.lanes, self.nwin = spec.dtype, spec.lanes, spec.nwin
+        self.scalar = SCALARS[spec.dtype]
+        self.vec = ir.VectorType(self.scalar, self.lanes)
+        self.zero = ir.Constant(self.vec, [0.0] * self.lanes)
 
     def _masked(self, op, count):
         """llvm.masked.load/.store on <count x scalar> vectors."""
@@ -56,62 +57,104 @@ class _RowCopyBuilder:
         return declare(self.module, name, fnty)
 
     def build(self):
-        dst, src, stride, j0, j1, lo, hi = self.fn.args
-        entry = self.fn.append_basic_block("entry")
-        bld = ir.IRBuilder(entry)
-        self.bounds = [splat(bld, v, self.idx_ty) for v in (j0, j1, lo, hi)]
+        args = dict(zip(ARGS, self.fn.args))
+        bld = ir.IRBuilder(self.fn.append_basic_block("entry"))
+        self.bounds = [bld.trunc(args[n], I32) for n in ("j0", "j1", "lo", "hi")]  # lanes fit i32
+        done = self.fn.append_basic_block("done")
         gather_blk = self.fn.append_basic_block("gather")
-        switch = bld.switch(stride, gather_blk)
+        switch = bld.switch(args["stride"], gather_blk)
         for step in range(1, SAMPLED_STRIDES + 1):
             block = self.fn.append_basic_block(f"stride{step}")
             switch.add_case(ir.Constant(I64, step), block)
             bld.position_at_end(block)
-            self._copy(bld, lambda bld, v, mask: self._sampled_load(bld, v, mask, step))
+            self._rows(bld, args, done, *self._sampled(bld, step))
         bld.position_at_end(gather_blk)
-        self._copy(bld, lambda bld, v, mask: self._gather(bld, v, mask, stride))
-
-    def _copy(self, bld, load_vector):
-        """For each vector of the row: load lanes [lo, hi) (zeros elsewhere) with
-        ``load_vector``, store lanes [j0, j1)."""
-        j0, j1, lo, hi = self.bounds
-        dst = self.fn.args[0]
-        for v in range(self.nwin // self.lanes):
-            lane = ir.Constant(self.idx_ty, [v * self.lanes + i for i in range(self.lanes)])
-            load_mask = bld.and_(bld.icmp_signed(">=", lane, lo), bld.icmp_signed("<", lane, hi))
-            store_mask = bld.and_(bld.icmp_signed(">=", lane, j0), bld.icmp_signed("<", lane, j1))
-            value = load_vector(bld, v, load_mask)
-            ptr = bld.gep(dst, [ir.Constant(I64, v * self.lanes)], source_etype=self.scalar)
-            bld.call(self._masked("store", self.lanes), [value, ptr, store_mask])
+        self._rows(bld, args, done, *self._gathered(bld, args["stride"]))
+        bld.position_at_end(done)
         bld.ret_void()
 
-    def _sampled_load(self, bld, v, lane_mask, step):
-        """Stride ``step``: one masked load of step*lanes contiguous values (only the sampled,
-        in-row ones are read) and a constant shuffle keeping every step-th."""
-        width = step * self.lanes
-        sampled = [i % step == 0 for i in range(width)]
-        owner = [i // step for i in range(width)]          # the lane each source value feeds
-        wide_mask = bld.shuffle_vector(lane_mask, ir.Constant(lane_mask.type, ir.Undefined),
-                                       ir.Constant(ir.VectorType(I32, width), owner))
-        wide_mask = bld.and_(wide_mask, ir.Constant(ir.VectorType(I1, width), sampled))
-        ptr = bld.gep(self.fn.args[1], [ir.Constant(I64, v * width)], source_etype=self.scalar)
-        wide = bld.call(self._masked("load", width),
-                        [ptr, wide_mask, ir.Constant(ir.VectorType(self.scalar, width), [0.0] * width)])
-        if step == 1:
-            return wide
-        return bld.shuffle_vector(wide, ir.Constant(wide.type, ir.Undefined),
-                                  ir.Constant(ir.VectorType(I32, self.lanes),
-                                              [i * step for i in range(self.lanes)]))
+    def _between(self, bld, lanes, first, end):
+        """Mask of the constant ``lanes`` (lane numbers) lying in [first, end)."""
+        ty = ir.VectorType(I32, len(lanes))
+        lanes = ir.Constant(ty, lanes)
+        return bld.and_(bld.icmp_signed(">=", lanes, splat(bld, first, ty)),
+                        bld.icmp_signed("<", lanes, splat(bld, end, ty)))
 
-    def _gather(self, bld, v, lane_mask, stride):
-        """Any stride: a masked gather (lane addresses src + lane*stride*itemsize; llvmlite
-        has no vector GEP, so they are computed as integers)."""
+    def _rows(self, bld, args, done, masks, load_vector):
+        """The loop over ``count`` rows: per vector, ``load_vector(bld, src_row, v, masks)``
+        then a store of lanes [j0, j1); all masks computed before the loop."""
+        j0, j1 = self.bounds[:2]
+        vectors = range(self.nwin // self.lanes)
+        store_masks = [self._between(bld, [v * self.lanes + i for i in range(self.lanes)], j0, j1)
+                       for v in vectors]
+        pre = bld.block
+        head, body = self.fn.append_basic_block(), self.fn.append_basic_block()
+        bld.branch(head)
+        bld.position_at_end(head)
+        i = bld.phi(I64)
+        bld.cbranch(bld.icmp_signed("<", i, args["count"]), body, done)
+        bld.position_at_end(body)
+        src = bld.gep(args["src"], [bld.mul(i, args["src_step"])], source_etype=ir.IntType(8))
+        dst = bld.gep(args["dst"], [bld.mul(i, args["dst_step"])], source_etype=ir.IntType(8))
+        for v in vectors:
+            value = load_vector(bld, src, v, masks)
+            ptr = bld.gep(dst, [ir.Constant(I64, v * self.lanes)], source_etype=self.scalar)
+            bld.call(self._masked("store", self.lanes), [value, ptr, store_masks[v]])
+        i_next = bld.add(i, ir.Constant(I64, 1))
+        bld.branch(head)
+        i.add_incoming(ir.Constant(I64, 0), pre)
+        i.add_incoming(i_next, bld.block)
+
+    def _sampled(self, bld, step):
+        """Stride ``step``: per vector, ``step`` masked loads covering step*lanes contiguous
+        values (only the sampled, in-row ones are read), merged by constant shuffles keeping
+        every step-th. Each load has its own lane-sized mask: one wide load would make LLVM
+        split its mask bit by bit."""
+        lo, hi = self.bounds[2:]
+        lanes = self.lanes
+        masks = {}
+        for v in range(self.nwin // lanes):
+            for part in range(step):
+                # value i of the part feeds output lane (part*lanes + i)/step when that
+                # divides; the others get lane -1, outside every [lo, hi): never read
+                owner = [v * lanes + (part * lanes + i) // step if (part * lanes + i) % step == 0
+                         else -1 for i in range(lanes)]
+                masks[v, part] = self._between(bld, owner, lo, hi)
+
+        def load(bld, src, v, masks):
+            result = self.zero
+            for part in range(step):
+                ptr = bld.gep(src, [ir.Constant(I64, (v * step + part) * lanes)],
+                              source_etype=self.scalar)
+                loaded = bld.call(self._masked("load", lanes), [ptr, masks[v, part], self.zero])
+                if step == 1:
+                    return loaded
+                # output lane j comes from this part when j*step falls in it
+                pick = [lanes + j * step - part * lanes if part * lanes <= j * step < (part + 1) * lanes
+                        else j for j in range(lanes)]
+                result = bld.shuffle_vector(result, loaded, ir.Constant(ir.VectorType(I32, lanes), pick))
+            return result
+
+        return masks, load
+
+    def _gathered(self, bld, stride):
+        """Any stride: masked gathers (lane addresses src + lane*stride*itemsize; llvmlite has
+        no vector GEP, so they are computed as integers)."""
+        lanes, idx_ty = self.lanes, ir.VectorType(I64, self.lanes)
         itemsize = {"f32": 4, "f64": 8}[self.dtype]
-        lane = ir.Constant(self.idx_ty, [v * self.lanes + i for i in range(self.lanes)])
-        base = splat(bld, bld.ptrtoint(self.fn.args[1], I64), self.idx_ty)
-        offsets = bld.mul(bld.mul(lane, splat(bld, stride, self.idx_ty)),
-                          ir.Constant(self.idx_ty, [itemsize] * self.lanes))
-        ptrs = bld.inttoptr(bld.add(base, offsets), ir.VectorType(PTR, self.lanes))
-        mask_ty = ir.VectorType(I1, self.lanes)
-        gather = declare(self.module, f"llvm.masked.gather.v{self.lanes}{self.dtype}.v{self.lanes}p0",
-                          ir.FunctionType(self.vec, [ptrs.type, mask_ty, self.vec]))
-        return bld.call(gather, [ptrs, lane_mask, self.zero])
+        masks, offsets = {}, {}
+        for v in range(self.nwin // lanes):
+            lane_ids = [v * lanes + i for i in range(lanes)]
+            masks[v] = self._between(bld, lane_ids, *self.bounds[2:])
+            offsets[v] = bld.mul(ir.Constant(idx_ty, [j * itemsize for j in lane_ids]),
+                                 splat(bld, stride, idx_ty))
+        gather = declare(self.module, f"llvm.masked.gather.v{lanes}{self.dtype}.v{lanes}p0",
+                         ir.FunctionType(self.vec, [ir.VectorType(PTR, lanes),
+                                                    ir.VectorType(I1, lanes), self.vec]))
+
+        def load(bld, src, v, masks):
+            base = splat(bld, bld.ptrtoint(src, I64), idx_ty)
+            ptrs = bld.inttoptr(bld.add(base, offsets[v]), ir.VectorType(PTR, lanes))
+            return bld.call(gather, [ptrs, masks[v], self.zero])
+
+        return masks, load

@@ -7,8 +7,9 @@ span several output rows. Zero padding is produced here: out-of-image taps and w
 end of the plane are written as zeros, and the input is never copied whole.
 
 The tile is filled by runs of windows that share an output row: for a fixed (c, r, s) a run reads
-one input row at stride ``sw``, and one vector row copy (``row_copy``) moves the whole run,
-masking the taps that fall in the padding. Per (c, r, s) the scalar work is a few bounds.
+one input row at stride ``sw``, and vector row copies (``copy_rows``) move the whole run,
+masking the taps that fall in the padding. The in-row lanes of a run depend on (r, s) only, so
+they are computed once for all channels; per (c, r, s) only two addresses change.
 """
 from functools import lru_cache
 
@@ -16,10 +17,11 @@ from numba import njit
 
 
 @lru_cache(maxsize=None)
-def input_packer(copy_row, nwin):
+def input_packer(copy_rows, nwin):
     """The compiled ``pack_input_tile(x, n, c_first, nc, p0, nwin_used, geom, dst_addr)`` for
-    ``nwin``-window tiles, moving rows with ``copy_row(dst, src, stride, j0, j1, lo, hi)`` (a
-    compiled function or intrinsic, e.g. ``microkernels.numba_bridge.row_copy_intrinsic``).
+    ``nwin``-window tiles, moving rows with ``copy_rows(dst, dst_step, src, src_step, count,
+    stride, j0, j1, lo, hi)`` (a compiled function or intrinsic, e.g.
+    ``microkernels.numba_bridge.row_copy_intrinsic``).
 
     It packs windows p0 .. p0+nwin_used-1 of image ``n``, channels c_first .. c_first+nc-1 of the
     4-D C-contiguous input ``x`` into the nc*R*S*nwin values at address ``dst_addr``; ``geom``
@@ -37,18 +39,22 @@ def input_packer(copy_row, nwin):
             oh, ow0 = (p0 + j) // Q, (p0 + j) % Q
             j1 = j + min(Q - ow0, nwin_used - j)
             store_end = nwin if j1 == nwin_used else j1   # the last run also zeroes the tail
-            for c in range(nc):
-                for r in range(R):
-                    ih = oh * sh - pt + r * dh
-                    row = ((n * C + c_first + c) * H + ih) * W
-                    for s in range(S):
-                        col0 = (ow0 - j) * sw - pl + s * dw   # input column lane 0 would read
-                        lo, hi = j, j                          # lanes reading inside the row
-                        if 0 <= ih < H:
+            for r in range(R):
+                ih = oh * sh - pt + r * dh
+                row0 = ((n * C + c_first) * H + ih) * W   # row ih of channel c_first
+                for s in range(S):
+                    col0 = (ow0 - j) * sw - pl + s * dw    # input column lane 0 would read
+                    lo, hi = j, j                           # lanes reading inside the row
+                    if 0 <= ih < H:
+                        if col0 + j * sw >= 0 and col0 + (j1 - 1) * sw < W:
+                            hi = j1                             # interior run: no division
+                        else:
                             lo = max(j, (-col0 + sw - 1) // sw)
                             hi = max(lo, min(j1, (W - col0 + sw - 1) // sw))
-                        copy_row(dst_addr + ((c * R + r) * S + s) * nwin * item,
-                                 x_addr + (row + col0) * item, sw, j, store_end, lo, hi)
+                    # the same lanes in every channel: one call copies the tap for all nc
+                    copy_rows(dst_addr + (r * S + s) * nwin * item, R * S * nwin * item,
+                              x_addr + (row0 + col0) * item, H * W * item, nc,
+                              sw, j, store_end, lo, hi)
             j = j1
 
     return pack_input_tile
