@@ -1,4 +1,9 @@
-"""Benchmark cso against im2col + NumPy GEMM on ResNet-50 layers, one core each.
+"""Benchmark cso against im2col + NumPy GEMM (and onnxruntime, PyTorch when installed), one core.
+
+    python -m bench                          # ResNet-50 layers, every available engine
+    python -m bench --suite layers           # the 17-layer ResNet/VGG/MobileNet/YOLO list
+    python -m bench --suite timm:100         # a stratified sample of timm's convolutions
+    python -m bench --schedules              # IS vs WS forced, and how often CSA's pick wins
 
 cso runs on one core, so NumPy's BLAS is pinned to one thread too (unless the environment says
 otherwise); that has to happen before NumPy is first imported.
@@ -17,61 +22,104 @@ import cso  # noqa: E402
 from microkernels.probe import UKERNEL_K, fma_peak, kernel_throughput  # noqa: E402
 
 from . import report  # noqa: E402
-from .engines import ENGINES, check, reference  # noqa: E402
-from .layers import LAYERS  # noqa: E402
-
+from .engines import ENGINES, available_engines, check, reference  # noqa: E402
+from .suites import suite  # noqa: E402
 
 NOMINAL_PEAK_GFLOPS = 117  # per core: the design document's figure for its reference machine
+MIN_SAMPLE_SECONDS = 0.005  # calls are batched until one timed sample lasts at least this
 
 
 def median_seconds(run, x, repeat):
-    """Median wall time of ``repeat`` calls ``run(x)``."""
-    times = []
+    """Median over ``repeat`` samples of the time of one call ``run(x)``; short calls are
+    repeated within a sample so that timer resolution and noise do not dominate."""
+    start = time.perf_counter()
+    run(x)
+    calls = max(1, int(MIN_SAMPLE_SECONDS / max(time.perf_counter() - start, 1e-7)))
+    samples = []
     for _ in range(repeat):
         start = time.perf_counter()
-        run(x)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for _ in range(calls):
+            run(x)
+        samples.append((time.perf_counter() - start) / calls)
+    return statistics.median(samples)
+
+
+def measure_engines(specs, engines, repeat):
+    rng = np.random.default_rng(0)
+    rows = []
+    for i, spec in enumerate(specs, 1):
+        x = rng.standard_normal(spec.input_shape, dtype=np.float32)
+        w = rng.standard_normal(spec.weight_shape, dtype=np.float32)
+        ref = reference(spec, x, w)
+        gflops = {}
+        for name in engines:
+            run = ENGINES[name](spec, w)
+            check(name, spec, run(x), ref)  # also the untimed warm-up (and compilation)
+            gflops[name] = spec.flops / median_seconds(run, x, repeat) / 1e9
+        rows.append((spec, gflops))
+        report.progress(i, len(specs), spec)
+    return rows
+
+
+def measure_schedules(specs, repeat):
+    """Per conv: GFLOP/s with IS and WS forced, and the schedule CSA picks."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for i, spec in enumerate(specs, 1):
+        x = rng.standard_normal(spec.input_shape, dtype=np.float32)
+        w = rng.standard_normal(spec.weight_shape, dtype=np.float32)
+        t, b, l, r = spec.padding
+        make = lambda **o: cso.Conv2d(w, stride=spec.stride, padding=((t, b), (l, r)),  # noqa: E731
+                                      dilation=spec.dilation, groups=spec.groups, **o)
+        chosen = make().plan_for(spec.input_shape).schedule
+        gflops = {s: spec.flops / median_seconds(make(plan_overrides={"schedule": s}), x, repeat) / 1e9
+                  for s in ("IS", "WS")}
+        rows.append((spec, chosen, gflops))
+        report.progress(i, len(specs), spec)
+    return rows
 
 
 def main():
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=5, help="timed calls per engine (median)")
-    parser.add_argument("--layers", default="", help="only layers whose name contains this")
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", default="resnet50", help="resnet50, layers, timm[:N] or a CSV path")
+    parser.add_argument("--engines", default=",".join(available_engines()),
+                        help="comma-separated, from: " + ", ".join(ENGINES))
+    parser.add_argument("--repeat", type=int, default=5, help="timed samples per engine (median)")
+    parser.add_argument("--layers", default="", help="only convolutions whose name contains this")
+    parser.add_argument("--schedules", action="store_true",
+                        help="time cso with IS and WS forced; report CSA's hit rate")
     opts = parser.parse_args()
-    layers = [spec for spec in LAYERS if opts.layers in str(spec)]
-    if not layers:
-        parser.error(f"no layer name contains {opts.layers!r}")
+    try:
+        specs = [spec for spec in suite(opts.suite) if opts.layers in str(spec)]
+    except ValueError as err:
+        parser.error(str(err))
+    if not specs:
+        parser.error(f"no convolution name contains {opts.layers!r}")
+    engines = opts.engines.split(",")
+    unknown = [e for e in engines if e not in ENGINES]
+    if unknown or "cso" not in engines:
+        parser.error(f"--engines must include cso and come from {list(ENGINES)}, got {engines}")
 
     fma_gflops, fma_count = fma_peak()
     kernel = cso.Conv2d(np.zeros((1, 1, 1, 1), np.float32)).kernel
     ukernel_gflops = kernel_throughput(kernel)
     report.print_facts(report.machine_facts() + [
         ("FMA peak", f"{fma_gflops:.1f} GFLOP/s measured on one core ({fma_count} full-width "
-                     f"vfmadd in the probe's asm); design doc's nominal"
-                     f" {NOMINAL_PEAK_GFLOPS} GFLOP/s"),
+                     f"vfmadd in the probe's asm); design doc's nominal {NOMINAL_PEAK_GFLOPS} GFLOP/s"),
         ("u-kernel", f"{ukernel_gflops:.1f} GFLOP/s = {100 * ukernel_gflops / fma_gflops:.1f}% of "
                      f"FMA peak ({kernel}, k={UKERNEL_K}, L1-resident tiles)"),
-        ("Timing", f"median of {opts.repeat} calls after a warm-up; every output checked against "
-                   "a float64 reference first"),
+        ("Suite", f"{opts.suite}: {len(specs)} convolutions, float32"),
+        ("Timing", f"median of {opts.repeat} samples after a warm-up; every output checked "
+                   "against a float64 reference first"),
     ])
     print()
-
-    rng = np.random.default_rng(0)
-    rows = []
-    for spec in layers:
-        x = rng.standard_normal(spec.input_shape, dtype=np.float32)
-        w = rng.standard_normal(spec.weight_shape, dtype=np.float32)
-        ref = reference(spec, x, w)
-        gflops = []
-        for name, make in ENGINES.items():
-            run = make(spec, w)
-            check(name, spec, run(x), ref)  # also the untimed warm-up (and compilation)
-            gflops.append(spec.flops / median_seconds(run, x, opts.repeat) / 1e9)
-        rows.append((str(spec), spec.flops / 1e9, *gflops))
-    report.print_table(rows, fma_gflops)
-    print(f"\n% peak is of the measured FMA peak ({fma_gflops:.1f} GFLOP/s); the micro-kernel "
-          f"alone reaches {100 * ukernel_gflops / fma_gflops:.1f}% of it.")
+    if opts.schedules:
+        report.print_schedules(measure_schedules(specs, opts.repeat))
+    else:
+        report.print_table(measure_engines(specs, engines, opts.repeat), engines, fma_gflops)
+        print(f"\n% peak is of the measured FMA peak ({fma_gflops:.1f} GFLOP/s); the micro-kernel "
+              f"alone reaches {100 * ukernel_gflops / fma_gflops:.1f}% of it.")
 
 
 main()

@@ -37,7 +37,64 @@ def _windows(spec, xp):
     return sliding_window_view(xp, span, axis=(2, 3))[:, :, ::sh, ::sw, ::dh, ::dw]
 
 
-ENGINES = {"cso": cso_engine, "im2col": im2col_engine}
+def onnxruntime_engine(spec, w):
+    """onnxruntime (MLAS) running a one-node ONNX Conv model, one intra-op thread."""
+    import onnx
+    import onnxruntime
+    from onnx import TensorProto, helper, numpy_helper
+
+    t, b, l, r = spec.padding
+    node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[t, l, b, r], strides=list(spec.stride),
+                            dilations=list(spec.dilation), group=spec.groups)
+    graph = helper.make_graph(
+        [node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, spec.input_shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, spec.output_shape)],
+        initializer=[numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1  # cso runs on one core
+    options.inter_op_num_threads = 1
+    session = onnxruntime.InferenceSession(model.SerializeToString(), options,
+                                           providers=["CPUExecutionProvider"])
+    return lambda x: session.run(None, {"x": x})[0]
+
+
+def torch_engine(spec, w):
+    """PyTorch's conv2d (oneDNN on x86) on tensors sharing the NumPy buffers."""
+    import torch
+
+    torch.set_num_threads(1)  # cso runs on one core
+    weight = torch.from_numpy(w)
+    t, b, l, r = spec.padding
+    pad = None if (t, l) == (b, r) else (l, r, t, b)
+    padding = (t, l) if pad is None else 0
+
+    def run(x):
+        with torch.no_grad():
+            xt = torch.from_numpy(x)
+            if pad is not None:
+                xt = torch.nn.functional.pad(xt, pad)
+            return torch.nn.functional.conv2d(xt, weight, None, spec.stride, padding, spec.dilation,
+                                              spec.groups).numpy()
+
+    return run
+
+
+ENGINES = {"cso": cso_engine, "im2col": im2col_engine, "onnxruntime": onnxruntime_engine,
+           "torch": torch_engine}
+ALWAYS = ("cso", "im2col")
+OPTIONAL_MODULES = {"onnxruntime": "onnxruntime", "torch": "torch"}
+
+
+def available_engines():
+    """cso and im2col always; onnxruntime and torch when they (and onnx) can be imported."""
+    import importlib.util
+    found = list(ALWAYS)
+    for name, module in OPTIONAL_MODULES.items():
+        needs = (module, "onnx") if name == "onnxruntime" else (module,)
+        if all(importlib.util.find_spec(m) is not None for m in needs):
+            found.append(name)
+    return found
 
 
 def reference(spec, x, w):
