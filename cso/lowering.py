@@ -41,9 +41,13 @@ def geometry(plan, epilogue_flags):
 
 
 def scratch_elements(plan):
-    """Packed input tiles held at once: K3 of them for IS, K2 for WS."""
+    """Packed input tiles held at once: K2 for WS; for IS, K3 when several filter blocks reuse
+    them, else one."""
     s = plan.spec
-    tiles = plan.k3 if plan.schedule == "IS" else plan.k2
+    if plan.schedule == "IS":
+        tiles = plan.k3 if plan.filter_tiles > plan.k2 else 1
+    else:
+        tiles = plan.k2
     return tiles * plan.nwin * plan.nc * s.r * s.s
 
 
@@ -98,9 +102,9 @@ def conv_loop_nest(kspec):
                                            f_block if input_stationary else w_block):
                             wb, fb = (outer, inner) if input_stationary else (inner, outer)
                             wend, fend = min(t_in, wb + w_block), min(t_w, fb + f_block)
-                            # the window tiles of this block are packed once per block pass
-                            # (IS: once per channel tile, since wb is outermost)
-                            if inner == 0 or not input_stationary:
+                            if not input_stationary:
+                                # WS: the K2 window tiles are packed together, then every filter
+                                # tile of the K3 block streams over them
                                 for wt in range(wb, wend):
                                     p0 = wt * NWIN
                                     if not unpacked or p0 + NWIN > PQ:
@@ -108,9 +112,16 @@ def conv_loop_nest(kspec):
                                              scratch_addr + (wt - wb) * tile_bytes)
                             for wt in range(wb, wend):
                                 p0 = wt * NWIN
-                                a_addr, lda = scratch_addr + (wt - wb) * tile_bytes, NWIN
+                                # IS keeps the K3 packed tiles only when several filter blocks
+                                # reuse them; else one slot, still hot in L1 when used
+                                slot = wt - wb if (not input_stationary or t_w > f_block) else 0
+                                a_addr, lda = scratch_addr + slot * tile_bytes, NWIN
                                 if unpacked and p0 + NWIN <= PQ:
                                     a_addr, lda = x_base + p0 * item, PQ
+                                elif input_stationary and inner == 0:
+                                    # IS packs on the first pass over the filter blocks, right
+                                    # before the tile's first use
+                                    pack(x, n, g * Cg + c0, nc, p0, min(NWIN, PQ - p0), geom, a_addr)
                                 for ft in range(fb, fend):
                                     f0 = ft * NF
                                     ukernel(depth, a_addr, lda, w_base + ft * w_tile_bytes,
