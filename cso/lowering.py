@@ -124,7 +124,7 @@ def conv_loop_nest(kspec):
                                     pack(x, n, g * Cg + c0, nc, p0, min(NWIN, PQ - p0), geom, a_addr)
                                 for ft in range(fb, fend):
                                     f0 = ft * NF
-                                    ukernel(depth, a_addr, lda, w_base + ft * w_tile_bytes,
+                                    ukernel(depth, a_addr, lda, w_base + ft * w_tile_bytes, NF,
                                             out_base + (f0 * PQ + p0) * item, PQ,
                                             min(NWIN, PQ - p0), min(NF, Kg - f0),
                                             bias_addr + (g * Kg + f0) * item, flags)

@@ -1,13 +1,14 @@
 """LLVM IR generator for the outer-product convolution micro-kernel.
 
-Contract (BLIS-style): for an input tile A (k rows of ``nwin`` window values, row i at
-``a + i * lda``: a packed tile has lda = nwin, an unpacked 1x1 input has lda = H*W) and a packed
-filter tile B (k rows of ``nf`` filter values)
+Contract (BLIS-style): for a vector operand A (k rows of ``nwin`` values, row i at ``a + i*lda``)
+and a broadcast operand B (k rows of ``nf`` values, row i at ``b + i*ldb``)
 
     C[f][0:nwin] (+)= sum_i A[i][0:nwin] * B[i][f]      for f < nf_used, window < nwin_used
 
-where row f of C starts at ``c + f * ldc``. Windows are the vector dimension, filters are
-broadcast. Every A row and B row is read in full (``nwin`` and ``nf`` values: the packer pads
+where row f of C starts at ``c + f * ldc``. In the usual orientation A is a packed input tile
+(windows are the vector dimension; lda = nwin, or H*W for an unpacked 1x1 input) and B a packed
+filter tile (ldb = nf); for small output planes the roles swap (filters are the vector
+dimension, windows broadcast, C is the transposed output tile). Every A row and B row is read in full (``nwin`` and ``nf`` values: the packer pads
 them), so the caller guarantees those are readable; only the store is trimmed to the used rows (``nf_used``) and windows
 (``nwin_used``), with masked vector accesses, so an edge tile never touches memory outside its
 output rows.
@@ -23,8 +24,8 @@ UNROLL = 4  # k-loop unroll; a power of two
 
 I32, I64 = ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
-ARG_NAMES = ("k", "a", "lda", "b", "c", "ldc", "nwin_used", "nf_used", "bias", "flags")
-FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [I64, PTR, I64, PTR, PTR, I64, I64, I64, PTR, I64])
+ARG_NAMES = ("k", "a", "lda", "b", "ldb", "c", "ldc", "nwin_used", "nf_used", "bias", "flags")
+FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [I64, PTR, I64, PTR, I64, PTR, I64, I64, I64, PTR, I64])
 
 
 def _scalar_type(spec):
@@ -68,7 +69,7 @@ def define_kernel(module, spec, linkage="internal"):
     fn.attributes.add("nounwind")
     for arg, name in zip(fn.args, ARG_NAMES):
         arg.name = name
-    for ptr_arg in (fn.args[1], fn.args[3], fn.args[4]):  # a, b, c
+    for ptr_arg in (fn.args[1], fn.args[3], fn.args[5]):  # a, b, c
         ptr_arg.add_attribute("noalias")
     _KernelBuilder(module, fn, spec).build()
     return fn
@@ -85,7 +86,7 @@ class _KernelBuilder:
 
     def build(self):
         spec, fn = self.spec, self.fn
-        k, a, lda, b, c, ldc, nwin_used, nf_used, bias, flags = fn.args
+        k, a, lda, b, ldb, c, ldc, nwin_used, nf_used, bias, flags = fn.args
         entry = fn.append_basic_block("entry")
         main_head, main_body = fn.append_basic_block("main_head"), fn.append_basic_block("main_body")
         rem_head, rem_body = fn.append_basic_block("rem_head"), fn.append_basic_block("rem_body")
@@ -134,9 +135,9 @@ class _KernelBuilder:
     def _step(self, bld, row, accs):
         """One rank-1 update: accs[f][v] += A[row][v-th vector] * B[row][f]."""
         spec = self.spec
-        k, a, lda, b = self.fn.args[:4]
+        k, a, lda, b, ldb = self.fn.args[:5]
         a_row = bld.mul(row, lda)
-        b_row = bld.mul(row, ir.Constant(I64, spec.nf))
+        b_row = bld.mul(row, ldb)
         a_vecs = []
         for v in range(spec.vectors):
             ptr = bld.gep(a, [bld.add(a_row, ir.Constant(I64, v * spec.lanes))],

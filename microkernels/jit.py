@@ -31,7 +31,8 @@ def optimize(module_ref, target_machine):
 
 class CompiledKernel:
     """A kernel compiled for the host: ``.ir`` (optimised LLVM IR), ``.asm`` and a ctypes
-    ``function(k, a, lda, b, c, ldc, nwin_used, nf_used, bias, flags)`` taking raw addresses."""
+    ``function(k, a, lda, b, ldb, c, ldc, nwin_used, nf_used, bias, flags)`` taking raw
+    addresses."""
 
     def __init__(self, spec):
         self.spec = spec
@@ -49,21 +50,23 @@ class CompiledKernel:
         self._engine.finalize_object()
         address = self._engine.get_function_address(spec.name)
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        args = [i64, ptr, i64, ptr, ptr, i64, i64, i64, ptr, i64]
+        args = [i64, ptr, i64, ptr, i64, ptr, i64, i64, i64, ptr, i64]
         self.function = ctypes.CFUNCTYPE(None, *args)(address)
 
-    def __call__(self, k, a, b, c, ldc, nwin_used, nf_used, bias=None, flags=0, lda=None):
+    def __call__(self, k, a, b, c, ldc, nwin_used, nf_used, bias=None, flags=0, lda=None, ldb=None):
         """Run on NumPy arrays, after checking every size and stride against the contract so
-        that no call from Python can touch memory outside the arrays; ``lda`` defaults to a
-        packed tile's ``nwin``."""
+        that no call from Python can touch memory outside the arrays; ``lda`` and ``ldb``
+        default to packed tiles' ``nwin`` and ``nf``."""
         spec = self.spec
         lda = spec.nwin if lda is None else lda
-        if not (k >= 1 and lda >= spec.nwin and 1 <= nf_used <= spec.nf and
+        ldb = spec.nf if ldb is None else ldb
+        if not (k >= 1 and lda >= spec.nwin and ldb >= spec.nf and 1 <= nf_used <= spec.nf and
                 1 <= nwin_used <= spec.nwin and ldc >= nwin_used):
-            raise ValueError(f"need k >= 1, lda >= {spec.nwin}, 1 <= nf_used <= {spec.nf}, "
-                             f"1 <= nwin_used <= {spec.nwin}, ldc >= nwin_used; got k={k}, "
-                             f"lda={lda}, nf_used={nf_used}, nwin_used={nwin_used}, ldc={ldc}")
-        needs = [("a", a, (k - 1) * lda + spec.nwin), ("b", b, k * spec.nf),
+            raise ValueError(f"need k >= 1, lda >= {spec.nwin}, ldb >= {spec.nf}, 1 <= nf_used <= "
+                             f"{spec.nf}, 1 <= nwin_used <= {spec.nwin}, ldc >= nwin_used; got "
+                             f"k={k}, lda={lda}, ldb={ldb}, nf_used={nf_used}, "
+                             f"nwin_used={nwin_used}, ldc={ldc}")
+        needs = [("a", a, (k - 1) * lda + spec.nwin), ("b", b, (k - 1) * ldb + spec.nf),
                  ("c", c, (nf_used - 1) * ldc + nwin_used)]
         if flags & BIAS:
             needs.append(("bias", bias, nf_used))
@@ -76,8 +79,8 @@ class CompiledKernel:
         if not c.flags.writeable:
             raise ValueError("c must be writeable")
         bias_addr = bias.ctypes.data if flags & BIAS else 0
-        self.function(k, a.ctypes.data, lda, b.ctypes.data, c.ctypes.data, ldc, nwin_used, nf_used,
-                      bias_addr, flags)
+        self.function(k, a.ctypes.data, lda, b.ctypes.data, ldb, c.ctypes.data, ldc, nwin_used,
+                      nf_used, bias_addr, flags)
 
 
 @lru_cache(maxsize=64)

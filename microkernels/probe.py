@@ -96,8 +96,8 @@ def _kernel_loop(spec):
             # loop, and the 4 overlapping tiles together stay L1-resident.
             shift = (i & 3) * SHIFT
             offset = shift * a.itemsize
-            ukernel(UKERNEL_K, a.ctypes.data + offset, nwin, b.ctypes.data + offset, c.ctypes.data,
-                    nwin, nwin, nf, bias.ctypes.data, ACCUMULATE)
+            ukernel(UKERNEL_K, a.ctypes.data + offset, nwin, b.ctypes.data + offset, nf,
+                    c.ctypes.data, nwin, nwin, nf, bias.ctypes.data, ACCUMULATE)
 
     return loop
 

@@ -23,11 +23,12 @@ DEPTHS = sorted({1, UNROLL - 1, UNROLL, UNROLL + 1, 2 * UNROLL, 2 * UNROLL + 1, 
 FLAG_SETS = (0, mk.ACCUMULATE, mk.BIAS, mk.RELU, mk.ACCUMULATE | mk.BIAS | mk.RELU)
 
 
-def run_both(spec, rng, k, nwin_used, nf_used, flags, ldc, lda=None):
+def run_both(spec, rng, k, nwin_used, nf_used, flags, ldc, lda=None, ldb=None):
     dt = spec.np_dtype
     lda = spec.nwin if lda is None else lda
+    ldb = spec.nf if ldb is None else ldb
     a = rng.standard_normal((k - 1) * lda + spec.nwin).astype(dt)   # exactly what k rows span
-    b = rng.standard_normal(k * spec.nf).astype(dt)
+    b = rng.standard_normal((k - 1) * ldb + spec.nf).astype(dt)
     bias = rng.standard_normal(nf_used).astype(dt)   # exactly nf_used values: no slack to read
     guard = 7
     c = np.full(guard + (nf_used - 1) * ldc + nwin_used + guard, SENTINEL, dtype=dt)
@@ -37,9 +38,9 @@ def run_both(spec, rng, k, nwin_used, nf_used, flags, ldc, lda=None):
         c[start:start + nwin_used] = rng.standard_normal(nwin_used)
         inside[start:start + nwin_used] = True
     expected = c.copy()
-    mk.reference_kernel(spec, k, a, b, expected[guard:], ldc, nwin_used, nf_used, bias, flags, lda)
+    mk.reference_kernel(spec, k, a, b, expected[guard:], ldc, nwin_used, nf_used, bias, flags, lda, ldb)
     actual = c.copy()
-    mk.compile(spec)(k, a, b, actual[guard:], ldc, nwin_used, nf_used, bias, flags, lda)
+    mk.compile(spec)(k, a, b, actual[guard:], ldc, nwin_used, nf_used, bias, flags, lda, ldb)
     return actual, expected, inside
 
 
@@ -75,11 +76,12 @@ def test_every_flag_combination(spec, rng):
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=str)
-def test_input_row_stride(spec, rng):
-    """Unpacked input (lda = H*W > nwin, odd): rows read at their stride."""
+def test_operand_row_strides(spec, rng):
+    """Unpacked operands (lda or ldb = H*W, odd): rows read at their stride."""
     for k in DEPTHS:
-        lda = spec.nwin + 2 * k + 3
+        lda, ldb = spec.nwin + 2 * k + 3, spec.nf + k + 2
         check(spec, *run_both(spec, rng, k, spec.nwin, spec.nf, mk.ACCUMULATE, spec.nwin + 1, lda), k)
+        check(spec, *run_both(spec, rng, k, spec.nwin - 1, spec.nf, 0, spec.nwin, None, ldb), k)
 
 
 def test_relu_keeps_nan_and_clamps_negatives():
@@ -105,6 +107,7 @@ def test_python_wrapper_refuses_what_would_touch_foreign_memory():
                          ((4, a, b, c[::-1], spec.nwin, spec.nwin, spec.nf), {}),
                          ((5, a, b, c, spec.nwin, spec.nwin, spec.nf), {}),
                          ((4, a, b, c, spec.nwin, spec.nwin, spec.nf), {"lda": spec.nwin - 1}),
+                         ((4, a, b, c, spec.nwin, spec.nwin, spec.nf), {"ldb": spec.nf + 1}),
                          ((4, a.astype(np.float16), b, c, spec.nwin, spec.nwin, spec.nf), {})]:
         with pytest.raises(ValueError):
             kernel(*args, **kwargs)
