@@ -102,7 +102,7 @@ def main():
         parser.error(f"--engines must include cso and come from {list(ENGINES)}, got {engines}")
 
     fma_gflops, fma_count = fma_peak()
-    kernel = cso.Conv2d(np.zeros((1, 1, 1, 1), np.float32)).kernel
+    kernel = cso.Conv2d(np.zeros((1, 1, 1, 1), np.float32)).kernel_for((1, 1, 56, 56))
     ukernel_gflops = kernel_throughput(kernel)
     report.print_facts(report.machine_facts() + [
         ("FMA peak", f"{fma_gflops:.1f} GFLOP/s measured on one core ({fma_count} full-width "

@@ -11,6 +11,7 @@ from math import ceil
 from .machine import Machine
 
 SCHEDULES = ("IS", "WS")
+VECTORS = ("windows", "filters")  # the dimension the micro-kernel's vectors run along
 CACHE_FILL = 0.9  # fraction of each cache level a tile set may occupy
 
 
@@ -26,6 +27,27 @@ def microtile(vector_lanes, vector_registers):
     return vectors * vector_lanes, (fits // 8) * 8 or fits
 
 
+def filter_vector_tile(vector_lanes, vector_registers):
+    """(windows, filters) when filters are the vector dimension: 7 broadcast windows (output
+    planes of real networks are multiples of 7: 7x7, 14x14, 28x28, 56x56) by as many filter
+    vectors as fit 7*v accumulators + v filter vectors + 1 broadcast, at most two (AVX-512: 7 x 32
+    floats, AVX2: 7 x 8)."""
+    vectors = max(1, min(2, (vector_registers - 1) // 8))
+    return 7, vectors * vector_lanes
+
+
+def padded_work(spec, nwin, nf):
+    """Output elements the tiles compute, edge padding included (per image and group)."""
+    return ceil(spec.p * spec.q / nwin) * nwin * ceil(spec.k_per_group / nf) * nf
+
+
+def choose_vector(spec, window_tile, filter_tile):
+    """Vectors along the windows unless tiles along the filters waste clearly fewer lanes
+    (small output planes: 7x7, 14x14, 1x1), which also costs a transposing pass at the end."""
+    windows, filters = padded_work(spec, *window_tile), padded_work(spec, *filter_tile)
+    return "filters" if filters < 0.95 * windows else "windows"
+
+
 @dataclass(frozen=True)
 class SlicingPlan:
     spec: object
@@ -36,6 +58,7 @@ class SlicingPlan:
     k2: int
     k3: int
     schedule: str
+    vector: str                             # "windows" or "filters" (see choose_vector)
     costs: dict = field(compare=False)      # schedule -> {term: cycles}
     forced: tuple = ()                      # names of the values set by an override
 
@@ -63,9 +86,10 @@ class SlicingPlan:
         lines = [
             f"SlicingPlan for {s} ({s.flops / 1e9:.3f} GFLOP)",
             f"  machine: {m}",
-            f"  micro-tile: {self.nwin} windows x {self.nf} filters "
-            f"(from {m.vector_registers} registers of {m.vector_bytes // ds} lanes)"
-            f"{_forced(self, 'microtile_shape')}",
+            f"  micro-tile: {self.nwin} windows x {self.nf} filters, vectors along the {self.vector} "
+            f"(from {m.vector_registers} registers of {m.vector_bytes // ds} lanes; computes "
+            f"{padded_work(s, self.nwin, self.nf)} outputs for {s.p * s.q * s.k_per_group})"
+            f"{_forced(self, 'microtile_shape', 'vector')}",
             f"  Nc = {self.nc}: {nc_rule} Nc*(Nwin+Nf)*R*S*ds + Nwin*Nf*ds <= {CACHE_FILL}*L1: "
             f"{self.nc}*{self.nwin + self.nf}*{rs}*{ds} + {fout} = "
             f"{self.nc * (self.nwin + self.nf) * rs * ds + fout} vs {int(CACHE_FILL * m.l1d)}"
@@ -164,7 +188,7 @@ def schedule_costs(spec, machine, nwin, nf, nc, k2, k3, schedule):
     return terms
 
 
-OVERRIDES = ("microtile_shape", "nc", "k2", "k3", "schedule")
+OVERRIDES = ("vector", "microtile_shape", "nc", "k2", "k3", "schedule")
 
 
 def check_overrides(**overrides):
@@ -176,9 +200,10 @@ def check_overrides(**overrides):
             raise TypeError(f"unknown plan override {name!r}; known: {OVERRIDES}")
         if v is None:
             continue
-        if name == "schedule":
-            if v not in SCHEDULES:
-                raise ValueError(f"schedule must be one of {SCHEDULES}, got {v!r}")
+        if name in ("schedule", "vector"):
+            choices = SCHEDULES if name == "schedule" else VECTORS
+            if v not in choices:
+                raise ValueError(f"{name} must be one of {choices}, got {v!r}")
             normal[name] = v
         elif name == "microtile_shape":
             if not isinstance(v, (tuple, list)) or len(v) != 2:
@@ -197,15 +222,20 @@ def _positive_int(name, v):
     return int(v)
 
 
-def analyze(spec, machine=None, *, microtile_shape=None, nc=None, k2=None, k3=None, schedule=None):
+def analyze(spec, machine=None, *, vector=None, microtile_shape=None, nc=None, k2=None, k3=None,
+            schedule=None):
     """Plan ``spec`` for ``machine`` (default: ``Machine.host()``). Keyword overrides force a
-    value (tests and what-if analysis); the rest is derived by the rules above."""
+    value (tests and what-if analysis; ``microtile_shape`` is (windows, filters) per tile in the
+    plan's vector orientation); the rest is derived by the rules above."""
     machine = machine or Machine.host()
-    given = check_overrides(microtile_shape=microtile_shape, nc=nc, k2=k2, k3=k3, schedule=schedule)
+    given = check_overrides(vector=vector, microtile_shape=microtile_shape, nc=nc, k2=k2, k3=k3,
+                            schedule=schedule)
     forced = tuple(given)
-    microtile_shape, nc, k2, k3, schedule = (given.get(name) for name in OVERRIDES)
-    lanes = machine.vector_bytes // spec.itemsize
-    nwin, nf = microtile_shape or microtile(lanes, machine.vector_registers)
+    vector, microtile_shape, nc, k2, k3, schedule = (given.get(name) for name in OVERRIDES)
+    lanes, registers = machine.vector_bytes // spec.itemsize, machine.vector_registers
+    tiles = {"windows": microtile(lanes, registers), "filters": filter_vector_tile(lanes, registers)}
+    vector = vector or choose_vector(spec, tiles["windows"], tiles["filters"])
+    nwin, nf = microtile_shape or tiles[vector]
     nc = min(nc, spec.c_per_group) if nc else channel_tile(spec, nwin, nf, machine.l1d)
     fin, fw, fout = tile_footprints(spec, nwin, nf, nc)
     t_in, t_w = ceil(spec.p * spec.q / nwin), ceil(spec.k_per_group / nf)
@@ -215,4 +245,4 @@ def analyze(spec, machine=None, *, microtile_shape=None, nc=None, k2=None, k3=No
              for name in SCHEDULES}
     chosen = schedule or min(SCHEDULES, key=lambda name: costs[name]["total"])
     b2, b3 = blocks[chosen]
-    return SlicingPlan(spec, machine, nwin, nf, nc, k2 or b2, k3 or b3, chosen, costs, forced)
+    return SlicingPlan(spec, machine, nwin, nf, nc, k2 or b2, k3 or b3, chosen, vector, costs, forced)

@@ -9,8 +9,8 @@ from functools import lru_cache
 import numpy as np
 
 import csa
-from microkernels import BIAS, RELU, KernelSpec, get_isa, host_isa, supported_isas
-from packing import pack_filters
+from microkernels import BIAS, RELU, get_isa, host_isa, supported_isas
+from packing import pack_filters, unpack_filters
 
 from . import arguments as args
 from .lowering import Prepared
@@ -60,18 +60,24 @@ class Conv2d:
             raise type(err)(f"plan_overrides: {err}") from None
         self.dtype = weight.dtype
         self.weight_shape = weight.shape
-        nwin, nf = self._microtile()
-        self.kernel = KernelSpec.for_dtype(self.dtype, nf, nwin, self.isa)
-        self.packed_weight = pack_filters(weight, nf, self.groups)
+        # Filters are packed here for the usual orientation (windows in vectors, its filter
+        # tile); plans with filters in vectors repack from this copy once, on first use.
+        lanes = host_machine(self.isa).vector_bytes // self.dtype.itemsize
+        nf = csa.microtile(lanes, host_machine(self.isa).vector_registers)[1]
+        self._packed = {nf: pack_filters(weight, nf, self.groups)}
         self.bias = np.empty(0, self.dtype) if bias is None else np.array(bias, copy=True)
         self._by_shape = {}
-        self._by_shape_lock = threading.Lock()
+        self._lock = threading.Lock()
 
-    def _microtile(self):
-        forced = dict(self.overrides).get("microtile_shape")
-        machine = host_machine(self.isa)
-        return forced or csa.microtile(machine.vector_bytes // self.dtype.itemsize,
-                                       machine.vector_registers)
+    def packed_weight(self, nf):
+        """The filters packed in tiles of ``nf`` (packed once per tile size)."""
+        found = self._packed.get(nf)
+        if found is None:
+            any_packed = next(iter(self._packed.values()))
+            found = pack_filters(unpack_filters(any_packed, self.weight_shape[0]), nf, self.groups)
+            with self._lock:
+                self._packed[nf] = found
+        return found
 
     def spec_for(self, shape, dtype=None):
         """The ConvSpec of an input of ``shape`` (N, C, H, W) or (C, H, W)."""
@@ -90,8 +96,8 @@ class Conv2d:
         if found is None:
             spec = self.spec_for(shape, dtype)
             flags = (BIAS if self.bias.size else 0) | (RELU if self.activation == "relu" else 0)
-            found = Prepared(_plan(spec, self.isa, self.overrides), flags)
-            with self._by_shape_lock:  # calls from several threads may miss at once
+            found = Prepared(_plan(spec, self.isa, self.overrides), flags, self.isa)
+            with self._lock:  # calls from several threads may miss at once
                 if len(self._by_shape) >= PREPARED_SHAPES:
                     del self._by_shape[next(iter(self._by_shape))]
                 self._by_shape[key] = found
@@ -105,23 +111,27 @@ class Conv2d:
         shape = (batch,) + spec.output_shape[1:]
         if out is not None:
             args.check_out(out, shape if x.ndim == 4 else shape[1:], self.dtype,
-                           (("input", x), ("weight", self.packed_weight), ("bias", self.bias)))
+                           (("input", x), ("bias", self.bias)))
         # the kernels write rows at a stride of P*Q: a strided ``out`` goes through a temporary
         direct = out is not None and out.flags.c_contiguous
         result = out.reshape(shape) if direct else np.empty(shape, dtype=self.dtype)
         x4 = np.ascontiguousarray(x.reshape((batch,) + x.shape[-3:]))
         if batch:
-            prepared.run(self.kernel, x4, self.packed_weight, self.bias, result)
+            prepared.run(x4, self.packed_weight(prepared.plan.nf), self.bias, result)
         if out is None:
             return result if x.ndim == 4 else result[0]
         if not direct:
             out[...] = result.reshape(out.shape)
         return out
 
+    def kernel_for(self, shape):
+        """The KernelSpec that runs inputs of ``shape``."""
+        return self._prepared(tuple(shape), self.dtype).kernel
+
     def __repr__(self):
         return (f"Conv2d(weight {self.weight_shape} {self.dtype}, stride={self.stride}, "
                 f"padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
-                f"activation={self.activation}, kernel={self.kernel.name})")
+                f"activation={self.activation}, isa={self.isa})")
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, activation=None,

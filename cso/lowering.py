@@ -11,7 +11,7 @@ import numpy as np
 from numba import njit, types
 from numba.np.numpy_support import from_dtype
 
-from microkernels import ACCUMULATE
+from microkernels import ACCUMULATE, BIAS, RELU, KernelSpec
 from microkernels.numba_bridge import kernel_intrinsic, row_copy_intrinsic
 from packing import input_packer
 
@@ -57,18 +57,29 @@ def loop_nest_signature(dtype):
     def array(ndim, dt=from_dtype(dtype), readonly=False):
         return types.Array(dt, ndim, "C", readonly=readonly)
     return types.void(array(4, readonly=True), array(1, readonly=True), array(1, readonly=True),
-                      array(4), array(1, types.int64, readonly=True), array(1))
+                      array(4), array(1, types.int64, readonly=True), array(1), array(1))
+
+
+def kernel_spec(plan, isa):
+    """The micro-kernel a plan runs: windows x filters when windows are the vector dimension,
+    else filters (vector) x windows (broadcast): KernelSpec's ``nwin`` is always its vector
+    width and ``nf`` its broadcast count."""
+    vector, broadcast = (plan.nwin, plan.nf) if plan.vector == "windows" else (plan.nf, plan.nwin)
+    return KernelSpec.for_dtype(plan.spec.dtype, broadcast, vector, isa)
 
 
 @lru_cache(maxsize=None)
-def conv_loop_nest(kspec):
-    """The compiled ``run(x, packed_w, bias, out, geom, scratch)`` for micro-kernel ``kspec``."""
+def conv_loop_nest(kspec, filters_in_vectors):
+    """The compiled ``run(x, packed_w, bias, out, geom, scratch, out_t)`` for micro-kernel
+    ``kspec``. With ``filters_in_vectors`` the kernel's vector operand is the filter tile and
+    its broadcast operand the input tile; it accumulates the transposed output (P*Q x K, one
+    image at a time) in ``out_t``, which a last pass turns into NCHW with bias and ReLU."""
     ukernel = kernel_intrinsic(kspec)
-    pack = input_packer(row_copy_intrinsic(kspec), kspec.nwin)
-    NWIN, NF = kspec.nwin, kspec.nf
+    NWIN, NF = (kspec.nf, kspec.nwin) if filters_in_vectors else (kspec.nwin, kspec.nf)
+    pack = input_packer(row_copy_intrinsic(kspec, NWIN), NWIN)
 
     @njit(loop_nest_signature(kspec.np_dtype), nogil=True)
-    def run(x, packed_w, bias, out, geom, scratch):
+    def run(x, packed_w, bias, out, geom, scratch, out_t):
         R, S = geom[0], geom[1]
         Q, P, G, Cg, Kg = geom[8], geom[9], geom[10], geom[11], geom[12]
         nc_max, k2, k3, input_stationary = geom[13], geom[14], geom[15], geom[16]
@@ -79,16 +90,15 @@ def conv_loop_nest(kspec):
         t_w = (Kg + NF - 1) // NF
         item = x.itemsize
         x_addr, w_addr, out_addr = x.ctypes.data, packed_w.ctypes.data, out.ctypes.data
-        bias_addr, scratch_addr = bias.ctypes.data, scratch.ctypes.data
-        # blocks: IS = K3 window tiles (packed together) x K2 filter tiles;
-        #         WS = K3 filter tiles x K2 window tiles (packed together)
+        bias_addr, scratch_addr, out_t_addr = bias.ctypes.data, scratch.ctypes.data, out_t.ctypes.data
+        # blocks: IS = K3 window tiles x K2 filter tiles; WS = K3 filter tiles x K2 window tiles
         w_block, f_block = (k3, k2) if input_stationary else (k2, k3)
         for n in range(N):
             for g in range(G):
                 for c0 in range(0, Cg, nc_max):
                     nc = min(nc_max, Cg - c0)
                     flags = ACCUMULATE if c0 > 0 else 0
-                    if c0 + nc == Cg:
+                    if c0 + nc == Cg and not filters_in_vectors:
                         flags |= epilogue
                     depth = nc * R * S                      # rows of the packed tiles (kernel k)
                     tile_bytes = depth * NWIN * item
@@ -115,37 +125,70 @@ def conv_loop_nest(kspec):
                                 # IS keeps the K3 packed tiles only when several filter blocks
                                 # reuse them; else one slot, still hot in L1 when used
                                 slot = wt - wb if (not input_stationary or t_w > f_block) else 0
-                                a_addr, lda = scratch_addr + slot * tile_bytes, NWIN
+                                in_addr, ld_in = scratch_addr + slot * tile_bytes, NWIN
                                 if unpacked and p0 + NWIN <= PQ:
-                                    a_addr, lda = x_base + p0 * item, PQ
+                                    in_addr, ld_in = x_base + p0 * item, PQ
                                 elif input_stationary and inner == 0:
                                     # IS packs on the first pass over the filter blocks, right
                                     # before the tile's first use
-                                    pack(x, n, g * Cg + c0, nc, p0, min(NWIN, PQ - p0), geom, a_addr)
+                                    pack(x, n, g * Cg + c0, nc, p0, min(NWIN, PQ - p0), geom, in_addr)
                                 for ft in range(fb, fend):
                                     f0 = ft * NF
-                                    ukernel(depth, a_addr, lda, w_base + ft * w_tile_bytes, NF,
-                                            out_base + (f0 * PQ + p0) * item, PQ,
-                                            min(NWIN, PQ - p0), min(NF, Kg - f0),
-                                            bias_addr + (g * Kg + f0) * item, flags)
+                                    w_tile = w_base + ft * w_tile_bytes
+                                    if filters_in_vectors:
+                                        ukernel(depth, w_tile, NF, in_addr, ld_in,
+                                                out_t_addr + (p0 * K + g * Kg + f0) * item, K,
+                                                min(NF, Kg - f0), min(NWIN, PQ - p0), bias_addr,
+                                                flags)
+                                    else:
+                                        ukernel(depth, in_addr, ld_in, w_tile, NF,
+                                                out_base + (f0 * PQ + p0) * item, PQ,
+                                                min(NWIN, PQ - p0), min(NF, Kg - f0),
+                                                bias_addr + (g * Kg + f0) * item, flags)
+            if filters_in_vectors:
+                transpose_epilogue(out_t, out, n, PQ, K, bias, epilogue)
 
     return run
 
 
-class Prepared:
-    """A plan bound to its compiled loop nest and ``geom`` vector: what a call on one input
-    shape needs besides the data. ``epilogue_flags`` (BIAS | RELU) apply on the last channel
-    tile."""
+@njit(nogil=True, cache=True)
+def transpose_epilogue(out_t, out, n, PQ, K, bias, epilogue):
+    """out[n, k, p] = out_t[p, k] (+ bias[k]) (ReLU), in 16 x 16 blocks so that both sides
+    stay in cache lines."""
+    flat = out.reshape(-1)
+    base = n * K * PQ
+    use_bias, relu = (epilogue & BIAS) != 0, (epilogue & RELU) != 0
+    for k0 in range(0, K, 16):
+        for p0 in range(0, PQ, 16):
+            for k in range(k0, min(K, k0 + 16)):
+                b = bias[k] if use_bias else 0.0
+                for p in range(p0, min(PQ, p0 + 16)):
+                    v = out_t[p * K + k] + b
+                    if relu and v < 0:
+                        v = 0.0
+                    flat[base + k * PQ + p] = v
 
-    def __init__(self, plan, epilogue_flags):
+
+class Prepared:
+    """A plan bound to its micro-kernel, compiled loop nest and ``geom`` vector: what a call on
+    one input shape needs besides the data. ``epilogue_flags`` (BIAS | RELU) apply once, on the
+    last channel tile (or in the transposing pass)."""
+
+    def __init__(self, plan, epilogue_flags, isa):
         self.plan = plan
+        self.kernel = kernel_spec(plan, isa)
+        self.filters_in_vectors = plan.vector == "filters"
         self.geom = geometry(plan, epilogue_flags)
         self.scratch_elements = scratch_elements(plan)
+        spec = plan.spec
+        self.out_t_elements = spec.p * spec.q * spec.k if self.filters_in_vectors else 0
 
-    def run(self, kspec, x, packed_w, bias, out):
-        """``x`` 4-D C-contiguous (N >= 1), ``packed_w`` from ``packing.pack_filters`` with
-        ``kspec.nf``, ``bias`` 1-D (length K, or empty for none), ``out`` 4-D C-contiguous of
-        the output shape. The scratch for packed tiles is per call: concurrent calls share
+    def run(self, x, packed_w, bias, out):
+        """``x`` 4-D C-contiguous (N >= 1), ``packed_w`` from ``packing.pack_filters`` with the
+        plan's filter tile, ``bias`` 1-D (length K, or empty for none), ``out`` 4-D
+        C-contiguous of the output shape. Scratch buffers are per call: concurrent calls share
         nothing."""
         scratch = np.empty(self.scratch_elements, dtype=x.dtype)
-        conv_loop_nest(kspec)(x, packed_w.reshape(-1), bias, out, self.geom, scratch)
+        out_t = np.empty(self.out_t_elements, dtype=x.dtype)
+        conv_loop_nest(self.kernel, self.filters_in_vectors)(
+            x, packed_w.reshape(-1), bias, out, self.geom, scratch, out_t)

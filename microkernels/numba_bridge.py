@@ -43,14 +43,14 @@ def kernel_intrinsic(spec):
 
 
 @lru_cache(maxsize=None)
-def row_copy_intrinsic(spec):
-    """``copy_rows(dst, dst_step, src, src_step, count, stride, j0, j1, lo, hi)``: packed
-    rows of ``spec``'s tiles (see ``microkernels.row_copy``)."""
+def row_copy_intrinsic(spec, width):
+    """``copy_rows(dst, dst_step, src, src_step, count, stride, j0, j1, lo, hi)``: packed rows
+    of ``width`` values in ``spec``'s dtype and vectors (see ``microkernels.row_copy``)."""
 
     @intrinsic
     def copy_rows(typingctx, dst, dst_step, src, src_step, count, stride, j0, j1, lo, hi):
         return _signature_and_codegen((dst, dst_step, src, src_step, count, stride, j0, j1, lo, hi),
-                                      lambda module: row_copy.define_row_copy(module, spec),
+                                      lambda module: row_copy.define_row_copy(module, spec, width),
                                       row_copy.FUNCTION_TYPE)
 
     return copy_rows

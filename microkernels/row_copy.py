@@ -2,11 +2,11 @@
 (``packing`` drives it; the vector code lives here with the other generators).
 
 ``copy_rows(dst, dst_step, src, src_step, count, stride, j0, j1, lo, hi)`` fills ``count``
-packed tile rows (``nwin`` values each; row i at ``dst + i*dst_step`` bytes, read from
+packed tile rows (``width`` values each, moved in vectors of the kernel's lanes; row i at ``dst + i*dst_step`` bytes, read from
 ``src + i*src_step`` bytes): lanes j0 <= j < j1 of each row get ``src[j * stride]`` when
 lo <= j < hi, else zero. The rows share their lanes (one row per channel of the same tap), so
 the masks are computed once per call. The source is read with masked vector loads (strides 1-4:
-stride*nwin contiguous values, every stride-th kept by constant shuffles) or masked gathers
+stride*width contiguous values, every stride-th kept by constant shuffles) or masked gathers
 (larger strides), so lanes outside [lo, hi) -- taps in the zero padding, windows past the end
 of the plane -- are never read, and ``src`` may point outside the input for them. A whole row
 of windows moves per vector instruction; no scalar loop runs per element.
@@ -22,10 +22,10 @@ SCALARS = {"f32": ir.FloatType(), "f64": ir.DoubleType()}
 SAMPLED_STRIDES = 4  # strides up to this use contiguous loads + shuffles; larger ones gather
 
 
-def define_row_copy(module, spec):
-    """The copy function for tiles of kernel ``spec`` (its dtype, ``nwin`` and vector lanes),
+def define_row_copy(module, spec, width):
+    """The copy function for ``width``-wide rows in kernel ``spec``'s dtype and vectors,
     defined in ``module`` on first use."""
-    name = f"{spec.dtype}_pack_rows_{spec.nwin}__{spec.isa}"
+    name = f"{spec.dtype}_pack_rows_{width}__{spec.isa}"
     try:
         return module.get_global(name)
     except KeyError:
@@ -36,14 +36,15 @@ def define_row_copy(module, spec):
     fn.attributes.add("alwaysinline")
     for arg, arg_name in zip(fn.args, ARGS):
         arg.name = arg_name
-    _RowCopyBuilder(module, fn, spec).build()
+    _RowCopyBuilder(module, fn, spec, width).build()
     return fn
 
 
 class _RowCopyBuilder:
-    def __init__(self, module, fn, spec):
+    def __init__(self, module, fn, spec, width):
         self.module, self.fn = module, fn
-        self.dtype, self.lanes, self.nwin = spec.dtype, spec.lanes, spec.nwin
+        self.dtype, self.lanes = spec.dtype, spec.lanes
+        self.vectors = -(-width // self.lanes)  # the last one partly stored when width is not a multiple
         self.scalar = SCALARS[spec.dtype]
         self.vec = ir.VectorType(self.scalar, self.lanes)
         self.zero = ir.Constant(self.vec, [0.0] * self.lanes)
@@ -84,7 +85,7 @@ class _RowCopyBuilder:
         """The loop over ``count`` rows: per vector, ``load_vector(bld, src_row, v, masks)``
         then a store of lanes [j0, j1); all masks computed before the loop."""
         j0, j1 = self.bounds[:2]
-        vectors = range(self.nwin // self.lanes)
+        vectors = range(self.vectors)
         store_masks = [self._between(bld, [v * self.lanes + i for i in range(self.lanes)], j0, j1)
                        for v in vectors]
         pre = bld.block
@@ -113,7 +114,7 @@ class _RowCopyBuilder:
         lo, hi = self.bounds[2:]
         lanes = self.lanes
         masks = {}
-        for v in range(self.nwin // lanes):
+        for v in range(self.vectors):
             for part in range(step):
                 # value i of the part feeds output lane (part*lanes + i)/step when that
                 # divides; the others get lane -1, outside every [lo, hi): never read
@@ -143,7 +144,7 @@ class _RowCopyBuilder:
         lanes, idx_ty = self.lanes, ir.VectorType(I64, self.lanes)
         itemsize = {"f32": 4, "f64": 8}[self.dtype]
         masks, offsets = {}, {}
-        for v in range(self.nwin // lanes):
+        for v in range(self.vectors):
             lane_ids = [v * lanes + i for i in range(lanes)]
             masks[v] = self._between(bld, lane_ids, *self.bounds[2:])
             offsets[v] = bld.mul(ir.Constant(idx_ty, [j * itemsize for j in lane_ids]),

@@ -65,12 +65,13 @@ def test_every_supported_isa(rng, isa, dtype):
     x, wt, b, geometry = make(rng, CASES["many_tiles"], dtype)
     t, bo, left, right = geometry["padding"]
     conv = cso.Conv2d(wt, b, padding=((t, bo), (left, right)), isa=isa)
-    assert conv.kernel.isa == isa
+    assert conv.kernel_for(x.shape).isa == isa
     assert_conv_close(conv(x), x, wt, b, **geometry)
 
 
 @pytest.mark.parametrize("overrides", [
     dict(nc=1), dict(nc=7), dict(nc=3, k2=1, k3=1), dict(k2=2, k3=3), dict(k2=1), dict(k3=2),
+    dict(vector="filters"), dict(vector="filters", nc=5, k2=1, k3=2),
 ])
 @pytest.mark.parametrize("name", ["many_tiles", "grouped", "stride_hw"])
 def test_both_schedules_identical_over_tilings(rng, name, overrides):
@@ -89,14 +90,20 @@ def test_both_schedules_identical_over_tilings(rng, name, overrides):
     assert_conv_close(results["IS"], x, wt, b, **geometry)
 
 
-def test_odd_window_and_filter_counts_cover_every_edge(rng):
-    """Output planes of 1..2*Nwin+1 positions and 1..2*Nf+1 filters: every edge tile shape."""
-    nwin, nf = cso.Conv2d(np.zeros((1, 1, 1, 1), F32)).kernel.nwin, cso.Conv2d(np.zeros((1, 1, 1, 1), F32)).kernel.nf
+@pytest.mark.parametrize("vector", ["windows", "filters"])
+def test_odd_window_and_filter_counts_cover_every_edge(rng, vector):
+    """Output planes of 1..2*Nwin+1 positions and 1..2*Nf+1 filters: every edge tile shape, in
+    both orientations (with bias and ReLU, which the filters-in-vectors path applies last)."""
+    probe = cso.Conv2d(np.zeros((1, 1, 1, 1), F32), plan_overrides={"vector": vector}).plan_for((1, 1, 1, 1))
+    nwin, nf = probe.nwin, probe.nf
     for q in sorted({1, nwin - 1, nwin, nwin + 1, 2 * nwin + 1}):
         for k in sorted({1, nf - 1, nf, nf + 1, 2 * nf + 1}):
             x = rng.standard_normal((1, 3, 1, q + 2)).astype(F32)
             wt = rng.standard_normal((k, 3, 1, 3)).astype(F32)
-            assert_conv_close(cso.conv2d(x, wt), x, wt)
+            b = rng.standard_normal(k).astype(F32)
+            conv = cso.Conv2d(wt, b, activation="relu", plan_overrides={"vector": vector})
+            assert conv.plan_for(x.shape).vector == vector
+            assert_conv_close(conv(x), x, wt, b, relu=True)
 
 
 @pytest.mark.parametrize("stride", [1, 2, 3])

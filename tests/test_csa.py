@@ -73,6 +73,19 @@ def test_cost_model_picks_the_cheaper_schedule_and_shows_every_term():
         assert needle in text
 
 
+def test_filters_become_the_vector_dimension_on_small_planes():
+    machine = SMALL
+    for hw, k, expected in ((7, 512, "filters"), (14, 256, "filters"), (1, 1984, "filters"),
+                            (56, 64, "windows"), (28, 128, "windows"), (16, 64, "windows")):
+        plan = csa.analyze(ConvSpec(1, 64, hw, hw, k, 1, 1), machine)
+        assert plan.vector == expected, (hw, k)
+    # 7x7: 49 windows fill 7 tiles of 7 exactly, against 2 tiles of 32 (64 lanes)
+    assert csa.padded_work(ConvSpec(1, 8, 7, 7, 64, 1, 1), 7, 32) == 49 * 64
+    assert csa.padded_work(ConvSpec(1, 8, 7, 7, 64, 1, 1), 32, 8) == 64 * 64
+    assert csa.filter_vector_tile(16, 32) == (7, 32) and csa.filter_vector_tile(8, 16) == (7, 8)
+    assert "vectors along the filters" in csa.analyze(ConvSpec(1, 8, 7, 7, 64, 1, 1), machine).explain()
+
+
 def test_overrides_are_applied_and_reported():
     plan = csa.analyze(LAYER, SMALL, nc=3, k2=2, k3=5, schedule="WS")
     assert (plan.nc, plan.k2, plan.k3, plan.schedule) == (3, 2, 5, "WS")

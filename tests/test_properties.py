@@ -28,7 +28,9 @@ def configurations(draw):
         dtype=draw(st.sampled_from([np.float32, np.float64])), bias=draw(st.booleans()),
         relu=draw(st.booleans()), layout=draw(st.sampled_from(["C", "F", "sliced"])),
         overrides=draw(st.sampled_from([{}, {"schedule": "IS"}, {"schedule": "WS"},
-                                        {"nc": 2, "k2": 1, "k3": 2}])),
+                                        {"nc": 2, "k2": 1, "k3": 2}, {"vector": "windows"},
+                                        {"vector": "filters"},
+                                        {"vector": "filters", "schedule": "WS", "nc": 3, "k2": 2}])),
         seed=draw(st.integers(0, 2 ** 32 - 1)),
     )
 
