@@ -11,8 +11,8 @@ import numpy as np
 from numba import njit, types
 from numba.np.numpy_support import from_dtype
 
-from microkernels import ACCUMULATE, BIAS, RELU, KernelSpec
-from microkernels.numba_bridge import kernel_intrinsic, row_copy_intrinsic
+from microkernels import ACCUMULATE, KernelSpec
+from microkernels.numba_bridge import kernel_intrinsic, row_copy_intrinsic, transpose_intrinsic
 from packing import input_packer
 
 # Layout of the int64 ``geom`` vector passed to the loop nest: the first nine entries are the
@@ -75,6 +75,8 @@ def conv_loop_nest(kspec, filters_in_vectors):
     its broadcast operand the input tile; it accumulates the transposed output (P*Q x K, one
     image at a time) in ``out_t``, which a last pass turns into NCHW with bias and ReLU."""
     ukernel = kernel_intrinsic(kspec)
+    transpose_block = transpose_intrinsic(kspec)
+    LANES = kspec.lanes
     NWIN, NF = (kspec.nf, kspec.nwin) if filters_in_vectors else (kspec.nwin, kspec.nf)
     pack = input_packer(row_copy_intrinsic(kspec, NWIN), NWIN)
 
@@ -94,6 +96,7 @@ def conv_loop_nest(kspec, filters_in_vectors):
         # blocks: IS = K3 window tiles x K2 filter tiles; WS = K3 filter tiles x K2 window tiles
         w_block, f_block = (k3, k2) if input_stationary else (k2, k3)
         for n in range(N):
+            out_base_n = out_addr + n * K * PQ * item
             for g in range(G):
                 for c0 in range(0, Cg, nc_max):
                     nc = min(nc_max, Cg - c0)
@@ -146,27 +149,15 @@ def conv_loop_nest(kspec, filters_in_vectors):
                                                 min(NWIN, PQ - p0), min(NF, Kg - f0),
                                                 bias_addr + (g * Kg + f0) * item, flags)
             if filters_in_vectors:
-                transpose_epilogue(out_t, out, n, PQ, K, bias, epilogue)
+                # out[n, k, p] = out_t[p, k] (+ bias[k], ReLU), one vector-square block at a time
+                for p0 in range(0, PQ, LANES):
+                    for k0 in range(0, K, LANES):
+                        transpose_block(out_t_addr + (p0 * K + k0) * item, K,
+                                        out_base_n + (k0 * PQ + p0) * item, PQ,
+                                        min(LANES, PQ - p0), min(LANES, K - k0),
+                                        bias_addr + k0 * item, epilogue)
 
     return run
-
-
-@njit(nogil=True, cache=True)
-def transpose_epilogue(out_t, out, n, PQ, K, bias, epilogue):
-    """out[n, k, p] = out_t[p, k] (+ bias[k]) (ReLU), in 16 x 16 blocks so that both sides
-    stay in cache lines."""
-    flat = out.reshape(-1)
-    base = n * K * PQ
-    use_bias, relu = (epilogue & BIAS) != 0, (epilogue & RELU) != 0
-    for k0 in range(0, K, 16):
-        for p0 in range(0, PQ, 16):
-            for k in range(k0, min(K, k0 + 16)):
-                b = bias[k] if use_bias else 0.0
-                for p in range(p0, min(PQ, p0 + 16)):
-                    v = out_t[p * K + k] + b
-                    if relu and v < 0:
-                        v = 0.0
-                    flat[base + k * PQ + p] = v
 
 
 class Prepared:

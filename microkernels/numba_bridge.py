@@ -11,7 +11,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from . import ir_gen, row_copy
+from . import ir_gen, row_copy, transpose
 
 
 def _signature_and_codegen(arg_types, define, function_type):
@@ -54,3 +54,17 @@ def row_copy_intrinsic(spec, width):
                                       row_copy.FUNCTION_TYPE)
 
     return copy_rows
+
+
+@lru_cache(maxsize=None)
+def transpose_intrinsic(spec):
+    """``transpose_block(src, lds, dst, ldd, rows, cols, bias, flags)``: a lanes x lanes block
+    transposed with the epilogue (see ``microkernels.transpose``)."""
+
+    @intrinsic
+    def transpose_block(typingctx, src, lds, dst, ldd, rows, cols, bias, flags):
+        return _signature_and_codegen((src, lds, dst, ldd, rows, cols, bias, flags),
+                                      lambda module: transpose.define_transpose(module, spec),
+                                      transpose.FUNCTION_TYPE)
+
+    return transpose_block

@@ -1,0 +1,76 @@
+"""Block transpose with the convolution epilogue, generated as LLVM IR and inlined into numba
+code: the last pass of the filters-in-vectors orientation, which accumulates the output
+transposed (windows x filters) and must write it as NCHW (filters x windows).
+
+``transpose_block(src, lds, dst, ldd, rows, cols, bias, flags)`` reads a ``rows`` x ``cols``
+block (row i at ``src + i*lds`` elements; rows, cols <= lanes) and writes its transpose (row j at
+``dst + j*ldd``), adding ``bias[j]`` (flag BIAS) and clamping at zero (flag RELU, NaN passes).
+The transpose is log2(lanes) rounds of two-source constant shuffles, each swapping one bit of
+the row index with the same bit of the lane index; loads and stores are masked to the block.
+"""
+from llvmlite import ir
+
+from .ir_gen import BIAS, I32, I64, PTR, RELU, declare, splat
+
+ARGS = ("src", "lds", "dst", "ldd", "rows", "cols", "bias", "flags")
+FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, PTR, I64, I64, I64, PTR, I64])
+SCALARS = {"f32": ir.FloatType(), "f64": ir.DoubleType()}
+
+
+def define_transpose(module, spec):
+    """The block transpose in kernel ``spec``'s dtype and vectors, defined on first use."""
+    name = f"{spec.dtype}_transpose_{spec.lanes}x{spec.lanes}__{spec.isa}"
+    try:
+        return module.get_global(name)
+    except KeyError:
+        pass
+    lanes, scalar = spec.lanes, SCALARS[spec.dtype]
+    vec, mask_ty = ir.VectorType(scalar, lanes), ir.VectorType(ir.IntType(1), lanes)
+    suffix = f"v{lanes}{spec.dtype}.p0"
+    load = declare(module, f"llvm.masked.load.{suffix}", ir.FunctionType(vec, [PTR, mask_ty, vec]))
+    store = declare(module, f"llvm.masked.store.{suffix}",
+                    ir.FunctionType(ir.VoidType(), [vec, PTR, mask_ty]))
+    fn = ir.Function(module, FUNCTION_TYPE, name)
+    fn.linkage = "internal"
+    fn.attributes.add("nounwind")
+    for arg, arg_name in zip(fn.args, ARGS):
+        arg.name = arg_name
+    src, lds, dst, ldd, rows, cols, bias, flags = fn.args
+    bld = ir.IRBuilder(fn.append_basic_block("entry"))
+    zero = ir.Constant(vec, [0.0] * lanes)
+    lane_ids = ir.Constant(ir.VectorType(I32, lanes), list(range(lanes)))
+    row_mask = bld.icmp_signed("<", lane_ids, splat(bld, bld.trunc(rows, I32), lane_ids.type))
+    col_mask = bld.icmp_signed("<", lane_ids, splat(bld, bld.trunc(cols, I32), lane_ids.type))
+    # rows past ``rows`` are read as zeros (their loads fully masked); never stored
+    data = []
+    for i in range(lanes):
+        keep = bld.and_(col_mask, splat(bld, bld.icmp_signed("<", ir.Constant(I64, i), rows), mask_ty))
+        ptr = bld.gep(src, [bld.mul(ir.Constant(I64, i), lds)], source_etype=scalar)
+        data.append(bld.call(load, [ptr, keep, zero]))
+    h = 1
+    while h < lanes:
+        for i in range(lanes):
+            if i & h:
+                continue
+            j = i | h
+            low = [k if not k & h else lanes + k - h for k in range(lanes)]
+            high = [k + h if not k & h else lanes + k for k in range(lanes)]
+            mask = ir.VectorType(I32, lanes)
+            data[i], data[j] = (bld.shuffle_vector(data[i], data[j], ir.Constant(mask, low)),
+                                bld.shuffle_vector(data[i], data[j], ir.Constant(mask, high)))
+        h *= 2
+    bias_on = bld.icmp_unsigned("!=", bld.and_(flags, ir.Constant(I64, BIAS)), ir.Constant(I64, 0))
+    relu_on = bld.icmp_unsigned("!=", bld.and_(flags, ir.Constant(I64, RELU)), ir.Constant(I64, 0))
+    zero_slot = bld.alloca(scalar)
+    bld.store(ir.Constant(scalar, 0.0), zero_slot)
+    for j in range(lanes):
+        # column j exists only when j < cols: its bias is read and its row stored only then
+        exists = bld.icmp_signed("<", ir.Constant(I64, j), cols)
+        bias_ptr = bld.select(bld.and_(bias_on, exists),
+                              bld.gep(bias, [ir.Constant(I64, j)], source_etype=scalar), zero_slot)
+        value = bld.fadd(data[j], splat(bld, bld.load(bias_ptr, typ=scalar), vec))
+        value = bld.select(relu_on, bld.select(bld.fcmp_ordered("<", value, zero), zero, value), value)
+        keep = bld.and_(row_mask, splat(bld, exists, mask_ty))
+        bld.call(store, [value, bld.gep(dst, [bld.mul(ir.Constant(I64, j), ldd)], source_etype=scalar), keep])
+    bld.ret_void()
+    return fn
