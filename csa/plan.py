@@ -27,13 +27,15 @@ def microtile(vector_lanes, vector_registers):
     return vectors * vector_lanes, (fits // 8) * 8 or fits
 
 
-def filter_vector_tile(vector_lanes, vector_registers):
+def filter_vector_tile(vector_lanes, vector_registers, windows=7):
     """(windows, filters) when filters are the vector dimension: 7 broadcast windows (output
     planes of real networks are multiples of 7: 7x7, 14x14, 28x28, 56x56) by as many filter
-    vectors as fit 7*v accumulators + v filter vectors + 1 broadcast, at most two (AVX-512: 7 x 32
-    floats, AVX2: 7 x 8)."""
-    vectors = max(1, min(2, (vector_registers - 1) // 8))
-    return 7, vectors * vector_lanes
+    vectors as fit windows*v accumulators + v filter vectors + 1 broadcast, at most two
+    (AVX-512: 7 x 32 floats, AVX2: 7 x 8). A single-pixel plane is a matrix-vector product
+    whose weights stream through once: 1 window by up to four vectors (AVX-512: 1 x 64)."""
+    most = 2 if windows > 1 else 4
+    vectors = max(1, min(most, (vector_registers - 1) // (windows + 1)))
+    return windows, vectors * vector_lanes
 
 
 def padded_work(spec, nwin, nf):
@@ -233,7 +235,8 @@ def analyze(spec, machine=None, *, vector=None, microtile_shape=None, nc=None, k
     forced = tuple(given)
     vector, microtile_shape, nc, k2, k3, schedule = (given.get(name) for name in OVERRIDES)
     lanes, registers = machine.vector_bytes // spec.itemsize, machine.vector_registers
-    tiles = {"windows": microtile(lanes, registers), "filters": filter_vector_tile(lanes, registers)}
+    tiles = {"windows": microtile(lanes, registers),
+             "filters": filter_vector_tile(lanes, registers, 1 if spec.p * spec.q == 1 else 7)}
     vector = vector or choose_vector(spec, tiles["windows"], tiles["filters"])
     nwin, nf = microtile_shape or tiles[vector]
     nc = min(nc, spec.c_per_group) if nc else channel_tile(spec, nwin, nf, machine.l1d)

@@ -83,6 +83,9 @@ def test_filters_become_the_vector_dimension_on_small_planes():
     assert csa.padded_work(ConvSpec(1, 8, 7, 7, 64, 1, 1), 7, 32) == 49 * 64
     assert csa.padded_work(ConvSpec(1, 8, 7, 7, 64, 1, 1), 32, 8) == 64 * 64
     assert csa.filter_vector_tile(16, 32) == (7, 32) and csa.filter_vector_tile(8, 16) == (7, 8)
+    assert csa.filter_vector_tile(16, 32, 1) == (1, 64) and csa.filter_vector_tile(8, 16, 1) == (1, 32)
+    assert (csa.analyze(ConvSpec(1, 64, 1, 1, 1984, 1, 1), machine).nwin,
+            csa.analyze(ConvSpec(1, 64, 1, 1, 1984, 1, 1), machine).nf) == (1, 64)
     assert "vectors along the filters" in csa.analyze(ConvSpec(1, 8, 7, 7, 64, 1, 1), machine).explain()
 
 
