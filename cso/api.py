@@ -43,8 +43,9 @@ def _check_isa(name):
 class Conv2d:
     """A convolution with fixed weights: validates and packs ``weight`` once, then ``conv(x)``
     runs it on any input with the right channel count. ``plan_overrides`` forces CSA choices
-    (``nc``, ``k2``, ``k3``, ``schedule`` 'IS'/'WS') and ``isa`` picks a micro-kernel ISA other
-    than the host's best; both exist for tests and experiments."""
+    (``vector`` 'windows'/'filters', ``microtile_shape``, ``nc``, ``k2``, ``k3``, ``schedule``
+    'IS'/'WS') and ``isa`` picks a micro-kernel ISA other than the host's best; both exist for
+    tests and experiments."""
 
     def __init__(self, weight, bias=None, stride=1, padding=0, dilation=1, groups=1,
                  activation=None, *, plan_overrides=None, isa=None):
