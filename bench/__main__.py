@@ -22,7 +22,7 @@ import cso  # noqa: E402
 from microkernels.probe import UKERNEL_K, fma_peak, kernel_throughput  # noqa: E402
 
 from . import report  # noqa: E402
-from .engines import ENGINES, available_engines, check, reference  # noqa: E402
+from .engines import ENGINES, available_engines, check, cso_engine, reference  # noqa: E402
 from .suites import suite  # noqa: E402
 
 NOMINAL_PEAK_GFLOPS = 117  # per core: the design document's figure for its reference machine
@@ -68,11 +68,9 @@ def measure_schedules(specs, repeat):
     for i, spec in enumerate(specs, 1):
         x = rng.standard_normal(spec.input_shape, dtype=np.float32)
         w = rng.standard_normal(spec.weight_shape, dtype=np.float32)
-        t, b, l, r = spec.padding
-        make = lambda **o: cso.Conv2d(w, stride=spec.stride, padding=((t, b), (l, r)),  # noqa: E731
-                                      dilation=spec.dilation, groups=spec.groups, **o)
-        chosen = make().plan_for(spec.input_shape).schedule
-        gflops = {s: spec.flops / median_seconds(make(plan_overrides={"schedule": s}), x, repeat) / 1e9
+        chosen = cso_engine(spec, w).plan_for(spec.input_shape).schedule
+        gflops = {s: spec.flops / median_seconds(cso_engine(spec, w, plan_overrides={"schedule": s}),
+                                                 x, repeat) / 1e9
                   for s in ("IS", "WS")}
         rows.append((spec, chosen, gflops))
         report.progress(i, len(specs), spec)

@@ -6,11 +6,11 @@ from numpy.lib.stride_tricks import sliding_window_view
 import cso
 
 
-def cso_engine(spec, w):
-    """cso.Conv2d: filters packed here, outside the timed calls."""
+def cso_engine(spec, w, **options):
+    """cso.Conv2d (``options`` go to it): filters packed here, outside the timed calls."""
     t, b, l, r = spec.padding
     return cso.Conv2d(w, stride=spec.stride, padding=((t, b), (l, r)), dilation=spec.dilation,
-                      groups=spec.groups)
+                      groups=spec.groups, **options)
 
 
 def im2col_engine(spec, w):

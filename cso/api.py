@@ -42,13 +42,15 @@ def _check_isa(name):
 
 class Conv2d:
     """A convolution with fixed weights: validates and packs ``weight`` once, then ``conv(x)``
-    runs it on any input with the right channel count. ``plan_overrides`` forces CSA choices
+    runs it on any input with the right channel count. ``input_shape``, when the input size is
+    known at load time, packs the filters for that shape's plan (else for the usual
+    orientation; another orientation repacks once on first use). ``plan_overrides`` forces CSA choices
     (``vector`` 'windows'/'filters', ``microtile_shape``, ``nc``, ``k2``, ``k3``, ``schedule``
     'IS'/'WS') and ``isa`` picks a micro-kernel ISA other than the host's best; both exist for
     tests and experiments."""
 
     def __init__(self, weight, bias=None, stride=1, padding=0, dilation=1, groups=1,
-                 activation=None, *, plan_overrides=None, isa=None):
+                 activation=None, *, input_shape=None, plan_overrides=None, isa=None):
         self.groups = args.check_weight(weight, bias, groups)
         self.stride = args.pair("stride", stride, 1)
         self.dilation = args.pair("dilation", dilation, 1)
@@ -61,14 +63,15 @@ class Conv2d:
             raise type(err)(f"plan_overrides: {err}") from None
         self.dtype = weight.dtype
         self.weight_shape = weight.shape
-        # Filters are packed here for the usual orientation (windows in vectors, its filter
-        # tile); plans with filters in vectors repack from this copy once, on first use.
-        lanes = host_machine(self.isa).vector_bytes // self.dtype.itemsize
-        nf = csa.microtile(lanes, host_machine(self.isa).vector_registers)[1]
-        self._packed = {nf: pack_filters(weight, nf, self.groups)}
         self.bias = np.empty(0, self.dtype) if bias is None else np.array(bias, copy=True)
         self._by_shape = {}
         self._lock = threading.Lock()
+        if input_shape is None:   # the usual orientation: windows in vectors
+            machine = host_machine(self.isa)
+            nf = csa.microtile(machine.vector_bytes // self.dtype.itemsize, machine.vector_registers)[1]
+        else:
+            nf = self.plan_for(input_shape).nf
+        self._packed = {nf: pack_filters(weight, nf, self.groups)}
 
     def packed_weight(self, nf):
         """The filters packed in tiles of ``nf`` (packed once per tile size)."""
@@ -111,8 +114,7 @@ class Conv2d:
         batch = x.shape[0] if x.ndim == 4 else 1
         shape = (batch,) + spec.output_shape[1:]
         if out is not None:
-            args.check_out(out, shape if x.ndim == 4 else shape[1:], self.dtype,
-                           (("input", x), ("bias", self.bias)))
+            args.check_out(out, shape if x.ndim == 4 else shape[1:], self.dtype, x)
         # the kernels write rows at a stride of P*Q: a strided ``out`` goes through a temporary
         direct = out is not None and out.flags.c_contiguous
         result = out.reshape(shape) if direct else np.empty(shape, dtype=self.dtype)
@@ -149,4 +151,5 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, acti
     if x.dtype != weight.dtype:
         raise TypeError(f"input dtype {x.dtype} differs from weight dtype {weight.dtype}; "
                         "mixed dtypes are not supported")
-    return Conv2d(weight, bias, stride, padding, dilation, groups, activation)(x, out=out)
+    return Conv2d(weight, bias, stride, padding, dilation, groups, activation,
+                  input_shape=x.shape)(x, out=out)

@@ -135,8 +135,9 @@ def conv_spec(x_shape, x_dtype, w_shape, w_dtype, stride, padding, dilation, gro
                     groups=groups, dtype=x_dtype.name)
 
 
-def check_out(out, shape, dtype, inputs):
-    """``out`` may have any strides (a non-contiguous one is filled through a temporary)."""
+def check_out(out, shape, dtype, x):
+    """``out`` may have any strides (a non-contiguous one is filled through a temporary), but
+    must not overlap the input ``x``."""
     if not isinstance(out, np.ndarray) or isinstance(out, np.ma.MaskedArray):
         raise TypeError(f"out must be a plain numpy.ndarray, got {type(out).__name__}")
     if out.dtype != dtype:
@@ -145,7 +146,6 @@ def check_out(out, shape, dtype, inputs):
         raise ValueError(f"expected out of shape {shape}, got out of shape {out.shape}")
     if not out.flags.writeable:
         raise ValueError(f"out must be writeable, got a read-only array of shape {out.shape}")
-    for name, arr in inputs:
-        if arr is not None and np.may_share_memory(out, arr):
-            raise ValueError(f"out (shape {out.shape}) overlaps {name} (shape {arr.shape})")
+    if np.may_share_memory(out, x):
+        raise ValueError(f"out (shape {out.shape}) overlaps input (shape {x.shape})")
     return out

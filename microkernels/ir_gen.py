@@ -28,20 +28,21 @@ ARG_NAMES = ("k", "a", "lda", "b", "ldb", "c", "ldc", "nwin_used", "nf_used", "b
 FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [I64, PTR, I64, PTR, I64, PTR, I64, I64, I64, PTR, I64])
 
 
-def _scalar_type(spec):
-    return {"f32": ir.FloatType(), "f64": ir.DoubleType()}[spec.dtype]
+SCALARS = {"f32": ir.FloatType(), "f64": ir.DoubleType()}
 
 
-def _vector_intrinsics(module, vec):
-    """llvm.fma, llvm.masked.load and llvm.masked.store for ``vec`` (the masked accesses take
-    their alignment as a pointer attribute; without one they assume 1, which x86 does not mind)."""
-    suffix = f"v{vec.count}{'f32' if isinstance(vec.element, ir.FloatType) else 'f64'}"
+def _suffix(vec):
+    return f"v{vec.count}{'f32' if isinstance(vec.element, ir.FloatType) else 'f64'}"
+
+
+def masked_access(module, vec):
+    """(llvm.masked.load, llvm.masked.store) for vector type ``vec``. They take their alignment
+    as a pointer attribute; without one they assume 1, which x86 does not mind."""
     mask = ir.VectorType(ir.IntType(1), vec.count)
-    fma = declare(module, f"llvm.fma.{suffix}", ir.FunctionType(vec, [vec, vec, vec]))
-    load = declare(module, f"llvm.masked.load.{suffix}.p0", ir.FunctionType(vec, [PTR, mask, vec]))
-    store = declare(module, f"llvm.masked.store.{suffix}.p0",
-                     ir.FunctionType(ir.VoidType(), [vec, PTR, mask]))
-    return fma, load, store
+    load = declare(module, f"llvm.masked.load.{_suffix(vec)}.p0", ir.FunctionType(vec, [PTR, mask, vec]))
+    store = declare(module, f"llvm.masked.store.{_suffix(vec)}.p0",
+                    ir.FunctionType(ir.VoidType(), [vec, PTR, mask]))
+    return load, store
 
 
 def splat(bld, scalar, vec):
@@ -78,10 +79,12 @@ def define_kernel(module, spec, linkage="internal"):
 class _KernelBuilder:
     def __init__(self, module, fn, spec):
         self.spec, self.fn = spec, fn
-        self.scalar = _scalar_type(spec)
+        self.scalar = SCALARS[spec.dtype]
         self.vec = ir.VectorType(self.scalar, spec.lanes)
         self.zero = ir.Constant(self.vec, [0.0] * spec.lanes)
-        self.fma, self.masked_load, self.masked_store = _vector_intrinsics(module, self.vec)
+        self.fma = declare(module, f"llvm.fma.{_suffix(self.vec)}",
+                           ir.FunctionType(self.vec, [self.vec] * 3))
+        self.masked_load, self.masked_store = masked_access(module, self.vec)
         self.align = spec.np_dtype.itemsize
 
     def build(self):

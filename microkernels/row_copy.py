@@ -13,12 +13,11 @@ of windows moves per vector instruction; no scalar loop runs per element.
 """
 from llvmlite import ir
 
-from .ir_gen import I32, I64, PTR, declare, splat
+from .ir_gen import I32, I64, PTR, SCALARS, declare, masked_access, splat
 
 I1 = ir.IntType(1)
 ARGS = ("dst", "dst_step", "src", "src_step", "count", "stride", "j0", "j1", "lo", "hi")
 FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, PTR, I64] + [I64] * 6)
-SCALARS = {"f32": ir.FloatType(), "f64": ir.DoubleType()}
 SAMPLED_STRIDES = 4  # strides up to this use contiguous loads + shuffles; larger ones gather
 
 
@@ -48,14 +47,7 @@ class _RowCopyBuilder:
         self.scalar = SCALARS[spec.dtype]
         self.vec = ir.VectorType(self.scalar, self.lanes)
         self.zero = ir.Constant(self.vec, [0.0] * self.lanes)
-
-    def _masked(self, op, count):
-        """llvm.masked.load/.store on <count x scalar> vectors."""
-        vec, mask = ir.VectorType(self.scalar, count), ir.VectorType(I1, count)
-        name = f"llvm.masked.{op}.v{count}{self.dtype}.p0"
-        fnty = (ir.FunctionType(vec, [PTR, mask, vec]) if op == "load" else
-                ir.FunctionType(ir.VoidType(), [vec, PTR, mask]))
-        return declare(self.module, name, fnty)
+        self.load, self.store = masked_access(module, self.vec)
 
     def build(self):
         args = dict(zip(ARGS, self.fn.args))
@@ -100,7 +92,7 @@ class _RowCopyBuilder:
         for v in vectors:
             value = load_vector(bld, src, v, masks)
             ptr = bld.gep(dst, [ir.Constant(I64, v * self.lanes)], source_etype=self.scalar)
-            bld.call(self._masked("store", self.lanes), [value, ptr, store_masks[v]])
+            bld.call(self.store, [value, ptr, store_masks[v]])
         i_next = bld.add(i, ir.Constant(I64, 1))
         bld.branch(head)
         i.add_incoming(ir.Constant(I64, 0), pre)
@@ -127,7 +119,7 @@ class _RowCopyBuilder:
             for part in range(step):
                 ptr = bld.gep(src, [ir.Constant(I64, (v * step + part) * lanes)],
                               source_etype=self.scalar)
-                loaded = bld.call(self._masked("load", lanes), [ptr, masks[v, part], self.zero])
+                loaded = bld.call(self.load, [ptr, masks[v, part], self.zero])
                 if step == 1:
                     return loaded
                 # output lane j comes from this part when j*step falls in it

@@ -10,11 +10,10 @@ the row index with the same bit of the lane index; loads and stores are masked t
 """
 from llvmlite import ir
 
-from .ir_gen import BIAS, I32, I64, PTR, RELU, declare, splat
+from .ir_gen import BIAS, I32, I64, PTR, RELU, SCALARS, masked_access, splat
 
 ARGS = ("src", "lds", "dst", "ldd", "rows", "cols", "bias", "flags")
 FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, PTR, I64, I64, I64, PTR, I64])
-SCALARS = {"f32": ir.FloatType(), "f64": ir.DoubleType()}
 
 
 def define_transpose(module, spec):
@@ -26,10 +25,7 @@ def define_transpose(module, spec):
         pass
     lanes, scalar = spec.lanes, SCALARS[spec.dtype]
     vec, mask_ty = ir.VectorType(scalar, lanes), ir.VectorType(ir.IntType(1), lanes)
-    suffix = f"v{lanes}{spec.dtype}.p0"
-    load = declare(module, f"llvm.masked.load.{suffix}", ir.FunctionType(vec, [PTR, mask_ty, vec]))
-    store = declare(module, f"llvm.masked.store.{suffix}",
-                    ir.FunctionType(ir.VoidType(), [vec, PTR, mask_ty]))
+    load, store = masked_access(module, vec)
     fn = ir.Function(module, FUNCTION_TYPE, name)
     fn.linkage = "internal"
     fn.attributes.add("nounwind")

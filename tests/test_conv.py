@@ -210,6 +210,23 @@ def test_prepared_conv_reuses_packed_filters_and_plans(rng):
     assert plan.spec.input_shape == other.shape and "SlicingPlan" in plan.explain()
 
 
+def test_input_shape_at_load_packs_once_for_that_plan(rng):
+    """A 7x7 plane plans filters in vectors: given the shape at load, the filters are packed
+    for that orientation only; without it they are repacked once on first use."""
+    x = rng.standard_normal((1, 16, 7, 7)).astype(F32)
+    wt = rng.standard_normal((64, 16, 3, 3)).astype(F32)
+    known = cso.Conv2d(wt, padding=1, input_shape=x.shape)
+    plan = known.plan_for(x.shape)
+    assert plan.vector == "filters" and list(known._packed) == [plan.nf]
+    assert_conv_close(known(x), x, wt, padding=(1, 1, 1, 1))
+    assert list(known._packed) == [plan.nf]
+    later = cso.Conv2d(wt, padding=1)
+    np.testing.assert_array_equal(later(x), known(x))
+    assert len(later._packed) == 2
+    with pytest.raises(ValueError, match="channels"):
+        cso.Conv2d(wt, input_shape=(1, 3, 7, 7))
+
+
 def test_one_loop_nest_serves_many_shapes(rng):
     """Loop nests are built per kernel spec, never per shape (at most one new build here, if no
     earlier test used this kernel)."""
