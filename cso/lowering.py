@@ -11,9 +11,10 @@ import numpy as np
 from numba import njit, types
 from numba.np.numpy_support import from_dtype
 
-from microkernels import ACCUMULATE, KernelSpec
+from csa.plan import slab_width
+from microkernels import ACCUMULATE, PREFETCH, KernelSpec
 from microkernels.numba_bridge import kernel_intrinsic, row_copy_intrinsic, transpose_intrinsic
-from packing import input_packer
+from packing import input_packer, slab_filler
 
 # Layout of the int64 ``geom`` vector passed to the loop nest: the first nine entries are the
 # window geometry the input packer reads.
@@ -42,8 +43,11 @@ def geometry(plan, epilogue_flags):
 
 def scratch_elements(plan):
     """Packed input tiles held at once: K2 for WS; for IS, K3 when several filter blocks reuse
-    them, else one."""
+    them, else one. A slab holds one channel tile's padded planes and a tile's worth of tail
+    (the last tile reads a whole tile past its last window)."""
     s = plan.spec
+    if plan.slab:
+        return plan.nc * (s.p + s.dilation[0] * (s.r - 1)) * slab_width(s) + plan.nwin
     if plan.schedule == "IS":
         tiles = plan.k3 if plan.filter_tiles > plan.k2 else 1
     else:
@@ -65,7 +69,16 @@ def kernel_spec(plan, isa):
     else filters (vector) x windows (broadcast): KernelSpec's ``nwin`` is always its vector
     width and ``nf`` its broadcast count."""
     vector, broadcast = (plan.nwin, plan.nf) if plan.vector == "windows" else (plan.nf, plan.nwin)
-    return KernelSpec.for_dtype(plan.spec.dtype, broadcast, vector, isa)
+    return KernelSpec.for_dtype(plan.spec.dtype, broadcast, vector, isa, plan.slab)
+
+
+@njit(nogil=True)
+def slab_rows(rows, nc, R, S, row_step, col_step, plane):
+    """Offsets of the kernel's rows (c, r, s) on a slab: c*plane + r*row_step + s*col_step."""
+    for c in range(nc):
+        for r in range(R):
+            for s in range(S):
+                rows[(c * R + r) * S + s] = c * plane + r * row_step + s * col_step
 
 
 @lru_cache(maxsize=None)
@@ -73,12 +86,20 @@ def conv_loop_nest(kspec, filters_in_vectors):
     """The compiled ``run(x, packed_w, bias, out, geom, scratch, out_t)`` for micro-kernel
     ``kspec``. With ``filters_in_vectors`` the kernel's vector operand is the filter tile and
     its broadcast operand the input tile; it accumulates the transposed output (P*Q x K, one
-    image at a time) in ``out_t``, which a last pass turns into NCHW with bias and ReLU."""
+    image at a time) in ``out_t``, which a last pass turns into NCHW with bias and ReLU.
+
+    A slab kernel (stride 1, windows in vectors) packs no tiles: each channel tile is copied
+    once, zero-padded, into ``scratch`` as planes of Hs x Ws (the padded input), on which the
+    output rows are Ws wide (the last Ws - Q columns padding); a window tile is NWIN
+    consecutive positions on those rows, and the kernel reads its row (c, r, s) in place at
+    offset c*Hs*Ws + r*dh*Ws + s*dw."""
+    slab = kspec.slab
     ukernel = kernel_intrinsic(kspec)
     transpose_block = transpose_intrinsic(kspec)
     LANES = kspec.lanes
     NWIN, NF = (kspec.nf, kspec.nwin) if filters_in_vectors else (kspec.nwin, kspec.nf)
     pack = input_packer(row_copy_intrinsic(kspec, NWIN), NWIN)
+    fill_slab = slab_filler(row_copy_intrinsic(kspec, NWIN), NWIN)
 
     @njit(loop_nest_signature(kspec.np_dtype), nogil=True)
     def run(x, packed_w, bias, out, geom, scratch, out_t):
@@ -88,7 +109,15 @@ def conv_loop_nest(kspec, filters_in_vectors):
         epilogue, unpacked = geom[17], geom[18]
         N, C, K = x.shape[0], x.shape[1], out.shape[1]
         PQ = P * Q
-        t_in = (PQ + NWIN - 1) // NWIN
+        Ws = Q + geom[5] * (S - 1)                  # slab geometry (used by slab kernels only)
+        Hs = P + geom[4] * (R - 1)
+        windows = (P - 1) * Ws + Q if slab else PQ  # window positions the tiles cover
+        rows = np.empty(nc_max * R * S if slab else 0, np.int64)
+        if slab:
+            slab_rows(rows, nc_max, R, S, geom[4] * Ws, geom[5], Hs * Ws)
+            scratch[nc_max * Hs * Ws:] = 0          # the tail the last tile reads past its end
+        rows_addr = rows.ctypes.data
+        t_in = (windows + NWIN - 1) // NWIN
         t_w = (Kg + NF - 1) // NF
         item = x.itemsize
         x_addr, w_addr, out_addr = x.ctypes.data, packed_w.ctypes.data, out.ctypes.data
@@ -109,13 +138,15 @@ def conv_loop_nest(kspec, filters_in_vectors):
                     w_tile_bytes = Cg * R * S * NF * item   # stride between filter tiles
                     out_base = out_addr + (n * K + g * Kg) * PQ * item
                     x_base = x_addr + ((n * C + g * Cg + c0) * PQ) * item   # unpacked 1x1 only
+                    if slab:
+                        fill_slab(x, n, g * Cg + c0, nc, Hs, Ws, geom[6], geom[7], scratch_addr)
                     for outer in range(0, t_in if input_stationary else t_w,
                                        w_block if input_stationary else f_block):
                         for inner in range(0, t_w if input_stationary else t_in,
                                            f_block if input_stationary else w_block):
                             wb, fb = (outer, inner) if input_stationary else (inner, outer)
                             wend, fend = min(t_in, wb + w_block), min(t_w, fb + f_block)
-                            if not input_stationary:
+                            if not input_stationary and not slab:
                                 # WS: the K2 window tiles are packed together, then every filter
                                 # tile of the K3 block streams over them
                                 for wt in range(wb, wend):
@@ -129,25 +160,35 @@ def conv_loop_nest(kspec, filters_in_vectors):
                                 # reuse them; else one slot, still hot in L1 when used
                                 slot = wt - wb if (not input_stationary or t_w > f_block) else 0
                                 in_addr, ld_in = scratch_addr + slot * tile_bytes, NWIN
-                                if unpacked and p0 + NWIN <= PQ:
+                                # c_at: C's first window (slab: its output row, col0 on it)
+                                nwin_used, c_at, col0 = min(NWIN, windows - p0), p0, 0
+                                if slab:
+                                    in_addr = scratch_addr + p0 * item
+                                    c_at = p0 // Ws * Q
+                                    col0 = p0 % Ws
+                                elif unpacked and p0 + NWIN <= PQ:
                                     in_addr, ld_in = x_base + p0 * item, PQ
                                 elif input_stationary and inner == 0:
                                     # IS packs on the first pass over the filter blocks, right
                                     # before the tile's first use
-                                    pack(x, n, g * Cg + c0, nc, p0, min(NWIN, PQ - p0), geom, in_addr)
+                                    pack(x, n, g * Cg + c0, nc, p0, nwin_used, geom, in_addr)
                                 for ft in range(fb, fend):
                                     f0 = ft * NF
                                     w_tile = w_base + ft * w_tile_bytes
                                     if filters_in_vectors:
                                         ukernel(depth, w_tile, NF, in_addr, ld_in,
                                                 out_t_addr + (p0 * K + g * Kg + f0) * item, K,
-                                                min(NF, Kg - f0), min(NWIN, PQ - p0), bias_addr,
-                                                flags)
+                                                min(NF, Kg - f0), nwin_used, bias_addr,
+                                                flags, 0, 0, 0, 0)
                                     else:
+                                        # a slab kernel prefetches the next window tile
+                                        # when the next call starts on it
+                                        ahead = PREFETCH if slab and (ft == fend - 1 or not input_stationary) else 0
                                         ukernel(depth, in_addr, ld_in, w_tile, NF,
-                                                out_base + (f0 * PQ + p0) * item, PQ,
-                                                min(NWIN, PQ - p0), min(NF, Kg - f0),
-                                                bias_addr + (g * Kg + f0) * item, flags)
+                                                out_base + (f0 * PQ + c_at) * item, PQ,
+                                                nwin_used, min(NF, Kg - f0),
+                                                bias_addr + (g * Kg + f0) * item, flags | ahead,
+                                                rows_addr, col0, Ws, Ws - Q)
             if filters_in_vectors:
                 # out[n, k, p] = out_t[p, k] (+ bias[k], ReLU), one vector-square block at a time
                 for p0 in range(0, PQ, LANES):

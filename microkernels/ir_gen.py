@@ -13,19 +13,29 @@ them), so the caller guarantees those are readable; only the store is trimmed to
 (``nwin_used``), with masked vector accesses, so an edge tile never touches memory outside its
 output rows.
 
+A ``slab`` kernel (``spec.slab``) reads A in place from a padded input slab instead: row i at
+``a + a_rows[i]`` (element offsets, ``lda`` unused), and its windows lie on a virtual output row
+of ``width`` columns of which the last ``gap`` are padding: window j sits at virtual column
+``col0 + j`` (``col0 < width``, ``col0 + nwin <= 2*width``, so a tile spans at most two rows).
+Padding columns are never stored: C is the real row-major output plane (rows of ``width - gap``
+columns), ``c`` the start of window 0's output row, window j stored at ``c + col0 + j`` in the
+first row and ``gap`` elements earlier in the second. Other kernels ignore ``a_rows``, ``col0``, ``width``, ``gap``.
+
 ``flags``: ACCUMULATE adds to C (later channel tiles) instead of overwriting it, BIAS adds
 ``bias[f]`` (``bias`` is read only when this flag is set), RELU clamps at zero (NaN passes).
 One generator serves every dtype and ISA: only the vector width and tile shape change.
 """
 from llvmlite import ir
 
-ACCUMULATE, BIAS, RELU = 1, 2, 4
+ACCUMULATE, BIAS, RELU, PREFETCH = 1, 2, 4, 8
 UNROLL = 4  # k-loop unroll; a power of two
 
 I32, I64 = ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
-ARG_NAMES = ("k", "a", "lda", "b", "ldb", "c", "ldc", "nwin_used", "nf_used", "bias", "flags")
-FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [I64, PTR, I64, PTR, I64, PTR, I64, I64, I64, PTR, I64])
+ARG_NAMES = ("k", "a", "lda", "b", "ldb", "c", "ldc", "nwin_used", "nf_used", "bias", "flags",
+             "a_rows", "col0", "width", "gap")
+FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [I64, PTR, I64, PTR, I64, PTR, I64, I64, I64, PTR, I64,
+                                                PTR, I64, I64, I64])
 
 
 SCALARS = {"f32": ir.FloatType(), "f64": ir.DoubleType()}
@@ -85,11 +95,13 @@ class _KernelBuilder:
         self.fma = declare(module, f"llvm.fma.{_suffix(self.vec)}",
                            ir.FunctionType(self.vec, [self.vec] * 3))
         self.masked_load, self.masked_store = masked_access(module, self.vec)
+        self.prefetch = declare(module, "llvm.prefetch.p0",
+                                ir.FunctionType(ir.VoidType(), [PTR, I32, I32, I32]))
         self.align = spec.np_dtype.itemsize
 
     def build(self):
         spec, fn = self.spec, self.fn
-        k, a, lda, b, ldb, c, ldc, nwin_used, nf_used, bias, flags = fn.args
+        k, a, lda, b, ldb, c, ldc, nwin_used, nf_used, bias, flags = fn.args[:11]
         entry = fn.append_basic_block("entry")
         main_head, main_body = fn.append_basic_block("main_head"), fn.append_basic_block("main_body")
         rem_head, rem_body = fn.append_basic_block("rem_head"), fn.append_basic_block("rem_body")
@@ -133,13 +145,18 @@ class _KernelBuilder:
             phi.add_incoming(init, main_head)
             phi.add_incoming(upd, rem_body)
 
-        self._epilogue(epilogue, raccs, c, ldc, nwin_used, nf_used, bias, flags, zero_slot)
+        self._epilogue(epilogue, raccs, zero_slot)
 
     def _step(self, bld, row, accs):
         """One rank-1 update: accs[f][v] += A[row][v-th vector] * B[row][f]."""
         spec = self.spec
         k, a, lda, b, ldb = self.fn.args[:5]
-        a_row = bld.mul(row, lda)
+        if spec.slab:
+            a_rows = self.fn.args[11]
+            a_row = bld.load(bld.gep(a_rows, [row], inbounds=True, source_etype=I64), typ=I64, align=8)
+            self._prefetch_next_tile(bld, a, a_row)
+        else:
+            a_row = bld.mul(row, lda)
         b_row = bld.mul(row, ldb)
         a_vecs = []
         for v in range(spec.vectors):
@@ -155,23 +172,38 @@ class _KernelBuilder:
                 out.append(bld.call(self.fma, [a_vecs[v], bvec, accs[f * spec.vectors + v]]))
         return out
 
-    def _epilogue(self, block, accs, c, ldc, nwin_used, nf_used, bias, flags, zero_slot):
-        """Store the used rows; four variants: full or partial (masked) windows x overwrite or
-        accumulate. Bias and ReLU are cheap selects on the flags."""
+    def _prefetch_next_tile(self, bld, a, a_row):
+        """With PREFETCH, touch this row of the next window tile (``nwin`` further on the
+        slab) so that the next call finds it in L1: its first, middle and last values, which
+        cover its cache lines. Without, the prefetches fall on this tile's row (a no-op)."""
+        spec, flags = self.spec, self.fn.args[10]
+        on = bld.icmp_unsigned("!=", bld.and_(flags, ir.Constant(I64, PREFETCH)), ir.Constant(I64, 0))
+        ahead = bld.add(a_row, bld.select(on, ir.Constant(I64, spec.nwin), ir.Constant(I64, 0)))
+        for offset in sorted({0, spec.lanes, spec.nwin - 1}):
+            ptr = bld.gep(a, [bld.add(ahead, ir.Constant(I64, offset))], source_etype=self.scalar)
+            bld.call(self.prefetch, [ptr, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+
+    def _epilogue(self, block, accs, zero_slot):
+        """Store the used rows; four variants: whole tile or partial (masked) x overwrite or
+        accumulate. The whole-tile path has every window used (and, for a slab kernel, in the
+        first virtual row's real columns). Bias and ReLU are cheap selects on the flags."""
         spec, fn = self.spec, self.fn
+        c, ldc, nwin_used, nf_used, bias, flags = fn.args[5:11]
         bld = ir.IRBuilder(block)
         flag_on = [bld.icmp_unsigned("!=", bld.and_(flags, ir.Constant(I64, bit)), ir.Constant(I64, 0))
                    for bit in (ACCUMULATE, BIAS, RELU)]
         accumulate, bias_on, relu_on = flag_on
-        lanes = spec.lanes
-        iota = ir.Constant(ir.VectorType(I32, lanes), list(range(lanes)))
-        nwin32 = bld.trunc(nwin_used, I32)
-        masks = [bld.icmp_signed("<", iota, splat(bld, bld.sub(nwin32, ir.Constant(I32, v * lanes)), ir.VectorType(I32, lanes)))
-                 for v in range(spec.vectors)]
+        whole = bld.icmp_unsigned("==", nwin_used, ir.Constant(I64, spec.nwin))
+        segments, full = self._segments(bld), [(None, None)]
+        if spec.slab:
+            col0, width, gap = fn.args[12:15]
+            row_end = bld.sub(width, gap)
+            whole = bld.and_(whole, bld.icmp_signed("<=", bld.add(col0, ir.Constant(I64, spec.nwin)), row_end))
+            full = [(col0, None)]
         done = fn.append_basic_block("done")
         full_blk, part_blk = fn.append_basic_block("store_full"), fn.append_basic_block("store_part")
-        bld.cbranch(bld.icmp_unsigned("==", nwin_used, ir.Constant(I64, spec.nwin)), full_blk, part_blk)
-        for masked, blk in ((False, full_blk), (True, part_blk)):
+        bld.cbranch(whole, full_blk, part_blk)
+        for segs, blk in ((full, full_blk), (segments, part_blk)):
             bld.position_at_end(blk)
             over, add = fn.append_basic_block(), fn.append_basic_block()
             bld.cbranch(accumulate, add, over)
@@ -182,28 +214,57 @@ class _KernelBuilder:
                         row_blk = fn.append_basic_block()
                         bld.cbranch(bld.icmp_unsigned("<", ir.Constant(I64, f), nf_used), row_blk, done)
                         bld.position_at_end(row_blk)
-                    self._store_row(bld, f, accs, c, ldc, masks if masked else None, acc_mode,
-                                    bias, bias_on, relu_on, zero_slot)
+                    self._store_row(bld, f, accs, segs, acc_mode, bias_on, relu_on, zero_slot)
                 bld.branch(done)
         bld.position_at_end(done)
         bld.ret_void()
 
-    def _store_row(self, bld, f, accs, c, ldc, masks, accumulate, bias, bias_on, relu_on, zero_slot):
+    def _segments(self, bld):
+        """[(element shift, lane masks per vector)] of a partial tile: windows < nwin_used; for
+        a slab kernel split into the first virtual row's real columns (shift col0) and the
+        second row's (shift col0 - gap)."""
+        spec, args = self.spec, self.fn.args
+        nwin_used, col0, width, gap = args[7], args[12], args[13], args[14]
+        lanes = spec.lanes
+        ivec = ir.VectorType(I64, lanes)
+        lane_ids = [ir.Constant(ivec, list(range(v * lanes, (v + 1) * lanes))) for v in range(spec.vectors)]
+        used = [bld.icmp_signed("<", ids, splat(bld, nwin_used, ivec)) for ids in lane_ids]
+        if not spec.slab:
+            return [(None, used)]
+        row_end = bld.sub(width, gap)
+        first, second = [], []
+        for ids, ok in zip(lane_ids, used):
+            col = bld.add(ids, splat(bld, col0, ivec))            # virtual column, first row
+            first.append(bld.and_(ok, bld.icmp_signed("<", col, splat(bld, row_end, ivec))))
+            col = bld.sub(col, splat(bld, width, ivec))            # virtual column, second row
+            second.append(bld.and_(ok, bld.and_(bld.icmp_signed(">=", col, ir.Constant(ivec, [0] * lanes)),
+                                                 bld.icmp_signed("<", col, splat(bld, row_end, ivec)))))
+        return [(col0, first), (bld.sub(col0, gap), second)]
+
+    def _store_row(self, bld, f, accs, segments, accumulate, bias_on, relu_on, zero_slot):
+        """Row f of C: for each vector, (load-add,) bias, ReLU, store; a segment (shift,
+        masks) stores the lanes its masks select ``shift`` elements off (None: unmasked)."""
         spec = self.spec
+        c, ldc, bias = self.fn.args[5], self.fn.args[6], self.fn.args[9]
         bias_ptr = bld.select(bias_on, bld.gep(bias, [ir.Constant(I64, f)], source_etype=self.scalar),
                               zero_slot)
         bvec = splat(bld, bld.load(bias_ptr, typ=self.scalar, align=self.align), self.vec)
         row = bld.mul(ir.Constant(I64, f), ldc)
         for v in range(spec.vectors):
-            ptr = bld.gep(c, [bld.add(row, ir.Constant(I64, v * spec.lanes))], source_etype=self.scalar)
+            at = bld.add(row, ir.Constant(I64, v * spec.lanes))
+            ptrs = [bld.gep(c, [at if shift is None else bld.add(at, shift)], source_etype=self.scalar)
+                    for shift, _ in segments]
             val = accs[f * spec.vectors + v]
             if accumulate:
-                prev = (bld.load(ptr, typ=self.vec, align=self.align) if masks is None else
-                        bld.call(self.masked_load, [ptr, masks[v], self.zero]))
+                prev = self.zero
+                for ptr, (_, masks) in zip(ptrs, segments):
+                    prev = (bld.load(ptr, typ=self.vec, align=self.align) if masks is None else
+                            bld.call(self.masked_load, [ptr, masks[v], prev]))
                 val = bld.fadd(val, prev)
             val = bld.select(bias_on, bld.fadd(val, bvec), val)
             val = bld.select(relu_on, bld.select(bld.fcmp_ordered("<", val, self.zero), self.zero, val), val)
-            if masks is None:
-                bld.store(val, ptr, align=self.align)
-            else:
-                bld.call(self.masked_store, [val, ptr, masks[v]])
+            for ptr, (_, masks) in zip(ptrs, segments):
+                if masks is None:
+                    bld.store(val, ptr, align=self.align)
+                else:
+                    bld.call(self.masked_store, [val, ptr, masks[v]])

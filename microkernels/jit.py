@@ -12,6 +12,7 @@ import numpy as np
 from llvmlite import ir
 
 from .ir_gen import BIAS, define_kernel
+from .reference import stored_windows
 from .isa import host_features
 
 
@@ -31,8 +32,8 @@ def optimize(module_ref, target_machine):
 
 class CompiledKernel:
     """A kernel compiled for the host: ``.ir`` (optimised LLVM IR), ``.asm`` and a ctypes
-    ``function(k, a, lda, b, ldb, c, ldc, nwin_used, nf_used, bias, flags)`` taking raw
-    addresses."""
+    ``function(k, a, lda, b, ldb, c, ldc, nwin_used, nf_used, bias, flags, a_rows, col0, width,
+    gap)`` taking raw addresses."""
 
     def __init__(self, spec):
         self.spec = spec
@@ -50,24 +51,40 @@ class CompiledKernel:
         self._engine.finalize_object()
         address = self._engine.get_function_address(spec.name)
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        args = [i64, ptr, i64, ptr, i64, ptr, i64, i64, i64, ptr, i64]
+        args = [i64, ptr, i64, ptr, i64, ptr, i64, i64, i64, ptr, i64, ptr, i64, i64, i64]
         self.function = ctypes.CFUNCTYPE(None, *args)(address)
 
-    def __call__(self, k, a, b, c, ldc, nwin_used, nf_used, bias=None, flags=0, lda=None, ldb=None):
+    def __call__(self, k, a, b, c, ldc, nwin_used, nf_used, bias=None, flags=0, lda=None, ldb=None,
+                 a_rows=None, col0=0, width=None, gap=0):
         """Run on NumPy arrays, after checking every size and stride against the contract so
         that no call from Python can touch memory outside the arrays; ``lda`` and ``ldb``
-        default to packed tiles' ``nwin`` and ``nf``."""
+        default to packed tiles' ``nwin`` and ``nf``. A slab kernel takes ``a_rows`` (int64
+        element offsets of A's rows) and its virtual row (``col0``, ``width``, ``gap``)."""
         spec = self.spec
         lda = spec.nwin if lda is None else lda
         ldb = spec.nf if ldb is None else ldb
         if not (k >= 1 and lda >= spec.nwin and ldb >= spec.nf and 1 <= nf_used <= spec.nf and
-                1 <= nwin_used <= spec.nwin and ldc >= nwin_used):
+                1 <= nwin_used <= spec.nwin):
             raise ValueError(f"need k >= 1, lda >= {spec.nwin}, ldb >= {spec.nf}, 1 <= nf_used <= "
-                             f"{spec.nf}, 1 <= nwin_used <= {spec.nwin}, ldc >= nwin_used; got "
-                             f"k={k}, lda={lda}, ldb={ldb}, nf_used={nf_used}, "
-                             f"nwin_used={nwin_used}, ldc={ldc}")
-        needs = [("a", a, (k - 1) * lda + spec.nwin), ("b", b, (k - 1) * ldb + spec.nf),
-                 ("c", c, (nf_used - 1) * ldc + nwin_used)]
+                             f"{spec.nf}, 1 <= nwin_used <= {spec.nwin}; got k={k}, lda={lda}, "
+                             f"ldb={ldb}, nf_used={nf_used}, nwin_used={nwin_used}")
+        a_need, rows_addr = (k - 1) * lda + spec.nwin, 0
+        if spec.slab:
+            if not (width is not None and 0 <= gap < width and 0 <= col0 < width
+                    and col0 + spec.nwin <= 2 * width):
+                raise ValueError(f"need 0 <= gap < width, 0 <= col0 < width, col0 + {spec.nwin} "
+                                 f"<= 2*width; got col0={col0}, width={width}, gap={gap}")
+            if (not isinstance(a_rows, np.ndarray) or a_rows.dtype != np.int64
+                    or not a_rows.flags.c_contiguous or a_rows.size < k or a_rows[:k].min() < 0):
+                raise ValueError(f"a_rows must be a C-contiguous int64 array of at least k={k} "
+                                 "non-negative offsets")
+            a_need, rows_addr = int(a_rows[:k].max()) + spec.nwin, a_rows.ctypes.data
+        _, offsets = stored_windows(nwin_used, col0, width if spec.slab else None, gap)
+        if offsets.size and ldc < offsets.max() + 1:
+            raise ValueError(f"need ldc >= the {offsets.max() + 1} columns a C row is stored on, "
+                             f"got ldc={ldc}")
+        c_need = (nf_used - 1) * ldc + (offsets.max() + 1 if offsets.size else 0)
+        needs = [("a", a, a_need), ("b", b, (k - 1) * ldb + spec.nf), ("c", c, c_need)]
         if flags & BIAS:
             needs.append(("bias", bias, nf_used))
         for name, arr, need in needs:
@@ -80,7 +97,7 @@ class CompiledKernel:
             raise ValueError("c must be writeable")
         bias_addr = bias.ctypes.data if flags & BIAS else 0
         self.function(k, a.ctypes.data, lda, b.ctypes.data, ldb, c.ctypes.data, ldc, nwin_used,
-                      nf_used, bias_addr, flags)
+                      nf_used, bias_addr, flags, rows_addr, col0, width or 0, gap)
 
 
 @lru_cache(maxsize=64)

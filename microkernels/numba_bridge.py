@@ -31,11 +31,14 @@ def _signature_and_codegen(arg_types, define, function_type):
 
 @lru_cache(maxsize=None)
 def kernel_intrinsic(spec):
-    """``ukernel(k, a, lda, b, ldb, c, ldc, nwin_used, nf_used, bias, flags)``: the micro-kernel."""
+    """``ukernel(k, a, lda, b, ldb, c, ldc, nwin_used, nf_used, bias, flags, a_rows, col0, width,
+    gap)``: the micro-kernel (the last four matter to slab kernels only)."""
 
     @intrinsic
-    def ukernel(typingctx, k, a, lda, b, ldb, c, ldc, nwin_used, nf_used, bias, flags):
-        return _signature_and_codegen((k, a, lda, b, ldb, c, ldc, nwin_used, nf_used, bias, flags),
+    def ukernel(typingctx, k, a, lda, b, ldb, c, ldc, nwin_used, nf_used, bias, flags, a_rows, col0,
+                width, gap):
+        return _signature_and_codegen((k, a, lda, b, ldb, c, ldc, nwin_used, nf_used, bias, flags,
+                                       a_rows, col0, width, gap),
                                       lambda module: ir_gen.define_kernel(module, spec),
                                       ir_gen.FUNCTION_TYPE)
 

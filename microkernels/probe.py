@@ -97,7 +97,7 @@ def _kernel_loop(spec):
             shift = (i & 3) * SHIFT
             offset = shift * a.itemsize
             ukernel(UKERNEL_K, a.ctypes.data + offset, nwin, b.ctypes.data + offset, nf,
-                    c.ctypes.data, nwin, nwin, nf, bias.ctypes.data, ACCUMULATE)
+                    c.ctypes.data, nwin, nwin, nf, bias.ctypes.data, ACCUMULATE, 0, 0, 0, 0)
 
     return loop
 

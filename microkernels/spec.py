@@ -7,17 +7,20 @@ import numpy as np
 from .isa import get_isa
 
 DTYPES = {"f32": np.dtype(np.float32), "f64": np.dtype(np.float64)}
-_NAME = re.compile(r"^(f32|f64)_conv_ukernel_(\d+)x(\d+)__(\w+)$")
+_NAME = re.compile(r"^(f32|f64)_conv_ukernel_(\d+)x(\d+)(_slab)?__(\w+)$")
 
 
 @dataclass(frozen=True)
 class KernelSpec:
     """An ``nf`` x ``nwin`` outer-product tile: ``nf`` filters (broadcast) by ``nwin`` windows
-    (the vector dimension) for one dtype and ISA."""
+    (the vector dimension) for one dtype and ISA. A ``slab`` kernel reads its vector operand in
+    place from a padded input slab (rows by an offset table, windows on a virtual row width
+    whose padding columns it never stores; see ``ir_gen``)."""
     dtype: str   # "f32" or "f64"
     nf: int
     nwin: int
     isa: str
+    slab: bool = False
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -42,7 +45,8 @@ class KernelSpec:
 
     @property
     def name(self):
-        return f"{self.dtype}_conv_ukernel_{self.nf}x{self.nwin}__{self.isa}"
+        slab = "_slab" if self.slab else ""
+        return f"{self.dtype}_conv_ukernel_{self.nf}x{self.nwin}{slab}__{self.isa}"
 
     def __str__(self):
         return self.name
@@ -53,12 +57,12 @@ class KernelSpec:
         if not m:
             raise ValueError(f"not a kernel name: {name!r} "
                              "(expected e.g. 'f32_conv_ukernel_8x32__avx512')")
-        dtype, nf, nwin, isa = m.groups()
-        return cls(dtype, int(nf), int(nwin), isa)
+        dtype, nf, nwin, slab, isa = m.groups()
+        return cls(dtype, int(nf), int(nwin), isa, bool(slab))
 
     @classmethod
-    def for_dtype(cls, dtype, nf, nwin, isa):
+    def for_dtype(cls, dtype, nf, nwin, isa, slab=False):
         for short, dt in DTYPES.items():
             if dt == np.dtype(dtype):
-                return cls(short, nf, nwin, isa)
+                return cls(short, nf, nwin, isa, slab)
         raise TypeError(f"no micro-kernel for dtype {np.dtype(dtype)}; supported: float32, float64")

@@ -58,3 +58,29 @@ def input_packer(copy_rows, nwin):
             j = j1
 
     return pack_input_tile
+
+
+@lru_cache(maxsize=None)
+def slab_filler(copy_rows, nwin):
+    """The compiled ``fill_slab(x, n, c_first, nc, Hs, Ws, pt, pl, dst_addr)``: channels
+    c_first .. c_first+nc-1 of image ``n`` of the 4-D C-contiguous input ``x`` written at
+    ``dst_addr`` as zero-padded Hs x Ws planes, the input at row pt, column pl of each (the
+    padded input a slab micro-kernel reads in place; each input value is read once). Moves
+    ``nwin``-wide runs of a slab row for all nc channels per ``copy_rows`` call."""
+
+    @njit(nogil=True)
+    def fill_slab(x, n, c_first, nc, Hs, Ws, pt, pl, dst_addr):
+        C, H, W = x.shape[1], x.shape[2], x.shape[3]
+        item = x.itemsize
+        src_plane = x.ctypes.data + (n * C + c_first) * H * W * item
+        for i in range(Hs):
+            ih = i - pt
+            inside = 0 <= ih < H
+            for j0 in range(0, Ws, nwin):
+                lo = max(0, pl - j0) if inside else 0       # lanes on input columns
+                hi = max(lo, min(nwin, pl + W - j0)) if inside else 0
+                copy_rows(dst_addr + (i * Ws + j0) * item, Hs * Ws * item,
+                          src_plane + (ih * W + j0 - pl) * item, H * W * item, nc,
+                          1, 0, min(nwin, Ws - j0), lo, hi)
+
+    return fill_slab

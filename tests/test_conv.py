@@ -90,6 +90,39 @@ def test_both_schedules_identical_over_tilings(rng, name, overrides):
     assert_conv_close(results["IS"], x, wt, b, **geometry)
 
 
+# stride 1 with slab rows (Q + dilation*(S-1)) at least a 32-window tile wide
+SLAB_CASES = {
+    "slab_pad1": (2, 5, 9, 37, 11, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    "slab_narrowest": (1, 3, 5, 30, 9, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),     # rows of 32
+    "slab_asym_dilated": (1, 4, 7, 40, 9, 3, 5, (1, 1), (0, 2, 3, 1), (1, 2), 1),
+    "slab_grouped_valid": (1, 6, 6, 34, 8, 2, 3, (1, 1), (0, 0, 0, 0), (1, 1), 2),
+    "slab_1x1_padded": (1, 7, 4, 33, 10, 1, 1, (1, 1), (1, 0, 2, 0), (1, 1), 1),
+}
+
+
+@pytest.mark.parametrize("overrides", [{}, dict(nc=2), dict(nc=3, k2=1, k3=2), dict(microtile_shape=(16, 3))])
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("name", sorted(SLAB_CASES))
+def test_slab_and_packed_tiles_identical(rng, name, dtype, overrides):
+    """Reading the input in place from a padded slab (windows on virtual rows, tiles straddling
+    rows and starting in padding columns) gives bit for bit the packed tiles' result, in both
+    schedules, with bias and ReLU, and matches the reference."""
+    x, wt, b, geometry = make(rng, SLAB_CASES[name], dtype)
+    t, bo, left, right = geometry["padding"]
+    results = []
+    for slab in (False, True):
+        for schedule in ("IS", "WS"):
+            conv = cso.Conv2d(wt, b, geometry["stride"], ((t, bo), (left, right)), geometry["dilation"],
+                              geometry["groups"], activation="relu",
+                              plan_overrides=dict(overrides, slab=slab, schedule=schedule))
+            assert conv.plan_for(x.shape).slab == slab
+            assert conv.kernel_for(x.shape).slab == slab
+            results.append(conv(x))
+    for other in results[1:]:
+        np.testing.assert_array_equal(results[0], other)
+    assert_conv_close(results[0], x, wt, b, relu=True, **geometry)
+
+
 @pytest.mark.parametrize("vector", ["windows", "filters"])
 def test_odd_window_and_filter_counts_cover_every_edge(rng, vector):
     """Output planes of 1..2*Nwin+1 positions and 1..2*Nf+1 filters: every edge tile shape, in

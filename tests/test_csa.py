@@ -113,6 +113,24 @@ def test_overrides_are_applied_and_reported():
         csa.analyze(LAYER, SMALL, nc=0)
 
 
+def test_slab_where_it_applies_and_pays():
+    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32)
+    few_filters = csa.analyze(ConvSpec.parse("n1c64h56w56k64r3s3p1u1"), zen)       # 8 filter tiles
+    assert few_filters.slab and "slab" in few_filters.explain()
+    assert not csa.analyze(ConvSpec.parse("n1c256h56w56k256r3s3p1u1"), zen).slab  # 32 filter tiles
+    for name in ("n1c64h56w56k64r3s3p1u2",      # stride 2
+                 "n1c64h28w28k64r3s3p1u1",      # slab rows of 30 < 32 windows
+                 "n1c64h56w56k64r1s1p0u1"):     # unpadded 1x1 reads its input unpacked
+        spec = ConvSpec.parse(name)
+        assert not csa.analyze(spec, zen).slab
+        with pytest.raises(ValueError, match="slab override"):
+            csa.analyze(spec, zen, slab=True)
+    forced = csa.analyze(ConvSpec.parse("n1c256h56w56k256r3s3p1u1"), zen, slab=True)
+    assert forced.slab and "forced: slab" in forced.explain()
+    with pytest.raises(TypeError, match="slab"):
+        csa.analyze(LAYER, zen, slab=1)
+
+
 def test_conv_spec_output_size_and_flops():
     spec = ConvSpec(2, 6, 10, 13, 4, 3, 2, stride=(2, 3), padding=(0, 1, 2, 0), dilation=(2, 1), groups=2)
     assert (spec.p, spec.q) == ((10 + 1 - 4 - 1) // 2 + 1, (13 + 2 - 1 - 1) // 3 + 1)

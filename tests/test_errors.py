@@ -134,7 +134,8 @@ def test_padding_strings_are_exact():
 
 def test_plan_overrides_and_isa_are_checked():
     for bad, exc in (({"microtile_shape": (16.0, 8)}, TypeError), ({"microtile_shape": (32,)}, ValueError),
-                     ({"nc": True}, TypeError), ({"k2": 0}, ValueError), ({"schedule": "is"}, ValueError)):
+                     ({"nc": True}, TypeError), ({"k2": 0}, ValueError), ({"schedule": "is"}, ValueError),
+                     ({"slab": "yes"}, TypeError)):
         with pytest.raises(exc, match="plan_overrides"):
             cso.Conv2d(W, plan_overrides=bad)
     conv = cso.Conv2d(W, plan_overrides={"nc": np.int64(2), "microtile_shape": [32, 8]})

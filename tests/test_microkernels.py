@@ -84,6 +84,46 @@ def test_operand_row_strides(spec, rng):
         check(spec, *run_both(spec, rng, k, spec.nwin - 1, spec.nf, 0, spec.nwin, None, ldb), k)
 
 
+def run_slab(spec, rng, k, nwin_used, nf_used, flags, col0, width, gap):
+    """A slab kernel on A rows at scattered offsets, C rows of width - gap real columns (plus
+    slack) between sentinels."""
+    dt = spec.np_dtype
+    a_rows = np.sort(rng.choice(3 * k + spec.nwin, size=k, replace=False)).astype(np.int64)
+    rng.shuffle(a_rows)
+    a = rng.standard_normal(int(a_rows.max()) + spec.nwin).astype(dt)   # no slack after the last row
+    b = rng.standard_normal(k * spec.nf).astype(dt)
+    bias = rng.standard_normal(nf_used).astype(dt)
+    _, offsets = mk.reference.stored_windows(nwin_used, col0, width, gap)
+    ldc, guard = 2 * width + 5, 7
+    c = np.full(guard + nf_used * ldc + guard, SENTINEL, dtype=dt)
+    inside = np.zeros(c.shape, bool)
+    for f in range(nf_used):
+        inside[guard + f * ldc + offsets] = True
+    c[inside] = rng.standard_normal(inside.sum())
+    expected, actual = c.copy(), c.copy()
+    args = (k, a, b, None, ldc, nwin_used, nf_used, bias, flags)
+    slab = dict(a_rows=a_rows, col0=col0, width=width, gap=gap)
+    mk.reference_kernel(spec, *args[:3], expected[guard:], *args[4:], **slab)
+    mk.compile(spec)(*args[:3], actual[guard:], *args[4:], **slab)
+    return actual, expected, inside
+
+
+@pytest.mark.parametrize("spec", [mk.KernelSpec(s.dtype, s.nf, s.nwin, s.isa, slab=True) for s in SPECS],
+                         ids=str)
+def test_slab_kernel_virtual_rows(spec, rng):
+    """Every first column of a tile on virtual rows as narrow as the tile, with no padding, one
+    column or all but one: windows in padding columns are never stored, the second row's land
+    right after the first row's real columns."""
+    for width in (spec.nwin, spec.nwin + 3):
+        for gap in sorted({0, 1, 2, width - 1}):
+            for col0 in range(width):
+                k = DEPTHS[col0 % len(DEPTHS)]
+                nwin_used = max(1, spec.nwin - (col0 % 3) * (col0 % 5))
+                nf_used = spec.nf - col0 % spec.nf
+                flags = FLAG_SETS[(col0 + gap) % len(FLAG_SETS)]
+                check(spec, *run_slab(spec, rng, k, nwin_used, nf_used, flags, col0, width, gap), k)
+
+
 def test_relu_keeps_nan_and_clamps_negatives():
     spec = SPECS[0]
     k = 1
@@ -118,7 +158,7 @@ def test_python_wrapper_refuses_what_would_touch_foreign_memory():
 
 
 def test_kernel_spec_name_round_trip():
-    for spec in SPECS + [mk.KernelSpec("f64", 3, 8, "avx512")]:
+    for spec in SPECS + [mk.KernelSpec("f64", 3, 8, "avx512"), mk.KernelSpec("f32", 8, 32, "avx2", True)]:
         assert mk.KernelSpec.parse(spec.name) == spec
         assert str(spec) == spec.name
     assert mk.KernelSpec.parse("f32_conv_ukernel_14x32__avx512") == mk.KernelSpec("f32", 14, 32, "avx512")
