@@ -12,7 +12,7 @@ from numba import njit, types
 from numba.np.numpy_support import from_dtype
 
 from csa.plan import slab_width
-from microkernels import ACCUMULATE, PREFETCH, KernelSpec
+from microkernels import ACCUMULATE, KernelSpec
 from microkernels.numba_bridge import kernel_intrinsic, row_copy_intrinsic, transpose_intrinsic
 from packing import input_packer, slab_filler
 
@@ -181,13 +181,10 @@ def conv_loop_nest(kspec, filters_in_vectors):
                                                 min(NF, Kg - f0), nwin_used, bias_addr,
                                                 flags, 0, 0, 0, 0)
                                     else:
-                                        # a slab kernel prefetches the next window tile
-                                        # when the next call starts on it
-                                        ahead = PREFETCH if slab and (ft == fend - 1 or not input_stationary) else 0
                                         ukernel(depth, in_addr, ld_in, w_tile, NF,
                                                 out_base + (f0 * PQ + c_at) * item, PQ,
                                                 nwin_used, min(NF, Kg - f0),
-                                                bias_addr + (g * Kg + f0) * item, flags | ahead,
+                                                bias_addr + (g * Kg + f0) * item, flags,
                                                 rows_addr, col0, Ws, Ws - Q)
             if filters_in_vectors:
                 # out[n, k, p] = out_t[p, k] (+ bias[k], ReLU), one vector-square block at a time

@@ -27,7 +27,7 @@ One generator serves every dtype and ISA: only the vector width and tile shape c
 """
 from llvmlite import ir
 
-ACCUMULATE, BIAS, RELU, PREFETCH = 1, 2, 4, 8
+ACCUMULATE, BIAS, RELU = 1, 2, 4
 UNROLL = 4  # k-loop unroll; a power of two
 
 I32, I64 = ir.IntType(32), ir.IntType(64)
@@ -95,8 +95,6 @@ class _KernelBuilder:
         self.fma = declare(module, f"llvm.fma.{_suffix(self.vec)}",
                            ir.FunctionType(self.vec, [self.vec] * 3))
         self.masked_load, self.masked_store = masked_access(module, self.vec)
-        self.prefetch = declare(module, "llvm.prefetch.p0",
-                                ir.FunctionType(ir.VoidType(), [PTR, I32, I32, I32]))
         self.align = spec.np_dtype.itemsize
 
     def build(self):
@@ -154,7 +152,6 @@ class _KernelBuilder:
         if spec.slab:
             a_rows = self.fn.args[11]
             a_row = bld.load(bld.gep(a_rows, [row], inbounds=True, source_etype=I64), typ=I64, align=8)
-            self._prefetch_next_tile(bld, a, a_row)
         else:
             a_row = bld.mul(row, lda)
         b_row = bld.mul(row, ldb)
@@ -171,17 +168,6 @@ class _KernelBuilder:
             for v in range(spec.vectors):
                 out.append(bld.call(self.fma, [a_vecs[v], bvec, accs[f * spec.vectors + v]]))
         return out
-
-    def _prefetch_next_tile(self, bld, a, a_row):
-        """With PREFETCH, touch this row of the next window tile (``nwin`` further on the
-        slab) so that the next call finds it in L1: its first, middle and last values, which
-        cover its cache lines. Without, the prefetches fall on this tile's row (a no-op)."""
-        spec, flags = self.spec, self.fn.args[10]
-        on = bld.icmp_unsigned("!=", bld.and_(flags, ir.Constant(I64, PREFETCH)), ir.Constant(I64, 0))
-        ahead = bld.add(a_row, bld.select(on, ir.Constant(I64, spec.nwin), ir.Constant(I64, 0)))
-        for offset in sorted({0, spec.lanes, spec.nwin - 1}):
-            ptr = bld.gep(a, [bld.add(ahead, ir.Constant(I64, offset))], source_etype=self.scalar)
-            bld.call(self.prefetch, [ptr, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
 
     def _epilogue(self, block, accs, zero_slot):
         """Store the used rows; four variants: whole tile or partial (masked) x overwrite or
