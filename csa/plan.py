@@ -109,9 +109,9 @@ class SlicingPlan:
                          f"{CACHE_FILL}*L2), K3 = {self.k3} filter tiles in L3 (K3*|W| + K2*|IN| + "
                          f"K2*K3*|OUT| <= {CACHE_FILL}*L3){_forced(self, 'k2', 'k3')}")
         if self.slab:
-            lines.append(f"  input: a padded slab per channel tile, read in place (stride 1, "
-                         f"{self.filter_tiles} <= {SLAB_MAX_FILTER_TILES} filter tiles per packed "
-                         f"tile){_forced(self, 'slab')}")
+            lines.append(f"  input: a padded slab of {s.stride[0] * s.stride[1]} phase plane(s) per "
+                         f"channel, read in place ({self.filter_tiles} <= {SLAB_MAX_FILTER_TILES} "
+                         f"filter tiles per packed tile){_forced(self, 'slab')}")
         else:
             lines.append(f"  input: packed tiles (R*S shifted copies per channel){_forced(self, 'slab')}")
         lines.append("  cost model (cache-line loads x latency, cycles):")
@@ -258,31 +258,50 @@ def _positive_int(name, v):
     return int(v)
 
 
-def slab_width(spec):
-    """Columns of a stride-1 convolution's padded input rows: its output rows on the slab, of
-    which the last dilation*(S-1) are padding."""
-    return spec.q + spec.dilation[1] * (spec.s - 1)
+def slab_shape(spec):
+    """(Hs, Ws) of a slab's phase planes. A slab holds each channel's zero-padded input split
+    into stride_h*stride_w phase planes (plane (a, b) = padded rows a, a+sh, ..., columns b,
+    b+sw, ...), so that tap (r, s) of every window is the window's own position on plane
+    (r*dh % sh, s*dw % sw), shifted by (r*dh // sh, s*dw // sw): a stride-1 read for any stride.
+    Its output rows are Ws wide, of which the last dw*(S-1) // sw are padding."""
+    (sh, sw), (dh, dw) = spec.stride, spec.dilation
+    return spec.p + dh * (spec.r - 1) // sh, spec.q + dw * (spec.s - 1) // sw
 
 
 def slab_fits(spec, nwin, vector):
-    """A slab applies to stride 1 with windows in vectors and slab rows at least a tile wide
-    (so a tile spans at most two rows); an unpadded 1x1 reads its input unpacked already."""
-    pointwise = (spec.r, spec.s, spec.padding) == (1, 1, (0, 0, 0, 0))
-    return (spec.stride == (1, 1) and vector == "windows" and not pointwise
-            and slab_width(spec) >= nwin)
+    """A slab applies with windows in vectors and slab rows at least a tile wide (so a tile
+    spans at most two rows); an unpadded stride-1 1x1 reads its input unpacked already."""
+    pointwise = (spec.r, spec.s, spec.stride, spec.padding) == (1, 1, (1, 1), (0, 0, 0, 0))
+    return vector == "windows" and not pointwise and slab_shape(spec)[1] >= nwin
 
 
 SLAB_MAX_FILTER_TILES = 16
 
 
-def use_slab(spec, nwin, nf, vector):
+def slab_footprint(spec, nwin, nc, line):
+    """Bytes of a slab a window tile reads: per channel, one run of windows per filter row
+    (stride 1: the S taps of a row share it, nwin + dw*(S-1) values) or per tap (other
+    strides: taps fall on different phase planes), each a line longer when unaligned and
+    doubled when the tile straddles two slab rows (a fraction nwin/Ws of tiles)."""
+    sw, dw = spec.stride[1], spec.dilation[1]
+    runs, values = (spec.r, nwin + dw * (spec.s - 1)) if sw == 1 else (spec.r * spec.s, nwin)
+    straddle = 1 + nwin / slab_shape(spec)[1]
+    return nc * runs * straddle * (values * spec.itemsize + line)
+
+
+def use_slab(spec, nwin, nf, nc, vector, machine):
     """Pad each channel tile into a slab once and let the kernel read it in place, instead of
     packing R*S shifted copies of every window tile, when few filter tiles share each packed
-    tile (at most SLAB_MAX_FILTER_TILES). Measured on 19 stride-1 timm and ResNet convolutions
-    (AVX-512, one core): 8 or fewer filter tiles, the slab is 6-53% faster; 12-16, -2 to +4%;
-    32 or more, 1-9% slower: its rows, scattered over Nc planes, sit less well in L1 than a
-    packed tile, and its tiles straddle output rows, which costs split, masked stores."""
-    return slab_fits(spec, nwin, vector) and ceil(spec.k_per_group / nf) <= SLAB_MAX_FILTER_TILES
+    tile (at most SLAB_MAX_FILTER_TILES) and the slab rows a tile reads fit in L1 beside the
+    filter and output tiles. Measured on 19 stride-1 timm and ResNet convolutions (AVX-512, one
+    core): 8 or fewer filter tiles, the slab is 6-53% faster; 12-16, -2 to +4%; 32 or more,
+    1-9% slower: its rows, scattered over Nc planes, sit less well in L1 than a packed tile,
+    and its tiles straddle output rows, which costs split, masked stores. Stride 2: the 7x7
+    stem (3 channels) 22% faster; 3x3 over 32 channels, whose R*S runs per channel overflow
+    L1, 9% slower."""
+    _, fw, fout = tile_footprints(spec, nwin, nf, nc)
+    return (slab_fits(spec, nwin, vector) and ceil(spec.k_per_group / nf) <= SLAB_MAX_FILTER_TILES
+            and slab_footprint(spec, nwin, nc, machine.line) + fw + fout <= CACHE_FILL * machine.l1d)
 
 
 def analyze(spec, machine=None, *, vector=None, microtile_shape=None, nc=None, k2=None, k3=None,
@@ -301,11 +320,11 @@ def analyze(spec, machine=None, *, vector=None, microtile_shape=None, nc=None, k
     vector = vector or choose_vector(spec, tiles["windows"], tiles["filters"])
     nwin, nf = microtile_shape or tiles[vector]
     if slab and not slab_fits(spec, nwin, vector):
-        raise ValueError(f"slab override: {spec} needs stride 1, vectors along the windows, not an "
-                         f"unpadded 1x1, and slab rows of at least {nwin} columns "
-                         f"(has {slab_width(spec)})")
-    slab = use_slab(spec, nwin, nf, vector) if slab is None else slab
+        raise ValueError(f"slab override: {spec} needs vectors along the windows, not an unpadded "
+                         f"stride-1 1x1, and slab rows of at least {nwin} columns "
+                         f"(has {slab_shape(spec)[1]})")
     nc = min(nc, spec.c_per_group) if nc else channel_tile(spec, nwin, nf, machine.l1d)
+    slab = use_slab(spec, nwin, nf, nc, vector, machine) if slab is None else slab
     fin, fw, fout = tile_footprints(spec, nwin, nf, nc)
     t_in, t_w = ceil(spec.p * spec.q / nwin), ceil(spec.k_per_group / nf)
     blocks = {"IS": blocking(fin, fw, fout, t_w, t_in, machine),

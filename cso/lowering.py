@@ -11,7 +11,7 @@ import numpy as np
 from numba import njit, types
 from numba.np.numpy_support import from_dtype
 
-from csa.plan import slab_width
+from csa.plan import slab_shape
 from microkernels import ACCUMULATE, KernelSpec
 from microkernels.numba_bridge import kernel_intrinsic, row_copy_intrinsic, transpose_intrinsic
 from packing import input_packer, slab_filler
@@ -47,7 +47,8 @@ def scratch_elements(plan):
     (the last tile reads a whole tile past its last window)."""
     s = plan.spec
     if plan.slab:
-        return plan.nc * (s.p + s.dilation[0] * (s.r - 1)) * slab_width(s) + plan.nwin
+        hs, ws = slab_shape(s)
+        return plan.nc * s.stride[0] * s.stride[1] * hs * ws + plan.nwin
     if plan.schedule == "IS":
         tiles = plan.k3 if plan.filter_tiles > plan.k2 else 1
     else:
@@ -73,12 +74,16 @@ def kernel_spec(plan, isa):
 
 
 @njit(nogil=True)
-def slab_rows(rows, nc, R, S, row_step, col_step, plane):
-    """Offsets of the kernel's rows (c, r, s) on a slab: c*plane + r*row_step + s*col_step."""
+def slab_rows(rows, nc, R, S, sh, sw, dh, dw, Hs, Ws):
+    """Offsets of the kernel's rows (c, r, s) on a slab of sh*sw phase planes of Hs x Ws per
+    channel: tap (r, s) reads plane (r*dh % sh, s*dw % sw) shifted by (r*dh // sh, s*dw // sw)."""
+    plane = Hs * Ws
     for c in range(nc):
         for r in range(R):
             for s in range(S):
-                rows[(c * R + r) * S + s] = c * plane + r * row_step + s * col_step
+                phase = (r * dh % sh) * sw + s * dw % sw
+                rows[(c * R + r) * S + s] = ((c * sh * sw + phase) * plane
+                                             + r * dh // sh * Ws + s * dw // sw)
 
 
 @lru_cache(maxsize=None)
@@ -88,11 +93,11 @@ def conv_loop_nest(kspec, filters_in_vectors):
     its broadcast operand the input tile; it accumulates the transposed output (P*Q x K, one
     image at a time) in ``out_t``, which a last pass turns into NCHW with bias and ReLU.
 
-    A slab kernel (stride 1, windows in vectors) packs no tiles: each channel tile is copied
-    once, zero-padded, into ``scratch`` as planes of Hs x Ws (the padded input), on which the
-    output rows are Ws wide (the last Ws - Q columns padding); a window tile is NWIN
-    consecutive positions on those rows, and the kernel reads its row (c, r, s) in place at
-    offset c*Hs*Ws + r*dh*Ws + s*dw."""
+    A slab kernel (windows in vectors) packs no tiles: each channel tile is copied once,
+    zero-padded and split into stride phases, into ``scratch`` (see ``csa.plan.slab_shape``);
+    the output rows lie on its Hs x Ws phase planes (the last Ws - Q columns padding), a window
+    tile is NWIN consecutive positions on them, and the kernel reads its row (c, r, s) in place
+    at the offset ``slab_rows`` gives."""
     slab = kspec.slab
     ukernel = kernel_intrinsic(kspec)
     transpose_block = transpose_intrinsic(kspec)
@@ -109,13 +114,13 @@ def conv_loop_nest(kspec, filters_in_vectors):
         epilogue, unpacked = geom[17], geom[18]
         N, C, K = x.shape[0], x.shape[1], out.shape[1]
         PQ = P * Q
-        Ws = Q + geom[5] * (S - 1)                  # slab geometry (used by slab kernels only)
-        Hs = P + geom[4] * (R - 1)
+        sh, sw, dh, dw = geom[2], geom[3], geom[4], geom[5]
+        Hs, Ws = P + dh * (R - 1) // sh, Q + dw * (S - 1) // sw   # slab phase planes (slab only)
         windows = (P - 1) * Ws + Q if slab else PQ  # window positions the tiles cover
         rows = np.empty(nc_max * R * S if slab else 0, np.int64)
         if slab:
-            slab_rows(rows, nc_max, R, S, geom[4] * Ws, geom[5], Hs * Ws)
-            scratch[nc_max * Hs * Ws:] = 0          # the tail the last tile reads past its end
+            slab_rows(rows, nc_max, R, S, sh, sw, dh, dw, Hs, Ws)
+            scratch[nc_max * sh * sw * Hs * Ws:] = 0   # the tail the last tile reads past its end
         rows_addr = rows.ctypes.data
         t_in = (windows + NWIN - 1) // NWIN
         t_w = (Kg + NF - 1) // NF
@@ -139,7 +144,8 @@ def conv_loop_nest(kspec, filters_in_vectors):
                     out_base = out_addr + (n * K + g * Kg) * PQ * item
                     x_base = x_addr + ((n * C + g * Cg + c0) * PQ) * item   # unpacked 1x1 only
                     if slab:
-                        fill_slab(x, n, g * Cg + c0, nc, Hs, Ws, geom[6], geom[7], scratch_addr)
+                        fill_slab(x, n, g * Cg + c0, nc, sh, sw, Hs, Ws, geom[6], geom[7],
+                                  scratch_addr)
                     for outer in range(0, t_in if input_stationary else t_w,
                                        w_block if input_stationary else f_block):
                         for inner in range(0, t_w if input_stationary else t_in,

@@ -62,25 +62,32 @@ def input_packer(copy_rows, nwin):
 
 @lru_cache(maxsize=None)
 def slab_filler(copy_rows, nwin):
-    """The compiled ``fill_slab(x, n, c_first, nc, Hs, Ws, pt, pl, dst_addr)``: channels
-    c_first .. c_first+nc-1 of image ``n`` of the 4-D C-contiguous input ``x`` written at
-    ``dst_addr`` as zero-padded Hs x Ws planes, the input at row pt, column pl of each (the
-    padded input a slab micro-kernel reads in place; each input value is read once). Moves
-    ``nwin``-wide runs of a slab row for all nc channels per ``copy_rows`` call."""
+    """The compiled ``fill_slab(x, n, c_first, nc, sh, sw, Hs, Ws, pt, pl, dst_addr)``:
+    channels c_first .. c_first+nc-1 of image ``n`` of the 4-D C-contiguous input ``x`` written
+    at ``dst_addr`` as the slab a slab micro-kernel reads in place: per channel, sh*sw phase
+    planes of Hs x Ws, plane (a, b) row i column j holding the input at row sh*i + a - pt,
+    column sw*j + b - pl, or zero outside it (see ``csa.plan.slab_shape``). Each input value is
+    read once; ``nwin``-wide runs of a plane row move for all nc channels per ``copy_rows`` call."""
 
     @njit(nogil=True)
-    def fill_slab(x, n, c_first, nc, Hs, Ws, pt, pl, dst_addr):
+    def fill_slab(x, n, c_first, nc, sh, sw, Hs, Ws, pt, pl, dst_addr):
         C, H, W = x.shape[1], x.shape[2], x.shape[3]
         item = x.itemsize
         src_plane = x.ctypes.data + (n * C + c_first) * H * W * item
-        for i in range(Hs):
-            ih = i - pt
-            inside = 0 <= ih < H
-            for j0 in range(0, Ws, nwin):
-                lo = max(0, pl - j0) if inside else 0       # lanes on input columns
-                hi = max(lo, min(nwin, pl + W - j0)) if inside else 0
-                copy_rows(dst_addr + (i * Ws + j0) * item, Hs * Ws * item,
-                          src_plane + (ih * W + j0 - pl) * item, H * W * item, nc,
-                          1, 0, min(nwin, Ws - j0), lo, hi)
+        channel_bytes = sh * sw * Hs * Ws * item
+        for a in range(sh):
+            for b in range(sw):
+                plane = dst_addr + (a * sw + b) * Hs * Ws * item
+                for i in range(Hs):
+                    ih = sh * i + a - pt
+                    for j0 in range(0, Ws, nwin):
+                        col = sw * j0 + b - pl                  # input column of lane 0
+                        lo, hi = 0, 0                           # lanes on input columns
+                        if 0 <= ih < H:
+                            lo = min(nwin, max(0, (-col + sw - 1) // sw))
+                            hi = max(lo, min(nwin, (W - col + sw - 1) // sw))
+                        copy_rows(plane + (i * Ws + j0) * item, channel_bytes,
+                                  src_plane + (ih * W + col) * item, H * W * item, nc,
+                                  sw, 0, min(nwin, Ws - j0), lo, hi)
 
     return fill_slab

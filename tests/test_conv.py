@@ -90,8 +90,11 @@ def test_both_schedules_identical_over_tilings(rng, name, overrides):
     assert_conv_close(results["IS"], x, wt, b, **geometry)
 
 
-# stride 1 with slab rows (Q + dilation*(S-1)) at least a 32-window tile wide
+# slab rows (Q + dilation*(S-1) // stride) at least a 32-window tile wide
 SLAB_CASES = {
+    "slab_stem_s2": (1, 3, 70, 70, 10, 7, 7, (2, 2), (3, 3, 3, 3), (1, 1), 1),
+    "slab_s3x2_dilated": (2, 3, 20, 100, 5, 3, 4, (3, 2), (0, 1, 2, 1), (2, 3), 1),
+    "slab_1x1_s2": (1, 5, 9, 70, 6, 1, 1, (2, 2), (0, 0, 0, 0), (1, 1), 1),
     "slab_pad1": (2, 5, 9, 37, 11, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),
     "slab_narrowest": (1, 3, 5, 30, 9, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),     # rows of 32
     "slab_asym_dilated": (1, 4, 7, 40, 9, 3, 5, (1, 1), (0, 2, 3, 1), (1, 2), 1),
@@ -104,8 +107,9 @@ SLAB_CASES = {
 @pytest.mark.parametrize("dtype", [F32, F64])
 @pytest.mark.parametrize("name", sorted(SLAB_CASES))
 def test_slab_and_packed_tiles_identical(rng, name, dtype, overrides):
-    """Reading the input in place from a padded slab (windows on virtual rows, tiles straddling
-    rows and starting in padding columns) gives bit for bit the packed tiles' result, in both
+    """Reading the input in place from a padded slab (stride phases, windows on virtual rows,
+    tiles straddling rows and starting in padding columns) gives bit for bit the packed tiles'
+    result, in both
     schedules, with bias and ReLU, and matches the reference."""
     x, wt, b, geometry = make(rng, SLAB_CASES[name], dtype)
     t, bo, left, right = geometry["padding"]

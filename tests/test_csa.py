@@ -118,7 +118,10 @@ def test_slab_where_it_applies_and_pays():
     few_filters = csa.analyze(ConvSpec.parse("n1c64h56w56k64r3s3p1u1"), zen)       # 8 filter tiles
     assert few_filters.slab and "slab" in few_filters.explain()
     assert not csa.analyze(ConvSpec.parse("n1c256h56w56k256r3s3p1u1"), zen).slab  # 32 filter tiles
-    for name in ("n1c64h56w56k64r3s3p1u2",      # stride 2
+    assert csa.analyze(ConvSpec.parse("n1c3h224w224k64r7s7p3u2"), zen).slab   # stride 2: phases
+    wide_strided = ConvSpec.parse("n1c32h208w208k64r3s3p1u2")   # R*S runs x 30 channels > L1
+    assert not csa.analyze(wide_strided, zen).slab and csa.analyze(wide_strided, zen, slab=True).slab
+    for name in ("n1c64h56w56k64r3s3p1u2",      # slab rows of 28 + 1 < 32 windows
                  "n1c64h28w28k64r3s3p1u1",      # slab rows of 30 < 32 windows
                  "n1c64h56w56k64r1s1p0u1"):     # unpadded 1x1 reads its input unpacked
         spec = ConvSpec.parse(name)
