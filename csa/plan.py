@@ -268,11 +268,16 @@ def slab_shape(spec):
     return spec.p + dh * (spec.r - 1) // sh, spec.q + dw * (spec.s - 1) // sw
 
 
+def reads_input_unpacked(spec):
+    """1x1, stride 1, no padding: the NCHW input already is the C x (H*W) matrix the kernel
+    streams, so full window tiles need no packing."""
+    return (spec.r, spec.s, spec.stride, spec.padding) == (1, 1, (1, 1), (0, 0, 0, 0))
+
+
 def slab_fits(spec, nwin, vector):
     """A slab applies with windows in vectors and slab rows at least a tile wide (so a tile
-    spans at most two rows); an unpadded stride-1 1x1 reads its input unpacked already."""
-    pointwise = (spec.r, spec.s, spec.stride, spec.padding) == (1, 1, (1, 1), (0, 0, 0, 0))
-    return vector == "windows" and not pointwise and slab_shape(spec)[1] >= nwin
+    spans at most two rows), except where the input is read unpacked already."""
+    return vector == "windows" and not reads_input_unpacked(spec) and slab_shape(spec)[1] >= nwin
 
 
 SLAB_MAX_FILTER_TILES = 16

@@ -44,10 +44,10 @@ class Conv2d:
     """A convolution with fixed weights: validates and packs ``weight`` once, then ``conv(x)``
     runs it on any input with the right channel count. ``input_shape``, when the input size is
     known at load time, packs the filters for that shape's plan (else for the usual
-    orientation; another orientation repacks once on first use). ``plan_overrides`` forces CSA choices
-    (``vector`` 'windows'/'filters', ``microtile_shape``, ``nc``, ``k2``, ``k3``, ``schedule``
-    'IS'/'WS', ``slab`` True/False) and ``isa`` picks a micro-kernel ISA other than the host's best; both exist for
-    tests and experiments."""
+    orientation; another orientation repacks once on first use). ``plan_overrides`` forces CSA
+    choices (``vector`` 'windows'/'filters', ``microtile_shape``, ``nc``, ``k2``, ``k3``,
+    ``schedule`` 'IS'/'WS', ``slab`` True/False) and ``isa`` picks a micro-kernel ISA other than
+    the host's best; both exist for tests and experiments."""
 
     def __init__(self, weight, bias=None, stride=1, padding=0, dilation=1, groups=1,
                  activation=None, *, input_shape=None, plan_overrides=None, isa=None):

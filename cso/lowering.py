@@ -11,7 +11,7 @@ import numpy as np
 from numba import njit, types
 from numba.np.numpy_support import from_dtype
 
-from csa.plan import slab_shape
+from csa.plan import reads_input_unpacked, slab_shape
 from microkernels import ACCUMULATE, KernelSpec
 from microkernels.numba_bridge import kernel_intrinsic, row_copy_intrinsic, transpose_intrinsic
 from packing import input_packer, slab_filler
@@ -21,12 +21,6 @@ from packing import input_packer, slab_filler
 GEOM_FIELDS = ("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q",
                "P", "groups", "Cg", "Kg", "nc", "k2", "k3", "is_input_stationary", "epilogue",
                "unpacked")
-
-
-def reads_input_unpacked(spec):
-    """1x1, stride 1, no padding: the NCHW input already is the C x (H*W) matrix the kernel
-    streams, so full window tiles need no packing."""
-    return (spec.r, spec.s, spec.stride, spec.padding) == (1, 1, (1, 1), (0, 0, 0, 0))
 
 
 def geometry(plan, epilogue_flags):
@@ -103,8 +97,8 @@ def conv_loop_nest(kspec, filters_in_vectors):
     transpose_block = transpose_intrinsic(kspec)
     LANES = kspec.lanes
     NWIN, NF = (kspec.nf, kspec.nwin) if filters_in_vectors else (kspec.nwin, kspec.nf)
-    pack = input_packer(row_copy_intrinsic(kspec, NWIN), NWIN)
-    fill_slab = slab_filler(row_copy_intrinsic(kspec, NWIN), NWIN)
+    copy_rows = row_copy_intrinsic(kspec, NWIN)
+    pack, fill_slab = input_packer(copy_rows, NWIN), slab_filler(copy_rows, NWIN)
 
     @njit(loop_nest_signature(kspec.np_dtype), nogil=True)
     def run(x, packed_w, bias, out, geom, scratch, out_t):

@@ -19,7 +19,8 @@ of ``width`` columns of which the last ``gap`` are padding: window j sits at vir
 ``col0 + j`` (``col0 < width``, ``col0 + nwin <= 2*width``, so a tile spans at most two rows).
 Padding columns are never stored: C is the real row-major output plane (rows of ``width - gap``
 columns), ``c`` the start of window 0's output row, window j stored at ``c + col0 + j`` in the
-first row and ``gap`` elements earlier in the second. Other kernels ignore ``a_rows``, ``col0``, ``width``, ``gap``.
+first row and ``gap`` elements earlier in the second. Other kernels ignore ``a_rows``, ``col0``,
+``width`` and ``gap``.
 
 ``flags``: ACCUMULATE adds to C (later channel tiles) instead of overwriting it, BIAS adds
 ``bias[f]`` (``bias`` is read only when this flag is set), RELU clamps at zero (NaN passes).
