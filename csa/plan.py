@@ -159,7 +159,8 @@ def schedule_costs(spec, machine, nwin, nf, nc, k2, k3, schedule, vector="window
     Stationary tiles (inputs for IS, filters for WS) are re-read from L1 by every micro-kernel
     call after the first of each streamed block, which brings them from L3. Streamed tiles are
     read from L2 by every call except the first of each resident block, which brings them from
-    L3. Compulsory traffic reads the input and filters from memory once. Input packing writes
+    L3; a streamed tile is read in sequence, so its L2 reads cost bandwidth (``stream_l2``).
+    Compulsory traffic reads the input and filters from memory once. Input packing writes
     packed tiles once per pass over the filters (IS packs once; WS re-packs once per block of K3
     filter tiles). Partial outputs are re-read once per extra channel tile, from L3 when the
     output fits there, else from memory.
@@ -193,7 +194,7 @@ def schedule_costs(spec, machine, nwin, nf, nc, k2, k3, schedule, vector="window
     terms = {
         "stationary L1": (calls * stat - stat_from_l3) * machine.latency_l1,
         "stationary L3": stat_from_l3 * machine.latency_l3,
-        "streamed L2": (calls * strm - strm_from_l3) * machine.latency_l2,
+        "streamed L2": (calls * strm - strm_from_l3) * machine.stream_l2,
         "streamed L3": strm_from_l3 * machine.latency_l3,
         "compulsory mem": (raw_in_lines + t_w * w_lines) * machine.latency_mem,
         "input packing": packs * (raw_in_lines * machine.latency_l3 + t_in * in_lines * machine.latency_l2),
