@@ -13,7 +13,7 @@ from microkernels import BIAS, RELU, get_isa, host_isa, supported_isas
 from packing import pack_filters, unpack_filters
 
 from . import arguments as args
-from .lowering import Prepared
+from .lowering import ALL_PHASES, Prepared
 
 PREPARED_SHAPES = 64  # input shapes a Conv2d keeps prepared
 
@@ -108,6 +108,15 @@ class Conv2d:
         return found
 
     def __call__(self, x, out=None):
+        return self._call(x, out, ALL_PHASES)
+
+    def call_phases(self, x, phases):
+        """Run only ``phases`` (``cso.lowering`` PACK | KERNEL | POST) of the loop nest on ``x``
+        and return the output, whose values are then undefined: the benchmark's time breakdown
+        times the phases apart this way, on the very tiles a call uses."""
+        return self._call(x, None, phases)
+
+    def _call(self, x, out, phases):
         args.check_array("input", x)
         prepared = self._prepared(x.shape, x.dtype)
         spec = prepared.plan.spec
@@ -120,7 +129,7 @@ class Conv2d:
         result = out.reshape(shape) if direct else np.empty(shape, dtype=self.dtype)
         x4 = np.ascontiguousarray(x.reshape((batch,) + x.shape[-3:]))
         if batch:
-            prepared.run(x4, self.packed_weight(prepared.plan.nf), self.bias, result)
+            prepared.run(x4, self.packed_weight(prepared.plan.nf), self.bias, result, phases)
         if out is None:
             return result if x.ndim == 4 else result[0]
         if not direct:

@@ -20,7 +20,12 @@ from packing import input_packer, slab_filler
 # window geometry the input packer reads.
 GEOM_FIELDS = ("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q",
                "P", "groups", "Cg", "Kg", "nc", "k2", "k3", "is_input_stationary", "epilogue",
-               "unpacked")
+               "unpacked", "phases")
+
+# The loop nest's phases (geom "phases"): a call runs all of them; the benchmark's time
+# breakdown runs some alone on the same tiles (ConvBench's packing / micro-kernel / post-conv).
+PACK, KERNEL, POST = 1, 2, 4
+ALL_PHASES = PACK | KERNEL | POST
 
 
 def geometry(plan, epilogue_flags):
@@ -31,7 +36,7 @@ def geometry(plan, epilogue_flags):
                   pt=s.padding[0], pl=s.padding[2], Q=s.q, P=s.p, groups=s.groups,
                   Cg=s.c_per_group, Kg=s.k_per_group, nc=plan.nc, k2=plan.k2, k3=plan.k3,
                   is_input_stationary=int(plan.schedule == "IS"), epilogue=epilogue_flags,
-                  unpacked=int(reads_input_unpacked(s)))
+                  unpacked=int(reads_input_unpacked(s)), phases=ALL_PHASES)
     return np.array([values[f] for f in GEOM_FIELDS], dtype=np.int64)
 
 
@@ -105,7 +110,8 @@ def conv_loop_nest(kspec, filters_in_vectors):
         R, S = geom[0], geom[1]
         Q, P, G, Cg, Kg = geom[8], geom[9], geom[10], geom[11], geom[12]
         nc_max, k2, k3, input_stationary = geom[13], geom[14], geom[15], geom[16]
-        epilogue, unpacked = geom[17], geom[18]
+        epilogue, unpacked, phases = geom[17], geom[18], geom[19]
+        packing, kernels, post = phases & PACK, phases & KERNEL, phases & POST
         N, C, K = x.shape[0], x.shape[1], out.shape[1]
         PQ = P * Q
         sh, sw, dh, dw = geom[2], geom[3], geom[4], geom[5]
@@ -137,7 +143,7 @@ def conv_loop_nest(kspec, filters_in_vectors):
                     w_tile_bytes = Cg * R * S * NF * item   # stride between filter tiles
                     out_base = out_addr + (n * K + g * Kg) * PQ * item
                     x_base = x_addr + ((n * C + g * Cg + c0) * PQ) * item   # unpacked 1x1 only
-                    if slab:
+                    if slab and packing:
                         fill_slab(x, n, g * Cg + c0, nc, sh, sw, Hs, Ws, geom[6], geom[7],
                                   scratch_addr)
                     for outer in range(0, t_in if input_stationary else t_w,
@@ -146,7 +152,7 @@ def conv_loop_nest(kspec, filters_in_vectors):
                                            f_block if input_stationary else w_block):
                             wb, fb = (outer, inner) if input_stationary else (inner, outer)
                             wend, fend = min(t_in, wb + w_block), min(t_w, fb + f_block)
-                            if not input_stationary and not slab:
+                            if not input_stationary and not slab and packing:
                                 # WS: the K2 window tiles are packed together, then every filter
                                 # tile of the K3 block streams over them
                                 for wt in range(wb, wend):
@@ -168,11 +174,11 @@ def conv_loop_nest(kspec, filters_in_vectors):
                                     col0 = p0 % Ws
                                 elif unpacked and p0 + NWIN <= PQ:
                                     in_addr, ld_in = x_base + p0 * item, PQ
-                                elif input_stationary and inner == 0:
+                                elif input_stationary and inner == 0 and packing:
                                     # IS packs on the first pass over the filter blocks, right
                                     # before the tile's first use
                                     pack(x, n, g * Cg + c0, nc, p0, nwin_used, geom, in_addr)
-                                for ft in range(fb, fend):
+                                for ft in range(fb, fend if kernels else fb):
                                     f0 = ft * NF
                                     w_tile = w_base + ft * w_tile_bytes
                                     if filters_in_vectors:
@@ -186,7 +192,7 @@ def conv_loop_nest(kspec, filters_in_vectors):
                                                 nwin_used, min(NF, Kg - f0),
                                                 bias_addr + (g * Kg + f0) * item, flags,
                                                 rows_addr, col0, Ws, Ws - Q)
-            if filters_in_vectors:
+            if filters_in_vectors and post:
                 # out[n, k, p] = out_t[p, k] (+ bias[k], ReLU), one vector-square block at a time
                 for p0 in range(0, PQ, LANES):
                     for k0 in range(0, K, LANES):
@@ -212,12 +218,17 @@ class Prepared:
         spec = plan.spec
         self.out_t_elements = spec.p * spec.q * spec.k if self.filters_in_vectors else 0
 
-    def run(self, x, packed_w, bias, out):
+    def run(self, x, packed_w, bias, out, phases=ALL_PHASES):
         """``x`` 4-D C-contiguous (N >= 1), ``packed_w`` from ``packing.pack_filters`` with the
         plan's filter tile, ``bias`` 1-D (length K, or empty for none), ``out`` 4-D
         C-contiguous of the output shape. Scratch buffers are per call: concurrent calls share
-        nothing."""
+        nothing. Fewer ``phases`` than all (PACK | KERNEL | POST) leave ``out`` undefined: they
+        exist to time the phases apart."""
+        geom = self.geom
+        if phases != ALL_PHASES:
+            geom = geom.copy()
+            geom[GEOM_FIELDS.index("phases")] = phases
         scratch = np.empty(self.scratch_elements, dtype=x.dtype)
         out_t = np.empty(self.out_t_elements, dtype=x.dtype)
         conv_loop_nest(self.kernel, self.filters_in_vectors)(
-            x, packed_w.reshape(-1), bias, out, self.geom, scratch, out_t)
+            x, packed_w.reshape(-1), bias, out, geom, scratch, out_t)

@@ -275,3 +275,20 @@ def test_one_loop_nest_serves_many_shapes(rng):
             x = rng.standard_normal((1 + hw % 2, 3, hw, hw + 1)).astype(F32)
             cso.conv2d(x, wt, padding=hw % 3, stride=1 + hw % 2, dilation=dilation)
     assert conv_loop_nest.cache_info().misses - built <= 1
+
+
+@pytest.mark.parametrize("overrides", [{"slab": True}, {"slab": False, "schedule": "WS"},
+                                       {"vector": "filters"}])
+def test_phases_alone_run_the_same_tiles(rng, overrides):
+    """The benchmark's time breakdown runs loop-nest phases alone: all of them is exactly a
+    call; packing only or post-conv only run without touching anything else."""
+    from cso.lowering import ALL_PHASES, KERNEL, PACK, POST
+    x = rng.standard_normal((2, 12, 5, 37)).astype(np.float32)   # rows wide enough for a slab
+    w = rng.standard_normal((20, 12, 3, 3)).astype(np.float32)
+    conv = cso.Conv2d(w, rng.standard_normal(20).astype(np.float32), padding=1, activation="relu",
+                      plan_overrides=overrides)
+    expected = conv(x)
+    np.testing.assert_array_equal(conv.call_phases(x, ALL_PHASES), expected)
+    for phases in (0, PACK, POST, PACK | POST, KERNEL | POST):
+        assert conv.call_phases(x, phases).shape == expected.shape
+    np.testing.assert_array_equal(conv(x), expected)   # nothing a phase run left behind leaks
