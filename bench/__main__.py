@@ -1,123 +1,98 @@
-"""Benchmark cso against im2col + NumPy GEMM (and onnxruntime, PyTorch when installed), one core.
+"""Benchmark cso against im2col + NumPy GEMM (and onnxruntime, PyTorch when installed) and write
+a report: report.md, a self-contained report.html, PNG plots and results.json.
 
-    python -m bench                          # ResNet-50 layers, every available engine
+    python -m bench                          # the quick mixed suite (about two minutes)
     python -m bench --suite layers           # the 17-layer ResNet/VGG/MobileNet/YOLO list
-    python -m bench --suite timm:100         # a stratified sample of timm's convolutions
+    python -m bench --suite convbench:100    # a stratified sample of timm's convolutions
     python -m bench --schedules              # IS vs WS forced, and how often CSA's pick wins
 
-cso runs on one core, so NumPy's BLAS is pinned to one thread too (unless the environment says
-otherwise); that has to happen before NumPy is first imported.
+cso runs on one core; ``--threads`` sets the other engines' threads (NumPy's BLAS included, which
+has to happen before NumPy is first imported, hence the early parse below).
 """
+import argparse
 import os
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
-import argparse  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
-
-import numpy as np  # noqa: E402
-
-import cso  # noqa: E402
-from microkernels.probe import UKERNEL_K, fma_peak, kernel_throughput  # noqa: E402
-
-from . import report  # noqa: E402
-from .engines import ENGINES, available_engines, check, cso_engine, reference  # noqa: E402
-from .suites import suite  # noqa: E402
-
-NOMINAL_PEAK_GFLOPS = 117  # per core: the design document's figure for its reference machine
-MIN_SAMPLE_SECONDS = 0.005  # calls are batched until one timed sample lasts at least this
+QUICK_CONVS = 4  # --quick: this many convolutions of the suite, one sample each
 
 
-def median_seconds(run, x, repeat):
-    """Median over ``repeat`` samples of the time of one call ``run(x)``; short calls are
-    repeated within a sample so that timer resolution and noise do not dominate."""
-    start = time.perf_counter()
-    run(x)
-    calls = max(1, int(MIN_SAMPLE_SECONDS / max(time.perf_counter() - start, 1e-7)))
-    samples = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        for _ in range(calls):
-            run(x)
-        samples.append((time.perf_counter() - start) / calls)
-    return statistics.median(samples)
-
-
-def measure_engines(specs, engines, repeat):
-    rng = np.random.default_rng(0)
-    rows = []
-    for i, spec in enumerate(specs, 1):
-        x = rng.standard_normal(spec.input_shape, dtype=np.float32)
-        w = rng.standard_normal(spec.weight_shape, dtype=np.float32)
-        ref = reference(spec, x, w)
-        gflops = {}
-        for name in engines:
-            run = ENGINES[name](spec, w)
-            check(name, spec, run(x), ref)  # also the untimed warm-up (and compilation)
-            gflops[name] = spec.flops / median_seconds(run, x, repeat) / 1e9
-        rows.append((spec, gflops))
-        report.progress(i, len(specs), spec)
-    return rows
-
-
-def measure_schedules(specs, repeat):
-    """Per conv: GFLOP/s with IS and WS forced, and the schedule CSA picks."""
-    rng = np.random.default_rng(0)
-    rows = []
-    for i, spec in enumerate(specs, 1):
-        x = rng.standard_normal(spec.input_shape, dtype=np.float32)
-        w = rng.standard_normal(spec.weight_shape, dtype=np.float32)
-        chosen = cso_engine(spec, w).plan_for(spec.input_shape).schedule
-        gflops = {s: spec.flops / median_seconds(cso_engine(spec, w, plan_overrides={"schedule": s}),
-                                                 x, repeat) / 1e9
-                  for s in ("IS", "WS")}
-        rows.append((spec, chosen, gflops))
-        report.progress(i, len(specs), spec)
-    return rows
-
-
-def main():
+def parse_args():
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--suite", default="resnet50", help="resnet50, layers, timm[:N] or a CSV path")
-    parser.add_argument("--engines", default=",".join(available_engines()),
-                        help="comma-separated, from: " + ", ".join(ENGINES))
+    parser.add_argument("--suite", default="quick",
+                        help="quick, resnet50, vgg16, mobilenet, layers, convbench[:N] or a CSV "
+                             "path[:N] (default: quick)")
+    parser.add_argument("--engines", default=None,
+                        help="comma-separated, from cso, im2col, onnxruntime, torch (default: "
+                             "every installed one)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="threads of the other engines (cso runs on one; default 1)")
     parser.add_argument("--repeat", type=int, default=5, help="timed samples per engine (median)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"smoke run: {QUICK_CONVS} convolutions of the suite, one sample each")
+    parser.add_argument("--out", default="bench-report", help="report directory (default: %(default)s)")
     parser.add_argument("--layers", default="", help="only convolutions whose name contains this")
     parser.add_argument("--schedules", action="store_true",
                         help="time cso with IS and WS forced; report CSA's hit rate")
     opts = parser.parse_args()
+    if opts.threads < 1 or opts.repeat < 1:
+        parser.error(f"--threads and --repeat must be at least 1, got {opts.threads} and {opts.repeat}")
+    return parser, opts
+
+
+parser, opts = parse_args()
+for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[var] = str(opts.threads)
+
+from . import documents, report  # noqa: E402  (imports NumPy)
+from .engines import ENGINES, available_engines  # noqa: E402
+from .measure import measure_conv, measure_schedules  # noqa: E402
+from .suites import suite  # noqa: E402
+
+
+def selected_specs():
     try:
         specs = [spec for spec in suite(opts.suite) if opts.layers in str(spec)]
     except ValueError as err:
         parser.error(str(err))
     if not specs:
         parser.error(f"no convolution name contains {opts.layers!r}")
-    engines = opts.engines.split(",")
-    unknown = [e for e in engines if e not in ENGINES]
-    if unknown or "cso" not in engines:
-        parser.error(f"--engines must include cso and come from {list(ENGINES)}, got {engines}")
+    if opts.quick and len(specs) > QUICK_CONVS:
+        specs = [specs[(2 * i + 1) * len(specs) // (2 * QUICK_CONVS)] for i in range(QUICK_CONVS)]
+    return specs
 
-    fma_gflops, fma_count = fma_peak()
-    kernel = cso.Conv2d(np.zeros((1, 1, 1, 1), np.float32)).kernel_for((1, 1, 56, 56))
-    ukernel_gflops = kernel_throughput(kernel)
-    report.print_facts(report.machine_facts() + [
-        ("FMA peak", f"{fma_gflops:.1f} GFLOP/s measured on one core ({fma_count} full-width "
-                     f"vfmadd in the probe's asm); design doc's nominal {NOMINAL_PEAK_GFLOPS} GFLOP/s"),
-        ("u-kernel", f"{ukernel_gflops:.1f} GFLOP/s = {100 * ukernel_gflops / fma_gflops:.1f}% of "
-                     f"FMA peak ({kernel}, k={UKERNEL_K}, L1-resident tiles)"),
-        ("Suite", f"{opts.suite}: {len(specs)} convolutions, float32"),
-        ("Timing", f"median of {opts.repeat} samples after a warm-up; every output checked "
-                   "against a float64 reference first"),
-    ])
-    print()
+
+def selected_engines():
+    engines = (opts.engines or ",".join(available_engines())).split(",")
+    unknown = [e for e in engines if e not in ENGINES]
+    if unknown or "cso" not in engines or "im2col" not in engines:
+        parser.error(f"--engines must include cso and im2col and come from {list(ENGINES)}, "
+                     f"got {engines}")
+    missing = [e for e in engines if e not in available_engines()]
+    if missing:
+        parser.error(f"--engines: {missing} not installed (pip install '.[compare]' or torch)")
+    return engines
+
+
+def main():
+    specs, engines = selected_specs(), selected_engines()
+    repeat = 1 if opts.quick else opts.repeat
+    facts, peak = report.machine_facts(opts.threads)
+    facts += [
+        ("Suite", f"{opts.suite}{' (--quick)' if opts.quick else ''}: {len(specs)} convolutions, float32"),
+        ("Timing", f"median of {repeat} sample{'s' * (repeat > 1)} after a warm-up; every output "
+                   "checked against a float64 reference first"),
+    ]
+    report.print_facts(facts)
+    print(flush=True)
+    bar = report.Progress(len(specs))
     if opts.schedules:
-        report.print_schedules(measure_schedules(specs, opts.repeat))
-    else:
-        report.print_table(measure_engines(specs, engines, opts.repeat), engines, fma_gflops)
-        print(f"\n% peak is of the measured FMA peak ({fma_gflops:.1f} GFLOP/s); the micro-kernel "
-              f"alone reaches {100 * ukernel_gflops / fma_gflops:.1f}% of it.")
+        rows = [bar.step(spec, measure_schedules(spec, repeat)) for spec in specs]
+        report.print_schedules(rows)
+        return
+    rows = [bar.step(spec, measure_conv(spec, engines, repeat, opts.threads)) for spec in specs]
+    report.print_table(rows, engines, peak)
+    paths = documents.write(opts.out, facts, peak, rows, engines)
+    print(f"\nReport written: {', '.join(paths)}")
 
 
 main()

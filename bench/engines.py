@@ -6,16 +6,19 @@ from numpy.lib.stride_tricks import sliding_window_view
 import cso
 
 
-def cso_engine(spec, w, **options):
-    """cso.Conv2d (``options`` go to it): filters packed here, outside the timed calls."""
+def cso_engine(spec, w, threads=1, **options):
+    """cso.Conv2d (``options`` go to it) loaded for the spec's input shape, as a model would
+    be: filters packed here, outside the timed calls. cso runs on one thread (``threads``
+    applies to the other engines only)."""
     t, b, l, r = spec.padding
     return cso.Conv2d(w, stride=spec.stride, padding=((t, b), (l, r)), dilation=spec.dilation,
-                      groups=spec.groups, **options)
+                      groups=spec.groups, input_shape=spec.input_shape, **options)
 
 
-def im2col_engine(spec, w):
+def im2col_engine(spec, w, threads=1):
     """The classic lowering: copy every window into a (C/g*R*S) x (P*Q) matrix per group, then
-    one BLAS GEMM per image and group."""
+    one BLAS GEMM per image and group (BLAS threads are set by ``python -m bench --threads``
+    before NumPy loads)."""
     g, kg = spec.groups, spec.k_per_group
     w_mat = w.reshape(g, kg, -1)
     t, b, l, r = spec.padding
@@ -37,8 +40,8 @@ def _windows(spec, xp):
     return sliding_window_view(xp, span, axis=(2, 3))[:, :, ::sh, ::sw, ::dh, ::dw]
 
 
-def onnxruntime_engine(spec, w):
-    """onnxruntime (MLAS) running a one-node ONNX Conv model, one intra-op thread."""
+def onnxruntime_engine(spec, w, threads=1):
+    """onnxruntime (MLAS) running a one-node ONNX Conv model, ``threads`` intra-op threads."""
     import onnx
     import onnxruntime
     from onnx import TensorProto, helper, numpy_helper
@@ -52,18 +55,18 @@ def onnxruntime_engine(spec, w):
         initializer=[numpy_helper.from_array(w, "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
     options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = 1  # cso runs on one core
+    options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     session = onnxruntime.InferenceSession(model.SerializeToString(), options,
                                            providers=["CPUExecutionProvider"])
     return lambda x: session.run(None, {"x": x})[0]
 
 
-def torch_engine(spec, w):
+def torch_engine(spec, w, threads=1):
     """PyTorch's conv2d (oneDNN on x86) on tensors sharing the NumPy buffers."""
     import torch
 
-    torch.set_num_threads(1)  # cso runs on one core
+    torch.set_num_threads(threads)
     weight = torch.from_numpy(w)
     t, b, l, r = spec.padding
     pad = None if (t, l) == (b, r) else (l, r, t, b)

@@ -1,7 +1,9 @@
-"""What ``python -m bench`` prints: the machine, then one row per layer and a geomean row."""
+"""What ``python -m bench`` prints: the machine, a progress bar, then one row per convolution
+and a geomean row."""
 import os
 import platform
 import sys
+import time
 from math import exp, log
 
 import llvmlite.binding as llvm
@@ -9,6 +11,7 @@ import numpy as np
 
 import cso
 from microkernels import host_isa
+from microkernels.probe import UKERNEL_K, fma_peak, kernel_throughput
 
 
 def cpu_name():
@@ -22,16 +25,28 @@ def cpu_name():
     return platform.processor() or "unknown CPU"
 
 
-def machine_facts():
+NOMINAL_PEAK_GFLOPS = 117  # per core: the design document's figure for its reference machine
+
+
+def machine_facts(threads):
+    """([(label, text)], measured FMA peak GFLOP/s of one core): what a reader needs to trust
+    the numbers, "% of peak" against a peak measured here by a small llvmlite FMA probe."""
     blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]["name"]
-    threads = os.environ.get("OPENBLAS_NUM_THREADS", "default")
-    return [
+    fma_gflops, fma_count = fma_peak()
+    kernel = cso.Conv2d(np.zeros((1, 1, 1, 1), np.float32)).kernel_for((1, 1, 56, 56))
+    ukernel_gflops = kernel_throughput(kernel)
+    facts = [
         ("CPU", f"{cpu_name()} (LLVM: {llvm.get_host_cpu_name()}), {os.cpu_count()} logical CPUs"),
-        ("ISA", host_isa().name),
-        ("Caches", str(cso.host_machine())),
-        ("NumPy", f"{np.__version__}, BLAS {blas}, OPENBLAS_NUM_THREADS={threads} "
-                  "(cso runs on one core)"),
+        ("ISA", f"{host_isa().name} (micro-kernel {kernel.name})"),
+        ("Caches", f"as CSA sees them: {cso.host_machine()}"),
+        ("Threads", f"cso 1; im2col's BLAS, onnxruntime and PyTorch {threads}"),
+        ("NumPy", f"{np.__version__}, BLAS {blas}"),
+        ("FMA peak", f"{fma_gflops:.1f} GFLOP/s measured on one core ({fma_count} full-width vfmadd "
+                     f"in the probe's asm); the design doc's nominal {NOMINAL_PEAK_GFLOPS} GFLOP/s"),
+        ("u-kernel", f"{ukernel_gflops:.1f} GFLOP/s = {100 * ukernel_gflops / fma_gflops:.1f}% of the "
+                     f"FMA peak (k={UKERNEL_K}, L1-resident tiles)"),
     ]
+    return facts, fma_gflops
 
 
 def print_facts(facts):
@@ -40,65 +55,88 @@ def print_facts(facts):
         print(f"{label:<{width}}  {text}")
 
 
-def progress(done, total, spec):
-    """One self-erasing line on stderr, so long suites show where they are."""
-    end = "\n" if done == total else ""
-    print(f"\r  [{done}/{total}] {spec}".ljust(60), end=end, file=sys.stderr, flush=True)
+class Progress:
+    """A progress bar on stderr, redrawn in place: done/total, the convolution just measured,
+    elapsed time and a rough estimate of what is left."""
+    WIDTH = 24
+
+    def __init__(self, total):
+        self.total, self.done, self.start = total, 0, time.perf_counter()
+
+    def step(self, spec, result):
+        self.done += 1
+        elapsed = time.perf_counter() - self.start
+        left = elapsed / self.done * (self.total - self.done)
+        filled = self.WIDTH * self.done // self.total
+        line = (f"\r[{'#' * filled}{'.' * (self.WIDTH - filled)}] {self.done}/{self.total} "
+                f"{elapsed:4.0f} s, ~{left:.0f} s left  {spec}")
+        print(line.ljust(100), end="\n" if self.done == self.total else "", file=sys.stderr, flush=True)
+        return result
 
 
 def _line(cells, widths):
     return cells[0].ljust(widths[0]) + "".join(c.rjust(w) for c, w in zip(cells[1:], widths[1:]))
 
 
-def print_table(rows, engines, peak):
-    """``rows``: (spec, {engine: GFLOP/s}). Columns: GFLOP/s per engine, cso's speedup over each
+def print_table(results, engines, peak):
+    """``results`` from ``measure_conv``. Columns: GFLOP/s per engine, cso's speedup over each
     other engine, cso's % of ``peak``; then geomeans and how many convolutions cso wins."""
+    rows = [(r["spec"], r["gflop"], r["gflops"]) for r in results]
     others = [e for e in engines if e != "cso"]
-    name_width = max(28, max(len(str(spec)) for spec, _ in rows) + 2)
+    name_width = max(28, max(len(spec) for spec, _, _ in rows) + 2)
     widths = [name_width, 8] + [max(10, len(e) + 6) for e in engines] + [max(9, len(e) + 5) for e in others] + [8]
     header = (["convolution", "GFLOP"] + [f"{e} GF/s" for e in engines] + [f"vs {e}" for e in others]
               + ["% peak"])
     rule = "-" * sum(widths)
     print(_line(header, widths))
     print(rule)
-    for spec, g in rows:
-        print(_line([str(spec), f"{spec.flops / 1e9:.3f}"] + [f"{g[e]:.1f}" for e in engines]
+    for spec, gflop, g in rows:
+        print(_line([spec, f"{gflop:.3f}"] + [f"{g[e]:.1f}" for e in engines]
                     + [f"{g['cso'] / g[e]:.2f}x" for e in others] + [f"{100 * g['cso'] / peak:.1f}%"],
                     widths))
     print(rule)
-    mean = {e: _geomean(g[e] for _, g in rows) for e in engines}
+    mean = {e: geomean(g[e] for _, _, g in rows) for e in engines}
     print(_line(["geomean", ""] + [f"{mean[e]:.1f}" for e in engines]
                 + [f"{mean['cso'] / mean[e]:.2f}x" for e in others] + [f"{100 * mean['cso'] / peak:.1f}%"],
                 widths))
+    for line in win_lines(results, others):
+        print(line)
+
+
+def win_lines(results, others):
+    """For each other engine: on how many convolutions cso is faster, and its lowest ratio."""
+    lines = []
     for e in others:
-        wins = sum(g["cso"] > g[e] for _, g in rows)
-        worst = min(rows, key=lambda row: row[1]["cso"] / row[1][e])
-        print(f"cso faster than {e} on {wins} of {len(rows)}; lowest ratio "
-              f"{worst[1]['cso'] / worst[1][e]:.2f}x on {worst[0]}")
+        wins = sum(r["gflops"]["cso"] > r["gflops"][e] for r in results)
+        worst = min(results, key=lambda r: r["gflops"]["cso"] / r["gflops"][e])
+        lines.append(f"cso faster than {e} on {wins} of {len(results)}; lowest ratio "
+                     f"{worst['gflops']['cso'] / worst['gflops'][e]:.2f}x on {worst['spec']}")
+    return lines
 
 
-def print_schedules(rows):
-    """``rows``: (spec, CSA's schedule, {"IS": GFLOP/s, "WS": GFLOP/s})."""
-    widths = [max(28, max(len(str(spec)) for spec, _, _ in rows) + 2), 8, 9, 9, 8, 8]
+def print_schedules(results):
+    """``results`` from ``measure_schedules``: CSA's pick and GFLOP/s with IS and WS forced."""
+    rows = [(r["spec"], r["gflop"], r["chosen"], r["gflops"]) for r in results]
+    widths = [max(28, max(len(spec) for spec, _, _, _ in rows) + 2), 8, 9, 9, 8, 8]
     print(_line(["convolution", "GFLOP", "IS GF/s", "WS GF/s", "CSA", "hit"], widths))
     print("-" * sum(widths))
     hits = close = 0
-    for spec, chosen, g in rows:
+    for spec, gflop, chosen, g in rows:
         other = "WS" if chosen == "IS" else "IS"
         hit = g[chosen] >= g[other]
         near = g[chosen] >= 0.97 * g[other]
         hits += hit
         close += near
-        print(_line([str(spec), f"{spec.flops / 1e9:.3f}", f"{g['IS']:.1f}", f"{g['WS']:.1f}", chosen,
+        print(_line([spec, f"{gflop:.3f}", f"{g['IS']:.1f}", f"{g['WS']:.1f}", chosen,
                      "yes" if hit else ("~" if near else "no")], widths))
     print("-" * sum(widths))
-    best = _geomean(max(g.values()) for _, _, g in rows)
-    picked = _geomean(g[c] for _, c, g in rows)
+    best = geomean(max(g.values()) for _, _, _, g in rows)
+    picked = geomean(g[c] for _, _, c, g in rows)
     print(f"CSA picked the faster schedule on {hits} of {len(rows)} ({100 * hits / len(rows):.0f}%); "
           f"within 3% of it on {close} ({100 * close / len(rows):.0f}%). Geomean of CSA's picks "
           f"{picked:.1f} GFLOP/s vs {best:.1f} always picking the faster.")
 
 
-def _geomean(values):
+def geomean(values):
     values = list(values)
     return exp(sum(map(log, values)) / len(values))

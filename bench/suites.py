@@ -1,13 +1,18 @@
 """Benchmark suites: named lists of ConvSpec (float32).
 
+- ``quick`` (the default): ResNet-50's and MobileNet's layers, three of VGG-16's and
+  ``convbench:24``; under a minute with every engine on this project's 2-core machine class.
 - ``resnet50``: eight ResNet-50 layers, batch 1.
+- ``vgg16``: VGG-16's nine distinct convolutions (224 x 224 input).
+- ``mobilenet``: MobileNet v1's distinct convolutions (224 x 224 input), depthwise included.
 - ``layers``: 17 layers from ResNet-50, VGG-16, MobileNet and YOLO (3x3, 1x1, 7x7 stride 2;
   batch 1 and 8), the list the single-core targets are stated on.
-- ``timm[:N]``: N convolutions sampled from ``data/timm_convs.csv`` (4556 distinct convolutions
-  of the timm collection, the ConvBench set), stratified: for each kind (common, pointwise,
-  dilated; groups = 1) evenly spaced by GFLOP, in proportion to the kind's size with at least
-  a few of each. ``timm`` alone means ``timm:100``.
-- a path to any CSV with the same columns: every row.
+- ``convbench[:N]``: N convolutions sampled from ``data/timm_convs.csv`` (4556 distinct
+  convolutions of the timm collection, the ConvBench set), stratified: for each kind (common,
+  pointwise, dilated; groups = 1) evenly spaced by GFLOP, in proportion to the kind's size with
+  at least a few of each. ``convbench`` alone means ``convbench:100``.
+- a path to any CSV with the same columns: every row; ``PATH:N`` samples N rows as above (of
+  every kind the file has).
 """
 import csv
 import os
@@ -47,6 +52,30 @@ LAYERS = RESNET50 + [
 ]
 
 
+VGG16 = [
+    _conv(3, 224, 64, 3, pad=1),               # conv1_1
+    _conv(64, 224, 64, 3, pad=1),              # conv1_2
+    _conv(64, 112, 128, 3, pad=1),             # conv2_1
+    _conv(128, 112, 128, 3, pad=1),            # conv2_2
+    _conv(128, 56, 256, 3, pad=1),             # conv3_1
+    _conv(256, 56, 256, 3, pad=1),             # conv3_2, conv3_3
+    _conv(256, 28, 512, 3, pad=1),             # conv4_1
+    _conv(512, 28, 512, 3, pad=1),             # conv4_2, conv4_3
+    _conv(512, 14, 512, 3, pad=1),             # conv5_x
+]
+
+
+def _depthwise(c, hw, stride):
+    return ConvSpec(1, c, hw, hw, c, 3, 3, stride=(stride, stride), padding=(1,) * 4, groups=c)
+
+
+MOBILENET = [_conv(3, 224, 32, 3, stride=2, pad=1)]  # the stem; then depthwise + pointwise pairs
+for _c, _hw, _stride, _k in [(32, 112, 1, 64), (64, 112, 2, 128), (128, 56, 1, 128),
+                             (128, 56, 2, 256), (256, 28, 1, 256), (256, 28, 2, 512),
+                             (512, 14, 1, 512), (512, 14, 2, 1024), (1024, 7, 1, 1024)]:
+    MOBILENET += [_depthwise(_c, _hw, _stride), _conv(_c, _hw // _stride, _k, 1)]
+
+
 def read_csv(path):
     """ConvSpecs (float32) of every row of a timm_convs-style CSV, with its row dict."""
     with open(path, newline="") as f:
@@ -63,9 +92,12 @@ def read_csv(path):
     return out
 
 
-def timm_sample(count, kinds=SLICING_KINDS, path=TIMM_CSV):
-    """``count`` convolutions of ``kinds``, stratified by kind and evenly spaced by GFLOP."""
-    by_kind = {kind: sorted((r for r in read_csv(path) if r[1]["kind"] == kind),
+def stratified_sample(count, path=TIMM_CSV, kinds=SLICING_KINDS):
+    """``count`` convolutions of ``kinds`` (None: every kind in the file), stratified by kind
+    and evenly spaced by GFLOP."""
+    rows = read_csv(path)
+    kinds = kinds or sorted({row.get("kind", "") for _, row in rows})
+    by_kind = {kind: sorted((r for r in rows if r[1].get("kind", "") == kind),
                             key=lambda r: float(r[1]["gflop"])) for kind in kinds}
     total = sum(len(rows) for rows in by_kind.values())
     picked = []
@@ -76,14 +108,19 @@ def timm_sample(count, kinds=SLICING_KINDS, path=TIMM_CSV):
     return picked[:count] if len(picked) > count else picked
 
 
+NAMED = {"resnet50": RESNET50, "vgg16": VGG16, "mobilenet": MOBILENET, "layers": LAYERS}
+SUITES = "quick, resnet50, vgg16, mobilenet, layers, convbench[:N] or a CSV path[:N]"
+
+
 def suite(name):
     """The ConvSpecs of suite ``name`` (see the module docstring)."""
-    if name == "resnet50":
-        return list(RESNET50)
-    if name == "layers":
-        return list(LAYERS)
-    if name == "timm" or name.startswith("timm:"):
-        return timm_sample(int(name.partition(":")[2] or 100))
-    if os.path.isfile(name):
-        return [spec for spec, _ in read_csv(name)]
-    raise ValueError(f"unknown suite {name!r}: resnet50, layers, timm[:N] or a CSV path")
+    if name in NAMED:
+        return list(NAMED[name])
+    if name == "quick":
+        return RESNET50 + MOBILENET + [VGG16[i] for i in (1, 5, 8)] + stratified_sample(24)
+    base, _, count = name.rpartition(":") if name.rpartition(":")[2].isdigit() else (name, "", "")
+    if base == "convbench":
+        return stratified_sample(int(count or 100))
+    if os.path.isfile(base):
+        return stratified_sample(int(count), base, kinds=None) if count else [s for s, _ in read_csv(base)]
+    raise ValueError(f"unknown suite {name!r}: {SUITES}")

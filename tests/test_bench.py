@@ -1,31 +1,95 @@
-"""The main job runs end to end (one small layer, one repeat) and prints its table."""
+"""The main job runs end to end and writes its report; suites are what they say."""
+import json
 import os
 import subprocess
 import sys
 
+import pytest
+
+from bench.suites import MOBILENET, RESNET50, TIMM_CSV, VGG16, suite
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_bench_prints_a_checked_table():
-    result = subprocess.run([sys.executable, "-m", "bench", "--layers", "n1c512h7w7", "--repeat", "1",
-                             "--engines", "cso,im2col"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+def run_bench(*argv, timeout=300):
+    return subprocess.run([sys.executable, "-m", "bench", *argv], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_bench_writes_a_checked_report(tmp_path):
+    result = run_bench("--suite", "resnet50", "--layers", "n1c512h7w7", "--repeat", "1",
+                       "--engines", "cso,im2col", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "FMA peak" in out and "u-kernel" in out
+    assert "FMA peak" in out and "u-kernel" in out and "Threads" in out
     rows = [line for line in out.splitlines() if line.startswith("n1c512h7w7k512r3s3p1u1")]
     assert len(rows) == 1 and rows[0].split()[-2].endswith("x")
     assert "cso faster than im2col on" in out
 
+    results = json.loads((tmp_path / "results.json").read_text())
+    (conv,) = results["results"]
+    assert conv["spec"] == "n1c512h7w7k512r3s3p1u1" and results["engines"] == ["cso", "im2col"]
+    assert all(g > 0 for g in conv["gflops"].values()) and results["peak_gflops"] > 0
+    parts = conv["cso"]["breakdown_s"]
+    assert set(parts) == {"packing", "micro-kernel", "post-conv", "other"}
+    assert parts["micro-kernel"] > 0 and all(v >= 0 for v in parts.values())
+    assert conv["cso"]["first_call_s"] > 0 and conv["cso"]["plan"]["schedule"] in ("IS", "WS")
+
+    md = (tmp_path / "report.md").read_text()
+    html = (tmp_path / "report.html").read_text()
+    for name in ("gflops.png", "speedup.png", "peak.png", "breakdown.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"]({name})" in md
+    assert html.count("src='data:image/png;base64,") == 4   # self-contained
+    assert "n1c512h7w7k512r3s3p1u1" in md and "n1c512h7w7k512r3s3p1u1" in html
+
+
+def test_quick_runs_a_few_convolutions_once(tmp_path):
+    result = run_bench("--suite", "mobilenet", "--quick", "--engines", "cso,im2col", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "mobilenet (--quick): 4 convolutions" in result.stdout
+    assert len(json.loads((tmp_path / "results.json").read_text())["results"]) == 4
+
 
 def test_schedule_mode_reports_a_hit_rate():
-    result = subprocess.run([sys.executable, "-m", "bench", "--layers", "n1c512h7w7", "--repeat", "1",
-                             "--schedules"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = run_bench("--suite", "resnet50", "--layers", "n1c512h7w7", "--repeat", "1", "--schedules")
     assert result.returncode == 0, result.stderr
     assert "CSA picked the faster schedule on" in result.stdout
 
 
-def test_bench_rejects_unknown_layer():
-    result = subprocess.run([sys.executable, "-m", "bench", "--layers", "nope"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode != 0 and "no convolution name contains" in result.stderr
+@pytest.mark.parametrize("argv, message", [
+    (["--layers", "nope"], "no convolution name contains"),
+    (["--suite", "alexnet"], "unknown suite 'alexnet'"),
+    (["--engines", "cso"], "--engines must include cso and im2col"),
+    (["--threads", "0"], "--threads and --repeat must be at least 1"),
+])
+def test_bench_rejects_bad_options(argv, message):
+    result = run_bench(*argv, timeout=120)
+    assert result.returncode == 2 and message in result.stderr
+
+
+def test_named_suites():
+    assert len(RESNET50) == 8 and len(VGG16) == 9 and len(MOBILENET) == 19
+    assert [str(s) for s in suite("vgg16")][1] == "n1c64h224w224k64r3s3p1u1"
+    depthwise = [s for s in MOBILENET if s.groups > 1]
+    assert len(depthwise) == 9 and all(s.groups == s.c == s.k for s in depthwise)
+    # each pointwise layer reads what the depthwise layer before it wrote
+    for dw, pw in zip(MOBILENET[1::2], MOBILENET[2::2]):
+        assert (pw.c, pw.h) == (dw.k, dw.p) and pw.r == 1
+    quick = suite("quick")
+    assert quick[:27] == RESNET50 + MOBILENET and len(quick) == 54
+
+
+def test_convbench_samples_are_stratified_and_reproducible(tmp_path):
+    sample = suite("convbench:30")
+    assert len(sample) == 30 and sample == suite("convbench:30")
+    assert len(suite("convbench")) == 100
+    kinds = {s.dilation != (1, 1) or (s.r, s.s) == (1, 1) for s in sample}
+    assert kinds == {True, False}                      # pointwise/dilated and common both present
+    assert all(s.groups == 1 for s in sample)
+    # a CSV path: every row, or N rows sampled over every kind in the file
+    lines = open(TIMM_CSV).read().splitlines()
+    path = tmp_path / "mine.csv"
+    path.write_text("\n".join(lines[:41]) + "\n")
+    assert len(suite(str(path))) == 40
+    assert len(suite(f"{path}:5")) == 5

@@ -1,0 +1,91 @@
+"""Timing: the engines side by side, CSA's two schedules, and cso's time breakdown.
+
+Every number is a median over ``repeat`` samples after an untimed warm-up; calls shorter than
+MIN_SAMPLE_SECONDS are repeated within a sample so that timer resolution does not dominate.
+"""
+import statistics
+import time
+
+import numpy as np
+
+from cso.lowering import ALL_PHASES, PACK, POST
+
+from .engines import ENGINES, check, cso_engine, reference
+
+MIN_SAMPLE_SECONDS = 0.005
+
+
+def median_seconds(run, repeat):
+    """Median over ``repeat`` samples of the time of one call ``run()``."""
+    start = time.perf_counter()
+    run()
+    calls = max(1, int(MIN_SAMPLE_SECONDS / max(time.perf_counter() - start, 1e-7)))
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(calls):
+            run()
+        samples.append((time.perf_counter() - start) / calls)
+    return statistics.median(samples)
+
+
+def _timed(make):
+    start = time.perf_counter()
+    made = make()
+    return made, time.perf_counter() - start
+
+
+def operands(spec, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(spec.input_shape, dtype=np.float32),
+            rng.standard_normal(spec.weight_shape, dtype=np.float32))
+
+
+def measure_conv(spec, engines, repeat, threads=1):
+    """One convolution: every engine's output checked against the float64 reference, then
+    timed; for cso also the one-off costs and the steady-state breakdown."""
+    x, w = operands(spec)
+    ref = reference(spec, x, w)
+    seconds = {}
+    result = {"spec": str(spec), "gflop": spec.flops / 1e9}
+    for name in engines:
+        run, load = _timed(lambda: ENGINES[name](spec, w, threads))
+        out, first = _timed(lambda: run(x))
+        check(name, spec, out, ref)
+        seconds[name] = median_seconds(lambda: run(x), repeat)
+        if name == "cso":
+            result["cso"] = {"filter_packing_s": load, "first_call_s": first,
+                             "plan": plan_facts(run.plan_for(x.shape)),
+                             "breakdown_s": breakdown(run, x, repeat)}
+    result["seconds"] = seconds
+    result["gflops"] = {name: spec.flops / s / 1e9 for name, s in seconds.items()}
+    return result
+
+
+def plan_facts(plan):
+    return {"schedule": plan.schedule, "vector": plan.vector, "input": "slab" if plan.slab else
+            "packed tiles", "microtile": [plan.nwin, plan.nf], "nc": plan.nc, "k2": plan.k2,
+            "k3": plan.k3}
+
+
+def breakdown(conv, x, repeat):
+    """Steady-state seconds of a call in ConvBench's terms, from runs of some loop-nest phases
+    alone on the same tiles: input packing, micro-kernel, post-conv (the transposition of a
+    filters-in-vectors output) and the rest (argument checks, buffers, loop control)."""
+    alone = {phases: median_seconds(lambda: conv.call_phases(x, phases), repeat)
+             for phases in (0, PACK, POST, ALL_PHASES)}
+    packing = max(0.0, alone[PACK] - alone[0])
+    post = max(0.0, alone[POST] - alone[0])
+    return {"packing": packing, "micro-kernel": max(0.0, alone[ALL_PHASES] - alone[0] - packing - post),
+            "post-conv": post, "other": alone[0]}
+
+
+def measure_schedules(spec, repeat):
+    """GFLOP/s of cso with IS and WS forced, and the schedule CSA picks."""
+    x, w = operands(spec)
+    chosen = cso_engine(spec, w).plan_for(spec.input_shape).schedule
+    gflops = {}
+    for schedule in ("IS", "WS"):
+        run = cso_engine(spec, w, plan_overrides={"schedule": schedule})
+        gflops[schedule] = spec.flops / median_seconds(lambda: run(x), repeat) / 1e9
+    return {"spec": str(spec), "gflop": spec.flops / 1e9, "chosen": chosen, "gflops": gflops}
