@@ -20,6 +20,8 @@ def _height(rows, per_row):
 
 
 def _save(fig, path):
+    for ax in fig.axes:
+        ax.margins(y=0.01)
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
@@ -39,8 +41,8 @@ def gflops_bars(results, engines, peak, path):
     ax.set_yticks(range(len(results)), [r["spec"] for r in results], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("GFLOP/s (higher is better)")
-    ax.set_title("Throughput per convolution")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title("Throughput per convolution", pad=24)
+    ax.legend(loc="lower left", bbox_to_anchor=(0, 1.0), ncol=5, fontsize=8, frameon=False)
     ax.grid(axis="x", alpha=0.3)
     return _save(fig, path)
 
