@@ -54,7 +54,7 @@ def measure_conv(spec, engines, repeat, threads=1):
         check(name, spec, out, ref)
         seconds[name] = median_seconds(lambda: run(x), repeat)
         if name == "cso":
-            result["cso"] = {"filter_packing_s": load, "first_call_s": first,
+            result["cso"] = {"load_s": load, "first_call_s": first,
                              "plan": plan_facts(run.plan_for(x.shape)),
                              "breakdown_s": breakdown(run, x, repeat)}
     result["seconds"] = seconds

@@ -90,7 +90,7 @@ def percent_of_peak(results, peak, path):
 
 def time_breakdown(results, path):
     """Left: the steady-state call split into ConvBench's phases. Right: the one-off costs
-    (filter packing at load, the first call's planning and compilation) against one call."""
+    (loading: planning and filter packing; the first call's compilation) against one call."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, _height(results, 0.2)), sharey=True,
                                       gridspec_kw={"width_ratios": [3, 2]})
     rows = range(len(results))
@@ -109,8 +109,8 @@ def time_breakdown(results, path):
     left.set_title("Where a call's time goes", pad=22)
     left.legend(fontsize=7, ncol=4, loc="lower left", bbox_to_anchor=(0, 1.0), frameon=False)
     one_off = [("steady call", lambda r: r["seconds"]["cso"], COLORS["cso"], "o"),
-               ("filter packing (load)", lambda r: r["cso"]["filter_packing_s"], "#9467bd", "s"),
-               ("first call (plan + compile)", lambda r: r["cso"]["first_call_s"], "#8c564b", "^")]
+               ("load (plan + filter packing)", lambda r: r["cso"]["load_s"], "#9467bd", "s"),
+               ("first call (compile + run)", lambda r: r["cso"]["first_call_s"], "#8c564b", "^")]
     for label, get, color, marker in one_off:
         right.scatter([1e3 * get(r) for r in results], rows, color=color, marker=marker, s=18, label=label)
     right.set_xscale("log")

@@ -33,7 +33,8 @@ def test_bench_writes_a_checked_report(tmp_path):
     parts = conv["cso"]["breakdown_s"]
     assert set(parts) == {"packing", "micro-kernel", "post-conv", "other"}
     assert parts["micro-kernel"] > 0 and all(v >= 0 for v in parts.values())
-    assert conv["cso"]["first_call_s"] > 0 and conv["cso"]["plan"]["schedule"] in ("IS", "WS")
+    assert conv["cso"]["load_s"] > 0 and conv["cso"]["first_call_s"] > 0
+    assert conv["cso"]["plan"]["schedule"] in ("IS", "WS")
 
     md = (tmp_path / "report.md").read_text()
     html = (tmp_path / "report.html").read_text()
