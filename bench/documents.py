@@ -6,7 +6,7 @@ import json
 import os
 
 from . import plots
-from .report import geomean, win_lines
+from .report import geomean, win_lines, wins
 
 PHASES = ("packing", "micro-kernel", "post-conv", "other")
 
@@ -20,7 +20,8 @@ def write(out_dir, facts, peak, results, engines):
         ("cso's fraction of the measured peak", plots.percent_of_peak(results, peak, os.path.join(out_dir, "peak.png"))),
         ("cso's time breakdown and one-off costs", plots.time_breakdown(results, os.path.join(out_dir, "breakdown.png"))),
     ]
-    blocks = _blocks(facts, peak, results, engines, figures)
+    summary = _summary(results, engines)
+    blocks = _blocks(facts, peak, results, engines, figures, summary["geomean_gflops"])
     paths = [os.path.join(out_dir, name) for name in ("report.md", "report.html", "results.json")]
     with open(paths[0], "w") as f:
         f.write(_markdown(blocks))
@@ -28,7 +29,7 @@ def write(out_dir, facts, peak, results, engines):
         f.write(_html(blocks))
     with open(paths[2], "w") as f:
         json.dump({"machine": dict(facts), "peak_gflops": peak, "engines": engines,
-                   "summary": _summary(results, engines), "results": results}, f, indent=1)
+                   "summary": summary, "results": results}, f, indent=1)
     return paths + [path for _, path in figures]
 
 
@@ -36,14 +37,12 @@ def _summary(results, engines):
     mean = {e: geomean(r["gflops"][e] for r in results) for e in engines}
     return {"geomean_gflops": mean,
             "cso_speedup": {e: mean["cso"] / mean[e] for e in engines if e != "cso"},
-            "cso_faster_on": {e: sum(r["gflops"]["cso"] > r["gflops"][e] for r in results)
-                              for e in engines if e != "cso"},
+            "cso_faster_on": {e: wins(results, e)[0] for e in engines if e != "cso"},
             "convolutions": len(results)}
 
 
-def _blocks(facts, peak, results, engines, figures):
+def _blocks(facts, peak, results, engines, figures, mean):
     others = [e for e in engines if e != "cso"]
-    mean = _summary(results, engines)["geomean_gflops"]
     first = sum(r["cso"]["first_call_s"] for r in results)
     load = sum(r["cso"]["load_s"] for r in results)
     blocks = [

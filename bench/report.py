@@ -103,13 +103,19 @@ def print_table(results, engines, peak):
         print(line)
 
 
+def wins(results, engine):
+    """(on how many convolutions cso is faster than ``engine``, the result with cso's lowest
+    ratio to it)."""
+    count = sum(r["gflops"]["cso"] > r["gflops"][engine] for r in results)
+    return count, min(results, key=lambda r: r["gflops"]["cso"] / r["gflops"][engine])
+
+
 def win_lines(results, others):
     """For each other engine: on how many convolutions cso is faster, and its lowest ratio."""
     lines = []
     for e in others:
-        wins = sum(r["gflops"]["cso"] > r["gflops"][e] for r in results)
-        worst = min(results, key=lambda r: r["gflops"]["cso"] / r["gflops"][e])
-        lines.append(f"cso faster than {e} on {wins} of {len(results)}; lowest ratio "
+        count, worst = wins(results, e)
+        lines.append(f"cso faster than {e} on {count} of {len(results)}; lowest ratio "
                      f"{worst['gflops']['cso'] / worst['gflops'][e]:.2f}x on {worst['spec']}")
     return lines
 
