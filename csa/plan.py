@@ -67,7 +67,7 @@ class SlicingPlan:
 
     @property
     def window_tiles(self):
-        return ceil(self.spec.p * self.spec.q / self.nwin)
+        return ceil(window_positions(self.spec, self.slab) / self.nwin)
 
     @property
     def filter_tiles(self):
@@ -269,6 +269,14 @@ def slab_shape(spec):
     return spec.p + dh * (spec.r - 1) // sh, spec.q + dw * (spec.s - 1) // sw
 
 
+def window_positions(spec, slab):
+    """Window positions the tiles cover: P*Q, or on a slab's phase planes every position of
+    the first P-1 virtual rows (Ws wide, padding columns included) and Q of the last."""
+    if not slab:
+        return spec.p * spec.q
+    return (spec.p - 1) * slab_shape(spec)[1] + spec.q
+
+
 def reads_input_unpacked(spec):
     """1x1, stride 1, no padding: the NCHW input already is the C x (H*W) matrix the kernel
     streams, so full window tiles need no packing."""
@@ -332,7 +340,7 @@ def analyze(spec, machine=None, *, vector=None, microtile_shape=None, nc=None, k
     nc = min(nc, spec.c_per_group) if nc else channel_tile(spec, nwin, nf, machine.l1d)
     slab = use_slab(spec, nwin, nf, nc, vector, machine) if slab is None else slab
     fin, fw, fout = tile_footprints(spec, nwin, nf, nc)
-    t_in, t_w = ceil(spec.p * spec.q / nwin), ceil(spec.k_per_group / nf)
+    t_in, t_w = ceil(window_positions(spec, slab) / nwin), ceil(spec.k_per_group / nf)
     blocks = {"IS": blocking(fin, fw, fout, t_w, t_in, machine),
               "WS": blocking(fw, fin, fout, t_in, t_w, machine)}
     costs = {name: schedule_costs(spec, machine, nwin, nf, nc, *blocks[name], name, vector)

@@ -1,6 +1,7 @@
 """Lowering: the compiled macro-kernel loop nest (IS and WS orders) around one micro-kernel.
 
-One loop nest is compiled per KernelSpec (dtype, micro-tile, ISA); every shape, stride, padding,
+One loop nest is compiled per KernelSpec (dtype, micro-tile, ISA, slab or packed input) and
+orientation (windows or filters in vectors); every shape, stride, padding,
 dilation, group count and tiling is a run-time argument, so a model with many distinct
 convolutions compiles it once. No Python runs per tile: packing and micro-kernel calls happen
 inside the numba-compiled function.
@@ -11,7 +12,7 @@ import numpy as np
 from numba import njit, types
 from numba.np.numpy_support import from_dtype
 
-from csa.plan import reads_input_unpacked, slab_shape
+from csa.plan import reads_input_unpacked, slab_shape, window_positions
 from microkernels import ACCUMULATE, KernelSpec
 from microkernels.numba_bridge import kernel_intrinsic, row_copy_intrinsic, transpose_intrinsic
 from packing import input_packer, slab_filler
@@ -20,7 +21,7 @@ from packing import input_packer, slab_filler
 # window geometry the input packer reads.
 GEOM_FIELDS = ("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q",
                "P", "groups", "Cg", "Kg", "nc", "k2", "k3", "is_input_stationary", "epilogue",
-               "unpacked", "phases")
+               "unpacked", "phases", "Hs", "Ws", "windows", "slots")
 
 # The loop nest's phases (geom "phases"): a call runs all of them; the benchmark's time
 # breakdown runs some alone on the same tiles (ConvBench's packing / micro-kernel / post-conv).
@@ -30,9 +31,10 @@ ALL_PHASES = PACK | KERNEL | POST
 
 def geometry(plan, epilogue_flags):
     """The ``geom`` vector for ``plan``; ``epilogue_flags`` (BIAS | RELU) apply on the last
-    channel tile."""
+    channel tile (with filters in vectors, in the transposing pass)."""
     s = plan.spec
-    values = dict(R=s.r, S=s.s, sh=s.stride[0], sw=s.stride[1], dh=s.dilation[0], dw=s.dilation[1],
+    hs, ws = slab_shape(s)
+    values = dict(Hs=hs, Ws=ws, windows=window_positions(s, plan.slab), slots=scratch_tiles(plan),R=s.r, S=s.s, sh=s.stride[0], sw=s.stride[1], dh=s.dilation[0], dw=s.dilation[1],
                   pt=s.padding[0], pl=s.padding[2], Q=s.q, P=s.p, groups=s.groups,
                   Cg=s.c_per_group, Kg=s.k_per_group, nc=plan.nc, k2=plan.k2, k3=plan.k3,
                   is_input_stationary=int(plan.schedule == "IS"), epilogue=epilogue_flags,
@@ -40,19 +42,24 @@ def geometry(plan, epilogue_flags):
     return np.array([values[f] for f in GEOM_FIELDS], dtype=np.int64)
 
 
-def scratch_elements(plan):
+def scratch_tiles(plan):
     """Packed input tiles held at once: K2 for WS; for IS, K3 when several filter blocks reuse
-    them, else one. A slab holds one channel tile's padded planes and a tile's worth of tail
+    them, else one (still hot in L1 when used); none for a slab."""
+    if plan.slab:
+        return 0
+    if plan.schedule == "IS":
+        return plan.k3 if plan.filter_tiles > plan.k2 else 1
+    return plan.k2
+
+
+def scratch_elements(plan):
+    """The packed tiles, or a slab: one channel tile's padded planes and a tile's worth of tail
     (the last tile reads a whole tile past its last window)."""
     s = plan.spec
     if plan.slab:
         hs, ws = slab_shape(s)
         return plan.nc * s.stride[0] * s.stride[1] * hs * ws + plan.nwin
-    if plan.schedule == "IS":
-        tiles = plan.k3 if plan.filter_tiles > plan.k2 else 1
-    else:
-        tiles = plan.k2
-    return tiles * plan.nwin * plan.nc * s.r * s.s
+    return scratch_tiles(plan) * plan.nwin * plan.nc * s.r * s.s
 
 
 def loop_nest_signature(dtype):
@@ -111,12 +118,11 @@ def conv_loop_nest(kspec, filters_in_vectors):
         Q, P, G, Cg, Kg = geom[8], geom[9], geom[10], geom[11], geom[12]
         nc_max, k2, k3, input_stationary = geom[13], geom[14], geom[15], geom[16]
         epilogue, unpacked, phases = geom[17], geom[18], geom[19]
+        Hs, Ws, windows, slots = geom[20], geom[21], geom[22], geom[23]   # slab planes (slab only)
         packing, kernels, post = phases & PACK, phases & KERNEL, phases & POST
         N, C, K = x.shape[0], x.shape[1], out.shape[1]
         PQ = P * Q
         sh, sw, dh, dw = geom[2], geom[3], geom[4], geom[5]
-        Hs, Ws = P + dh * (R - 1) // sh, Q + dw * (S - 1) // sw   # slab phase planes (slab only)
-        windows = (P - 1) * Ws + Q if slab else PQ  # window positions the tiles cover
         rows = np.empty(nc_max * R * S if slab else 0, np.int64)
         if slab:
             slab_rows(rows, nc_max, R, S, sh, sw, dh, dw, Hs, Ws)
@@ -162,9 +168,7 @@ def conv_loop_nest(kspec, filters_in_vectors):
                                              scratch_addr + (wt - wb) * tile_bytes)
                             for wt in range(wb, wend):
                                 p0 = wt * NWIN
-                                # IS keeps the K3 packed tiles only when several filter blocks
-                                # reuse them; else one slot, still hot in L1 when used
-                                slot = wt - wb if (not input_stationary or t_w > f_block) else 0
+                                slot = wt - wb if slots > 1 else 0   # see scratch_tiles
                                 in_addr, ld_in = scratch_addr + slot * tile_bytes, NWIN
                                 # c_at: C's first window (slab: its output row, col0 on it)
                                 nwin_used, c_at, col0 = min(NWIN, windows - p0), p0, 0

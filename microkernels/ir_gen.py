@@ -181,7 +181,7 @@ class _KernelBuilder:
                    for bit in (ACCUMULATE, BIAS, RELU)]
         accumulate, bias_on, relu_on = flag_on
         whole = bld.icmp_unsigned("==", nwin_used, ir.Constant(I64, spec.nwin))
-        segments, full = self._segments(bld), [(None, None)]
+        full = [(None, None)]
         if spec.slab:
             col0, width, gap = fn.args[12:15]
             row_end = bld.sub(width, gap)
@@ -190,8 +190,10 @@ class _KernelBuilder:
         done = fn.append_basic_block("done")
         full_blk, part_blk = fn.append_basic_block("store_full"), fn.append_basic_block("store_part")
         bld.cbranch(whole, full_blk, part_blk)
-        for segs, blk in ((full, full_blk), (segments, part_blk)):
+        for blk in (full_blk, part_blk):
             bld.position_at_end(blk)
+            # lane masks only on the partial path: a whole tile stores unmasked
+            segs = full if blk is full_blk else self._segments(bld)
             over, add = fn.append_basic_block(), fn.append_basic_block()
             bld.cbranch(accumulate, add, over)
             for acc_mode, rows_blk in ((False, over), (True, add)):

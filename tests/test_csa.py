@@ -26,7 +26,9 @@ def test_plan_hand_computed_input_stationary():
     assert plan.footprints() == (32 * 9 * 16 * 4, 14 * 9 * 16 * 4, 32 * 14 * 4)
     # K2: (0.9*65536 - 18432) / (8064 + 1792) = 4.11; K3: (235929.6 - 4*8064) / (18432 + 4*1792) = 7.96
     assert (plan.k2, plan.k3) == (4, 7)
-    assert (plan.window_tiles, plan.filter_tiles, plan.channel_tiles) == (98, 5, 4)
+    # 5 filter tiles: a slab, whose tiles cover 55 virtual rows of 58 plus 56: ceil(3246 / 32)
+    assert plan.slab
+    assert (plan.window_tiles, plan.filter_tiles, plan.channel_tiles) == (102, 5, 4)
 
 
 def test_plan_hand_computed_weight_stationary():
