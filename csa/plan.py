@@ -114,7 +114,7 @@ class SlicingPlan:
                          f"filter tiles per packed tile){_forced(self, 'slab')}")
         else:
             lines.append(f"  input: packed tiles (R*S shifted copies per channel){_forced(self, 'slab')}")
-        lines.append("  cost model (cache-line loads x latency, cycles):")
+        lines.append("  cost model (cache-line loads x latency, streamed L2 x bandwidth, cycles):")
         for name in SCHEDULES:
             terms = self.costs[name]
             detail = ", ".join(f"{k} {v:.3g}" for k, v in terms.items() if k != "total")
@@ -154,7 +154,8 @@ def blocking(stationary, streamed, out, streamed_tiles, resident_tiles, machine)
 
 
 def schedule_costs(spec, machine, nwin, nf, nc, k2, k3, schedule, vector="windows"):
-    """Cache-line loads per level, weighted by latency, for one whole convolution.
+    """Cache-line loads per level, weighted by latency (streamed L2: bandwidth), for one whole
+    convolution.
 
     Stationary tiles (inputs for IS, filters for WS) are re-read from L1 by every micro-kernel
     call after the first of each streamed block, which brings them from L3. Streamed tiles are

@@ -153,7 +153,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, acti
     ``stride``, ``dilation``: int or (h, w). ``padding``: int, (h, w), ((top, bottom), (left,
     right)), 'valid' or 'same' (output = ceil(input / stride), an odd extra row or column at
     the end). ``activation``: None or 'relu', fused into the store. ``out``: optional
-    C-contiguous array of the output shape and dtype to write into.
+    array of the output shape and dtype to write into (any strides; not overlapping ``x``).
     """
     args.check_array("input", x)
     args.check_array("weight", weight)

@@ -1,6 +1,5 @@
 """Call generated functions from numba-compiled code: their IR is emitted into numba's own
-module through ``numba.extending.intrinsic`` (no ctypes, so the caller stays cacheable and LLVM
-may inline them).
+module through ``numba.extending.intrinsic`` (no ctypes: LLVM may inline them).
 
 Pointer arguments are passed as integer addresses (``arr.ctypes.data`` plus a byte offset), so
 one call site serves any array; addresses are the caller's responsibility, exactly as in C.

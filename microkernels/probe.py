@@ -16,7 +16,7 @@ from .numba_bridge import kernel_intrinsic
 
 FMA_CHAINS = 12            # independent accumulators: >= FMA latency x FMA pipes, so no stalls
 UKERNEL_K = 256            # packed rows per call; 8x32 float32 tiles: A 32 KiB + B 8 KiB, in L1
-SHIFT = 16                 # floats (one 64-byte line) the tiles move by from one call to the next
+SHIFT = 16                 # elements (a 64-byte line in f32) the tiles move by from one call to the next
 
 
 def _best_seconds(run, trials=3):

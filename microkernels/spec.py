@@ -12,8 +12,9 @@ _NAME = re.compile(r"^(f32|f64)_conv_ukernel_(\d+)x(\d+)(_slab)?__(\w+)$")
 
 @dataclass(frozen=True)
 class KernelSpec:
-    """An ``nf`` x ``nwin`` outer-product tile: ``nf`` filters (broadcast) by ``nwin`` windows
-    (the vector dimension) for one dtype and ISA. A ``slab`` kernel reads its vector operand in
+    """An ``nf`` x ``nwin`` outer-product tile: ``nf`` broadcast values by ``nwin`` vector
+    lanes (windows by filters, or filters by windows when filters are in vectors) for one dtype
+    and ISA. A ``slab`` kernel reads its vector operand in
     place from a padded input slab (rows by an offset table, windows on a virtual row width
     whose padding columns it never stores; see ``ir_gen``)."""
     dtype: str   # "f32" or "f64"

@@ -4,7 +4,8 @@ A packed input tile holds, for each (c, r, s) of a channel tile, the ``nwin`` wi
 micro-kernel loads as vectors. Windows are flattened over the output plane (window j of a tile
 starting at p0 is output position p0 + j, row (p0 + j) // Q, column (p0 + j) % Q), so a tile can
 span several output rows. Zero padding is produced here: out-of-image taps and windows past the
-end of the plane are written as zeros, and the input is never copied whole.
+end of the plane are written as zeros, and the input is never copied whole (the slab filler
+below copies one channel tile at a time, once).
 
 The tile is filled by runs of windows that share an output row: for a fixed (c, r, s) a run reads
 one input row at stride ``sw``, and vector row copies (``copy_rows``) move the whole run,
