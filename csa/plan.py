@@ -85,7 +85,7 @@ class SlicingPlan:
         fin, fw, fout = self.footprints()
         ds, rs = s.itemsize, s.r * s.s
         nc_rule = ("all C/groups channels fit:" if self.nc == s.c_per_group else
-                   "the largest (at least 1) with")
+                   f"C/groups split evenly into the fewest tiles ({self.channel_tiles}) with")
         lines = [
             f"SlicingPlan for {s} ({s.flops / 1e9:.3f} GFLOP)",
             f"  machine: {m}",
@@ -135,10 +135,13 @@ def tile_footprints(spec, nwin, nf, nc):
 
 
 def channel_tile(spec, nwin, nf, l1d):
-    """Largest Nc with Nc*(Nwin+Nf)*R*S*ds + Nwin*Nf*ds <= 0.9*L1, at least 1, at most C_g."""
+    """Nc: the fewest channel tiles with Nc*(Nwin+Nf)*R*S*ds + Nwin*Nf*ds <= 0.9*L1 (at least 1
+    channel each), split evenly: a short last tile would cost a whole pass over the partial
+    outputs for a few channels (32 channels as 30 + 2 measured 2% slower than 16 + 16)."""
     ds, rs = spec.itemsize, spec.r * spec.s
     room = CACHE_FILL * l1d - nwin * nf * ds
-    return int(min(spec.c_per_group, max(1, room // ((nwin + nf) * rs * ds))))
+    largest = int(min(spec.c_per_group, max(1, room // ((nwin + nf) * rs * ds))))
+    return ceil(spec.c_per_group / ceil(spec.c_per_group / largest))
 
 
 def blocking(stationary, streamed, out, streamed_tiles, resident_tiles, machine):

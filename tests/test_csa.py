@@ -54,6 +54,15 @@ def test_channel_tile_never_exceeds_channels_per_group():
     assert csa.channel_tile(spec, 32, 14, 48 * 1024) == 4
 
 
+def test_channel_tiles_split_evenly():
+    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32)
+    # 30 channels of a 32 x 8 tile fit L1: (0.9*49152 - 1024) // (40*9*4) = 30
+    for c, nc in ((30, 30), (32, 16), (64, 22), (256, 29), (31, 16)):
+        spec = ConvSpec(1, c, 28, 28, 64, 3, 3, padding=(1,) * 4)
+        assert csa.channel_tile(spec, 32, 8, zen.l1d) == nc
+        assert csa.analyze(spec, zen, vector="windows").channel_tiles == -(-c // 30)
+
+
 def test_float64_roughly_halves_the_channel_tile():
     f32 = csa.analyze(LAYER, SMALL, microtile_shape=(32, 14))
     f64 = csa.analyze(ConvSpec(1, 64, 56, 56, 64, 3, 3, padding=(1,) * 4, dtype="float64"), SMALL,
@@ -121,7 +130,8 @@ def test_slab_where_it_applies_and_pays():
     assert few_filters.slab and "slab" in few_filters.explain()
     assert not csa.analyze(ConvSpec.parse("n1c256h56w56k256r3s3p1u1"), zen).slab  # 32 filter tiles
     assert csa.analyze(ConvSpec.parse("n1c3h224w224k64r7s7p3u2"), zen).slab   # stride 2: phases
-    wide_strided = ConvSpec.parse("n1c32h208w208k64r3s3p1u2")   # R*S runs x 30 channels > L1
+    assert csa.analyze(ConvSpec.parse("n1c32h208w208k64r3s3p1u2"), zen).slab  # 2 x 16 channels
+    wide_strided = ConvSpec.parse("n1c64h208w208k64r3s3p1u2")   # R*S runs x 22 channels > L1
     assert not csa.analyze(wide_strided, zen).slab and csa.analyze(wide_strided, zen, slab=True).slab
     for name in ("n1c64h56w56k64r3s3p1u2",      # slab rows of 28 + 1 < 32 windows
                  "n1c64h28w28k64r3s3p1u1",      # slab rows of 30 < 32 windows
