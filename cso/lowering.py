@@ -44,11 +44,12 @@ def geometry(plan, epilogue_flags):
 
 def scratch_tiles(plan):
     """Packed input tiles held at once: K2 for WS; for IS, K3 when several filter blocks reuse
-    them, else one (still hot in L1 when used); none for a slab."""
+    them or when window tiles are the innermost loop (filters in vectors), else one (still hot
+    in L1 when used); none for a slab."""
     if plan.slab:
         return 0
     if plan.schedule == "IS":
-        return plan.k3 if plan.filter_tiles > plan.k2 else 1
+        return plan.k3 if plan.filter_tiles > plan.k2 or plan.vector == "filters" else 1
     return plan.k2
 
 
@@ -166,7 +167,15 @@ def conv_loop_nest(kspec, filters_in_vectors):
                                     if not unpacked or p0 + NWIN > PQ:
                                         pack(x, n, g * Cg + c0, nc, p0, min(NWIN, PQ - p0), geom,
                                              scratch_addr + (wt - wb) * tile_bytes)
-                            for wt in range(wb, wend):
+                            # the vector operand's tile stays in L1 while the broadcast
+                            # operand's tiles stream past it: filter tiles innermost with
+                            # windows in vectors, window tiles innermost with filters in vectors
+                            nw, nfb = wend - wb, fend - fb
+                            for i in range(nw * nfb):
+                                if filters_in_vectors:
+                                    ft, wt = fb + i // nw, wb + i % nw
+                                else:
+                                    wt, ft = wb + i // nfb, fb + i % nfb
                                 p0 = wt * NWIN
                                 slot = wt - wb if slots > 1 else 0   # see scratch_tiles
                                 in_addr, ld_in = scratch_addr + slot * tile_bytes, NWIN
@@ -178,24 +187,25 @@ def conv_loop_nest(kspec, filters_in_vectors):
                                     col0 = p0 % Ws
                                 elif unpacked and p0 + NWIN <= PQ:
                                     in_addr, ld_in = x_base + p0 * item, PQ
-                                elif input_stationary and inner == 0 and packing:
-                                    # IS packs on the first pass over the filter blocks, right
-                                    # before the tile's first use
+                                elif input_stationary and inner == 0 and ft == fb and packing:
+                                    # IS packs a tile on the first pass over the filter blocks,
+                                    # right before its first use
                                     pack(x, n, g * Cg + c0, nc, p0, nwin_used, geom, in_addr)
-                                for ft in range(fb, fend if kernels else fb):
-                                    f0 = ft * NF
-                                    w_tile = w_base + ft * w_tile_bytes
-                                    if filters_in_vectors:
-                                        ukernel(depth, w_tile, NF, in_addr, ld_in,
-                                                out_t_addr + (p0 * K + g * Kg + f0) * item, K,
-                                                min(NF, Kg - f0), nwin_used, bias_addr,
-                                                flags, 0, 0, 0, 0)
-                                    else:
-                                        ukernel(depth, in_addr, ld_in, w_tile, NF,
-                                                out_base + (f0 * PQ + c_at) * item, PQ,
-                                                nwin_used, min(NF, Kg - f0),
-                                                bias_addr + (g * Kg + f0) * item, flags,
-                                                rows_addr, col0, Ws, Ws - Q)
+                                if not kernels:
+                                    continue
+                                f0 = ft * NF
+                                w_tile = w_base + ft * w_tile_bytes
+                                if filters_in_vectors:
+                                    ukernel(depth, w_tile, NF, in_addr, ld_in,
+                                            out_t_addr + (p0 * K + g * Kg + f0) * item, K,
+                                            min(NF, Kg - f0), nwin_used, bias_addr,
+                                            flags, 0, 0, 0, 0)
+                                else:
+                                    ukernel(depth, in_addr, ld_in, w_tile, NF,
+                                            out_base + (f0 * PQ + c_at) * item, PQ,
+                                            nwin_used, min(NF, Kg - f0),
+                                            bias_addr + (g * Kg + f0) * item, flags,
+                                            rows_addr, col0, Ws, Ws - Q)
             if filters_in_vectors and post:
                 # out[n, k, p] = out_t[p, k] (+ bias[k], ReLU), one vector-square block at a time
                 for p0 in range(0, PQ, LANES):
