@@ -14,7 +14,9 @@ from numba.np.numpy_support import from_dtype
 
 from csa.plan import reads_input_unpacked, slab_shape, window_positions
 from microkernels import ACCUMULATE, KernelSpec
-from microkernels.numba_bridge import kernel_intrinsic, row_copy_intrinsic, transpose_intrinsic
+from microkernels.row_copy import max_taps
+from microkernels.numba_bridge import (kernel_intrinsic, row_copy_intrinsic, tap_copy_intrinsic,
+                                       transpose_intrinsic)
 from packing import input_packer, slab_filler
 
 # Layout of the int64 ``geom`` vector passed to the loop nest: the first nine entries are the
@@ -111,7 +113,8 @@ def conv_loop_nest(kspec, filters_in_vectors):
     LANES = kspec.lanes
     NWIN, NF = (kspec.nf, kspec.nwin) if filters_in_vectors else (kspec.nwin, kspec.nf)
     copy_rows = row_copy_intrinsic(kspec, NWIN)
-    pack, fill_slab = input_packer(copy_rows, NWIN), slab_filler(copy_rows, NWIN)
+    pack = input_packer(copy_rows, tap_copy_intrinsic(kspec, NWIN), NWIN, max_taps(kspec))
+    fill_slab = slab_filler(copy_rows, NWIN)
 
     @njit(loop_nest_signature(kspec.np_dtype), nogil=True)
     def run(x, packed_w, bias, out, geom, scratch, out_t):

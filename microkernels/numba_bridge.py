@@ -59,6 +59,23 @@ def row_copy_intrinsic(spec, width):
 
 
 @lru_cache(maxsize=None)
+def tap_copy_intrinsic(spec, width):
+    """``copy_taps(dst, dst_step, tap_step, src, src_step, count, taps, j0, j1, end, lo, hi)``:
+    the stride-1 packed rows of every tap of a filter row from one read of the input (see
+    ``microkernels.row_copy.define_tap_copy``)."""
+
+    @intrinsic
+    def copy_taps(typingctx, dst, dst_step, tap_step, src, src_step, count, taps, j0, j1, end, lo,
+                  hi):
+        return _signature_and_codegen((dst, dst_step, tap_step, src, src_step, count, taps, j0, j1,
+                                       end, lo, hi),
+                                      lambda module: row_copy.define_tap_copy(module, spec, width),
+                                      row_copy.TAP_FUNCTION_TYPE)
+
+    return copy_taps
+
+
+@lru_cache(maxsize=None)
 def transpose_intrinsic(spec):
     """``transpose_block(src, lds, dst, ldd, rows, cols, bias, flags)``: a lanes x lanes block
     transposed with the epilogue (see ``microkernels.transpose``)."""

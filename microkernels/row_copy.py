@@ -1,5 +1,5 @@
-"""Vector row copy for input packing, generated as LLVM IR and inlined into numba code
-(``packing`` drives it; the vector code lives here with the other generators).
+"""Vector row copies for input packing, generated as LLVM IR and called from numba code
+(``packing`` drives them; the vector code lives here with the other generators).
 
 ``copy_rows(dst, dst_step, src, src_step, count, stride, j0, j1, lo, hi)`` fills ``count``
 packed tile rows (``width`` values each, moved in vectors of the kernel's lanes; row i at ``dst + i*dst_step`` bytes, read from
@@ -10,6 +10,9 @@ stride*width contiguous values, every stride-th kept by constant shuffles) or ma
 (larger strides), so lanes outside [lo, hi) -- taps in the zero padding, windows past the end
 of the plane -- are never read, and ``src`` may point outside the input for them. A whole row
 of windows moves per vector instruction; no scalar loop runs per element.
+
+``copy_taps`` (stride 1, no dilation) fills the rows of all S taps of a filter row at once from
+one read of each input row, shifting it by constant shuffles (see ``define_tap_copy``).
 """
 from llvmlite import ir
 
@@ -43,7 +46,7 @@ def define_row_copy(module, spec, width):
 
 class _RowCopyBuilder:
     def __init__(self, module, fn, spec, width):
-        self.module, self.fn = module, fn
+        self.module, self.fn, self.spec = module, fn, spec
         self.dtype, self.lanes = spec.dtype, spec.lanes
         self.vectors = -(-width // self.lanes)  # the last one partly stored when width is not a multiple
         self.scalar = SCALARS[spec.dtype]
@@ -153,3 +156,91 @@ class _RowCopyBuilder:
             return bld.call(gather, [ptrs, masks[v], self.zero])
 
         return masks, load
+
+
+
+TAP_ARGS = ("dst", "dst_step", "tap_step", "src", "src_step", "count", "taps", "j0", "j1", "end",
+            "lo", "hi")
+TAP_FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, I64, PTR, I64] + [I64] * 7)
+MAX_TAPS = 7  # the widest filter copy_taps handles (wider ones are rare)
+
+
+def max_taps(spec):
+    """copy_taps handles filter widths 2 .. max_taps(spec): their span must fit one more vector."""
+    return min(MAX_TAPS, spec.lanes + 1)
+
+
+def define_tap_copy(module, spec, width):
+    """Stride-1, undilated packing that reads each input value once: ``copy_taps(dst, dst_step,
+    tap_step, src, src_step, count, taps, j0, j1, end, lo, hi)`` fills, for ``count`` rows (row
+    i read from ``src + i*src_step`` bytes), the packed rows of ``taps`` consecutive filter taps
+    (tap s at ``dst + i*dst_step + s*tap_step`` bytes): lanes j0 <= j < end of tap s get
+    ``src[j + s]`` when j < j1 and lo <= j + s < hi, else zero. Each source row is loaded once
+    (elements [j0, j1 + taps - 1) lying in [lo, hi), masked) and every tap is a constant shuffle
+    of those vectors; one loop per tap count 2 <= taps <= max_taps(spec) (others store nothing)."""
+    name = f"{spec.dtype}_pack_taps_{width}__{spec.isa}"
+    try:
+        return module.get_global(name)
+    except KeyError:
+        pass
+    fn = ir.Function(module, TAP_FUNCTION_TYPE, name)
+    fn.linkage = "internal"
+    fn.attributes.add("nounwind")
+    fn.attributes.add("noinline")   # see define_row_copy
+    for arg, arg_name in zip(fn.args, TAP_ARGS):
+        arg.name = arg_name
+    _TapCopyBuilder(module, fn, spec, width).build()
+    return fn
+
+
+class _TapCopyBuilder(_RowCopyBuilder):
+    def build(self):
+        args = dict(zip(TAP_ARGS, self.fn.args))
+        lanes, vectors = self.lanes, self.vectors
+        bld = ir.IRBuilder(self.fn.append_basic_block("entry"))
+        j0, j1, end, lo, hi, taps = (bld.trunc(args[n], I32) for n in ("j0", "j1", "end", "lo", "hi", "taps"))
+        # loaded elements: the run's windows shifted by every tap, inside the row
+        span_end = bld.add(j1, bld.sub(taps, ir.Constant(I32, 1)))
+        first = bld.select(bld.icmp_signed(">", lo, j0), lo, j0)
+        last = bld.select(bld.icmp_signed("<", hi, span_end), hi, span_end)
+        self.load_masks = [self._between(bld, list(range(k * lanes, (k + 1) * lanes)), first, last)
+                           for k in range(vectors + 1)]
+        out_lanes = [list(range(v * lanes, (v + 1) * lanes)) for v in range(vectors)]
+        self.run_masks = [self._between(bld, ids, j0, j1) for ids in out_lanes]
+        self.store_masks = [self._between(bld, ids, j0, end) for ids in out_lanes]
+        done = self.fn.append_basic_block("done")
+        switch = bld.switch(args["taps"], done)
+        for count in range(2, max_taps(self.spec) + 1):
+            block = self.fn.append_basic_block(f"taps{count}")
+            switch.add_case(ir.Constant(I64, count), block)
+            bld.position_at_end(block)
+            self._rows(bld, args, count, done)
+        bld.position_at_end(done)
+        bld.ret_void()
+
+    def _rows(self, bld, args, taps, done):
+        """The loop over rows for a constant tap count: load once, shuffle and store each tap."""
+        lanes, vectors = self.lanes, self.vectors
+        pre = bld.block
+        head, body = self.fn.append_basic_block(), self.fn.append_basic_block()
+        bld.branch(head)
+        bld.position_at_end(head)
+        i = bld.phi(I64)
+        bld.cbranch(bld.icmp_signed("<", i, args["count"]), body, done)
+        bld.position_at_end(body)
+        src = bld.gep(args["src"], [bld.mul(i, args["src_step"])], source_etype=ir.IntType(8))
+        dst = bld.gep(args["dst"], [bld.mul(i, args["dst_step"])], source_etype=ir.IntType(8))
+        loaded = [bld.call(self.load, [bld.gep(src, [ir.Constant(I64, k * lanes)], source_etype=self.scalar),
+                                       self.load_masks[k], self.zero]) for k in range(vectors + 1)]
+        for s in range(taps):
+            pick = ir.Constant(ir.VectorType(I32, lanes), list(range(s, s + lanes)))
+            tap_dst = bld.gep(dst, [bld.mul(ir.Constant(I64, s), args["tap_step"])], source_etype=ir.IntType(8))
+            for v in range(vectors):
+                value = bld.shuffle_vector(loaded[v], loaded[v + 1], pick)
+                value = bld.select(self.run_masks[v], value, self.zero)
+                ptr = bld.gep(tap_dst, [ir.Constant(I64, v * lanes)], source_etype=self.scalar)
+                bld.call(self.store, [value, ptr, self.store_masks[v]])
+        i_next = bld.add(i, ir.Constant(I64, 1))
+        bld.branch(head)
+        i.add_incoming(ir.Constant(I64, 0), pre)
+        i.add_incoming(i_next, bld.block)

@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from microkernels import KernelSpec
-from microkernels.numba_bridge import row_copy_intrinsic
+from microkernels.numba_bridge import row_copy_intrinsic, tap_copy_intrinsic
+from microkernels.row_copy import max_taps
 from packing import input_packer, pack_filters, packed_filters_shape, unpack_filters
 
 
@@ -46,6 +47,9 @@ def gather_tile(x, n, c_first, nc, p0, nwin_used, nwin, R, S, stride, dil, pt, p
     (12, 3, 5, 3, (3, 1), (1, 1), (4, 0, 0, 2)),
     (14, 40, 2, 3, (4, 4), (1, 2), (1, 0, 2, 1)),     # the largest shuffled stride
     (14, 45, 2, 3, (5, 7), (1, 1), (1, 0, 2, 1)),     # gathered strides
+    (5, 40, 2, 3, (1, 1), (1, 9), (1, 1, 9, 7)),      # dilated: per tap
+    (4, 30, 2, 9, (1, 1), (1, 1), (0, 1, 4, 4)),      # wider than max_taps: per tap
+    (3, 70, 1, 7, (1, 1), (1, 1), (1, 1, 3, 3)),      # 7 taps from one read of each row
 ])
 @pytest.mark.parametrize("kernel,nwin", [(KernelSpec(dt, 8, vec, isa), nwin) for dt, vec, isa, nwin in (
     ("f32", 32, "avx512", 32), ("f64", 16, "avx512", 16), ("f32", 16, "avx2", 16), ("f64", 8, "avx2", 8),
@@ -55,7 +59,8 @@ def gather_tile(x, n, c_first, nc, p0, nwin_used, nwin, R, S, stride, dil, pt, p
 def test_input_tiles_match_the_gather(rng, H, W, R, S, stride, dil, pads, kernel, nwin):
     N, C, dtype = 2, 5, kernel.np_dtype
     x = rng.standard_normal((N, C, H, W)).astype(dtype)
-    pack = input_packer(row_copy_intrinsic(kernel, nwin), nwin)
+    pack = input_packer(row_copy_intrinsic(kernel, nwin), tap_copy_intrinsic(kernel, nwin), nwin,
+                        max_taps(kernel))
     pt, pb, pl, pr = pads
     P = (H + pt + pb - dil[0] * (R - 1) - 1) // stride[0] + 1
     Q = (W + pl + pr - dil[1] * (S - 1) - 1) // stride[1] + 1
