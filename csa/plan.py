@@ -160,21 +160,22 @@ def schedule_costs(spec, machine, nwin, nf, nc, k2, k3, schedule, vector="window
     """Cache-line loads per level, weighted by latency (streamed L2: bandwidth), for one whole
     convolution.
 
-    Stationary tiles (inputs for IS, filters for WS) are re-read from L1 by every micro-kernel
-    call after the first of each streamed block, which brings them from L3. Streamed tiles are
-    read from L2 by every call except the first of each resident block, which brings them from
-    L3; a streamed tile is read in sequence, so its L2 reads cost bandwidth (``stream_l2``).
+    Stationary tiles (inputs for IS with windows in vectors; filters for WS, and for IS with
+    filters in vectors, whose innermost loop walks window tiles past the filter tile) are re-read
+    from L1 by every micro-kernel call after the first of each streamed block, which brings them
+    from L3. Streamed tiles are read by every call except the first of each resident block,
+    which brings them from L3; the rest come from L2 when their block fits there (a streamed
+    tile is read in sequence, so those reads cost bandwidth, ``stream_l2``), else from L3.
     Compulsory traffic reads the input and filters from memory once. Input packing writes
     packed tiles once per pass over the filters (IS packs once; WS re-packs once per block of K3
     filter tiles). Partial outputs are re-read once per extra channel tile, from L3 when the
     output fits there, else from memory.
 
-    Output streams: a micro-kernel call writes a tile's rows of C (filters for windows in
-    vectors, windows of the transposed output otherwise). When the innermost loop walks along
-    those rows (WS with windows in vectors, IS with filters in vectors), consecutive calls
-    continue the same few rows; otherwise they go down K2 tiles' rows in turn. More than
-    OUTPUT_STREAMS rows at least a page apart defeat the prefetchers and the TLB, so then every
-    output line written costs an L3 latency more (measured: up to 29% between the schedules).
+    Output streams: a micro-kernel call writes a tile's rows of C. IS with windows in vectors
+    goes down the rows of its K2 filter tiles in turn; more than OUTPUT_STREAMS rows at least a
+    page apart measured up to 29% slower than WS (prefetchers and TLB), so then every output
+    line written costs an L3 latency more. With filters in vectors consecutive calls write
+    consecutive windows' rows of the transposed output.
     """
     line, ds, rs = machine.line, spec.itemsize, spec.r * spec.s
     images = spec.n * spec.groups
@@ -184,21 +185,26 @@ def schedule_costs(spec, machine, nwin, nf, nc, k2, k3, schedule, vector="window
     in_lines = nwin * rs * spec.c_per_group * ds / line   # one window tile over all channel tiles
     w_lines = nf * rs * spec.c_per_group * ds / line      # one filter tile over all channel tiles
     calls = t_in * t_w
-    if schedule == "IS":
+    packs = 1 if schedule == "IS" else ceil(t_w / k3)
+    if schedule == "IS" and vector == "windows":
         stat, strm, t_stat, t_strm = in_lines, w_lines, t_in, t_w
-        packs = 1
+        strm_block, stat_block = k2, k3
     else:
+        # the filter tile stays in L1: WS's order, and IS's with filters in vectors, whose
+        # innermost loop walks its K3 window tiles (read from L3 when they overflow L2)
         stat, strm, t_stat, t_strm = w_lines, in_lines, t_w, t_in
-        packs = ceil(t_w / k3)
-    stat_from_l3 = t_stat * ceil(t_strm / k2) * stat
-    strm_from_l3 = ceil(t_stat / k3) * t_strm * strm
+        strm_block, stat_block = (k2, k3) if schedule == "WS" else (k3, k2)
+    stat_from_l3 = t_stat * ceil(t_strm / strm_block) * stat
+    strm_from_l3 = ceil(t_stat / stat_block) * t_strm * strm
+    strm_in_l2 = strm_block * strm * line / t_c <= CACHE_FILL * machine.l2   # one channel tile's
     out_lines = spec.k_per_group * spec.p * spec.q * ds / line
     out_latency = machine.latency_l3 if out_lines * line * images <= machine.l3 else machine.latency_mem
     raw_in_lines = spec.c_per_group * spec.h * spec.w * ds / line
     terms = {
         "stationary L1": (calls * stat - stat_from_l3) * machine.latency_l1,
         "stationary L3": stat_from_l3 * machine.latency_l3,
-        "streamed L2": (calls * strm - strm_from_l3) * machine.stream_l2,
+        "streamed L2": (calls * strm - strm_from_l3) * (machine.stream_l2 if strm_in_l2 else
+                                                          machine.latency_l3),
         "streamed L3": strm_from_l3 * machine.latency_l3,
         "compulsory mem": (raw_in_lines + t_w * w_lines) * machine.latency_mem,
         "input packing": packs * (raw_in_lines * machine.latency_l3 + t_in * in_lines * machine.latency_l2),
@@ -216,13 +222,12 @@ PAGE = 4096
 
 
 def _scattered_output(spec, nwin, nf, k2, schedule, vector, machine):
-    """1 when consecutive micro-kernel calls write more than OUTPUT_STREAMS C rows a page or
-    more apart (see schedule_costs), else 0."""
-    rows_per_call, row_bytes = ((nf, spec.p * spec.q * spec.itemsize) if vector == "windows" else
-                                (nwin, spec.k * spec.itemsize))
-    across_rows = (schedule == "IS") == (vector == "windows")
-    rows = k2 * rows_per_call if across_rows else rows_per_call
-    return int(rows > OUTPUT_STREAMS and row_bytes >= PAGE)
+    """1 when the calls of a block write more than OUTPUT_STREAMS C rows a page or more apart
+    (see schedule_costs), else 0."""
+    if vector == "filters":
+        return 0   # consecutive calls write consecutive windows' rows of the transposed output
+    rows = k2 * nf if schedule == "IS" else nf
+    return int(rows > OUTPUT_STREAMS and spec.p * spec.q * spec.itemsize >= PAGE)
 
 
 OVERRIDES = ("vector", "microtile_shape", "nc", "k2", "k3", "schedule", "slab")

@@ -162,9 +162,11 @@ def conv_loop_nest(kspec, filters_in_vectors):
                                            f_block if input_stationary else w_block):
                             wb, fb = (outer, inner) if input_stationary else (inner, outer)
                             wend, fend = min(t_in, wb + w_block), min(t_w, fb + f_block)
-                            if not input_stationary and not slab and packing:
-                                # WS: the K2 window tiles are packed together, then every filter
-                                # tile of the K3 block streams over them
+                            # the block's window tiles packed together, before the filter
+                            # tiles stream over them (WS), or with filters in vectors before the
+                            # first filter block sweeps them (IS; its K3 tiles stay packed)
+                            pack_block = not input_stationary or (filters_in_vectors and inner == 0)
+                            if pack_block and not slab and packing:
                                 for wt in range(wb, wend):
                                     p0 = wt * NWIN
                                     if not unpacked or p0 + NWIN > PQ:
@@ -190,9 +192,10 @@ def conv_loop_nest(kspec, filters_in_vectors):
                                     col0 = p0 % Ws
                                 elif unpacked and p0 + NWIN <= PQ:
                                     in_addr, ld_in = x_base + p0 * item, PQ
-                                elif input_stationary and inner == 0 and ft == fb and packing:
-                                    # IS packs a tile on the first pass over the filter blocks,
-                                    # right before its first use
+                                elif (input_stationary and not filters_in_vectors and inner == 0
+                                      and ft == fb and packing):
+                                    # IS with windows in vectors packs a tile on the first pass
+                                    # over the filter blocks, right before its first use
                                     pack(x, n, g * Cg + c0, nc, p0, nwin_used, geom, in_addr)
                                 if not kernels:
                                     continue
