@@ -102,7 +102,8 @@ def test_filters_become_the_vector_dimension_on_small_planes():
 
 def test_output_streams_term_follows_the_inner_loop():
     """Windows in vectors: IS walks down K2*Nf output rows per window tile (rows a page or
-    more apart), WS continues Nf rows; with filters in vectors it is the other way round."""
+    more apart), WS continues Nf rows; with filters in vectors both schedules sweep window tiles
+    past a filter tile, writing consecutive rows of the transposed output."""
     zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32)
     plan = csa.analyze(ConvSpec.parse("n1c3h331w331k96r3s3p0u2"), zen)   # measured: WS 29% faster
     assert plan.costs["IS"]["output streams"] > 0 and plan.costs["WS"]["output streams"] == 0
@@ -111,7 +112,7 @@ def test_output_streams_term_follows_the_inner_loop():
     assert all(t["output streams"] == 0 for t in small_rows.costs.values())
     transposed = csa.analyze(ConvSpec.parse("n1c2432h7w7k1600r1s1p0u1"), zen)
     assert transposed.vector == "filters"
-    assert transposed.costs["WS"]["output streams"] > 0 and transposed.costs["IS"]["output streams"] == 0
+    assert all(t["output streams"] == 0 for t in transposed.costs.values())
 
 
 def test_overrides_are_applied_and_reported():
