@@ -12,7 +12,7 @@ import numpy as np
 from numba import njit, types
 from numba.np.numpy_support import from_dtype
 
-from csa.plan import reads_input_unpacked, slab_shape, window_positions
+from csa.plan import reads_input_unpacked, slab_band_rows, slab_shape, window_positions
 from microkernels import ACCUMULATE, KernelSpec
 from microkernels.row_copy import max_taps
 from microkernels.numba_bridge import (kernel_intrinsic, row_copy_intrinsic, tap_copy_intrinsic,
@@ -23,7 +23,7 @@ from packing import input_packer, slab_filler
 # window geometry the input packer reads.
 GEOM_FIELDS = ("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q",
                "P", "groups", "Cg", "Kg", "nc", "k2", "k3", "is_input_stationary", "epilogue",
-               "unpacked", "phases", "Hs", "Ws", "windows", "slots")
+               "unpacked", "phases", "Hs", "Ws", "windows", "slots", "band", "Hb")
 
 # The loop nest's phases (geom "phases"): a call runs all of them; the benchmark's time
 # breakdown runs some alone on the same tiles (ConvBench's packing / micro-kernel / post-conv).
@@ -36,7 +36,9 @@ def geometry(plan, epilogue_flags):
     channel tile (with filters in vectors, in the transposing pass)."""
     s = plan.spec
     hs, ws = slab_shape(s)
-    values = dict(Hs=hs, Ws=ws, windows=window_positions(s, plan.slab), slots=scratch_tiles(plan),R=s.r, S=s.s, sh=s.stride[0], sw=s.stride[1], dh=s.dilation[0], dw=s.dilation[1],
+    values = dict(Hs=hs, Ws=ws, windows=window_positions(s, plan.slab), slots=scratch_tiles(plan),
+                  band=plan.band, Hb=slab_band_rows(s, plan.nwin, plan.band),
+                  R=s.r, S=s.s, sh=s.stride[0], sw=s.stride[1], dh=s.dilation[0], dw=s.dilation[1],
                   pt=s.padding[0], pl=s.padding[2], Q=s.q, P=s.p, groups=s.groups,
                   Cg=s.c_per_group, Kg=s.k_per_group, nc=plan.nc, k2=plan.k2, k3=plan.k3,
                   is_input_stationary=int(plan.schedule == "IS"), epilogue=epilogue_flags,
@@ -56,12 +58,14 @@ def scratch_tiles(plan):
 
 
 def scratch_elements(plan):
-    """The packed tiles, or a slab: one channel tile's padded planes and a tile's worth of tail
-    (the last tile reads a whole tile past its last window)."""
+    """The packed tiles, or a slab: one channel tile's padded planes, the rows of one output
+    band (``csa.plan.slab_band_rows``), and a tail a row and a tile long (a band's last tile
+    reads up to a tile past its last window, its padding columns a row further)."""
     s = plan.spec
     if plan.slab:
-        hs, ws = slab_shape(s)
-        return plan.nc * s.stride[0] * s.stride[1] * hs * ws + plan.nwin
+        ws = slab_shape(s)[1]
+        hb = slab_band_rows(s, plan.nwin, plan.band)
+        return plan.nc * s.stride[0] * s.stride[1] * hb * ws + ws + plan.nwin
     return scratch_tiles(plan) * plan.nwin * plan.nc * s.r * s.s
 
 
@@ -123,95 +127,105 @@ def conv_loop_nest(kspec, filters_in_vectors):
         nc_max, k2, k3, input_stationary = geom[13], geom[14], geom[15], geom[16]
         epilogue, unpacked, phases = geom[17], geom[18], geom[19]
         Hs, Ws, windows, slots = geom[20], geom[21], geom[22], geom[23]   # slab planes (slab only)
+        band, Hb = geom[24], geom[25]   # window tiles per output band; slab rows a band holds
         packing, kernels, post = phases & PACK, phases & KERNEL, phases & POST
         N, C, K = x.shape[0], x.shape[1], out.shape[1]
         PQ = P * Q
         sh, sw, dh, dw = geom[2], geom[3], geom[4], geom[5]
         rows = np.empty(nc_max * R * S if slab else 0, np.int64)
         if slab:
-            slab_rows(rows, nc_max, R, S, sh, sw, dh, dw, Hs, Ws)
-            scratch[nc_max * sh * sw * Hs * Ws:] = 0   # the tail the last tile reads past its end
+            slab_rows(rows, nc_max, R, S, sh, sw, dh, dw, Hb, Ws)
+            scratch[nc_max * sh * sw * Hb * Ws:] = 0   # the tail the last tile reads past its end
         rows_addr = rows.ctypes.data
         t_in = (windows + NWIN - 1) // NWIN
         t_w = (Kg + NF - 1) // NF
         item = x.itemsize
         x_addr, w_addr, out_addr = x.ctypes.data, packed_w.ctypes.data, out.ctypes.data
-        bias_addr, scratch_addr, out_t_addr = bias.ctypes.data, scratch.ctypes.data, out_t.ctypes.data
+        bias_addr, scratch_addr = bias.ctypes.data, scratch.ctypes.data
+        out_t_addr = out_t.ctypes.data
         # blocks: IS = K3 window tiles x K2 filter tiles; WS = K3 filter tiles x K2 window tiles
         w_block, f_block = (k3, k2) if input_stationary else (k2, k3)
         for n in range(N):
             out_base_n = out_addr + n * K * PQ * item
-            for g in range(G):
-                for c0 in range(0, Cg, nc_max):
-                    nc = min(nc_max, Cg - c0)
-                    flags = ACCUMULATE if c0 > 0 else 0
-                    if c0 + nc == Cg and not filters_in_vectors:
-                        flags |= epilogue
-                    depth = nc * R * S                      # rows of the packed tiles (kernel k)
-                    tile_bytes = depth * NWIN * item
-                    w_base = w_addr + (g * t_w * Cg + c0) * R * S * NF * item
-                    w_tile_bytes = Cg * R * S * NF * item   # stride between filter tiles
-                    out_base = out_addr + (n * K + g * Kg) * PQ * item
-                    x_base = x_addr + ((n * C + g * Cg + c0) * PQ) * item   # unpacked 1x1 only
-                    if slab and packing:
-                        fill_slab(x, n, g * Cg + c0, nc, sh, sw, Hs, Ws, geom[6], geom[7],
-                                  scratch_addr)
-                    for outer in range(0, t_in if input_stationary else t_w,
-                                       w_block if input_stationary else f_block):
-                        for inner in range(0, t_w if input_stationary else t_in,
-                                           f_block if input_stationary else w_block):
-                            wb, fb = (outer, inner) if input_stationary else (inner, outer)
-                            wend, fend = min(t_in, wb + w_block), min(t_w, fb + f_block)
-                            # the block's window tiles packed together, before the filter
-                            # tiles stream over them (WS), or with filters in vectors before the
-                            # first filter block sweeps them (IS; its K3 tiles stay packed)
-                            pack_block = not input_stationary or (filters_in_vectors and inner == 0)
-                            if pack_block and not slab and packing:
-                                for wt in range(wb, wend):
+            # output bands: all channel tiles of a band's window tiles before the next band, so
+            # that its partial outputs stay in L2
+            for b0 in range(0, t_in, band):
+                b1 = min(t_in, b0 + band)
+                row0 = b0 * NWIN // Ws if slab else 0      # the band's first slab row
+                if input_stationary:   # window blocks of the band, then filter blocks
+                    outer_lo, outer_hi, outer_step = b0, b1, w_block
+                    inner_lo, inner_hi, inner_step = 0, t_w, f_block
+                else:                  # filter blocks, then window blocks of the band
+                    outer_lo, outer_hi, outer_step = 0, t_w, f_block
+                    inner_lo, inner_hi, inner_step = b0, b1, w_block
+                for g in range(G):
+                    for c0 in range(0, Cg, nc_max):
+                        nc = min(nc_max, Cg - c0)
+                        flags = ACCUMULATE if c0 > 0 else 0
+                        if c0 + nc == Cg and not filters_in_vectors:
+                            flags |= epilogue
+                        depth = nc * R * S                   # rows of the packed tiles (kernel k)
+                        tile_bytes = depth * NWIN * item
+                        w_base = w_addr + (g * t_w * Cg + c0) * R * S * NF * item
+                        w_tile_bytes = Cg * R * S * NF * item   # stride between filter tiles
+                        out_base = out_addr + (n * K + g * Kg) * PQ * item
+                        x_base = x_addr + (n * C + g * Cg + c0) * PQ * item   # unpacked 1x1 only
+                        if slab and packing:
+                            fill_slab(x, n, g * Cg + c0, nc, sh, sw, Hb, Ws, row0,
+                                      min(Hb, Hs - row0), geom[6], geom[7], scratch_addr)
+                        for outer in range(outer_lo, outer_hi, outer_step):
+                            for inner in range(inner_lo, inner_hi, inner_step):
+                                wb, fb = (outer, inner) if input_stationary else (inner, outer)
+                                wend, fend = min(b1, wb + w_block), min(t_w, fb + f_block)
+                                # the block's window tiles packed together, before the filter
+                                # tiles stream over them (WS), or with filters in vectors before the
+                                # first filter block sweeps them (IS; its K3 tiles stay packed)
+                                ahead = not input_stationary or (filters_in_vectors and inner == 0)
+                                for wt in range(wb, wend if ahead and packing and not slab else wb):
                                     p0 = wt * NWIN
                                     if not unpacked or p0 + NWIN > PQ:
                                         pack(x, n, g * Cg + c0, nc, p0, min(NWIN, PQ - p0), geom,
                                              scratch_addr + (wt - wb) * tile_bytes)
-                            # the vector operand's tile stays in L1 while the broadcast
-                            # operand's tiles stream past it: filter tiles innermost with
-                            # windows in vectors, window tiles innermost with filters in vectors
-                            nw, nfb = wend - wb, fend - fb
-                            for i in range(nw * nfb):
-                                if filters_in_vectors:
-                                    ft, wt = fb + i // nw, wb + i % nw
-                                else:
-                                    wt, ft = wb + i // nfb, fb + i % nfb
-                                p0 = wt * NWIN
-                                slot = wt - wb if slots > 1 else 0   # see scratch_tiles
-                                in_addr, ld_in = scratch_addr + slot * tile_bytes, NWIN
-                                # c_at: C's first window (slab: its output row, col0 on it)
-                                nwin_used, c_at, col0 = min(NWIN, windows - p0), p0, 0
-                                if slab:
-                                    in_addr = scratch_addr + p0 * item
-                                    c_at = p0 // Ws * Q
-                                    col0 = p0 % Ws
-                                elif unpacked and p0 + NWIN <= PQ:
-                                    in_addr, ld_in = x_base + p0 * item, PQ
-                                elif (input_stationary and not filters_in_vectors and inner == 0
-                                      and ft == fb and packing):
-                                    # IS with windows in vectors packs a tile on the first pass
-                                    # over the filter blocks, right before its first use
-                                    pack(x, n, g * Cg + c0, nc, p0, nwin_used, geom, in_addr)
-                                if not kernels:
-                                    continue
-                                f0 = ft * NF
-                                w_tile = w_base + ft * w_tile_bytes
-                                if filters_in_vectors:
-                                    ukernel(depth, w_tile, NF, in_addr, ld_in,
-                                            out_t_addr + (p0 * K + g * Kg + f0) * item, K,
-                                            min(NF, Kg - f0), nwin_used, bias_addr,
-                                            flags, 0, 0, 0, 0)
-                                else:
-                                    ukernel(depth, in_addr, ld_in, w_tile, NF,
-                                            out_base + (f0 * PQ + c_at) * item, PQ,
-                                            nwin_used, min(NF, Kg - f0),
-                                            bias_addr + (g * Kg + f0) * item, flags,
-                                            rows_addr, col0, Ws, Ws - Q)
+                                # the vector operand's tile stays in L1 while the broadcast
+                                # operand's tiles stream past it: filter tiles innermost with
+                                # windows in vectors, window tiles innermost with filters in vectors
+                                nw, nfb = wend - wb, fend - fb
+                                for i in range(nw * nfb):
+                                    if filters_in_vectors:
+                                        ft, wt = fb + i // nw, wb + i % nw
+                                    else:
+                                        wt, ft = wb + i // nfb, fb + i % nfb
+                                    p0 = wt * NWIN
+                                    slot = wt - wb if slots > 1 else 0   # see scratch_tiles
+                                    in_addr, ld_in = scratch_addr + slot * tile_bytes, NWIN
+                                    # c_at: C's first window (slab: its output row, col0 on it)
+                                    nwin_used, c_at, col0 = min(NWIN, windows - p0), p0, 0
+                                    if slab:
+                                        in_addr = scratch_addr + (p0 - row0 * Ws) * item
+                                        c_at = p0 // Ws * Q
+                                        col0 = p0 % Ws
+                                    elif unpacked and p0 + NWIN <= PQ:
+                                        in_addr, ld_in = x_base + p0 * item, PQ
+                                    elif (input_stationary and not filters_in_vectors and inner == 0
+                                          and ft == fb and packing):
+                                        # IS with windows in vectors packs a tile on the first pass
+                                        # over the filter blocks, right before its first use
+                                        pack(x, n, g * Cg + c0, nc, p0, nwin_used, geom, in_addr)
+                                    if not kernels:
+                                        continue
+                                    f0 = ft * NF
+                                    w_tile = w_base + ft * w_tile_bytes
+                                    if filters_in_vectors:
+                                        ukernel(depth, w_tile, NF, in_addr, ld_in,
+                                                out_t_addr + (p0 * K + g * Kg + f0) * item, K,
+                                                min(NF, Kg - f0), nwin_used, bias_addr,
+                                                flags, 0, 0, 0, 0)
+                                    else:
+                                        ukernel(depth, in_addr, ld_in, w_tile, NF,
+                                                out_base + (f0 * PQ + c_at) * item, PQ,
+                                                nwin_used, min(NF, Kg - f0),
+                                                bias_addr + (g * Kg + f0) * item, flags,
+                                                rows_addr, col0, Ws, Ws - Q)
             if filters_in_vectors and post:
                 # out[n, k, p] = out_t[p, k] (+ bias[k], ReLU), one vector-square block at a time
                 for p0 in range(0, PQ, LANES):

@@ -71,7 +71,8 @@ def test_every_supported_isa(rng, isa, dtype):
 
 @pytest.mark.parametrize("overrides", [
     dict(nc=1), dict(nc=7), dict(nc=3, k2=1, k3=1), dict(k2=2, k3=3), dict(k2=1), dict(k3=2),
-    dict(vector="filters"), dict(vector="filters", nc=5, k2=1, k3=2),
+    dict(vector="filters"), dict(vector="filters", nc=5, k2=1, k3=2), dict(nc=3, band=1),
+    dict(nc=2, band=2, k2=3, k3=2),
 ])
 @pytest.mark.parametrize("name", ["many_tiles", "grouped", "stride_hw"])
 def test_both_schedules_identical_over_tilings(rng, name, overrides):
@@ -103,14 +104,16 @@ SLAB_CASES = {
 }
 
 
-@pytest.mark.parametrize("overrides", [{}, dict(nc=2), dict(nc=3, k2=1, k3=2), dict(microtile_shape=(16, 3))])
+@pytest.mark.parametrize("overrides", [{}, dict(nc=2), dict(nc=3, k2=1, k3=2), dict(microtile_shape=(16, 3)),
+                                       dict(nc=2, band=1), dict(nc=3, band=2, k2=1, k3=1),
+                                       dict(nc=1, band=3, k2=2, k3=2)])
 @pytest.mark.parametrize("dtype", [F32, F64])
 @pytest.mark.parametrize("name", sorted(SLAB_CASES))
 def test_slab_and_packed_tiles_identical(rng, name, dtype, overrides):
     """Reading the input in place from a padded slab (stride phases, windows on virtual rows,
-    tiles straddling rows and starting in padding columns) gives bit for bit the packed tiles'
-    result, in both
-    schedules, with bias and ReLU, and matches the reference."""
+    tiles straddling rows and starting in padding columns; output bands that refill the slab
+    rows they read) gives bit for bit the packed tiles' result, in both schedules, with bias and
+    ReLU, and matches the reference."""
     x, wt, b, geometry = make(rng, SLAB_CASES[name], dtype)
     t, bo, left, right = geometry["padding"]
     results = []

@@ -24,8 +24,12 @@ def test_plan_hand_computed_input_stationary():
     # Nc: (0.9*32768 - 32*14*4) / ((32+14)*9*4) = 27699.2 / 1656 = 16.7
     assert plan.nc == 16
     assert plan.footprints() == (32 * 9 * 16 * 4, 14 * 9 * 16 * 4, 32 * 14 * 4)
+    # output band: 0.5*0.9*65536 // (32*64*4) = 3 window tiles, within which the blocks lie
+    assert plan.band == 3
     # K2: (0.9*65536 - 18432) / (8064 + 1792) = 4.11; K3: (235929.6 - 4*8064) / (18432 + 4*1792) = 7.96
-    assert (plan.k2, plan.k3) == (4, 7)
+    assert (plan.k2, plan.k3) == (4, 3)
+    unbanded = csa.analyze(LAYER, SMALL, microtile_shape=TILE, schedule="IS", band=1000)
+    assert unbanded.band == unbanded.window_tiles and (unbanded.k2, unbanded.k3) == (4, 7)
     # 5 filter tiles: a slab, whose tiles cover 55 virtual rows of 58 plus 56: ceil(3246 / 32)
     assert plan.slab
     assert (plan.window_tiles, plan.filter_tiles, plan.channel_tiles) == (102, 5, 4)

@@ -30,7 +30,9 @@ def configurations(draw):
         overrides=draw(st.sampled_from([{}, {"schedule": "IS"}, {"schedule": "WS"},
                                         {"nc": 2, "k2": 1, "k3": 2}, {"vector": "windows"},
                                         {"vector": "filters"},
-                                        {"vector": "filters", "schedule": "WS", "nc": 3, "k2": 2}])),
+                                        {"vector": "filters", "schedule": "WS", "nc": 3, "k2": 2},
+                                        {"vector": "windows", "nc": 1, "band": 1},
+                                        {"vector": "windows", "nc": 2, "band": 2, "k2": 1}])),
         seed=draw(st.integers(0, 2 ** 32 - 1)),
     )
 
