@@ -110,10 +110,12 @@ class SlicingPlan:
                          f"{CACHE_FILL}*L2), K3 = {self.k3} filter tiles in L3 (K3*|W| + K2*|IN| + "
                          f"K2*K3*|OUT| <= {CACHE_FILL}*L3){_forced(self, 'k2', 'k3')}")
         bands, block = ceil(self.window_tiles / self.band), self.band * self.nwin * s.k_per_group * ds
-        where = "fit" if block <= CACHE_FILL * m.l2 else "overflow"
-        lines.append(f"  output bands: {bands} of {self.band} window tiles, whose partial outputs "
-                     f"({self.band}*{self.nwin}*{s.k_per_group}*{ds} = {block} B) {where} L2 "
-                     f"between the {self.channel_tiles} channel tile(s){_forced(self, 'band')}")
+        where = "fit" if block <= OUTPUT_BAND_FILL * CACHE_FILL * m.l2 else "overflow"
+        lines.append(f"  output bands: {bands} of {self.band} window tiles" + (
+            f", whose partial outputs ({self.band}*{self.nwin}*{s.k_per_group}*{ds} = {block} B) "
+            f"{where} {OUTPUT_BAND_FILL}*{CACHE_FILL}*L2 between the {self.channel_tiles} channel "
+            f"tiles" if self.channel_tiles > 1 else " (one channel tile: no partial outputs)")
+            + _forced(self, "band"))
         if self.slab:
             lines.append(f"  input: a padded slab of {s.stride[0] * s.stride[1]} phase plane(s) per "
                          f"channel, read in place ({self.filter_tiles} <= {SLAB_MAX_FILTER_TILES} "
@@ -175,8 +177,9 @@ def schedule_costs(spec, machine, nwin, nf, nc, k2, k3, schedule, vector="window
     Compulsory traffic reads the input and filters from memory once. Input packing writes
     packed tiles once per pass over the filters (IS packs once; WS re-packs once per block of K3
     filter tiles). Partial outputs are re-read once per extra channel tile: from L2 when an
-    output band (``band`` window tiles, default all) fits there, else from L3 when the output
-    fits there, else from memory; every band after the first reads the filters again from L3.
+    output band (``band`` window tiles, default all) fits its share of it, else from L3 when the output
+    fits there, else from memory (the blocks lie within a band, so every band reloads its
+    stationary or streamed filter tiles from L3: the terms above count that).
 
     Output streams: a micro-kernel call writes a tile's rows of C. IS with windows in vectors
     goes down the rows of its K2 filter tiles in turn; more than OUTPUT_STREAMS rows at least a
@@ -206,7 +209,7 @@ def schedule_costs(spec, machine, nwin, nf, nc, k2, k3, schedule, vector="window
     strm_in_l2 = strm_block * strm * line / t_c <= CACHE_FILL * machine.l2   # one channel tile's
     out_lines = spec.k_per_group * spec.p * spec.q * ds / line
     band = band or t_in
-    band_fits_l2 = band * nwin * spec.k_per_group * ds <= CACHE_FILL * machine.l2
+    band_fits_l2 = band * nwin * spec.k_per_group * ds <= OUTPUT_BAND_FILL * CACHE_FILL * machine.l2
     out_latency = (machine.latency_l2 if band_fits_l2 else
                    machine.latency_l3 if out_lines * line * images <= machine.l3 else
                    machine.latency_mem)
@@ -220,7 +223,6 @@ def schedule_costs(spec, machine, nwin, nf, nc, k2, k3, schedule, vector="window
         "compulsory mem": (raw_in_lines + t_w * w_lines) * machine.latency_mem,
         "input packing": packs * (raw_in_lines * machine.latency_l3 + t_in * in_lines * machine.latency_l2),
         "partial outputs": (t_c - 1) * out_lines * out_latency,
-        "filters per band": (ceil(t_in / band) - 1) * t_w * w_lines * machine.latency_l3,
         "output streams": t_c * out_lines * machine.latency_l3 * _scattered_output(
             spec, nwin, nf, k2, schedule, vector, machine),
     }
@@ -339,7 +341,8 @@ def use_slab(spec, nwin, nf, nc, vector, machine):
             and slab_footprint(spec, nwin, nc, machine.line) + fw + fout <= CACHE_FILL * machine.l1d)
 
 
-OUTPUT_BAND_FILL = 0.5  # share of L2 a band's partial outputs may take (the rest: filters, inputs)
+OUTPUT_BAND_FILL = 0.25  # share of L2 a band's partial outputs may take (the rest: filters,
+                         # slab rows or packed tiles, the input streaming in; measured best)
 
 
 def output_band(spec, nwin, nc, window_tiles, vector, machine):
