@@ -24,23 +24,23 @@ def test_plan_hand_computed_input_stationary():
     # Nc: (0.9*32768 - 32*14*4) / ((32+14)*9*4) = 27699.2 / 1656 = 16.7
     assert plan.nc == 16
     assert plan.footprints() == (32 * 9 * 16 * 4, 14 * 9 * 16 * 4, 32 * 14 * 4)
-    # output band: 0.5*0.9*65536 // (32*64*4) = 3 window tiles, within which the blocks lie
-    assert plan.band == 3
     # K2: (0.9*65536 - 18432) / (8064 + 1792) = 4.11; K3: (235929.6 - 4*8064) / (18432 + 4*1792) = 7.96
-    assert (plan.k2, plan.k3) == (4, 3)
-    unbanded = csa.analyze(LAYER, SMALL, microtile_shape=TILE, schedule="IS", band=1000)
-    assert unbanded.band == unbanded.window_tiles and (unbanded.k2, unbanded.k3) == (4, 7)
+    assert (plan.k2, plan.k3) == (4, 7)
+    # one output band: bands of 0.25*0.9*65536 // (32*64*4) = 1 window tile cost more than they save
+    assert plan.band == plan.window_tiles
+    banded = csa.analyze(LAYER, SMALL, microtile_shape=TILE, schedule="IS", band=3)
+    assert banded.band == 3 and (banded.k2, banded.k3) == (4, 3)   # the blocks lie within a band
     # 5 filter tiles: a slab, whose tiles cover 55 virtual rows of 58 plus 56: ceil(3246 / 32)
     assert plan.slab
     assert (plan.window_tiles, plan.filter_tiles, plan.channel_tiles) == (102, 5, 4)
 
 
 def test_plan_hand_computed_weight_stationary():
-    plan = csa.analyze(LAYER, SMALL, microtile_shape=TILE, schedule="WS")
+    plan = csa.analyze(LAYER, SMALL, microtile_shape=TILE, schedule="WS", band=102)  # one band
     # K2 window tiles: (58982.4 - 8064) / (18432 + 1792) = 2.5; K3 filter tiles:
     # (235929.6 - 2*18432) / (8064 + 2*1792) = 17.1, clamped to the 5 filter tiles
     assert (plan.k2, plan.k3) == (2, 5)
-    assert plan.schedule == "WS" and "schedule" in plan.forced
+    assert plan.schedule == "WS" and "schedule" in plan.forced and "band" in plan.forced
 
 
 def test_blocking_clamps_to_tile_counts_and_at_least_one():
@@ -56,6 +56,19 @@ def test_channel_tile_never_exceeds_channels_per_group():
     spec = ConvSpec(1, 32, 8, 8, 32, 1, 1, groups=8)
     assert csa.analyze(spec, SMALL, microtile_shape=TILE).nc == 4
     assert csa.channel_tile(spec, 32, 14, 48 * 1024) == 4
+
+
+def test_output_bands_where_they_pay():
+    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32)
+    # 0.25*0.9*1 MiB // (32*128*4) = 14 window tiles: 6.4 MB of partial outputs kept in L2
+    big_output = csa.analyze(ConvSpec.parse("n1c128h112w112k128r3s3p1u1"), zen)
+    assert big_output.band == 14 and "29 of 14 window tiles" in big_output.explain()
+    # 9.4 MB of filters read again per band for 1.6 MB of output: one band
+    big_filters = csa.analyze(ConvSpec.parse("n1c512h28w28k512r3s3p1u1"), zen)
+    assert big_filters.band == big_filters.window_tiles
+    one_channel_tile = csa.analyze(ConvSpec.parse("n1c3h224w224k64r7s7p3u2"), zen)
+    assert one_channel_tile.band == one_channel_tile.window_tiles
+    assert "no partial outputs" in one_channel_tile.explain()
 
 
 def test_channel_tiles_split_evenly():
