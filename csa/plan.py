@@ -300,10 +300,13 @@ def window_positions(spec, slab):
     return (spec.p - 1) * slab_shape(spec)[1] + spec.q
 
 
-def reads_input_unpacked(spec):
-    """1x1, stride 1, no padding: the NCHW input already is the C x (H*W) matrix the kernel
-    streams, so full window tiles need no packing."""
-    return (spec.r, spec.s, spec.stride, spec.padding) == (1, 1, (1, 1), (0, 0, 0, 0))
+def reads_input_unpacked(spec, vector="windows"):
+    """1x1, stride 1, no padding, windows in vectors: the NCHW input already is the C x (H*W)
+    matrix whose rows the kernel loads as vectors, so full window tiles need no packing. With
+    filters in vectors the windows are broadcast, one input row (channel) per step: packed, they
+    sit in L1 (measured 3-18% faster than read in place, e.g. 1x1 2432->1600 on 7x7)."""
+    return (vector == "windows"
+            and (spec.r, spec.s, spec.stride, spec.padding) == (1, 1, (1, 1), (0, 0, 0, 0)))
 
 
 def slab_fits(spec, nwin, vector):

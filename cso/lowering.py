@@ -42,7 +42,7 @@ def geometry(plan, epilogue_flags):
                   pt=s.padding[0], pl=s.padding[2], Q=s.q, P=s.p, groups=s.groups,
                   Cg=s.c_per_group, Kg=s.k_per_group, nc=plan.nc, k2=plan.k2, k3=plan.k3,
                   is_input_stationary=int(plan.schedule == "IS"), epilogue=epilogue_flags,
-                  unpacked=int(reads_input_unpacked(s)), phases=ALL_PHASES)
+                  unpacked=int(reads_input_unpacked(s, plan.vector)), phases=ALL_PHASES)
     return np.array([values[f] for f in GEOM_FIELDS], dtype=np.int64)
 
 

@@ -295,3 +295,19 @@ def test_phases_alone_run_the_same_tiles(rng, overrides):
     for phases in (0, PACK, POST, PACK | POST, KERNEL | POST):
         assert conv.call_phases(x, phases).shape == expected.shape
     np.testing.assert_array_equal(conv(x), expected)   # nothing a phase run left behind leaks
+
+
+@pytest.mark.parametrize("vector", ["windows", "filters"])
+def test_unpadded_1x1_reads_its_input_in_place_with_windows_in_vectors(rng, vector):
+    """Windows in vectors: full window tiles of an unpadded stride-1 1x1 are the input rows
+    themselves (no packing; the plane's last partial tile is packed). With filters in vectors
+    the broadcast windows are packed. Both match the reference, on several images."""
+    from cso.lowering import GEOM_FIELDS
+    x = rng.standard_normal((3, 20, 9, 11)).astype(np.float32)     # 99 windows: 3 full tiles + 3
+    w = rng.standard_normal((24, 20, 1, 1)).astype(np.float32)
+    b = rng.standard_normal(24).astype(np.float32)
+    conv = cso.Conv2d(w, b, plan_overrides={"vector": vector, "nc": 7})
+    out = conv(x)
+    assert_conv_close(out, x, w, b, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1)
+    prepared = conv._prepared(x.shape, x.dtype)
+    assert prepared.geom[GEOM_FIELDS.index("unpacked")] == (vector == "windows")
