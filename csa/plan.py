@@ -6,7 +6,7 @@ ds bytes per element, micro-tile Nwin windows x Nf filters. Footprints of packed
 """
 import numbers
 from dataclasses import dataclass, field
-from math import ceil
+from math import ceil, gcd
 
 from .machine import Machine
 
@@ -302,17 +302,25 @@ def window_positions(spec, slab):
 
 def reads_input_unpacked(spec, vector="windows"):
     """1x1, stride 1, no padding, windows in vectors: the NCHW input already is the C x (H*W)
-    matrix whose rows the kernel loads as vectors, so full window tiles need no packing. With
-    filters in vectors the windows are broadcast, one input row (channel) per step: packed, they
-    sit in L1 (measured 3-18% faster than read in place, e.g. 1x1 2432->1600 on 7x7)."""
-    return (vector == "windows"
-            and (spec.r, spec.s, spec.stride, spec.padding) == (1, 1, (1, 1), (0, 0, 0, 0)))
+    matrix whose rows the kernel loads as vectors, so full window tiles need no packing. Not
+    when the plane's size in bytes is a multiple of half a page (32x32, 64x64 planes): a tile's
+    rows, one per channel, would then share one or two L1 sets (measured 18-50% slower than
+    packed tiles; 16x16 planes, four sets, run as fast). Not with filters in vectors either: the
+    windows are broadcast, one input row (channel) per step, and packed they sit in L1
+    (measured 3-18% faster, e.g. 1x1 2432->1600 on 7x7)."""
+    return (vector == "windows" and _plain_1x1(spec)
+            and PAGE // gcd(spec.h * spec.w * spec.itemsize, PAGE) >= 4)
 
 
 def slab_fits(spec, nwin, vector):
     """A slab applies with windows in vectors and slab rows at least a tile wide (so a tile
-    spans at most two rows), except where the input is read unpacked already."""
-    return vector == "windows" and not reads_input_unpacked(spec) and slab_shape(spec)[1] >= nwin
+    spans at most two rows), except to unpadded stride-1 1x1s: their slab would be a plain copy
+    of the input, which their tiles read in place or pack (see reads_input_unpacked)."""
+    return vector == "windows" and not _plain_1x1(spec) and slab_shape(spec)[1] >= nwin
+
+
+def _plain_1x1(spec):
+    return (spec.r, spec.s, spec.stride, spec.padding) == (1, 1, (1, 1), (0, 0, 0, 0))
 
 
 SLAB_MAX_FILTER_TILES = 16

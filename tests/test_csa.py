@@ -221,3 +221,15 @@ def test_parse_size():
     assert csa.parse_size("48K") == 49152
     assert csa.parse_size("32M") == 32 << 20
     assert csa.parse_size("512") == 512
+
+
+def test_unpacked_1x1_only_where_channel_rows_spread_over_l1_sets():
+    assert csa.plan.reads_input_unpacked(ConvSpec.parse("n1c64h56w56k256r1s1p0u1"))
+    assert csa.plan.reads_input_unpacked(ConvSpec.parse("n1c128h16w16k512r1s1p0u1"))   # 4 sets
+    for aliased in ("n1c256h64w64k512r1s1p0u1", "n1c256h32w32k256r1s1p0u1",
+                    "n1c128h128w128k64r1s1p0u1"):
+        assert not csa.plan.reads_input_unpacked(ConvSpec.parse(aliased))
+    assert not csa.plan.reads_input_unpacked(ConvSpec.parse("n1c64h56w56k256r1s1p0u1"), "filters")
+    assert not csa.plan.reads_input_unpacked(ConvSpec.parse("n1c64h56w56k256r3s3p1u1"))
+    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32)
+    assert not csa.analyze(ConvSpec.parse("n1c64h64w64k64r1s1p0u1"), zen).slab   # packed tiles
