@@ -2,6 +2,9 @@
 
 Every number is a median over ``repeat`` samples after an untimed warm-up; calls shorter than
 MIN_SAMPLE_SECONDS are repeated within a sample so that timer resolution does not dominate.
+What is compared (engines, schedules, phases) is sampled in turn, round after round, so that a
+machine whose speed drifts over seconds (frequency, neighbours on a shared host) moves all of
+them alike and their ratios hold.
 """
 import statistics
 import time
@@ -15,18 +18,22 @@ from .engines import ENGINES, check, cso_engine, reference
 MIN_SAMPLE_SECONDS = 0.005
 
 
-def median_seconds(run, repeat):
-    """Median over ``repeat`` samples of the time of one call ``run()``."""
-    start = time.perf_counter()
-    run()
-    calls = max(1, int(MIN_SAMPLE_SECONDS / max(time.perf_counter() - start, 1e-7)))
-    samples = []
-    for _ in range(repeat):
+def median_seconds(runs, repeat):
+    """{name: median over ``repeat`` samples of the time of one call ``runs[name]()``}, the
+    samples of the different runs interleaved."""
+    calls = {}
+    for name, run in runs.items():
         start = time.perf_counter()
-        for _ in range(calls):
-            run()
-        samples.append((time.perf_counter() - start) / calls)
-    return statistics.median(samples)
+        run()
+        calls[name] = max(1, int(MIN_SAMPLE_SECONDS / max(time.perf_counter() - start, 1e-7)))
+    samples = {name: [] for name in runs}
+    for _ in range(repeat):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            for _ in range(calls[name]):
+                run()
+            samples[name].append((time.perf_counter() - start) / calls[name])
+    return {name: statistics.median(times) for name, times in samples.items()}
 
 
 def _timed(make):
@@ -46,17 +53,18 @@ def measure_conv(spec, engines, repeat, threads=1):
     timed; for cso also the one-off costs and the steady-state breakdown."""
     x, w = operands(spec)
     ref = reference(spec, x, w)
-    seconds = {}
     result = {"spec": str(spec), "gflop": spec.flops / 1e9}
+    runs = {}
     for name in engines:
         run, load = _timed(lambda: ENGINES[name](spec, w, threads))
         out, first = _timed(lambda: run(x))
         check(name, spec, out, ref)
-        seconds[name] = median_seconds(lambda: run(x), repeat)
+        runs[name] = run
         if name == "cso":
             result["cso"] = {"load_s": load, "first_call_s": first,
-                             "plan": plan_facts(run.plan_for(x.shape)),
-                             "breakdown_s": breakdown(run, x, repeat, seconds[name])}
+                             "plan": plan_facts(run.plan_for(x.shape))}
+    seconds = median_seconds({name: (lambda run=run: run(x)) for name, run in runs.items()}, repeat)
+    result["cso"]["breakdown_s"] = breakdown(runs["cso"], x, repeat, seconds["cso"])
     result["seconds"] = seconds
     result["gflops"] = {name: spec.flops / s / 1e9 for name, s in seconds.items()}
     return result
@@ -73,8 +81,8 @@ def breakdown(conv, x, repeat, call_seconds):
     loop-nest phases alone on the same tiles: input packing, micro-kernel, post-conv (the
     transposition of a filters-in-vectors output) and the rest (argument checks, buffers, loop
     control)."""
-    alone = {phases: median_seconds(lambda: conv.call_phases(x, phases), repeat)
-             for phases in (0, PACK, POST)}
+    alone = median_seconds({phases: (lambda phases=phases: conv.call_phases(x, phases))
+                            for phases in (0, PACK, POST)}, repeat)
     packing = max(0.0, alone[PACK] - alone[0])
     post = max(0.0, alone[POST] - alone[0])
     return {"packing": packing, "micro-kernel": max(0.0, call_seconds - alone[0] - packing - post),
@@ -85,8 +93,8 @@ def measure_schedules(spec, repeat):
     """GFLOP/s of cso with IS and WS forced, and the schedule CSA picks."""
     x, w = operands(spec)
     chosen = cso_engine(spec, w).plan_for(spec.input_shape).schedule
-    gflops = {}
-    for schedule in ("IS", "WS"):
-        run = cso_engine(spec, w, plan_overrides={"schedule": schedule})
-        gflops[schedule] = spec.flops / median_seconds(lambda: run(x), repeat) / 1e9
+    runs = {schedule: cso_engine(spec, w, plan_overrides={"schedule": schedule})
+            for schedule in ("IS", "WS")}
+    seconds = median_seconds({name: (lambda run=run: run(x)) for name, run in runs.items()}, repeat)
+    gflops = {name: spec.flops / s / 1e9 for name, s in seconds.items()}
     return {"spec": str(spec), "gflop": spec.flops / 1e9, "chosen": chosen, "gflops": gflops}
