@@ -46,8 +46,9 @@ class Conv2d:
     known at load time, packs the filters for that shape's plan (else for the usual
     orientation; another orientation repacks once on first use). ``plan_overrides`` forces CSA
     choices (``vector`` 'windows'/'filters', ``microtile_shape``, ``nc``, ``k2``, ``k3``,
-    ``schedule`` 'IS'/'WS', ``slab`` True/False) and ``isa`` picks a micro-kernel ISA other than
-    the host's best; both exist for tests and experiments."""
+    ``schedule`` 'IS'/'WS', ``slab`` True/False, ``band`` window tiles per output band) and
+    ``isa`` picks a micro-kernel ISA other than the host's best; both exist for tests and
+    experiments."""
 
     def __init__(self, weight, bias=None, stride=1, padding=0, dilation=1, groups=1,
                  activation=None, *, input_shape=None, plan_overrides=None, isa=None):
