@@ -292,6 +292,13 @@ def slab_shape(spec):
     return spec.p + dh * (spec.r - 1) // sh, spec.q + dw * (spec.s - 1) // sw
 
 
+def slab_planes(spec):
+    """Bit mask of the phase planes (bit a*sw + b for plane (a, b)) some tap reads: all of them
+    for a 3x3 stride 2, only plane (0, 0) for a 1x1 stride 2, whose other planes are not filled."""
+    (sh, sw), (dh, dw) = spec.stride, spec.dilation
+    return sum({1 << (r * dh % sh * sw + s * dw % sw) for r in range(spec.r) for s in range(spec.s)})
+
+
 def window_positions(spec, slab):
     """Window positions the tiles cover: P*Q, or on a slab's phase planes every position of
     the first P-1 virtual rows (Ws wide, padding columns included) and Q of the last."""

@@ -12,7 +12,8 @@ import numpy as np
 from numba import njit, types
 from numba.np.numpy_support import from_dtype
 
-from csa.plan import reads_input_unpacked, slab_band_rows, slab_shape, window_positions
+from csa.plan import (reads_input_unpacked, slab_band_rows, slab_planes, slab_shape,
+                      window_positions)
 from microkernels import ACCUMULATE, KernelSpec
 from microkernels.row_copy import max_taps
 from microkernels.numba_bridge import (kernel_intrinsic, row_copy_intrinsic, tap_copy_intrinsic,
@@ -23,7 +24,7 @@ from packing import input_packer, slab_filler
 # window geometry the input packer reads.
 GEOM_FIELDS = ("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q",
                "P", "groups", "Cg", "Kg", "nc", "k2", "k3", "is_input_stationary", "epilogue",
-               "unpacked", "phases", "Hs", "Ws", "windows", "slots", "band", "Hb")
+               "unpacked", "phases", "Hs", "Ws", "windows", "slots", "band", "Hb", "planes")
 
 # The loop nest's phases (geom "phases"): a call runs all of them; the benchmark's time
 # breakdown runs some alone on the same tiles (ConvBench's packing / micro-kernel / post-conv).
@@ -37,7 +38,7 @@ def geometry(plan, epilogue_flags):
     s = plan.spec
     hs, ws = slab_shape(s)
     values = dict(Hs=hs, Ws=ws, windows=window_positions(s, plan.slab), slots=scratch_tiles(plan),
-                  band=plan.band, Hb=slab_band_rows(s, plan.nwin, plan.band),
+                  band=plan.band, Hb=slab_band_rows(s, plan.nwin, plan.band), planes=slab_planes(s),
                   R=s.r, S=s.s, sh=s.stride[0], sw=s.stride[1], dh=s.dilation[0], dw=s.dilation[1],
                   pt=s.padding[0], pl=s.padding[2], Q=s.q, P=s.p, groups=s.groups,
                   Cg=s.c_per_group, Kg=s.k_per_group, nc=plan.nc, k2=plan.k2, k3=plan.k3,
@@ -128,6 +129,7 @@ def conv_loop_nest(kspec, filters_in_vectors):
         epilogue, unpacked, phases = geom[17], geom[18], geom[19]
         Hs, Ws, windows, slots = geom[20], geom[21], geom[22], geom[23]   # slab planes (slab only)
         band, Hb = geom[24], geom[25]   # window tiles per output band; slab rows a band holds
+        planes = geom[26]               # bit mask of the slab phase planes the taps read
         packing, kernels, post = phases & PACK, phases & KERNEL, phases & POST
         N, C, K = x.shape[0], x.shape[1], out.shape[1]
         PQ = P * Q
@@ -172,7 +174,7 @@ def conv_loop_nest(kspec, filters_in_vectors):
                         x_base = x_addr + (n * C + g * Cg + c0) * PQ * item   # unpacked 1x1 only
                         if slab and packing:
                             fill_slab(x, n, g * Cg + c0, nc, sh, sw, Hb, Ws, row0,
-                                      min(Hb, Hs - row0), geom[6], geom[7], scratch_addr)
+                                      min(Hb, Hs - row0), geom[6], geom[7], planes, scratch_addr)
                         for outer in range(outer_lo, outer_hi, outer_step):
                             for inner in range(inner_lo, inner_hi, inner_step):
                                 wb, fb = (outer, inner) if input_stationary else (inner, outer)

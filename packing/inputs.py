@@ -74,22 +74,26 @@ def input_packer(copy_rows, copy_taps, nwin, max_taps):
 
 @lru_cache(maxsize=None)
 def slab_filler(copy_rows, nwin):
-    """The compiled ``fill_slab(x, n, c_first, nc, sh, sw, Hb, Ws, row0, rows, pt, pl, dst_addr)``:
+    """The compiled ``fill_slab(x, n, c_first, nc, sh, sw, Hb, Ws, row0, rows, pt, pl, planes,
+    dst_addr)``:
     channels c_first .. c_first+nc-1 of image ``n`` of the 4-D C-contiguous input ``x`` written
     at ``dst_addr`` as the slab a slab micro-kernel reads in place: per channel, sh*sw phase
     planes of Hb x Ws holding rows row0 .. row0+rows-1 (rows <= Hb) of the full planes, whose
     plane (a, b) row i column j holds the input at row sh*i + a - pt, column sw*j + b - pl, or
-    zero outside it (see ``csa.plan.slab_shape``). Each input value is read once per fill;
-    ``nwin``-wide runs of a plane row move for all nc channels per ``copy_rows`` call."""
+    zero outside it (see ``csa.plan.slab_shape``); only the planes in the bit mask ``planes``
+    (bit a*sw + b) are filled. Each input value is read once per fill; ``nwin``-wide runs of a
+    plane row move for all nc channels per ``copy_rows`` call."""
 
     @njit(nogil=True)
-    def fill_slab(x, n, c_first, nc, sh, sw, Hb, Ws, row0, rows, pt, pl, dst_addr):
+    def fill_slab(x, n, c_first, nc, sh, sw, Hb, Ws, row0, rows, pt, pl, planes, dst_addr):
         C, H, W = x.shape[1], x.shape[2], x.shape[3]
         item = x.itemsize
         src_plane = x.ctypes.data + (n * C + c_first) * H * W * item
         channel_bytes = sh * sw * Hb * Ws * item
         for a in range(sh):
             for b in range(sw):
+                if not planes >> (a * sw + b) & 1:
+                    continue
                 plane = dst_addr + (a * sw + b) * Hb * Ws * item
                 for i in range(rows):
                     ih = sh * (row0 + i) + a - pt

@@ -233,3 +233,11 @@ def test_unpacked_1x1_only_where_channel_rows_spread_over_l1_sets():
     assert not csa.plan.reads_input_unpacked(ConvSpec.parse("n1c64h56w56k256r3s3p1u1"))
     zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32)
     assert not csa.analyze(ConvSpec.parse("n1c64h64w64k64r1s1p0u1"), zen).slab   # packed tiles
+
+
+def test_slab_planes_the_taps_read():
+    assert csa.plan.slab_planes(ConvSpec.parse("n1c8h20w20k8r3s3p1u2")) == 0b1111
+    assert csa.plan.slab_planes(ConvSpec.parse("n1c8h20w20k8r1s1p0u2")) == 0b0001
+    assert csa.plan.slab_planes(ConvSpec.parse("n1c8h20w20k8r3s3p1u1")) == 0b1
+    # stride (1, 2), 1 x 3 filter dilated by 2 along the width: columns 0, 2, 4 are all even
+    assert csa.plan.slab_planes(ConvSpec(1, 8, 20, 20, 8, 1, 3, stride=(1, 2), dilation=(1, 2))) == 0b01
