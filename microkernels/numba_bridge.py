@@ -60,15 +60,15 @@ def row_copy_intrinsic(spec, width):
 
 @lru_cache(maxsize=None)
 def tap_copy_intrinsic(spec, width):
-    """``copy_taps(dst, dst_step, tap_step, src, src_step, count, taps, j0, j1, end, lo, hi)``:
-    the stride-1 packed rows of every tap of a filter row from one read of the input (see
+    """``copy_taps(dst, dst_step, tap_step, src, src_step, count, taps, stride, j0, j1, end, lo,
+    hi)``: the packed rows of every tap of a filter row from one read of the input (see
     ``microkernels.row_copy.define_tap_copy``)."""
 
     @intrinsic
-    def copy_taps(typingctx, dst, dst_step, tap_step, src, src_step, count, taps, j0, j1, end, lo,
-                  hi):
-        return _signature_and_codegen((dst, dst_step, tap_step, src, src_step, count, taps, j0, j1,
-                                       end, lo, hi),
+    def copy_taps(typingctx, dst, dst_step, tap_step, src, src_step, count, taps, stride, j0, j1,
+                  end, lo, hi):
+        return _signature_and_codegen((dst, dst_step, tap_step, src, src_step, count, taps, stride,
+                                       j0, j1, end, lo, hi),
                                       lambda module: row_copy.define_tap_copy(module, spec, width),
                                       row_copy.TAP_FUNCTION_TYPE)
 

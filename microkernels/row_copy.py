@@ -159,10 +159,11 @@ class _RowCopyBuilder:
 
 
 
-TAP_ARGS = ("dst", "dst_step", "tap_step", "src", "src_step", "count", "taps", "j0", "j1", "end",
-            "lo", "hi")
-TAP_FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, I64, PTR, I64] + [I64] * 7)
-MAX_TAPS = 7  # the widest filter copy_taps handles (wider ones are rare)
+TAP_ARGS = ("dst", "dst_step", "tap_step", "src", "src_step", "count", "taps", "stride", "j0",
+            "j1", "end", "lo", "hi")
+TAP_FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, I64, PTR, I64] + [I64] * 8)
+MAX_TAPS = 7         # the widest filter copy_taps handles (wider ones are rare)
+TAP_STRIDES = (1, 2)  # the strides it handles: stride 2 splits each row into two phases
 
 
 def max_taps(spec):
@@ -171,13 +172,15 @@ def max_taps(spec):
 
 
 def define_tap_copy(module, spec, width):
-    """Stride-1, undilated packing that reads each input value once: ``copy_taps(dst, dst_step,
-    tap_step, src, src_step, count, taps, j0, j1, end, lo, hi)`` fills, for ``count`` rows (row
-    i read from ``src + i*src_step`` bytes), the packed rows of ``taps`` consecutive filter taps
+    """Undilated packing that reads each input value once: ``copy_taps(dst, dst_step, tap_step,
+    src, src_step, count, taps, stride, j0, j1, end, lo, hi)`` fills, for ``count`` rows (row i
+    read from ``src + i*src_step`` bytes), the packed rows of ``taps`` consecutive filter taps
     (tap s at ``dst + i*dst_step + s*tap_step`` bytes): lanes j0 <= j < end of tap s get
-    ``src[j + s]`` when j < j1 and lo <= j + s < hi, else zero. Each source row is loaded once
-    (elements [j0, j1 + taps - 1) lying in [lo, hi), masked) and every tap is a constant shuffle
-    of those vectors; one loop per tap count 2 <= taps <= max_taps(spec) (others store nothing)."""
+    ``src[j*stride + s]`` when j < j1 and lo <= j*stride + s < hi, else zero. Each source row
+    is loaded once (the elements the run's taps read lying in [lo, hi), masked), split into
+    ``stride`` phases (even and odd elements) by constant shuffles, and every tap is a constant
+    shuffle of its phase; one loop per (taps, stride), 2 <= taps <= max_taps(spec), stride in
+    TAP_STRIDES (others store nothing)."""
     name = f"{spec.dtype}_pack_taps_{width}__{spec.isa}"
     try:
         return module.get_global(name)
@@ -198,28 +201,32 @@ class _TapCopyBuilder(_RowCopyBuilder):
         args = dict(zip(TAP_ARGS, self.fn.args))
         lanes, vectors = self.lanes, self.vectors
         bld = ir.IRBuilder(self.fn.append_basic_block("entry"))
-        j0, j1, end, lo, hi, taps = (bld.trunc(args[n], I32) for n in ("j0", "j1", "end", "lo", "hi", "taps"))
-        # loaded elements: the run's windows shifted by every tap, inside the row
-        span_end = bld.add(j1, bld.sub(taps, ir.Constant(I32, 1)))
-        first = bld.select(bld.icmp_signed(">", lo, j0), lo, j0)
+        j0, j1, end, lo, hi, taps, stride = (bld.trunc(args[n], I32) for n in
+                                             ("j0", "j1", "end", "lo", "hi", "taps", "stride"))
+        # loaded elements: those the run's windows read through every tap, inside the row
+        span_first = bld.mul(j0, stride)
+        span_end = bld.add(bld.mul(bld.sub(j1, ir.Constant(I32, 1)), stride), taps)
+        first = bld.select(bld.icmp_signed(">", lo, span_first), lo, span_first)
         last = bld.select(bld.icmp_signed("<", hi, span_end), hi, span_end)
         self.load_masks = [self._between(bld, list(range(k * lanes, (k + 1) * lanes)), first, last)
-                           for k in range(vectors + 1)]
+                           for k in range(max(TAP_STRIDES) * (vectors + 1))]
         out_lanes = [list(range(v * lanes, (v + 1) * lanes)) for v in range(vectors)]
         self.run_masks = [self._between(bld, ids, j0, j1) for ids in out_lanes]
         self.store_masks = [self._between(bld, ids, j0, end) for ids in out_lanes]
         done = self.fn.append_basic_block("done")
-        switch = bld.switch(args["taps"], done)
+        switch = bld.switch(bld.add(bld.mul(args["taps"], ir.Constant(I64, 8)), args["stride"]), done)
         for count in range(2, max_taps(self.spec) + 1):
-            block = self.fn.append_basic_block(f"taps{count}")
-            switch.add_case(ir.Constant(I64, count), block)
-            bld.position_at_end(block)
-            self._rows(bld, args, count, done)
+            for step in TAP_STRIDES:
+                block = self.fn.append_basic_block(f"taps{count}_stride{step}")
+                switch.add_case(ir.Constant(I64, count * 8 + step), block)
+                bld.position_at_end(block)
+                self._rows(bld, args, count, step, done)
         bld.position_at_end(done)
         bld.ret_void()
 
-    def _rows(self, bld, args, taps, done):
-        """The loop over rows for a constant tap count: load once, shuffle and store each tap."""
+    def _rows(self, bld, args, taps, stride, done):
+        """The loop over rows for a constant tap count and stride: load once, split into
+        phases, shuffle and store each tap."""
         lanes, vectors = self.lanes, self.vectors
         pre = bld.block
         head, body = self.fn.append_basic_block(), self.fn.append_basic_block()
@@ -231,12 +238,18 @@ class _TapCopyBuilder(_RowCopyBuilder):
         src = bld.gep(args["src"], [bld.mul(i, args["src_step"])], source_etype=ir.IntType(8))
         dst = bld.gep(args["dst"], [bld.mul(i, args["dst_step"])], source_etype=ir.IntType(8))
         loaded = [bld.call(self.load, [bld.gep(src, [ir.Constant(I64, k * lanes)], source_etype=self.scalar),
-                                       self.load_masks[k], self.zero]) for k in range(vectors + 1)]
+                                       self.load_masks[k], self.zero])
+                  for k in range(stride * (vectors + 1))]
+        lane_ty = ir.VectorType(I32, lanes)
+        # phase q, vector k: elements stride*(k*lanes + l) + q of the row
+        phases = [loaded] if stride == 1 else [
+            [self._phase(bld, loaded, stride, k, q) for k in range(vectors + 1)] for q in range(stride)]
         for s in range(taps):
-            pick = ir.Constant(ir.VectorType(I32, lanes), list(range(s, s + lanes)))
+            phase, shift = phases[s % stride], s // stride
+            pick = ir.Constant(lane_ty, list(range(shift, shift + lanes)))
             tap_dst = bld.gep(dst, [bld.mul(ir.Constant(I64, s), args["tap_step"])], source_etype=ir.IntType(8))
             for v in range(vectors):
-                value = bld.shuffle_vector(loaded[v], loaded[v + 1], pick)
+                value = bld.shuffle_vector(phase[v], phase[v + 1], pick)
                 value = bld.select(self.run_masks[v], value, self.zero)
                 ptr = bld.gep(tap_dst, [ir.Constant(I64, v * lanes)], source_etype=self.scalar)
                 bld.call(self.store, [value, ptr, self.store_masks[v]])
@@ -244,3 +257,11 @@ class _TapCopyBuilder(_RowCopyBuilder):
         bld.branch(head)
         i.add_incoming(ir.Constant(I64, 0), pre)
         i.add_incoming(i_next, bld.block)
+
+    def _phase(self, bld, loaded, stride, k, q):
+        """Vector k of phase q (stride 2): lane l = element 2*(k*lanes + l) + q, one shuffle of
+        the two loaded vectors that hold it."""
+        lanes = self.lanes
+        pick = [stride * l + q for l in range(lanes)]
+        return bld.shuffle_vector(loaded[stride * k], loaded[stride * k + 1],
+                                  ir.Constant(ir.VectorType(I32, lanes), pick))

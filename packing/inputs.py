@@ -10,9 +10,9 @@ below copies one channel tile at a time, once).
 The tile is filled by runs of windows that share an output row: for a fixed (c, r, s) a run reads
 one input row at stride ``sw``, and vector row copies (``copy_rows``) move the whole run,
 masking the taps that fall in the padding. The in-row lanes of a run depend on (r, s) only, so
-they are computed once for all channels; per (c, r, s) only two addresses change. With stride 1,
-no dilation and 2 <= S <= ``max_taps``, ``copy_taps`` reads each input row of the run once and
-makes all S taps from it with shuffles.
+they are computed once for all channels; per (c, r, s) only two addresses change. With stride 1
+or 2, no dilation and 2 <= S <= ``max_taps``, ``copy_taps`` reads each input row of the run once
+and makes all S taps from it with shuffles.
 """
 from functools import lru_cache
 
@@ -23,9 +23,9 @@ from numba import njit
 def input_packer(copy_rows, copy_taps, nwin, max_taps):
     """The compiled ``pack_input_tile(x, n, c_first, nc, p0, nwin_used, geom, dst_addr)`` for
     ``nwin``-window tiles, moving rows with ``copy_rows(dst, dst_step, src, src_step, count,
-    stride, j0, j1, lo, hi)`` and, for stride 1, no dilation and 2 <= S <= ``max_taps``, whole
-    filter rows with ``copy_taps(dst, dst_step, tap_step, src, src_step, count, taps, j0, j1, end,
-    lo, hi)`` (compiled functions or intrinsics, e.g. ``microkernels.numba_bridge``'s
+    stride, j0, j1, lo, hi)`` and, for stride 1 or 2, no dilation and 2 <= S <= ``max_taps``,
+    whole filter rows with ``copy_taps(dst, dst_step, tap_step, src, src_step, count, taps,
+    stride, j0, j1, end, lo, hi)`` (compiled functions or intrinsics, e.g. ``microkernels.numba_bridge``'s
     ``row_copy_intrinsic`` and ``tap_copy_intrinsic``).
 
     It packs windows p0 .. p0+nwin_used-1 of image ``n``, channels c_first .. c_first+nc-1 of the
@@ -47,11 +47,11 @@ def input_packer(copy_rows, copy_taps, nwin, max_taps):
             for r in range(R):
                 ih = oh * sh - pt + r * dh
                 row0 = ((n * C + c_first) * H + ih) * W   # row ih of channel c_first
-                if sw == 1 and dw == 1 and 2 <= S <= max_taps:
-                    col0 = ow0 - j - pl                     # input column lane 0 of tap 0 reads
+                if sw <= 2 and dw == 1 and 2 <= S <= max_taps:
+                    col0 = (ow0 - j) * sw - pl              # input column lane 0 of tap 0 reads
                     lo, hi = (-col0, W - col0) if 0 <= ih < H else (0, 0)
                     copy_taps(dst_addr + r * S * nwin * item, R * S * nwin * item, nwin * item,
-                              x_addr + (row0 + col0) * item, H * W * item, nc, S,
+                              x_addr + (row0 + col0) * item, H * W * item, nc, S, sw,
                               j, j1, store_end, lo, hi)
                     continue
                 for s in range(S):

@@ -50,6 +50,9 @@ def gather_tile(x, n, c_first, nc, p0, nwin_used, nwin, R, S, stride, dil, pt, p
     (5, 40, 2, 3, (1, 1), (1, 9), (1, 1, 9, 7)),      # dilated: per tap
     (4, 30, 2, 9, (1, 1), (1, 1), (0, 1, 4, 4)),      # wider than max_taps: per tap
     (3, 70, 1, 7, (1, 1), (1, 1), (1, 1, 3, 3)),      # 7 taps from one read of each row
+    (9, 41, 3, 3, (2, 2), (1, 1), (1, 1, 1, 1)),      # stride 2: even and odd phases
+    (11, 45, 7, 7, (2, 2), (1, 1), (3, 3, 3, 3)),     # the 7x7 stride-2 stem
+    (6, 21, 2, 2, (1, 2), (1, 1), (0, 1, 0, 1)),
 ])
 @pytest.mark.parametrize("kernel,nwin", [(KernelSpec(dt, 8, vec, isa), nwin) for dt, vec, isa, nwin in (
     ("f32", 32, "avx512", 32), ("f64", 16, "avx512", 16), ("f32", 16, "avx2", 16), ("f64", 8, "avx2", 8),
