@@ -294,8 +294,11 @@ def slab_shape(spec):
 
 def slab_planes(spec):
     """Bit mask of the phase planes (bit a*sw + b for plane (a, b)) some tap reads: all of them
-    for a 3x3 stride 2, only plane (0, 0) for a 1x1 stride 2, whose other planes are not filled."""
+    for a 3x3 stride 2, only plane (0, 0) for a 1x1 stride 2, whose other planes are not filled.
+    -1 (all) when there are more planes than bits (strides of 8 x 8 and more: patch embeddings)."""
     (sh, sw), (dh, dw) = spec.stride, spec.dilation
+    if sh * sw > 62:
+        return -1
     return sum({1 << (r * dh % sh * sw + s * dw % sw) for r in range(spec.r) for s in range(spec.s)})
 
 

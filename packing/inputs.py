@@ -81,7 +81,7 @@ def slab_filler(copy_rows, nwin):
     planes of Hb x Ws holding rows row0 .. row0+rows-1 (rows <= Hb) of the full planes, whose
     plane (a, b) row i column j holds the input at row sh*i + a - pt, column sw*j + b - pl, or
     zero outside it (see ``csa.plan.slab_shape``); only the planes in the bit mask ``planes``
-    (bit a*sw + b) are filled. Each input value is read once per fill; ``nwin``-wide runs of a
+    (bit a*sw + b; -1: all) are filled. Each input value is read once per fill; ``nwin``-wide runs of a
     plane row move for all nc channels per ``copy_rows`` call."""
 
     @njit(nogil=True)
@@ -92,7 +92,7 @@ def slab_filler(copy_rows, nwin):
         channel_bytes = sh * sw * Hb * Ws * item
         for a in range(sh):
             for b in range(sw):
-                if not planes >> (a * sw + b) & 1:
+                if planes != -1 and not planes >> (a * sw + b) & 1:
                     continue
                 plane = dst_addr + (a * sw + b) * Hb * Ws * item
                 for i in range(rows):

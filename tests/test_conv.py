@@ -94,6 +94,7 @@ def test_both_schedules_identical_over_tilings(rng, name, overrides):
 # slab rows (Q + dilation*(S-1) // stride) at least a 32-window tile wide
 SLAB_CASES = {
     "slab_stem_s2": (1, 3, 70, 70, 10, 7, 7, (2, 2), (3, 3, 3, 3), (1, 1), 1),
+    "slab_patch8": (1, 3, 24, 520, 5, 8, 8, (8, 8), (0, 0, 0, 0), (1, 1), 1),   # 64 phase planes
     "slab_s3x2_dilated": (2, 3, 20, 100, 5, 3, 4, (3, 2), (0, 1, 2, 1), (2, 3), 1),
     "slab_1x1_s2": (1, 5, 9, 70, 6, 1, 1, (2, 2), (0, 0, 0, 0), (1, 1), 1),
     "slab_pad1": (2, 5, 9, 37, 11, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),
