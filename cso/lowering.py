@@ -15,7 +15,7 @@ from numba.np.numpy_support import from_dtype
 from csa.plan import (reads_input_unpacked, slab_band_rows, slab_planes, slab_shape,
                       window_positions)
 from microkernels import ACCUMULATE, KernelSpec
-from microkernels.row_copy import max_taps
+from microkernels.row_copy import tap_limits
 from microkernels.numba_bridge import (kernel_intrinsic, row_copy_intrinsic, tap_copy_intrinsic,
                                        transpose_intrinsic)
 from packing import input_packer, slab_filler
@@ -107,18 +107,22 @@ def conv_loop_nest(kspec, filters_in_vectors):
     its broadcast operand the input tile; it accumulates the transposed output (P*Q x K, one
     image at a time) in ``out_t``, which a last pass turns into NCHW with bias and ReLU.
 
-    A slab kernel (windows in vectors) packs no tiles: each channel tile is copied once,
-    zero-padded and split into stride phases, into ``scratch`` (see ``csa.plan.slab_shape``);
-    the output rows lie on its Hs x Ws phase planes (the last Ws - Q columns padding), a window
+    A slab kernel (windows in vectors) packs no tiles: per output band, each channel tile's
+    rows that the band reads are copied once, zero-padded and split into stride phases, into
+    ``scratch`` (planes of Hb x Ws, see ``csa.plan.slab_shape`` and ``slab_band_rows``); the
+    output rows lie on the Hs x Ws phase planes (the last Ws - Q columns padding), a window
     tile is NWIN consecutive positions on them, and the kernel reads its row (c, r, s) in place
-    at the offset ``slab_rows`` gives."""
+    at the offset ``slab_rows`` gives from the band's first slab row.
+
+    Output bands (``band`` window tiles): every channel tile of a band runs before the next
+    band, so that the band's partial outputs stay in L2; the IS / WS blocks lie within a band."""
     slab = kspec.slab
     ukernel = kernel_intrinsic(kspec)
     transpose_block = transpose_intrinsic(kspec)
     LANES = kspec.lanes
     NWIN, NF = (kspec.nf, kspec.nwin) if filters_in_vectors else (kspec.nwin, kspec.nf)
     copy_rows = row_copy_intrinsic(kspec, NWIN)
-    pack = input_packer(copy_rows, tap_copy_intrinsic(kspec, NWIN), NWIN, max_taps(kspec))
+    pack = input_packer(copy_rows, tap_copy_intrinsic(kspec, NWIN), NWIN, *tap_limits(kspec))
     fill_slab = slab_filler(copy_rows, NWIN)
 
     @njit(loop_nest_signature(kspec.np_dtype), nogil=True)

@@ -11,8 +11,8 @@ stride*width contiguous values, every stride-th kept by constant shuffles) or ma
 of the plane -- are never read, and ``src`` may point outside the input for them. A whole row
 of windows moves per vector instruction; no scalar loop runs per element.
 
-``copy_taps`` (stride 1, no dilation) fills the rows of all S taps of a filter row at once from
-one read of each input row, shifting it by constant shuffles (see ``define_tap_copy``).
+``copy_taps`` (stride 1 or 2, no dilation) fills the rows of all S taps of a filter row at once
+from one read of each input row, by constant shuffles (see ``define_tap_copy``).
 """
 from llvmlite import ir
 
@@ -35,8 +35,9 @@ def define_row_copy(module, spec, width):
     fn = ir.Function(module, FUNCTION_TYPE, name)
     fn.linkage = "internal"
     fn.attributes.add("nounwind")
-    # a call, not inlined: the packer calls it R*S times per run, and inlined copies of its
-    # five stride paths spilled the lane constants (measured: packing 20-28% faster)
+    # a call, not inlined: the packer and the slab filler call it many times per tile, and
+    # inlined copies of its five stride paths spilled the lane constants (measured: packing
+    # 20-28% faster)
     fn.attributes.add("noinline")
     for arg, arg_name in zip(fn.args, ARGS):
         arg.name = arg_name
@@ -159,7 +160,6 @@ class _RowCopyBuilder:
         return masks, load
 
 
-
 TAP_ARGS = ("dst", "dst_step", "tap_step", "src", "src_step", "count", "taps", "stride", "j0",
             "j1", "end", "lo", "hi")
 TAP_FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, I64, PTR, I64] + [I64] * 8)
@@ -170,6 +170,11 @@ TAP_STRIDES = (1, 2)  # the strides it handles: stride 2 splits each row into tw
 def max_taps(spec):
     """copy_taps handles filter widths 2 .. max_taps(spec): their span must fit one more vector."""
     return min(MAX_TAPS, spec.lanes + 1)
+
+
+def tap_limits(spec):
+    """(widest filter, largest stride) copy_taps handles, for the packer's choice of path."""
+    return max_taps(spec), max(TAP_STRIDES)
 
 
 def define_tap_copy(module, spec, width):

@@ -5,14 +5,14 @@ micro-kernel loads as vectors. Windows are flattened over the output plane (wind
 starting at p0 is output position p0 + j, row (p0 + j) // Q, column (p0 + j) % Q), so a tile can
 span several output rows. Zero padding is produced here: out-of-image taps and windows past the
 end of the plane are written as zeros, and the input is never copied whole (the slab filler
-below copies one channel tile at a time, once).
+below copies the rows an output band reads of one channel tile at a time).
 
 The tile is filled by runs of windows that share an output row: for a fixed (c, r, s) a run reads
 one input row at stride ``sw``, and vector row copies (``copy_rows``) move the whole run,
 masking the taps that fall in the padding. The in-row lanes of a run depend on (r, s) only, so
-they are computed once for all channels; per (c, r, s) only two addresses change. With stride 1
-or 2, no dilation and 2 <= S <= ``max_taps``, ``copy_taps`` reads each input row of the run once
-and makes all S taps from it with shuffles.
+they are computed once for all channels; per (c, r, s) only two addresses change. With strides
+up to ``max_stride`` (2), no dilation and 2 <= S <= ``max_taps``, ``copy_taps`` reads each input
+row of the run once and makes all S taps from it with shuffles.
 """
 from functools import lru_cache
 
@@ -20,12 +20,13 @@ from numba import njit
 
 
 @lru_cache(maxsize=None)
-def input_packer(copy_rows, copy_taps, nwin, max_taps):
+def input_packer(copy_rows, copy_taps, nwin, max_taps, max_stride):
     """The compiled ``pack_input_tile(x, n, c_first, nc, p0, nwin_used, geom, dst_addr)`` for
     ``nwin``-window tiles, moving rows with ``copy_rows(dst, dst_step, src, src_step, count,
-    stride, j0, j1, lo, hi)`` and, for stride 1 or 2, no dilation and 2 <= S <= ``max_taps``,
-    whole filter rows with ``copy_taps(dst, dst_step, tap_step, src, src_step, count, taps,
-    stride, j0, j1, end, lo, hi)`` (compiled functions or intrinsics, e.g. ``microkernels.numba_bridge``'s
+    stride, j0, j1, lo, hi)`` and, for strides up to ``max_stride``, no dilation and
+    2 <= S <= ``max_taps`` (``microkernels.row_copy.tap_limits``), whole filter rows with
+    ``copy_taps(dst, dst_step, tap_step, src, src_step, count, taps, stride, j0, j1, end, lo,
+    hi)`` (compiled functions or intrinsics, e.g. ``microkernels.numba_bridge``'s
     ``row_copy_intrinsic`` and ``tap_copy_intrinsic``).
 
     It packs windows p0 .. p0+nwin_used-1 of image ``n``, channels c_first .. c_first+nc-1 of the
@@ -47,7 +48,7 @@ def input_packer(copy_rows, copy_taps, nwin, max_taps):
             for r in range(R):
                 ih = oh * sh - pt + r * dh
                 row0 = ((n * C + c_first) * H + ih) * W   # row ih of channel c_first
-                if sw <= 2 and dw == 1 and 2 <= S <= max_taps:
+                if sw <= max_stride and dw == 1 and 2 <= S <= max_taps:
                     col0 = (ow0 - j) * sw - pl              # input column lane 0 of tap 0 reads
                     lo, hi = (-col0, W - col0) if 0 <= ih < H else (0, 0)
                     copy_taps(dst_addr + r * S * nwin * item, R * S * nwin * item, nwin * item,
@@ -81,8 +82,8 @@ def slab_filler(copy_rows, nwin):
     planes of Hb x Ws holding rows row0 .. row0+rows-1 (rows <= Hb) of the full planes, whose
     plane (a, b) row i column j holds the input at row sh*i + a - pt, column sw*j + b - pl, or
     zero outside it (see ``csa.plan.slab_shape``); only the planes in the bit mask ``planes``
-    (bit a*sw + b; -1: all) are filled. Each input value is read once per fill; ``nwin``-wide runs of a
-    plane row move for all nc channels per ``copy_rows`` call."""
+    (bit a*sw + b; -1: all) are filled. Each input value is read once per fill; ``nwin``-wide
+    runs of a plane row move for all nc channels per ``copy_rows`` call."""
 
     @njit(nogil=True)
     def fill_slab(x, n, c_first, nc, sh, sw, Hb, Ws, row0, rows, pt, pl, planes, dst_addr):

@@ -4,7 +4,7 @@ import pytest
 
 from microkernels import KernelSpec
 from microkernels.numba_bridge import row_copy_intrinsic, tap_copy_intrinsic
-from microkernels.row_copy import max_taps
+from microkernels.row_copy import tap_limits
 from packing import input_packer, pack_filters, packed_filters_shape, unpack_filters
 
 
@@ -63,7 +63,7 @@ def test_input_tiles_match_the_gather(rng, H, W, R, S, stride, dil, pads, kernel
     N, C, dtype = 2, 5, kernel.np_dtype
     x = rng.standard_normal((N, C, H, W)).astype(dtype)
     pack = input_packer(row_copy_intrinsic(kernel, nwin), tap_copy_intrinsic(kernel, nwin), nwin,
-                        max_taps(kernel))
+                        *tap_limits(kernel))
     pt, pb, pl, pr = pads
     P = (H + pt + pb - dil[0] * (R - 1) - 1) // stride[0] + 1
     Q = (W + pl + pr - dil[1] * (S - 1) - 1) // stride[1] + 1
@@ -77,3 +77,26 @@ def test_input_tiles_match_the_gather(rng, H, W, R, S, stride, dil, pads, kernel
             expected = gather_tile(x, n, c_first, nc, p0, nwin_used, nwin, R, S, stride, dil, pt, pl, P, Q)
             np.testing.assert_array_equal(dst[3:3 + size], expected)
             assert np.all(np.isnan(dst[:3])) and np.all(np.isnan(dst[3 + size:]))
+
+
+@pytest.mark.parametrize("stride,dil,S,taps_path", [((1, 1), (1, 1), 3, True), ((2, 2), (1, 1), 3, True),
+                                                   ((1, 1), (1, 2), 3, False), ((1, 3), (1, 1), 3, False),
+                                                   ((1, 1), (1, 1), 9, False)])
+def test_undilated_rows_of_stride_1_and_2_come_from_one_read(rng, stride, dil, S, taps_path):
+    """The gather test passes by either path; here copy_taps stores nothing, so its rows stay
+    NaN: every row when the packer should use it (strides 1-2, no dilation, S <= max_taps),
+    none otherwise."""
+    from numba import njit
+
+    @njit
+    def no_taps(dst, dst_step, tap_step, src, src_step, count, taps, stride, j0, j1, end, lo, hi):
+        pass
+
+    kernel = KernelSpec("f32", 8, 32, "avx512")
+    pack = input_packer(row_copy_intrinsic(kernel, 32), no_taps, 32, *tap_limits(kernel))
+    x = rng.standard_normal((1, 4, 9, 40)).astype(np.float32)
+    Q = (40 + 2 - dil[1] * (S - 1) - 1) // stride[1] + 1
+    geom = np.array([3, S, stride[0], stride[1], dil[0], dil[1], 1, 1, Q], np.int64)
+    dst = np.full(4 * 3 * S * 32, np.nan, np.float32)
+    pack(x, 0, 0, 4, 0, 32, geom, dst.ctypes.data)
+    assert np.isnan(dst).all() if taps_path else not np.isnan(dst).any()
