@@ -110,7 +110,8 @@ class SlicingPlan:
             lines.append(f"  WS: K2 = {self.k2} window tiles in L2 (|W| + K2*(|IN|+|OUT|) <= "
                          f"{CACHE_FILL}*L2), K3 = {self.k3} filter tiles in L3 (K3*|W| + K2*|IN| + "
                          f"K2*K3*|OUT| <= {CACHE_FILL}*L3){_forced(self, 'k2', 'k3')}")
-        bands, block = ceil(self.window_tiles / self.band), self.band * self.nwin * s.k_per_group * ds
+        bands = ceil(self.window_tiles / self.band)
+        block = self.band * self.nwin * s.k_per_group * ds
         where = "fit" if _band_fits_l2(s, self.nwin, self.band, m) else "overflow"
         lines.append(f"  output bands: {bands} of {self.band} window tiles" + (
             f", whose partial outputs ({self.band}*{self.nwin}*{s.k_per_group}*{ds} = {block} B) "
@@ -304,7 +305,8 @@ def slab_planes(spec):
     (sh, sw), (dh, dw) = spec.stride, spec.dilation
     if sh * sw > 62:
         return -1
-    return sum({1 << (r * dh % sh * sw + s * dw % sw) for r in range(spec.r) for s in range(spec.s)})
+    return sum({1 << (r * dh % sh * sw + s * dw % sw)
+                for r in range(spec.r) for s in range(spec.s)})
 
 
 def window_positions(spec, slab):
@@ -388,7 +390,8 @@ def output_band(spec, nwin, nc, window_tiles, vector, machine):
 
 def _band_fits_l2(spec, nwin, band, machine):
     """A band's partial outputs fit the share of L2 output_band sizes them for."""
-    return band * nwin * spec.k_per_group * spec.itemsize <= OUTPUT_BAND_FILL * CACHE_FILL * machine.l2
+    share = OUTPUT_BAND_FILL * CACHE_FILL * machine.l2
+    return band * nwin * spec.k_per_group * spec.itemsize <= share
 
 
 def slab_band_rows(spec, nwin, band):
@@ -407,7 +410,8 @@ def analyze(spec, machine=None, *, vector=None, microtile_shape=None, nc=None, k
     given = check_overrides(vector=vector, microtile_shape=microtile_shape, nc=nc, k2=k2, k3=k3,
                             schedule=schedule, slab=slab, band=band)
     forced = tuple(given)
-    vector, microtile_shape, nc, k2, k3, schedule, slab, band = (given.get(name) for name in OVERRIDES)
+    vector, microtile_shape, nc, k2, k3, schedule, slab, band = (given.get(name)
+                                                                 for name in OVERRIDES)
     lanes, registers = machine.vector_bytes // spec.itemsize, machine.vector_registers
     tiles = {"windows": microtile(lanes, registers),
              "filters": filter_vector_tile(lanes, registers, 1 if spec.p * spec.q == 1 else 7)}

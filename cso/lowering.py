@@ -184,8 +184,8 @@ def conv_loop_nest(kspec, filters_in_vectors):
                                 wb, fb = (outer, inner) if input_stationary else (inner, outer)
                                 wend, fend = min(b1, wb + w_block), min(t_w, fb + f_block)
                                 # the block's window tiles packed together, before the filter
-                                # tiles stream over them (WS), or with filters in vectors before the
-                                # first filter block sweeps them (IS; its K3 tiles stay packed)
+                                # tiles stream over them (WS), or with filters in vectors before
+                                # the first filter block sweeps them (IS; K3 tiles stay packed)
                                 ahead = not input_stationary or (filters_in_vectors and inner == 0)
                                 for wt in range(wb, wend if ahead and packing and not slab else wb):
                                     p0 = wt * NWIN

@@ -87,6 +87,18 @@ class _RowCopyBuilder:
         vectors = range(self.vectors)
         store_masks = [self._between(bld, [v * self.lanes + i for i in range(self.lanes)], j0, j1)
                        for v in vectors]
+
+        def row(bld, src, dst):
+            for v in vectors:
+                value = load_vector(bld, src, v, masks)
+                ptr = bld.gep(dst, [ir.Constant(I64, v * self.lanes)], source_etype=self.scalar)
+                bld.call(self.store, [value, ptr, store_masks[v]])
+
+        self._row_loop(bld, args, done, row)
+
+    def _row_loop(self, bld, args, done, row):
+        """for i in range(count): ``row(bld, src + i*src_step, dst + i*dst_step)``, then
+        ``done``."""
         pre = bld.block
         head, body = self.fn.append_basic_block(), self.fn.append_basic_block()
         bld.branch(head)
@@ -94,12 +106,8 @@ class _RowCopyBuilder:
         i = bld.phi(I64)
         bld.cbranch(bld.icmp_signed("<", i, args["count"]), body, done)
         bld.position_at_end(body)
-        src = bld.gep(args["src"], [bld.mul(i, args["src_step"])], source_etype=ir.IntType(8))
-        dst = bld.gep(args["dst"], [bld.mul(i, args["dst_step"])], source_etype=ir.IntType(8))
-        for v in vectors:
-            value = load_vector(bld, src, v, masks)
-            ptr = bld.gep(dst, [ir.Constant(I64, v * self.lanes)], source_etype=self.scalar)
-            bld.call(self.store, [value, ptr, store_masks[v]])
+        row(bld, bld.gep(args["src"], [bld.mul(i, args["src_step"])], source_etype=ir.IntType(8)),
+            bld.gep(args["dst"], [bld.mul(i, args["dst_step"])], source_etype=ir.IntType(8)))
         i_next = bld.add(i, ir.Constant(I64, 1))
         bld.branch(head)
         i.add_incoming(ir.Constant(I64, 0), pre)
@@ -223,7 +231,8 @@ class _TapCopyBuilder(_RowCopyBuilder):
         self.run_masks = [self._between(bld, ids, j0, j1) for ids in out_lanes]
         self.store_masks = [self._between(bld, ids, j0, end) for ids in out_lanes]
         done = self.fn.append_basic_block("done")
-        switch = bld.switch(bld.add(bld.mul(args["taps"], ir.Constant(I64, 8)), args["stride"]), done)
+        case = bld.add(bld.mul(args["taps"], ir.Constant(I64, 8)), args["stride"])
+        switch = bld.switch(case, done)
         for count in range(2, max_taps(self.spec) + 1):
             for step in TAP_STRIDES:
                 block = self.fn.append_basic_block(f"taps{count}_stride{step}")
@@ -237,42 +246,36 @@ class _TapCopyBuilder(_RowCopyBuilder):
         """The loop over rows for a constant tap count and stride: load once, split into
         phases, shuffle and store each tap."""
         lanes, vectors = self.lanes, self.vectors
-        pre = bld.block
-        head, body = self.fn.append_basic_block(), self.fn.append_basic_block()
-        bld.branch(head)
-        bld.position_at_end(head)
-        i = bld.phi(I64)
-        bld.cbranch(bld.icmp_signed("<", i, args["count"]), body, done)
-        bld.position_at_end(body)
-        src = bld.gep(args["src"], [bld.mul(i, args["src_step"])], source_etype=ir.IntType(8))
-        dst = bld.gep(args["dst"], [bld.mul(i, args["dst_step"])], source_etype=ir.IntType(8))
-        loaded = [bld.call(self.load, [bld.gep(src, [ir.Constant(I64, k * lanes)], source_etype=self.scalar),
-                                       self.load_masks[k], self.zero])
-                  for k in range(stride * (vectors + 1))]
-        # the next tile's windows continue this row: have its lines brought to L2 meanwhile
-        # (a prefetch never faults, past the row's end included)
-        for k in range(stride * (vectors + 1)):
-            ahead = bld.gep(src, [ir.Constant(I64, k * lanes + stride * self.width)],
-                            source_etype=self.scalar)
-            bld.call(self.prefetch, [ahead, ir.Constant(I32, 0), ir.Constant(I32, 2),
-                                     ir.Constant(I32, 1)])
         lane_ty = ir.VectorType(I32, lanes)
-        # phase q, vector k: elements stride*(k*lanes + l) + q of the row
-        phases = [loaded] if stride == 1 else [
-            [self._phase(bld, loaded, stride, k, q) for k in range(vectors + 1)] for q in range(stride)]
-        for s in range(taps):
-            phase, shift = phases[s % stride], s // stride
-            pick = ir.Constant(lane_ty, list(range(shift, shift + lanes)))
-            tap_dst = bld.gep(dst, [bld.mul(ir.Constant(I64, s), args["tap_step"])], source_etype=ir.IntType(8))
-            for v in range(vectors):
-                value = bld.shuffle_vector(phase[v], phase[v + 1], pick)
-                value = bld.select(self.run_masks[v], value, self.zero)
-                ptr = bld.gep(tap_dst, [ir.Constant(I64, v * lanes)], source_etype=self.scalar)
-                bld.call(self.store, [value, ptr, self.store_masks[v]])
-        i_next = bld.add(i, ir.Constant(I64, 1))
-        bld.branch(head)
-        i.add_incoming(ir.Constant(I64, 0), pre)
-        i.add_incoming(i_next, bld.block)
+
+        def row(bld, src, dst):
+            loaded = [bld.call(self.load, [bld.gep(src, [ir.Constant(I64, k * lanes)],
+                                                   source_etype=self.scalar),
+                                           self.load_masks[k], self.zero])
+                      for k in range(stride * (vectors + 1))]
+            # the next tile's windows continue this row: have its lines brought to L2
+            # meanwhile (a prefetch never faults, past the row's end included)
+            for k in range(stride * (vectors + 1)):
+                ahead = bld.gep(src, [ir.Constant(I64, k * lanes + stride * self.width)],
+                                source_etype=self.scalar)
+                bld.call(self.prefetch, [ahead, ir.Constant(I32, 0), ir.Constant(I32, 2),
+                                         ir.Constant(I32, 1)])
+            # phase q, vector k: elements stride*(k*lanes + l) + q of the row
+            phases = [loaded] if stride == 1 else [
+                [self._phase(bld, loaded, stride, k, q) for k in range(vectors + 1)]
+                for q in range(stride)]
+            for s in range(taps):
+                phase, shift = phases[s % stride], s // stride
+                pick = ir.Constant(lane_ty, list(range(shift, shift + lanes)))
+                tap_dst = bld.gep(dst, [bld.mul(ir.Constant(I64, s), args["tap_step"])],
+                                  source_etype=ir.IntType(8))
+                for v in range(vectors):
+                    value = bld.shuffle_vector(phase[v], phase[v + 1], pick)
+                    value = bld.select(self.run_masks[v], value, self.zero)
+                    ptr = bld.gep(tap_dst, [ir.Constant(I64, v * lanes)], source_etype=self.scalar)
+                    bld.call(self.store, [value, ptr, self.store_masks[v]])
+
+        self._row_loop(bld, args, done, row)
 
     def _phase(self, bld, loaded, stride, k, q):
         """Vector k of phase q (stride 2): lane l = element 2*(k*lanes + l) + q, one shuffle of

@@ -105,9 +105,9 @@ SLAB_CASES = {
 }
 
 
-@pytest.mark.parametrize("overrides", [{}, dict(nc=2), dict(nc=3, k2=1, k3=2), dict(microtile_shape=(16, 3)),
-                                       dict(nc=2, band=1), dict(nc=3, band=2, k2=1, k3=1),
-                                       dict(nc=1, band=3, k2=2, k3=2)])
+@pytest.mark.parametrize("overrides", [
+    {}, dict(nc=2), dict(nc=3, k2=1, k3=2), dict(microtile_shape=(16, 3)),
+    dict(nc=2, band=1), dict(nc=3, band=2, k2=1, k3=1), dict(nc=1, band=3, k2=2, k3=2)])
 @pytest.mark.parametrize("dtype", [F32, F64])
 @pytest.mark.parametrize("name", sorted(SLAB_CASES))
 def test_slab_and_packed_tiles_identical(rng, name, dtype, overrides):

@@ -240,5 +240,6 @@ def test_slab_planes_the_taps_read():
     assert csa.plan.slab_planes(ConvSpec.parse("n1c8h20w20k8r1s1p0u2")) == 0b0001
     assert csa.plan.slab_planes(ConvSpec.parse("n1c8h20w20k8r3s3p1u1")) == 0b1
     # stride (1, 2), 1 x 3 filter dilated by 2 along the width: columns 0, 2, 4 are all even
-    assert csa.plan.slab_planes(ConvSpec(1, 8, 20, 20, 8, 1, 3, stride=(1, 2), dilation=(1, 2))) == 0b01
+    dilated = ConvSpec(1, 8, 20, 20, 8, 1, 3, stride=(1, 2), dilation=(1, 2))
+    assert csa.plan.slab_planes(dilated) == 0b01
     assert csa.plan.slab_planes(ConvSpec.parse("n1c3h224w224k8r16s16p0u16")) == -1   # 256 planes

@@ -79,9 +79,9 @@ def test_input_tiles_match_the_gather(rng, H, W, R, S, stride, dil, pads, kernel
             assert np.all(np.isnan(dst[:3])) and np.all(np.isnan(dst[3 + size:]))
 
 
-@pytest.mark.parametrize("stride,dil,S,taps_path", [((1, 1), (1, 1), 3, True), ((2, 2), (1, 1), 3, True),
-                                                   ((1, 1), (1, 2), 3, False), ((1, 3), (1, 1), 3, False),
-                                                   ((1, 1), (1, 1), 9, False)])
+@pytest.mark.parametrize("stride,dil,S,taps_path", [
+    ((1, 1), (1, 1), 3, True), ((2, 2), (1, 1), 3, True), ((1, 1), (1, 2), 3, False),
+    ((1, 3), (1, 1), 3, False), ((1, 1), (1, 1), 9, False)])
 def test_undilated_rows_of_stride_1_and_2_come_from_one_read(rng, stride, dil, S, taps_path):
     """The gather test passes by either path; here copy_taps stores nothing, so its rows stay
     NaN: every row when the packer should use it (strides 1-2, no dilation, S <= max_taps),
