@@ -48,14 +48,15 @@ def geometry(plan, epilogue_flags):
 
 
 def scratch_tiles(plan):
-    """Packed input tiles held at once: K2 for WS; for IS, K3 when several filter blocks reuse
-    them or when window tiles are the innermost loop (filters in vectors), else one (still hot
-    in L1 when used); none for a slab."""
+    """Packed input tiles held at once: one with windows in vectors, each packed right before
+    the filter tiles of its block use it in turn (still hot in L1), unless IS sweeps it again
+    for several filter blocks (then K3); with filters in vectors (window tiles innermost, packed
+    ahead) K2 for WS, K3 for IS; none for a slab."""
     if plan.slab:
         return 0
-    if plan.schedule == "IS":
-        return plan.k3 if plan.filter_tiles > plan.k2 or plan.vector == "filters" else 1
-    return plan.k2
+    if plan.vector == "windows" and (plan.schedule == "WS" or plan.filter_tiles <= plan.k2):
+        return 1
+    return plan.k3 if plan.schedule == "IS" else plan.k2
 
 
 def scratch_elements(plan):
@@ -183,10 +184,10 @@ def conv_loop_nest(kspec, filters_in_vectors):
                             for inner in range(inner_lo, inner_hi, inner_step):
                                 wb, fb = (outer, inner) if input_stationary else (inner, outer)
                                 wend, fend = min(b1, wb + w_block), min(t_w, fb + f_block)
-                                # the block's window tiles packed together, before the filter
-                                # tiles stream over them (WS), or with filters in vectors before
-                                # the first filter block sweeps them (IS; K3 tiles stay packed)
-                                ahead = not input_stationary or (filters_in_vectors and inner == 0)
+                                # with filters in vectors the block's window tiles are packed
+                                # together before the filter tiles sweep them (WS), or before the
+                                # first filter block does (IS; K3 tiles stay packed)
+                                ahead = filters_in_vectors and (not input_stationary or inner == 0)
                                 for wt in range(wb, wend if ahead and packing and not slab else wb):
                                     p0 = wt * NWIN
                                     if not unpacked or p0 + NWIN > PQ:
@@ -212,10 +213,11 @@ def conv_loop_nest(kspec, filters_in_vectors):
                                         col0 = p0 % Ws
                                     elif unpacked and p0 + NWIN <= PQ:
                                         in_addr, ld_in = x_base + p0 * item, PQ
-                                    elif (input_stationary and not filters_in_vectors and inner == 0
-                                          and ft == fb and packing):
-                                        # IS with windows in vectors packs a tile on the first pass
-                                        # over the filter blocks, right before its first use
+                                    elif (not filters_in_vectors and ft == fb and packing
+                                          and (inner == 0 or not input_stationary)):
+                                        # with windows in vectors a tile is packed right before
+                                        # the block's filter tiles use it, in turn (WS; still
+                                        # hot in L1), or on the first pass over the filter blocks (IS)
                                         pack(x, n, g * Cg + c0, nc, p0, nwin_used, geom, in_addr)
                                     if not kernels:
                                         continue
