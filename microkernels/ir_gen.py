@@ -70,20 +70,29 @@ def declare(module, name, fnty):
         return ir.Function(module, fnty, name)
 
 
-def define_kernel(module, spec, linkage="internal"):
-    """Return the kernel function for ``spec`` in ``module``, defining it on first use."""
+def new_function(module, name, fnty, arg_names, attributes=(), linkage="internal"):
+    """(function, True) for a new nounwind function ``name`` in ``module`` with named
+    arguments, or (the one already there, False): generators define each function once."""
     try:
-        return module.get_global(spec.name)
+        return module.get_global(name), False
     except KeyError:
         pass
-    fn = ir.Function(module, FUNCTION_TYPE, spec.name)
+    fn = ir.Function(module, fnty, name)
     fn.linkage = linkage
-    fn.attributes.add("nounwind")
-    for arg, name in zip(fn.args, ARG_NAMES):
-        arg.name = name
-    for ptr_arg in (fn.args[1], fn.args[3], fn.args[5]):  # a, b, c
-        ptr_arg.add_attribute("noalias")
-    _KernelBuilder(module, fn, spec).build()
+    for attribute in ("nounwind",) + tuple(attributes):
+        fn.attributes.add(attribute)
+    for arg, arg_name in zip(fn.args, arg_names):
+        arg.name = arg_name
+    return fn, True
+
+
+def define_kernel(module, spec, linkage="internal"):
+    """Return the kernel function for ``spec`` in ``module``, defining it on first use."""
+    fn, new = new_function(module, spec.name, FUNCTION_TYPE, ARG_NAMES, linkage=linkage)
+    if new:
+        for ptr_arg in (fn.args[1], fn.args[3], fn.args[5]):  # a, b, c
+            ptr_arg.add_attribute("noalias")
+        _KernelBuilder(module, fn, spec).build()
     return fn
 
 

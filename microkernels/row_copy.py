@@ -16,7 +16,7 @@ from one read of each input row, by constant shuffles (see ``define_tap_copy``).
 """
 from llvmlite import ir
 
-from .ir_gen import I32, I64, PTR, SCALARS, declare, masked_access, splat
+from .ir_gen import I32, I64, PTR, SCALARS, declare, masked_access, new_function, splat
 
 I1 = ir.IntType(1)
 ARGS = ("dst", "dst_step", "src", "src_step", "count", "stride", "j0", "j1", "lo", "hi")
@@ -27,21 +27,13 @@ SAMPLED_STRIDES = 4  # strides up to this use contiguous loads + shuffles; large
 def define_row_copy(module, spec, width):
     """The copy function for ``width``-wide rows in kernel ``spec``'s dtype and vectors,
     defined in ``module`` on first use."""
-    name = f"{spec.dtype}_pack_rows_{width}__{spec.isa}"
-    try:
-        return module.get_global(name)
-    except KeyError:
-        pass
-    fn = ir.Function(module, FUNCTION_TYPE, name)
-    fn.linkage = "internal"
-    fn.attributes.add("nounwind")
     # a call, not inlined: the packer and the slab filler call it many times per tile, and
     # inlined copies of its five stride paths spilled the lane constants (measured: packing
     # 20-28% faster)
-    fn.attributes.add("noinline")
-    for arg, arg_name in zip(fn.args, ARGS):
-        arg.name = arg_name
-    _RowCopyBuilder(module, fn, spec, width).build()
+    fn, new = new_function(module, f"{spec.dtype}_pack_rows_{width}__{spec.isa}", FUNCTION_TYPE,
+                           ARGS, ("noinline",))
+    if new:
+        _RowCopyBuilder(module, fn, spec, width).build()
     return fn
 
 
@@ -196,18 +188,10 @@ def define_tap_copy(module, spec, width):
     shuffle of its phase; one loop per (taps, stride), 2 <= taps <= max_taps(spec), stride in
     TAP_STRIDES (others store nothing). The row's continuation, which the next tile reads, is
     prefetched to L2 (measured +3% on 3x3 256->256 at 56x56, whose input comes from L3)."""
-    name = f"{spec.dtype}_pack_taps_{width}__{spec.isa}"
-    try:
-        return module.get_global(name)
-    except KeyError:
-        pass
-    fn = ir.Function(module, TAP_FUNCTION_TYPE, name)
-    fn.linkage = "internal"
-    fn.attributes.add("nounwind")
-    fn.attributes.add("noinline")   # see define_row_copy
-    for arg, arg_name in zip(fn.args, TAP_ARGS):
-        arg.name = arg_name
-    _TapCopyBuilder(module, fn, spec, width).build()
+    fn, new = new_function(module, f"{spec.dtype}_pack_taps_{width}__{spec.isa}",
+                           TAP_FUNCTION_TYPE, TAP_ARGS, ("noinline",))   # see define_row_copy
+    if new:
+        _TapCopyBuilder(module, fn, spec, width).build()
     return fn
 
 

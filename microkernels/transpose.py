@@ -10,7 +10,7 @@ the row index with the same bit of the lane index; loads and stores are masked t
 """
 from llvmlite import ir
 
-from .ir_gen import BIAS, I32, I64, PTR, RELU, SCALARS, masked_access, splat
+from .ir_gen import BIAS, I32, I64, PTR, RELU, SCALARS, masked_access, new_function, splat
 
 ARGS = ("src", "lds", "dst", "ldd", "rows", "cols", "bias", "flags")
 FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, PTR, I64, I64, I64, PTR, I64])
@@ -18,19 +18,13 @@ FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, PTR, I64, I64, I64, PT
 
 def define_transpose(module, spec):
     """The block transpose in kernel ``spec``'s dtype and vectors, defined on first use."""
-    name = f"{spec.dtype}_transpose_{spec.lanes}x{spec.lanes}__{spec.isa}"
-    try:
-        return module.get_global(name)
-    except KeyError:
-        pass
+    fn, new = new_function(module, f"{spec.dtype}_transpose_{spec.lanes}x{spec.lanes}__{spec.isa}",
+                           FUNCTION_TYPE, ARGS)
+    if not new:
+        return fn
     lanes, scalar = spec.lanes, SCALARS[spec.dtype]
     vec, mask_ty = ir.VectorType(scalar, lanes), ir.VectorType(ir.IntType(1), lanes)
     load, store = masked_access(module, vec)
-    fn = ir.Function(module, FUNCTION_TYPE, name)
-    fn.linkage = "internal"
-    fn.attributes.add("nounwind")
-    for arg, arg_name in zip(fn.args, ARGS):
-        arg.name = arg_name
     src, lds, dst, ldd, rows, cols, bias, flags = fn.args
     bld = ir.IRBuilder(fn.append_basic_block("entry"))
     zero = ir.Constant(vec, [0.0] * lanes)
