@@ -85,7 +85,7 @@ def kernel_spec(plan, isa):
     else filters (vector) x windows (broadcast): KernelSpec's ``nwin`` is always its vector
     width and ``nf`` its broadcast count."""
     vector, broadcast = (plan.nwin, plan.nf) if plan.vector == "windows" else (plan.nf, plan.nwin)
-    return KernelSpec.for_dtype(plan.spec.dtype, broadcast, vector, isa, plan.slab)
+    return KernelSpec.for_dtype(plan.spec.dtype, broadcast, vector, isa, "vector" if plan.slab else "")
 
 
 @njit(nogil=True)

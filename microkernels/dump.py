@@ -2,7 +2,7 @@
 
     python -m microkernels.dump f32_conv_ukernel_8x32__avx512 [--ir | --asm]
 
-Kernel names are ``{f32|f64}_conv_ukernel_{Nf}x{Nwin}[_slab]__{avx512|avx2|generic}``; ``Nwin`` must be
+Kernel names are ``{f32|f64}_conv_ukernel_{Nf}x{Nwin}[_slab|_bslab]__{avx512|avx2|generic}``; ``Nwin`` must be
 a multiple of the ISA's vector lanes. ``repr(cso.Conv2d(w))`` names the kernel a layer uses.
 """
 import argparse

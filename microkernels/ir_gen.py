@@ -13,14 +13,16 @@ them), so the caller guarantees those are readable; only the store is trimmed to
 (``nwin_used``), with masked vector accesses, so an edge tile never touches memory outside its
 output rows.
 
-A ``slab`` kernel (``spec.slab``) reads A in place from a padded input slab instead: row i at
+A ``"vector"`` slab kernel (``spec.slab``) reads A in place from a padded input slab instead: row i at
 ``a + a_rows[i]`` (element offsets, ``lda`` unused), and its windows lie on a virtual output row
 of ``width`` columns of which the last ``gap`` are padding: window j sits at virtual column
 ``col0 + j`` (``col0 < width``, ``col0 + nwin <= 2*width``, so a tile spans at most two rows).
 Padding columns are never stored: C is the real row-major output plane (rows of ``width - gap``
 columns), ``c`` the start of window 0's output row, window j stored at ``c + col0 + j`` in the
-first row and ``gap`` elements earlier in the second. Other kernels ignore ``a_rows``, ``col0``,
-``width`` and ``gap``.
+first row and ``gap`` elements earlier in the second. A ``"broadcast"`` slab kernel reads B
+in place instead: row i at ``b + a_rows[i]`` (``ldb`` unused), its ``nf`` values consecutive
+(filters in vectors: ``nf`` windows along one slab row); it stores like a packed kernel. Other
+kernels ignore ``a_rows``, ``col0``, ``width`` and ``gap``.
 
 ``flags``: ACCUMULATE adds to C (later channel tiles) instead of overwriting it, BIAS adds
 ``bias[f]`` (``bias`` is read only when this flag is set), RELU clamps at zero (NaN passes).
@@ -159,12 +161,11 @@ class _KernelBuilder:
         """One rank-1 update: accs[f][v] += A[row][v-th vector] * B[row][f]."""
         spec = self.spec
         k, a, lda, b, ldb = self.fn.args[:5]
-        if spec.slab:
+        a_row, b_row = bld.mul(row, lda), bld.mul(row, ldb)
+        if spec.slab:   # the slab operand's row from the offset table
             a_rows = self.fn.args[11]
-            a_row = bld.load(bld.gep(a_rows, [row], inbounds=True, source_etype=I64), typ=I64, align=8)
-        else:
-            a_row = bld.mul(row, lda)
-        b_row = bld.mul(row, ldb)
+            offset = bld.load(bld.gep(a_rows, [row], inbounds=True, source_etype=I64), typ=I64, align=8)
+            a_row, b_row = (offset, b_row) if spec.slab == "vector" else (a_row, offset)
         a_vecs = []
         for v in range(spec.vectors):
             ptr = bld.gep(a, [bld.add(a_row, ir.Constant(I64, v * spec.lanes))],
@@ -181,7 +182,7 @@ class _KernelBuilder:
 
     def _epilogue(self, block, accs, zero_slot):
         """Store the used rows; four variants: whole tile or partial (masked) x overwrite or
-        accumulate. The whole-tile path has every window used (and, for a slab kernel, in the
+        accumulate. The whole-tile path has every window used (and, for a vector slab kernel, in the
         first virtual row's real columns). Bias and ReLU are cheap selects on the flags."""
         spec, fn = self.spec, self.fn
         c, ldc, nwin_used, nf_used, bias, flags = fn.args[5:11]
@@ -191,7 +192,7 @@ class _KernelBuilder:
         accumulate, bias_on, relu_on = flag_on
         whole = bld.icmp_unsigned("==", nwin_used, ir.Constant(I64, spec.nwin))
         full = [(None, None)]
-        if spec.slab:
+        if spec.slab == "vector":
             col0, width, gap = fn.args[12:15]
             row_end = bld.sub(width, gap)
             whole = bld.and_(whole, bld.icmp_signed("<=", bld.add(col0, ir.Constant(I64, spec.nwin)), row_end))
@@ -219,7 +220,7 @@ class _KernelBuilder:
 
     def _segments(self, bld):
         """[(element shift, lane masks per vector)] of a partial tile: windows < nwin_used; for
-        a slab kernel split into the first virtual row's real columns (shift col0) and the
+        a vector slab kernel split into the first virtual row's real columns (shift col0) and the
         second row's (shift col0 - gap)."""
         spec, args = self.spec, self.fn.args
         nwin_used, col0, width, gap = args[7], args[12], args[13], args[14]
@@ -227,7 +228,7 @@ class _KernelBuilder:
         ivec = ir.VectorType(I64, lanes)
         lane_ids = [ir.Constant(ivec, list(range(v * lanes, (v + 1) * lanes))) for v in range(spec.vectors)]
         used = [bld.icmp_signed("<", ids, splat(bld, nwin_used, ivec)) for ids in lane_ids]
-        if not spec.slab:
+        if spec.slab != "vector":
             return [(None, used)]
         row_end = bld.sub(width, gap)
         first, second = [], []

@@ -59,7 +59,8 @@ class CompiledKernel:
         """Run on NumPy arrays, after checking every size and stride against the contract so
         that no call from Python can touch memory outside the arrays; ``lda`` and ``ldb``
         default to packed tiles' ``nwin`` and ``nf``. A slab kernel takes ``a_rows`` (int64
-        element offsets of A's rows) and its virtual row (``col0``, ``width``, ``gap``)."""
+        element offsets of A's rows, or B's for a broadcast slab), a vector slab kernel also
+        its virtual row (``col0``, ``width``, ``gap``)."""
         spec = self.spec
         lda = spec.nwin if lda is None else lda
         ldb = spec.nf if ldb is None else ldb
@@ -68,23 +69,27 @@ class CompiledKernel:
             raise ValueError(f"need k >= 1, lda >= {spec.nwin}, ldb >= {spec.nf}, 1 <= nf_used <= "
                              f"{spec.nf}, 1 <= nwin_used <= {spec.nwin}; got k={k}, lda={lda}, "
                              f"ldb={ldb}, nf_used={nf_used}, nwin_used={nwin_used}")
-        a_need, rows_addr = (k - 1) * lda + spec.nwin, 0
+        a_need, b_need, rows_addr = (k - 1) * lda + spec.nwin, (k - 1) * ldb + spec.nf, 0
         if spec.slab:
-            if not (width is not None and 0 <= gap < width and 0 <= col0 < width
-                    and col0 + spec.nwin <= 2 * width):
-                raise ValueError(f"need 0 <= gap < width, 0 <= col0 < width, col0 + {spec.nwin} "
-                                 f"<= 2*width; got col0={col0}, width={width}, gap={gap}")
             if (not isinstance(a_rows, np.ndarray) or a_rows.dtype != np.int64
                     or not a_rows.flags.c_contiguous or a_rows.size < k or a_rows[:k].min() < 0):
                 raise ValueError(f"a_rows must be a C-contiguous int64 array of at least k={k} "
                                  "non-negative offsets")
-            a_need, rows_addr = int(a_rows[:k].max()) + spec.nwin, a_rows.ctypes.data
-        _, offsets = stored_windows(nwin_used, col0, width if spec.slab else None, gap)
+            rows_addr = a_rows.ctypes.data
+        if spec.slab == "broadcast":
+            b_need = int(a_rows[:k].max()) + spec.nf
+        if spec.slab == "vector":
+            if not (width is not None and 0 <= gap < width and 0 <= col0 < width
+                    and col0 + spec.nwin <= 2 * width):
+                raise ValueError(f"need 0 <= gap < width, 0 <= col0 < width, col0 + {spec.nwin} "
+                                 f"<= 2*width; got col0={col0}, width={width}, gap={gap}")
+            a_need = int(a_rows[:k].max()) + spec.nwin
+        _, offsets = stored_windows(nwin_used, col0, width if spec.slab == "vector" else None, gap)
         if offsets.size and ldc < offsets.max() + 1:
             raise ValueError(f"need ldc >= the {offsets.max() + 1} columns a C row is stored on, "
                              f"got ldc={ldc}")
         c_need = (nf_used - 1) * ldc + (offsets.max() + 1 if offsets.size else 0)
-        needs = [("a", a, a_need), ("b", b, (k - 1) * ldb + spec.nf), ("c", c, c_need)]
+        needs = [("a", a, a_need), ("b", b, b_need), ("c", c, c_need)]
         if flags & BIAS:
             needs.append(("bias", bias, nf_used))
         for name, arr, need in needs:

@@ -21,14 +21,16 @@ def stored_windows(nwin_used, col0=0, width=None, gap=0):
 def reference_kernel(spec, k, a, b, c, ldc, nwin_used, nf_used, bias=None, flags=0, lda=None,
                      ldb=None, a_rows=None, col0=0, width=None, gap=0):
     """C rows f < nf_used, stored windows: (C +) A^T B (+ bias), optionally ReLU. A's rows are
-    at ``a_rows`` (element offsets) for a slab kernel, else every ``lda``."""
+    at ``a_rows`` (element offsets) for a vector slab kernel, else every ``lda``; B's at
+    ``a_rows`` for a broadcast slab kernel, else every ``ldb``."""
     lda = spec.nwin if lda is None else lda
     ldb = spec.nf if ldb is None else ldb
-    starts = a_rows[:k] if spec.slab else np.arange(k) * lda
-    A = np.stack([a[i: i + nwin_used] for i in starts])
-    B = np.stack([b[i * ldb: i * ldb + nf_used] for i in range(k)])
+    a_starts = a_rows[:k] if spec.slab == "vector" else np.arange(k) * lda
+    b_starts = a_rows[:k] if spec.slab == "broadcast" else np.arange(k) * ldb
+    A = np.stack([a[i: i + nwin_used] for i in a_starts])
+    B = np.stack([b[i: i + nf_used] for i in b_starts])
     tile = (B.T @ A).astype(spec.np_dtype)
-    windows, offsets = stored_windows(nwin_used, col0, width if spec.slab else None, gap)
+    windows, offsets = stored_windows(nwin_used, col0, width if spec.slab == "vector" else None, gap)
     for f in range(nf_used):
         at = f * ldc + offsets
         val = tile[f, windows] + c[at] if flags & ACCUMULATE else tile[f, windows]

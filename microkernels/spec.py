@@ -7,25 +7,29 @@ import numpy as np
 from .isa import get_isa
 
 DTYPES = {"f32": np.dtype(np.float32), "f64": np.dtype(np.float64)}
-_NAME = re.compile(r"^(f32|f64)_conv_ukernel_(\d+)x(\d+)(_slab)?__(\w+)$")
+_NAME = re.compile(r"^(f32|f64)_conv_ukernel_(\d+)x(\d+)(_slab|_bslab)?__(\w+)$")
+SLABS = {"": "", "vector": "_slab", "broadcast": "_bslab"}   # slab mode -> name suffix
 
 
 @dataclass(frozen=True)
 class KernelSpec:
     """An ``nf`` x ``nwin`` outer-product tile: ``nf`` broadcast values by ``nwin`` vector
     lanes (windows by filters, or filters by windows when filters are in vectors) for one dtype
-    and ISA. A ``slab`` kernel reads its vector operand in
-    place from a padded input slab (rows by an offset table, windows on a virtual row width
-    whose padding columns it never stores; see ``ir_gen``)."""
+    and ISA. A ``slab`` kernel reads one operand in place from a padded input slab, its rows
+    by an offset table: ``"vector"``, the vector operand (windows on a virtual row whose padding
+    columns it never stores), or ``"broadcast"``, the broadcast operand (filters in vectors,
+    windows consecutive on one slab row); see ``ir_gen``."""
     dtype: str   # "f32" or "f64"
     nf: int
     nwin: int
     isa: str
-    slab: bool = False
+    slab: str = ""   # "", "vector" or "broadcast"
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise ValueError(f"KernelSpec dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.slab not in SLABS:
+            raise ValueError(f"KernelSpec slab must be one of {sorted(SLABS)}, got {self.slab!r}")
         lanes = self.lanes
         if self.nf < 1 or self.nwin < 1 or self.nwin % lanes:
             raise ValueError(f"KernelSpec needs nf >= 1 and nwin a positive multiple of the "
@@ -46,8 +50,7 @@ class KernelSpec:
 
     @property
     def name(self):
-        slab = "_slab" if self.slab else ""
-        return f"{self.dtype}_conv_ukernel_{self.nf}x{self.nwin}{slab}__{self.isa}"
+        return f"{self.dtype}_conv_ukernel_{self.nf}x{self.nwin}{SLABS[self.slab]}__{self.isa}"
 
     def __str__(self):
         return self.name
@@ -59,10 +62,11 @@ class KernelSpec:
             raise ValueError(f"not a kernel name: {name!r} "
                              "(expected e.g. 'f32_conv_ukernel_8x32__avx512')")
         dtype, nf, nwin, slab, isa = m.groups()
-        return cls(dtype, int(nf), int(nwin), isa, bool(slab))
+        mode = {suffix: mode for mode, suffix in SLABS.items()}[slab or ""]
+        return cls(dtype, int(nf), int(nwin), isa, mode)
 
     @classmethod
-    def for_dtype(cls, dtype, nf, nwin, isa, slab=False):
+    def for_dtype(cls, dtype, nf, nwin, isa, slab=""):
         for short, dt in DTYPES.items():
             if dt == np.dtype(dtype):
                 return cls(short, nf, nwin, isa, slab)

@@ -124,7 +124,7 @@ def test_slab_and_packed_tiles_identical(rng, name, dtype, overrides):
                               geometry["groups"], activation="relu",
                               plan_overrides=dict(overrides, slab=slab, schedule=schedule))
             assert conv.plan_for(x.shape).slab == slab
-            assert conv.kernel_for(x.shape).slab == slab
+            assert conv.kernel_for(x.shape).slab == ("vector" if slab else "")
             results.append(conv(x))
     for other in results[1:]:
         np.testing.assert_array_equal(results[0], other)

@@ -108,7 +108,7 @@ def run_slab(spec, rng, k, nwin_used, nf_used, flags, col0, width, gap):
     return actual, expected, inside
 
 
-@pytest.mark.parametrize("spec", [mk.KernelSpec(s.dtype, s.nf, s.nwin, s.isa, slab=True) for s in SPECS],
+@pytest.mark.parametrize("spec", [mk.KernelSpec(s.dtype, s.nf, s.nwin, s.isa, "vector") for s in SPECS],
                          ids=str)
 def test_slab_kernel_virtual_rows(spec, rng):
     """Every first column of a tile on virtual rows as narrow as the tile, with no padding, one
@@ -122,6 +122,33 @@ def test_slab_kernel_virtual_rows(spec, rng):
                 nf_used = spec.nf - col0 % spec.nf
                 flags = FLAG_SETS[(col0 + gap) % len(FLAG_SETS)]
                 check(spec, *run_slab(spec, rng, k, nwin_used, nf_used, flags, col0, width, gap), k)
+
+
+@pytest.mark.parametrize("spec", [mk.KernelSpec(s.dtype, 14, s.nwin, s.isa, "broadcast") for s in SPECS],
+                         ids=str)
+def test_broadcast_slab_kernel(spec, rng):
+    """B rows read in place at scattered, overlapping offsets (windows along a slab row), no
+    slack after the last one; C stored like a packed kernel's, every edge count."""
+    dt = spec.np_dtype
+    for k in DEPTHS:
+        for nf_used in range(1, spec.nf + 1):
+            nwin_used = spec.nwin - (nf_used * 3) % spec.nwin
+            flags = FLAG_SETS[(nf_used + k) % len(FLAG_SETS)]
+            a_rows = rng.integers(0, 2 * k + spec.nf, size=k).astype(np.int64)
+            a = rng.standard_normal(k * spec.nwin).astype(dt)
+            b = rng.standard_normal(int(a_rows.max()) + spec.nf).astype(dt)
+            bias = rng.standard_normal(nf_used).astype(dt)
+            ldc, guard = spec.nwin + 3, 7
+            c = np.full(guard + (nf_used - 1) * ldc + nwin_used + guard, SENTINEL, dtype=dt)
+            inside = np.zeros(c.shape, bool)
+            for f in range(nf_used):
+                inside[guard + f * ldc: guard + f * ldc + nwin_used] = True
+            c[inside] = rng.standard_normal(inside.sum())
+            expected, actual = c.copy(), c.copy()
+            args = (k, a, b, None, ldc, nwin_used, nf_used, bias, flags)
+            mk.reference_kernel(spec, *args[:3], expected[guard:], *args[4:], a_rows=a_rows)
+            mk.compile(spec)(*args[:3], actual[guard:], *args[4:], a_rows=a_rows)
+            check(spec, actual, expected, inside, k)
 
 
 def test_relu_keeps_nan_and_clamps_negatives():
@@ -158,7 +185,8 @@ def test_python_wrapper_refuses_what_would_touch_foreign_memory():
 
 
 def test_kernel_spec_name_round_trip():
-    for spec in SPECS + [mk.KernelSpec("f64", 3, 8, "avx512"), mk.KernelSpec("f32", 8, 32, "avx2", True)]:
+    for spec in SPECS + [mk.KernelSpec("f64", 3, 8, "avx512"), mk.KernelSpec("f32", 8, 32, "avx2", "vector"),
+                         mk.KernelSpec("f32", 14, 32, "avx512", "broadcast")]:
         assert mk.KernelSpec.parse(spec.name) == spec
         assert str(spec) == spec.name
     assert mk.KernelSpec.parse("f32_conv_ukernel_14x32__avx512") == mk.KernelSpec("f32", 14, 32, "avx512")
