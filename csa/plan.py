@@ -31,11 +31,41 @@ def filter_vector_tile(vector_lanes, vector_registers, windows=7):
     """(windows, filters) when filters are the vector dimension: 7 broadcast windows (output
     planes of real networks are multiples of 7: 7x7, 14x14, 28x28, 56x56) by as many filter
     vectors as fit windows*v accumulators + v filter vectors + 1 broadcast, at most two
-    (AVX-512: 7 x 32 floats, AVX2: 7 x 8). A single-pixel plane is a matrix-vector product
-    whose weights stream through once: 1 window by up to four vectors (AVX-512: 1 x 64)."""
+    (AVX-512: 7 x 32 floats, AVX2: 7 x 8; a direct tile, 14 x 32 and 14 x 8). A single-pixel
+    plane is a matrix-vector product whose weights stream through once: 1 window by up to four
+    vectors (AVX-512: 1 x 64)."""
     most = 2 if windows > 1 else 4
     vectors = max(1, min(most, (vector_registers - 1) // (windows + 1)))
     return windows, vectors * vector_lanes
+
+
+# broadcast windows per direct tile -> kernel speed relative to the first (AVX-512, 14 x 32
+# and 7 x 32 in a loop nest: fewer accumulators per filter load)
+DIRECT_WINDOWS = {14: 1.0, 7: 0.93}
+DIRECT_WASTE = 0.1   # padded work a direct plan may add (row-aligned tiles, filter tiles)
+DIRECT_MIN_DEPTH = 512   # C/groups*R*S: shallower kernel calls spend too much on C's tile
+
+
+def direct_windows(spec):
+    """Windows per direct tile: the DIRECT_WINDOWS count whose row-aligned tiles (a tile never
+    spans two output rows) cover Q fastest, positions over relative speed: 56, 28, 112, 14 and
+    104 wide planes take 14, 7, 21 and 35 wide ones 7."""
+    return min(DIRECT_WINDOWS, key=lambda w: ceil(spec.q / w) * w / DIRECT_WINDOWS[w])
+
+
+def use_direct(spec, nwin, nf):
+    """Filters in vectors and the input windows broadcast in place from a padded slab (the
+    direct convolution MLAS runs on NCHWc): no window tile is packed, and a 14-window tile
+    keeps 28 accumulators busy per two filter loads. For stride-1 convolutions a slab applies
+    to (not unpadded 1x1s) with at least DIRECT_MIN_DEPTH rows per kernel call, whose
+    row-aligned window tiles and filter tiles waste at most DIRECT_WASTE of the work. Measured
+    against the other plans (same process, AVX-512): 3x3 stride 1 over 64 to 512 channels 1.00
+    to 1.25x; over 3 or 32 channels 0.60 and 0.92x; stride 2, whose taps read R*S runs per
+    channel from four phase planes (L1 overflows), 0.80-0.85x on large planes."""
+    padded = spec.p * ceil(spec.q / nwin) * nwin * ceil(spec.k_per_group / nf) * nf
+    return (spec.stride == (1, 1) and slab_fits(spec, nwin, "filters")
+            and spec.c_per_group * spec.r * spec.s >= DIRECT_MIN_DEPTH
+            and padded <= (1 + DIRECT_WASTE) * spec.p * spec.q * spec.k_per_group)
 
 
 def padded_work(spec, nwin, nf):
@@ -67,8 +97,17 @@ class SlicingPlan:
     forced: tuple = ()                      # names of the values set by an override
 
     @property
+    def direct(self):
+        """Filters in vectors, windows broadcast in place from a slab (see use_direct)."""
+        return self.slab and self.vector == "filters"
+
+    @property
+    def row_tiles(self):
+        return row_tiles(self.spec, self.nwin, self.slab, self.vector)
+
+    @property
     def window_tiles(self):
-        return ceil(window_positions(self.spec, self.slab) / self.nwin)
+        return window_tiles(self.spec, self.nwin, self.slab, self.vector)
 
     @property
     def filter_tiles(self):
@@ -93,12 +132,14 @@ class SlicingPlan:
             f"  machine: {m}",
             f"  micro-tile: {self.nwin} windows x {self.nf} filters, vectors along the {self.vector} "
             f"(from {m.vector_registers} registers of {m.vector_bytes // ds} lanes; computes "
-            f"{padded_work(s, self.nwin, self.nf)} outputs for {s.p * s.q * s.k_per_group})"
-            f"{_forced(self, 'microtile_shape', 'vector')}",
-            f"  Nc = {self.nc}: {nc_rule} Nc*(Nwin+Nf)*R*S*ds + Nwin*Nf*ds <= {CACHE_FILL}*L1: "
-            f"{self.nc}*{self.nwin + self.nf}*{rs}*{ds} + {fout} = "
-            f"{self.nc * (self.nwin + self.nf) * rs * ds + fout} vs {int(CACHE_FILL * m.l1d)}"
-            f"{_forced(self, 'nc')}",
+            f"{self.window_tiles * self.nwin * self.filter_tiles * self.nf} outputs for "
+            f"{s.p * s.q * s.k_per_group}){_forced(self, 'microtile_shape', 'vector')}",
+            (f"  Nc = {self.nc}: {nc_rule} Nf*R*S*Nc*ds <= {DIRECT_FILTER_FILL}*L2: "
+             f"{fw} vs {int(DIRECT_FILTER_FILL * m.l2)}" if self.direct else
+             f"  Nc = {self.nc}: {nc_rule} Nc*(Nwin+Nf)*R*S*ds + Nwin*Nf*ds <= {CACHE_FILL}*L1: "
+             f"{self.nc}*{self.nwin + self.nf}*{rs}*{ds} + {fout} = "
+             f"{self.nc * (self.nwin + self.nf) * rs * ds + fout} vs {int(CACHE_FILL * m.l1d)}")
+            + _forced(self, 'nc'),
             f"  tiles: {self.window_tiles} window x {self.filter_tiles} filter x "
             f"{self.channel_tiles} channel (per image and group); |IN|={fin} B |W|={fw} B |OUT|={fout} B",
         ]
@@ -119,10 +160,12 @@ class SlicingPlan:
             f"tiles" if self.channel_tiles > 1 else " (one channel tile: no partial outputs)")
             + _forced(self, "band"))
         if self.slab:
+            why = (f"direct: windows broadcast from it, {self.row_tiles} tiles per output row"
+                   if self.direct else f"{self.filter_tiles} <= {SLAB_MAX_FILTER_TILES} filter "
+                   "tiles per packed tile")
             lines.append(f"  input: a padded slab of {s.stride[0] * s.stride[1]} phase plane(s) per "
-                         f"channel ({slab_band_rows(s, self.nwin, self.band)} rows of each per "
-                         f"band), read in place ({self.filter_tiles} <= {SLAB_MAX_FILTER_TILES} "
-                         f"filter tiles per packed tile){_forced(self, 'slab')}")
+                         f"channel ({slab_band_rows(s, self.nwin, self.band, self.row_tiles)} rows "
+                         f"of each per band), read in place ({why}){_forced(self, 'slab')}")
         else:
             lines.append(f"  input: packed tiles (R*S shifted copies per channel){_forced(self, 'slab')}")
         lines.append("  cost model (cache-line loads x latency, streamed L2 x bandwidth, cycles):")
@@ -152,6 +195,20 @@ def channel_tile(spec, nwin, nf, l1d):
     ds, rs = spec.itemsize, spec.r * spec.s
     room = CACHE_FILL * l1d - nwin * nf * ds
     largest = int(min(spec.c_per_group, max(1, room // ((nwin + nf) * rs * ds))))
+    return ceil(spec.c_per_group / ceil(spec.c_per_group / largest))
+
+
+DIRECT_FILTER_FILL = 0.25   # share of L2 a direct plan's filter tile may take
+
+
+def direct_channel_tile(spec, nf, l2):
+    """Nc of a direct plan: its filter tile streams from L2 (the windows' slab rows, a few
+    hundred bytes per channel, sit in L1), so the fewest channel tiles with
+    Nf*R*S*Nc*ds <= DIRECT_FILTER_FILL*L2, split evenly. Measured on 3x3 256->256 at 56x56 and
+    512->512 at 28x28: Nc from 64 to 256 within 2%; fewer channel tiles read the partial
+    outputs less often."""
+    largest = int(min(spec.c_per_group,
+                      max(1, DIRECT_FILTER_FILL * l2 // (nf * spec.r * spec.s * spec.itemsize))))
     return ceil(spec.c_per_group / ceil(spec.c_per_group / largest))
 
 
@@ -317,6 +374,18 @@ def window_positions(spec, slab):
     return (spec.p - 1) * slab_shape(spec)[1] + spec.q
 
 
+def row_tiles(spec, nwin, slab, vector):
+    """Window tiles per output row of a direct plan, whose tiles never span two rows (each
+    broadcast window is a column of the transposed output); 0 for other plans."""
+    return ceil(spec.q / nwin) if slab and vector == "filters" else 0
+
+
+def window_tiles(spec, nwin, slab, vector):
+    """Window tiles per image and group: P rows of row_tiles for a direct plan, else the
+    window positions cut into tiles of ``nwin``."""
+    return spec.p * row_tiles(spec, nwin, slab, vector) or ceil(window_positions(spec, slab) / nwin)
+
+
 def reads_input_unpacked(spec, vector="windows"):
     """1x1, stride 1, no padding, windows in vectors: the NCHW input already is the C x (H*W)
     matrix whose rows the kernel loads as vectors, so full window tiles need no packing. Not
@@ -330,10 +399,10 @@ def reads_input_unpacked(spec, vector="windows"):
 
 
 def slab_fits(spec, nwin, vector):
-    """A slab applies with windows in vectors and slab rows at least a tile wide (so a tile
-    spans at most two rows), except to unpadded stride-1 1x1s: their slab would be a plain copy
-    of the input, which their tiles read in place or pack (see reads_input_unpacked)."""
-    return vector == "windows" and not _plain_1x1(spec) and slab_shape(spec)[1] >= nwin
+    """A slab applies except to unpadded stride-1 1x1s (their slab would be a plain copy of the
+    input, which their tiles read in place or pack, see reads_input_unpacked); with windows in
+    vectors only when its rows are at least a tile wide (so a tile spans at most two rows)."""
+    return not _plain_1x1(spec) and (vector == "filters" or slab_shape(spec)[1] >= nwin)
 
 
 def _plain_1x1(spec):
@@ -373,19 +442,21 @@ OUTPUT_BAND_FILL = 0.25  # share of L2 a band's partial outputs may take (the re
                          # slab rows or packed tiles, the input streaming in; measured best)
 
 
-def output_band(spec, nwin, nc, window_tiles, vector, machine):
+def output_band(spec, nwin, nc, window_tiles, vector, machine, row_tiles=0):
     """Window tiles per output band: the loop nest runs the channel tiles band by band, so that
     a band's partial outputs (its window tiles x K_g filters) stay in L2 from one channel tile
     to the next instead of going to L3 and back, at the price of reading the filters again for
     every band (``analyze`` keeps bands where the cost model finds them cheaper). Measured on
     3x3 128->128 at 112x112 (5 channel tiles, 6.4 MB of output): 5% faster; on 3x3 512->512 at
     28x28 (9.4 MB of filters for 1.6 MB of output) 3% slower, which the model rejects. One band
-    when there is a single channel tile, and with filters in vectors (small planes, whose
-    transposed output is accumulated apart)."""
-    if vector == "filters" or nc >= spec.c_per_group:
+    when there is a single channel tile, and with filters in vectors on packed tiles (small
+    planes, whose transposed output is accumulated apart). A direct plan's bands are whole
+    output rows (``row_tiles`` window tiles each), so that a band reads few slab rows."""
+    if (vector == "filters" and not row_tiles) or (nc >= spec.c_per_group and not row_tiles):
         return window_tiles
     per_tile = nwin * spec.k_per_group * spec.itemsize
-    return int(min(window_tiles, max(1, OUTPUT_BAND_FILL * CACHE_FILL * machine.l2 // per_tile)))
+    band = int(min(window_tiles, max(1, OUTPUT_BAND_FILL * CACHE_FILL * machine.l2 // per_tile)))
+    return max(row_tiles, band - band % row_tiles) if row_tiles else band
 
 
 def _band_fits_l2(spec, nwin, band, machine):
@@ -394,11 +465,14 @@ def _band_fits_l2(spec, nwin, band, machine):
     return band * nwin * spec.k_per_group * spec.itemsize <= share
 
 
-def slab_band_rows(spec, nwin, band):
+def slab_band_rows(spec, nwin, band, row_tiles=0):
     """Rows of each phase plane a band of ``band`` slab tiles reads: the virtual rows its
-    windows span, starting anywhere in a row, and the filter's reach below them."""
+    windows span, starting anywhere in a row (for a direct plan: the output rows of ``band``
+    tiles of ``row_tiles`` per row), and the filter's reach below them."""
     hs, ws = slab_shape(spec)
-    return min(hs, (band * nwin + ws - 2) // ws + 1 + hs - spec.p)
+    spans = ((band + row_tiles - 2) // row_tiles + 1 if row_tiles else
+             (band * nwin + ws - 2) // ws + 1)
+    return min(hs, spans + hs - spec.p)
 
 
 def analyze(spec, machine=None, *, vector=None, microtile_shape=None, nc=None, k2=None, k3=None,
@@ -415,16 +489,29 @@ def analyze(spec, machine=None, *, vector=None, microtile_shape=None, nc=None, k
     lanes, registers = machine.vector_bytes // spec.itemsize, machine.vector_registers
     tiles = {"windows": microtile(lanes, registers),
              "filters": filter_vector_tile(lanes, registers, 1 if spec.p * spec.q == 1 else 7)}
-    vector = vector or choose_vector(spec, tiles["windows"], tiles["filters"])
-    nwin, nf = microtile_shape or tiles[vector]
+    direct_tile = filter_vector_tile(lanes, registers, direct_windows(spec))
+    fits_direct = use_direct(spec, *(microtile_shape or direct_tile))
+    if vector is None:
+        vector = ("filters" if slab is not False and fits_direct else
+                  choose_vector(spec, tiles["windows"], tiles["filters"]))
+    direct = vector == "filters" and (fits_direct if slab is None else slab)
+    nwin, nf = microtile_shape or (direct_tile if direct else tiles[vector])
     if slab and not slab_fits(spec, nwin, vector):
-        raise ValueError(f"slab override: {spec} needs vectors along the windows, not an unpadded "
-                         f"stride-1 1x1, and slab rows of at least {nwin} columns "
+        raise ValueError(f"slab override: {spec} is an unpadded stride-1 1x1, or needs slab rows "
+                         f"of at least {nwin} columns with windows in vectors "
                          f"(has {slab_shape(spec)[1]})")
-    nc = min(nc, spec.c_per_group) if nc else channel_tile(spec, nwin, nf, machine.l1d)
-    slab = use_slab(spec, nwin, nf, nc, vector, machine) if slab is None else slab
+    if nc:
+        nc = min(nc, spec.c_per_group)
+    else:
+        nc = (direct_channel_tile(spec, nf, machine.l2) if direct else
+              channel_tile(spec, nwin, nf, machine.l1d))
+    if vector == "filters":
+        slab = direct
+    elif slab is None:
+        slab = use_slab(spec, nwin, nf, nc, vector, machine)
     fin, fw, fout = tile_footprints(spec, nwin, nf, nc)
-    t_in, t_w = ceil(window_positions(spec, slab) / nwin), ceil(spec.k_per_group / nf)
+    per_row = row_tiles(spec, nwin, slab, vector)
+    t_in, t_w = window_tiles(spec, nwin, slab, vector), ceil(spec.k_per_group / nf)
 
     def costed(band):
         blocks = {"IS": blocking(fin, fw, fout, t_w, band, machine),
@@ -435,9 +522,11 @@ def analyze(spec, machine=None, *, vector=None, microtile_shape=None, nc=None, k
         return band, blocks, costs, chosen
 
     # output bands where the model finds the partial outputs they keep in L2 worth the filters
-    # they read again (one band on a tie)
-    bands = [min(band, t_in)] if band else sorted(
-        {t_in, output_band(spec, nwin, nc, t_in, vector, machine)}, reverse=True)
+    # they read again (one band on a tie); a direct plan's bands also transpose its output
+    # while hot in L2, which the model does not weigh: always banded
+    bands = ([min(band, t_in)] if band else
+             [output_band(spec, nwin, nc, t_in, vector, machine, per_row)] if per_row else
+             sorted({t_in, output_band(spec, nwin, nc, t_in, vector, machine)}, reverse=True))
     band, blocks, costs, chosen = min((costed(b) for b in bands),
                                       key=lambda option: option[2][option[3]]["total"])
     b2, b3 = blocks[chosen]

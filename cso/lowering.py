@@ -24,7 +24,8 @@ from packing import input_packer, slab_filler
 # window geometry the input packer reads.
 GEOM_FIELDS = ("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q",
                "P", "groups", "Cg", "Kg", "nc", "k2", "k3", "is_input_stationary", "epilogue",
-               "unpacked", "phases", "Hs", "Ws", "windows", "slots", "band", "Hb", "planes")
+               "unpacked", "phases", "Hs", "Ws", "windows", "slots", "band", "Hb", "planes",
+               "row_tiles")
 
 # The loop nest's phases (geom "phases"): a call runs all of them; the benchmark's time
 # breakdown runs some alone on the same tiles (ConvBench's packing / micro-kernel / post-conv).
@@ -38,7 +39,8 @@ def geometry(plan, epilogue_flags):
     s = plan.spec
     hs, ws = slab_shape(s)
     values = dict(Hs=hs, Ws=ws, windows=window_positions(s, plan.slab), slots=scratch_tiles(plan),
-                  band=plan.band, Hb=slab_band_rows(s, plan.nwin, plan.band), planes=slab_planes(s),
+                  band=plan.band, Hb=slab_band_rows(s, plan.nwin, plan.band, plan.row_tiles),
+                  planes=slab_planes(s), row_tiles=plan.row_tiles,
                   R=s.r, S=s.s, sh=s.stride[0], sw=s.stride[1], dh=s.dilation[0], dw=s.dilation[1],
                   pt=s.padding[0], pl=s.padding[2], Q=s.q, P=s.p, groups=s.groups,
                   Cg=s.c_per_group, Kg=s.k_per_group, nc=plan.nc, k2=plan.k2, k3=plan.k3,
@@ -66,7 +68,7 @@ def scratch_elements(plan):
     s = plan.spec
     if plan.slab:
         ws = slab_shape(s)[1]
-        hb = slab_band_rows(s, plan.nwin, plan.band)
+        hb = slab_band_rows(s, plan.nwin, plan.band, plan.row_tiles)
         return plan.nc * s.stride[0] * s.stride[1] * hb * ws + ws + plan.nwin
     return scratch_tiles(plan) * plan.nwin * plan.nc * s.r * s.s
 
@@ -83,9 +85,11 @@ def loop_nest_signature(dtype):
 def kernel_spec(plan, isa):
     """The micro-kernel a plan runs: windows x filters when windows are the vector dimension,
     else filters (vector) x windows (broadcast): KernelSpec's ``nwin`` is always its vector
-    width and ``nf`` its broadcast count."""
+    width and ``nf`` its broadcast count. A slab plan's kernel reads its windows in place, as
+    vectors or (direct) as broadcasts."""
     vector, broadcast = (plan.nwin, plan.nf) if plan.vector == "windows" else (plan.nf, plan.nwin)
-    return KernelSpec.for_dtype(plan.spec.dtype, broadcast, vector, isa, "vector" if plan.slab else "")
+    slab = ("broadcast" if plan.direct else "vector") if plan.slab else ""
+    return KernelSpec.for_dtype(plan.spec.dtype, broadcast, vector, isa, slab)
 
 
 @njit(nogil=True)
@@ -101,23 +105,36 @@ def slab_rows(rows, nc, R, S, sh, sw, dh, dw, Hs, Ws):
                                              + r * dh // sh * Ws + s * dw // sw)
 
 
+@njit(nogil=True)
+def first_window(tile, row_tiles, Q, nwin):
+    """The output position (p = oh*Q + ow) of a window tile's first window: direct tiles lie
+    ``row_tiles`` to an output row (``row_tiles`` > 0), other tiles back to back."""
+    if row_tiles:
+        return tile // row_tiles * Q + tile % row_tiles * nwin
+    return tile * nwin
+
+
 @lru_cache(maxsize=None)
 def conv_loop_nest(kspec, filters_in_vectors):
     """The compiled ``run(x, packed_w, bias, out, geom, scratch, out_t)`` for micro-kernel
     ``kspec``. With ``filters_in_vectors`` the kernel's vector operand is the filter tile and
-    its broadcast operand the input tile; it accumulates the transposed output (P*Q x K, one
-    image at a time) in ``out_t``, which a last pass turns into NCHW with bias and ReLU.
+    its broadcast operand the input tile; it accumulates one output band transposed (windows x
+    K) in ``out_t``, which a pass at the end of the band turns into NCHW with bias and ReLU
+    while it is hot in L2.
 
-    A slab kernel (windows in vectors) packs no tiles: per output band, each channel tile's
-    rows that the band reads are copied once, zero-padded and split into stride phases, into
-    ``scratch`` (planes of Hb x Ws, see ``csa.plan.slab_shape`` and ``slab_band_rows``); the
-    output rows lie on the Hs x Ws phase planes (the last Ws - Q columns padding), a window
-    tile is NWIN consecutive positions on them, and the kernel reads its row (c, r, s) in place
-    at the offset ``slab_rows`` gives from the band's first slab row.
+    A slab kernel packs no tiles: per output band, each channel tile's rows that the band reads
+    are copied once, zero-padded and split into stride phases, into ``scratch`` (planes of
+    Hb x Ws, see ``csa.plan.slab_shape`` and ``slab_band_rows``); the output rows lie on the
+    Hs x Ws phase planes (the last Ws - Q columns padding), and the kernel reads its row
+    (c, r, s) in place at the offset ``slab_rows`` gives from the band's first slab row. With
+    windows in vectors a window tile is NWIN consecutive positions on the planes (straddling
+    rows); in a direct plan (filters in vectors, ``kspec.slab == "broadcast"``) it is at most
+    NWIN consecutive windows of one output row, ``row_tiles`` tiles to a row, each window
+    broadcast from the slab.
 
     Output bands (``band`` window tiles): every channel tile of a band runs before the next
     band, so that the band's partial outputs stay in L2; the IS / WS blocks lie within a band."""
-    slab = kspec.slab
+    slab, direct = kspec.slab, kspec.slab == "broadcast"
     ukernel = kernel_intrinsic(kspec)
     transpose_block = transpose_intrinsic(kspec)
     LANES = kspec.lanes
@@ -135,6 +152,7 @@ def conv_loop_nest(kspec, filters_in_vectors):
         Hs, Ws, windows, slots = geom[20], geom[21], geom[22], geom[23]   # slab planes (slab only)
         band, Hb = geom[24], geom[25]   # window tiles per output band; slab rows a band holds
         planes = geom[26]               # bit mask of the slab phase planes the taps read
+        row_tiles = geom[27]            # window tiles per output row (direct only)
         packing, kernels, post = phases & PACK, phases & KERNEL, phases & POST
         N, C, K = x.shape[0], x.shape[1], out.shape[1]
         PQ = P * Q
@@ -144,7 +162,7 @@ def conv_loop_nest(kspec, filters_in_vectors):
             slab_rows(rows, nc_max, R, S, sh, sw, dh, dw, Hb, Ws)
             scratch[nc_max * sh * sw * Hb * Ws:] = 0   # the tail the last tile reads past its end
         rows_addr = rows.ctypes.data
-        t_in = (windows + NWIN - 1) // NWIN
+        t_in = P * row_tiles if direct else (windows + NWIN - 1) // NWIN
         t_w = (Kg + NF - 1) // NF
         item = x.itemsize
         x_addr, w_addr, out_addr = x.ctypes.data, packed_w.ctypes.data, out.ctypes.data
@@ -158,7 +176,9 @@ def conv_loop_nest(kspec, filters_in_vectors):
             # that its partial outputs stay in L2
             for b0 in range(0, t_in, band):
                 b1 = min(t_in, b0 + band)
-                row0 = b0 * NWIN // Ws if slab else 0      # the band's first slab row
+                # the band's first slab row, and first window (out_t holds the band's windows)
+                row0 = b0 // row_tiles if direct else b0 * NWIN // Ws if slab else 0
+                p_lo = first_window(b0, row_tiles, Q, NWIN)
                 if input_stationary:   # window blocks of the band, then filter blocks
                     outer_lo, outer_hi, outer_step = b0, b1, w_block
                     inner_lo, inner_hi, inner_step = 0, t_w, f_block
@@ -207,7 +227,11 @@ def conv_loop_nest(kspec, filters_in_vectors):
                                     in_addr, ld_in = scratch_addr + slot * tile_bytes, NWIN
                                     # c_at: C's first window (slab: its output row, col0 on it)
                                     nwin_used, c_at, col0 = min(NWIN, windows - p0), p0, 0
-                                    if slab:
+                                    if direct:   # the tile's windows: part of one output row
+                                        oh, ow0 = wt // row_tiles, wt % row_tiles * NWIN
+                                        in_addr = scratch_addr + ((oh - row0) * Ws + ow0) * item
+                                        nwin_used, c_at = min(NWIN, Q - ow0), oh * Q + ow0
+                                    elif slab:
                                         in_addr = scratch_addr + (p0 - row0 * Ws) * item
                                         c_at = p0 // Ws * Q
                                         col0 = p0 % Ws
@@ -225,23 +249,25 @@ def conv_loop_nest(kspec, filters_in_vectors):
                                     w_tile = w_base + ft * w_tile_bytes
                                     if filters_in_vectors:
                                         ukernel(depth, w_tile, NF, in_addr, ld_in,
-                                                out_t_addr + (p0 * K + g * Kg + f0) * item, K,
+                                                out_t_addr + ((c_at - p_lo) * K + g * Kg + f0) * item, K,
                                                 min(NF, Kg - f0), nwin_used, bias_addr,
-                                                flags, 0, 0, 0, 0)
+                                                flags, rows_addr, 0, 0, 0)
                                     else:
                                         ukernel(depth, in_addr, ld_in, w_tile, NF,
                                                 out_base + (f0 * PQ + c_at) * item, PQ,
                                                 nwin_used, min(NF, Kg - f0),
                                                 bias_addr + (g * Kg + f0) * item, flags,
                                                 rows_addr, col0, Ws, Ws - Q)
-            if filters_in_vectors and post:
-                # out[n, k, p] = out_t[p, k] (+ bias[k], ReLU), one vector-square block at a time
-                for p0 in range(0, PQ, LANES):
-                    for k0 in range(0, K, LANES):
-                        transpose_block(out_t_addr + (p0 * K + k0) * item, K,
-                                        out_base_n + (k0 * PQ + p0) * item, PQ,
-                                        min(LANES, PQ - p0), min(LANES, K - k0),
-                                        bias_addr + k0 * item, epilogue)
+                if filters_in_vectors and post:
+                    # the band's out[n, k, p] = out_t[p - p_lo, k] (+ bias[k], ReLU) while its
+                    # rows are hot in L2, one vector-square block at a time
+                    p_hi = first_window(b1, row_tiles, Q, NWIN) if b1 < t_in else PQ
+                    for p0 in range(p_lo, p_hi, LANES):
+                        for k0 in range(0, K, LANES):
+                            transpose_block(out_t_addr + ((p0 - p_lo) * K + k0) * item, K,
+                                            out_base_n + (k0 * PQ + p0) * item, PQ,
+                                            min(LANES, p_hi - p0), min(LANES, K - k0),
+                                            bias_addr + k0 * item, epilogue)
 
     return run
 
@@ -258,7 +284,9 @@ class Prepared:
         self.geom = geometry(plan, epilogue_flags)
         self.scratch_elements = scratch_elements(plan)
         spec = plan.spec
-        self.out_t_elements = spec.p * spec.q * spec.k if self.filters_in_vectors else 0
+        # with filters in vectors, the transposed output of one band (at most band*Nwin windows)
+        self.out_t_elements = (min(spec.p * spec.q, plan.band * plan.nwin) * spec.k
+                               if self.filters_in_vectors else 0)
 
     def run(self, x, packed_w, bias, out, phases=ALL_PHASES):
         """``x`` 4-D C-contiguous (N >= 1), ``packed_w`` from ``packing.pack_filters`` with the

@@ -122,9 +122,52 @@ def test_slab_and_packed_tiles_identical(rng, name, dtype, overrides):
         for schedule in ("IS", "WS"):
             conv = cso.Conv2d(wt, b, geometry["stride"], ((t, bo), (left, right)), geometry["dilation"],
                               geometry["groups"], activation="relu",
-                              plan_overrides=dict(overrides, slab=slab, schedule=schedule))
+                              plan_overrides=dict(overrides, vector="windows", slab=slab,
+                                                  schedule=schedule))
             assert conv.plan_for(x.shape).slab == slab
             assert conv.kernel_for(x.shape).slab == ("vector" if slab else "")
+            results.append(conv(x))
+    for other in results[1:]:
+        np.testing.assert_array_equal(results[0], other)
+    assert_conv_close(results[0], x, wt, b, relu=True, **geometry)
+
+
+# direct plans: rows narrower than a tile, Q not a multiple of the tile, single rows and columns
+DIRECT_CASES = dict(SLAB_CASES, **{
+    "direct_q_below_tile": (2, 5, 6, 4, 40, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    "direct_one_row": (1, 4, 1, 23, 17, 1, 3, (1, 1), (0, 0, 1, 1), (1, 1), 1),
+    "direct_one_column": (1, 3, 9, 1, 33, 3, 1, (1, 1), (1, 1, 0, 0), (1, 1), 1),
+    "direct_s2_odd": (1, 6, 15, 31, 20, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1),
+    "direct_grouped": (1, 8, 10, 19, 36, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 2),
+})
+
+
+@pytest.mark.parametrize("overrides", [
+    {}, dict(nc=2), dict(nc=3, k2=1, k3=2), dict(microtile_shape=(5, 16)),
+    dict(microtile_shape=(3, 32), nc=1), dict(nc=2, band=1), dict(nc=3, band=2, k2=1, k3=1),
+    dict(nc=1, band=3, k2=2, k3=2)])
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("name", sorted(DIRECT_CASES))
+def test_direct_and_packed_tiles_identical(rng, name, dtype, overrides):
+    """Filters in vectors with the windows broadcast in place from the slab (direct: tiles
+    that never span two output rows, edge tiles narrower than the tile, partial filter tiles,
+    stride phases, bands that start mid-row and transpose their own output rows) gives bit for
+    bit the packed tiles' result, in both schedules, with bias and ReLU, and matches the
+    reference."""
+    x, wt, b, geometry = make(rng, DIRECT_CASES[name], dtype)
+    t, bo, left, right = geometry["padding"]
+    results, nc = [], None
+    for slab in (True, False):
+        for schedule in ("IS", "WS"):
+            forced = dict(overrides, vector="filters", slab=slab, schedule=schedule)
+            if nc:   # the same channel tiles: the same sums in the same order
+                forced["nc"] = nc
+            conv = cso.Conv2d(wt, b, geometry["stride"], ((t, bo), (left, right)), geometry["dilation"],
+                              geometry["groups"], activation="relu", plan_overrides=forced)
+            plan = conv.plan_for(x.shape)
+            nc = plan.nc
+            assert plan.direct == slab
+            assert conv.kernel_for(x.shape).slab == ("broadcast" if slab else "")
             results.append(conv(x))
     for other in results[1:]:
         np.testing.assert_array_equal(results[0], other)

@@ -61,12 +61,12 @@ def test_channel_tile_never_exceeds_channels_per_group():
 def test_output_bands_where_they_pay():
     zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32)
     # 0.25*0.9*1 MiB // (32*128*4) = 14 window tiles: 6.4 MB of partial outputs kept in L2
-    big_output = csa.analyze(ConvSpec.parse("n1c128h112w112k128r3s3p1u1"), zen)
+    big_output = csa.analyze(ConvSpec.parse("n1c128h112w112k128r3s3p1u1"), zen, vector="windows")
     assert big_output.band == 14 and "29 of 14 window tiles" in big_output.explain()
     # 9.4 MB of filters read again per band for 1.6 MB of output: one band
-    big_filters = csa.analyze(ConvSpec.parse("n1c512h28w28k512r3s3p1u1"), zen)
+    big_filters = csa.analyze(ConvSpec.parse("n1c512h28w28k512r3s3p1u1"), zen, vector="windows")
     assert big_filters.band == big_filters.window_tiles
-    one_channel_tile = csa.analyze(ConvSpec.parse("n1c3h224w224k64r7s7p3u2"), zen)
+    one_channel_tile = csa.analyze(ConvSpec.parse("n1c3h224w224k64r7s7p3u2"), zen, vector="windows")
     assert one_channel_tile.band == one_channel_tile.window_tiles
     assert "no partial outputs" in one_channel_tile.explain()
 
@@ -122,7 +122,8 @@ def test_output_streams_term_follows_the_inner_loop():
     more apart), WS continues Nf rows; with filters in vectors both schedules sweep window tiles
     past a filter tile, writing consecutive rows of the transposed output."""
     zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32)
-    plan = csa.analyze(ConvSpec.parse("n1c3h331w331k96r3s3p0u2"), zen)   # measured: WS 29% faster
+    plan = csa.analyze(ConvSpec.parse("n1c3h331w331k96r3s3p0u2"), zen,   # measured: WS 29% faster
+                       vector="windows")
     assert plan.costs["IS"]["output streams"] > 0 and plan.costs["WS"]["output streams"] == 0
     assert plan.schedule == "WS"
     small_rows = csa.analyze(ConvSpec.parse("n1c64h28w28k128r3s3p1u1"), zen)  # rows 3 KiB apart
@@ -143,22 +144,26 @@ def test_overrides_are_applied_and_reported():
 
 
 def test_slab_where_it_applies_and_pays():
+    """With windows in vectors (direct plans: test_direct_where_it_applies)."""
     zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32)
-    few_filters = csa.analyze(ConvSpec.parse("n1c64h56w56k64r3s3p1u1"), zen)       # 8 filter tiles
+
+    def plan(name, **overrides):
+        return csa.analyze(ConvSpec.parse(name), zen, vector="windows", **overrides)
+
+    few_filters = plan("n1c64h56w56k64r3s3p1u1")                # 8 filter tiles
     assert few_filters.slab and "slab" in few_filters.explain()
-    assert not csa.analyze(ConvSpec.parse("n1c256h56w56k256r3s3p1u1"), zen).slab  # 32 filter tiles
-    assert csa.analyze(ConvSpec.parse("n1c3h224w224k64r7s7p3u2"), zen).slab   # stride 2: phases
-    assert csa.analyze(ConvSpec.parse("n1c32h208w208k64r3s3p1u2"), zen).slab  # 2 x 16 channels
-    wide_strided = ConvSpec.parse("n1c64h208w208k64r3s3p1u2")   # R*S runs x 22 channels > L1
-    assert not csa.analyze(wide_strided, zen).slab and csa.analyze(wide_strided, zen, slab=True).slab
+    assert not plan("n1c256h56w56k256r3s3p1u1").slab            # 32 filter tiles
+    assert plan("n1c3h224w224k64r7s7p3u2").slab                 # stride 2: phases
+    assert plan("n1c32h208w208k64r3s3p1u2").slab                # 2 x 16 channels
+    wide_strided = "n1c64h208w208k64r3s3p1u2"                   # R*S runs x 22 channels > L1
+    assert not plan(wide_strided).slab and plan(wide_strided, slab=True).slab
     for name in ("n1c64h56w56k64r3s3p1u2",      # slab rows of 28 + 1 < 32 windows
                  "n1c64h28w28k64r3s3p1u1",      # slab rows of 30 < 32 windows
                  "n1c64h56w56k64r1s1p0u1"):     # unpadded 1x1 reads its input unpacked
-        spec = ConvSpec.parse(name)
-        assert not csa.analyze(spec, zen).slab
+        assert not plan(name).slab
         with pytest.raises(ValueError, match="slab override"):
-            csa.analyze(spec, zen, slab=True)
-    forced = csa.analyze(ConvSpec.parse("n1c256h56w56k256r3s3p1u1"), zen, slab=True)
+            plan(name, slab=True)
+    forced = plan("n1c256h56w56k256r3s3p1u1", slab=True)
     assert forced.slab and "forced: slab" in forced.explain()
     with pytest.raises(TypeError, match="slab"):
         csa.analyze(LAYER, zen, slab=1)
@@ -243,3 +248,30 @@ def test_slab_planes_the_taps_read():
     dilated = ConvSpec(1, 8, 20, 20, 8, 1, 3, stride=(1, 2), dilation=(1, 2))
     assert csa.plan.slab_planes(dilated) == 0b01
     assert csa.plan.slab_planes(ConvSpec.parse("n1c3h224w224k8r16s16p0u16")) == -1   # 256 planes
+
+
+def test_direct_where_it_applies():
+    """Direct plans (filters in vectors, windows broadcast in place from the slab): stride-1
+    convolutions deep enough per kernel call whose tiles waste little; 14 windows per tile, 7
+    on planes a multiple of 7 but not 14; channel tiles by the filter tile's share of L2; bands
+    of whole output rows even with one channel tile (each band transposes its own rows)."""
+    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32)
+    plan = csa.analyze(ConvSpec.parse("n1c256h56w56k256r3s3p1u1"), zen)
+    assert plan.direct and (plan.vector, plan.nwin, plan.nf, plan.row_tiles) == ("filters", 14, 32, 4)
+    assert plan.nc == 128   # 32*9*256*4 B > 0.25*L2 >= 32*9*128*4 B
+    assert plan.band % plan.row_tiles == 0 and "direct" in plan.explain()
+    assert plan.window_tiles == 56 * 4
+    one_tile = csa.analyze(ConvSpec.parse("n1c128h112w112k128r3s3p1u1"), zen)
+    assert one_tile.direct and one_tile.channel_tiles == 1
+    assert one_tile.band == 32   # 0.25*0.9*1 MiB // (14*128*4 B), 4 rows of 8 tiles
+    assert csa.analyze(ConvSpec.parse("n1c512h7w7k512r3s3p1u1"), zen).nwin == 7
+    assert csa.analyze(ConvSpec.parse("n1c128h104w104k128r3s3p1u1"), zen).nwin == 14
+    for name in ("n1c64h224w224k128r3s3p1u2",   # stride 2
+                 "n1c32h147w147k64r3s3p1u1",    # 288 rows per call
+                 "n1c512h14w14k512r1s1p0u1",    # unpadded 1x1: read in place or packed
+                 "n1c256h28w28k40r3s3p1u1"):    # 40 filters in tiles of 32
+        assert not csa.analyze(ConvSpec.parse(name), zen).direct, name
+    strided = ConvSpec.parse("n1c64h224w224k128r3s3p1u2")
+    assert csa.analyze(strided, zen, vector="filters", slab=True).direct
+    assert not csa.analyze(ConvSpec.parse("n1c256h56w56k256r3s3p1u1"), zen, slab=False).direct
+    assert csa.direct_channel_tile(ConvSpec.parse("n1c512h28w28k512r3s3p1u1"), 32, zen.l2) == 171
