@@ -438,6 +438,7 @@ def use_slab(spec, nwin, nf, nc, vector, machine):
             and slab_footprint(spec, nwin, nc, machine.line) + fw + fout <= CACHE_FILL * machine.l1d)
 
 
+DIRECT_MIN_BAND = 32     # window tiles per band of a direct plan, at least
 OUTPUT_BAND_FILL = 0.25  # share of L2 a band's partial outputs may take (the rest: filters,
                          # slab rows or packed tiles, the input streaming in; measured best)
 
@@ -450,13 +451,21 @@ def output_band(spec, nwin, nc, window_tiles, vector, machine, row_tiles=0):
     3x3 128->128 at 112x112 (5 channel tiles, 6.4 MB of output): 5% faster; on 3x3 512->512 at
     28x28 (9.4 MB of filters for 1.6 MB of output) 3% slower, which the model rejects. One band
     when there is a single channel tile, and with filters in vectors on packed tiles (small
-    planes, whose transposed output is accumulated apart). A direct plan's bands are whole
-    output rows (``row_tiles`` window tiles each), so that a band reads few slab rows."""
-    if (vector == "filters" and not row_tiles) or (nc >= spec.c_per_group and not row_tiles):
+    planes, whose transposed output is accumulated apart).
+
+    A direct plan is banded even with one channel tile, since each band transposes its own
+    output while hot in L2 (3x3 128->128 at 112x112: 4% of the time as one band, 3% in bands),
+    in whole output rows (``row_tiles`` window tiles each), and of at least DIRECT_MIN_BAND
+    tiles, since a band reads every filter tile from L3 again (3x3 512->512 at 28x28: bands of
+    8 tiles 4% slower than of 28 or 56)."""
+    if not row_tiles and (vector == "filters" or nc >= spec.c_per_group):
         return window_tiles
     per_tile = nwin * spec.k_per_group * spec.itemsize
-    band = int(min(window_tiles, max(1, OUTPUT_BAND_FILL * CACHE_FILL * machine.l2 // per_tile)))
-    return max(row_tiles, band - band % row_tiles) if row_tiles else band
+    band = int(max(1, OUTPUT_BAND_FILL * CACHE_FILL * machine.l2 // per_tile))
+    if row_tiles:
+        band = max(band, DIRECT_MIN_BAND)
+        band = max(row_tiles, band - band % row_tiles)
+    return min(window_tiles, band)
 
 
 def _band_fits_l2(spec, nwin, band, machine):
@@ -522,11 +531,10 @@ def analyze(spec, machine=None, *, vector=None, microtile_shape=None, nc=None, k
         return band, blocks, costs, chosen
 
     # output bands where the model finds the partial outputs they keep in L2 worth the filters
-    # they read again (one band on a tie); a direct plan's bands also transpose its output
-    # while hot in L2, which the model does not weigh: always banded
-    bands = ([min(band, t_in)] if band else
-             [output_band(spec, nwin, nc, t_in, vector, machine, per_row)] if per_row else
-             sorted({t_in, output_band(spec, nwin, nc, t_in, vector, machine)}, reverse=True))
+    # they read again (one band on a tie); a direct plan is always banded (see output_band)
+    banded = output_band(spec, nwin, nc, t_in, vector, machine, per_row)
+    bands = [min(band, t_in)] if band else [banded] if per_row else sorted({t_in, banded},
+                                                                          reverse=True)
     band, blocks, costs, chosen = min((costed(b) for b in bands),
                                       key=lambda option: option[2][option[3]]["total"])
     b2, b3 = blocks[chosen]
