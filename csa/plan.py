@@ -477,10 +477,13 @@ def _band_fits_l2(spec, nwin, band, machine):
 def slab_band_rows(spec, nwin, band, row_tiles=0):
     """Rows of each phase plane a band of ``band`` slab tiles reads: the virtual rows its
     windows span, starting anywhere in a row (for a direct plan: the output rows of ``band``
-    tiles of ``row_tiles`` per row), and the filter's reach below them."""
+    tiles of ``row_tiles`` per row, starting on a row when ``band`` is whole rows), and the
+    filter's reach below them."""
     hs, ws = slab_shape(spec)
-    spans = ((band + row_tiles - 2) // row_tiles + 1 if row_tiles else
-             (band * nwin + ws - 2) // ws + 1)
+    if row_tiles:
+        spans = (band - 1 + (row_tiles - 1 if band % row_tiles else 0)) // row_tiles + 1
+    else:
+        spans = (band * nwin + ws - 2) // ws + 1
     return min(hs, spans + hs - spec.p)
 
 
