@@ -6,5 +6,6 @@ from .plan import (OVERRIDES, SCHEDULES, VECTORS, SlicingPlan, analyze, channel_
 from .spec import ConvSpec
 
 __all__ = ["Machine", "parse_size", "read_sysfs_caches", "OVERRIDES", "SCHEDULES", "VECTORS", "SlicingPlan", "analyze", "check_overrides",
-           "choose_vector", "direct_channel_tile", "filter_vector_tile", "padded_work", "use_direct",
+           "choose_vector", "direct_channel_tile", "filter_vector_tile", "padded_work",
+           "use_direct",
            "channel_tile", "microtile", "ConvSpec"]

@@ -248,8 +248,8 @@ def conv_loop_nest(kspec, filters_in_vectors):
                                     f0 = ft * NF
                                     w_tile = w_base + ft * w_tile_bytes
                                     if filters_in_vectors:
-                                        ukernel(depth, w_tile, NF, in_addr, ld_in,
-                                                out_t_addr + ((c_at - p_lo) * K + g * Kg + f0) * item, K,
+                                        c_t = out_t_addr + ((c_at - p_lo) * K + g * Kg + f0) * item
+                                        ukernel(depth, w_tile, NF, in_addr, ld_in, c_t, K,
                                                 min(NF, Kg - f0), nwin_used, bias_addr,
                                                 flags, rows_addr, 0, 0, 0)
                                     else:
