@@ -62,7 +62,7 @@ def use_direct(spec, nwin, nf):
     against the other plans (same process, AVX-512): 3x3 stride 1 over 64 to 512 channels 1.00
     to 1.25x; over 3 or 32 channels 0.60 and 0.92x; stride 2, whose taps read R*S runs per
     channel from four phase planes (L1 overflows), 0.80-0.85x on large planes."""
-    padded = spec.p * ceil(spec.q / nwin) * nwin * ceil(spec.k_per_group / nf) * nf
+    padded = window_tiles(spec, nwin, True, "filters") * nwin * ceil(spec.k_per_group / nf) * nf
     return (spec.stride == (1, 1) and slab_fits(spec, nwin, "filters")
             and spec.c_per_group * spec.r * spec.s >= DIRECT_MIN_DEPTH
             and padded <= (1 + DIRECT_WASTE) * spec.p * spec.q * spec.k_per_group)
