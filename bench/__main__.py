@@ -6,8 +6,8 @@ a report: report.md, a self-contained report.html, PNG plots and results.json.
     python -m bench --suite convbench:100    # a stratified sample of timm's convolutions
     python -m bench --schedules              # IS vs WS forced, and how often CSA's pick wins
 
-cso runs on one core; ``--threads`` sets the other engines' threads (NumPy's BLAS included, which
-has to happen before NumPy is first imported, hence the early parse below).
+``--threads`` sets every engine's threads: cso's, NumPy's BLAS (which has to happen before NumPy
+is first imported, hence the early parse below), onnxruntime's and PyTorch's.
 """
 import argparse
 import os
@@ -25,7 +25,7 @@ def parse_args():
                         help="comma-separated, from cso, im2col, onnxruntime, torch (default: "
                              "every installed one)")
     parser.add_argument("--threads", type=int, default=1,
-                        help="threads of the other engines (cso runs on one; default 1)")
+                        help="threads of every engine, cso included (default 1)")
     parser.add_argument("--repeat", type=int, default=5, help="timed samples per engine (median)")
     parser.add_argument("--quick", action="store_true",
                         help=f"smoke run: {QUICK_CONVS} convolutions of the suite, one sample each")

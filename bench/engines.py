@@ -8,8 +8,9 @@ import cso
 
 def cso_engine(spec, w, threads=1, **options):
     """cso.Conv2d (``options`` go to it) loaded for the spec's input shape, as a model would
-    be: filters packed here, outside the timed calls. cso runs on one thread (``threads``
-    applies to the other engines only)."""
+    be: filters packed here, outside the timed calls; cso may use ``threads`` threads (a
+    process-wide setting, the same for every engine of a run)."""
+    cso.set_num_threads(threads)
     t, b, l, r = spec.padding
     return cso.Conv2d(w, stride=spec.stride, padding=((t, b), (l, r)), dilation=spec.dilation,
                       groups=spec.groups, input_shape=spec.input_shape, **options)

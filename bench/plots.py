@@ -82,7 +82,7 @@ def percent_of_peak(results, peak, path):
     ax.invert_yaxis()
     ax.set_xlim(0, 110)
     ax.axvline(100, color="black", linestyle="--", linewidth=1)
-    ax.set_xlabel(f"% of the measured FMA peak ({peak:.0f} GFLOP/s, one core)")
+    ax.set_xlabel(f"% of the measured FMA peak ({peak:.0f} GFLOP/s on the cores used)")
     ax.set_title("cso: fraction of peak")
     ax.grid(axis="x", alpha=0.3)
     return _save(fig, path)

@@ -4,18 +4,21 @@ from dataclasses import dataclass, replace
 
 _SYSFS = "/sys/devices/system/cpu/cpu{cpu}/cache"
 # Used where the OS does not tell (non-Linux, containers hiding sysfs): a typical x86 core.
-FALLBACK = {"l1d": 32 * 1024, "l2": 1024 * 1024, "l3": 8 * 1024 * 1024, "line": 64}
+FALLBACK = {"l1d": 32 * 1024, "l2": 1024 * 1024, "l3": 8 * 1024 * 1024, "line": 64,
+            "l3_cpus": 1}
 
 
 @dataclass(frozen=True)
 class Machine:
-    """Sizes in bytes; caches are per core except L3 (shared). Vector facts are plain numbers
+    """Sizes in bytes; caches are per core except L3, shared by ``l3_cpus`` CPUs (threads
+    running on them share it: see ``threads``). Vector facts are plain numbers
     (the micro-kernel ISA's register width and count); latencies (and ``stream_l2``) are cycles
     per line, used only to weigh the cost model's terms against each other."""
     l1d: int = FALLBACK["l1d"]
     l2: int = FALLBACK["l2"]
     l3: int = FALLBACK["l3"]
     line: int = FALLBACK["line"]
+    l3_cpus: int = FALLBACK["l3_cpus"]
     vector_bytes: int = 16
     vector_registers: int = 16
     latency_l1: float = 4.0
@@ -42,14 +45,21 @@ class Machine:
     def with_(self, **changes):
         return replace(self, **changes)
 
+    def per_thread(self, threads):
+        """The caches one of ``threads`` threads may count on: its own core's L1 and L2, and its
+        share of the L3 it runs under (``threads`` spread over L3s of ``l3_cpus`` CPUs each)."""
+        sharing = max(1, min(threads, self.l3_cpus))
+        return self.with_(l3=self.l3 // sharing) if sharing > 1 else self
+
     def __str__(self):
-        return (f"L1d {self.l1d // 1024} KiB, L2 {self.l2 // 1024} KiB, L3 {self.l3 // 1024} KiB, "
-                f"line {self.line} B, {self.vector_registers} x {self.vector_bytes * 8}-bit vector "
+        return (f"L1d {self.l1d // 1024} KiB, L2 {self.l2 // 1024} KiB, L3 {self.l3 // 1024} KiB "
+                f"(shared by {self.l3_cpus} CPUs), line {self.line} B, {self.vector_registers} x {self.vector_bytes * 8}-bit vector "
                 f"registers ({self.source})")
 
 
 def read_sysfs_caches(path):
-    """{'l1d', 'l2', 'l3', 'line'} as found under ``path`` (a sysfs cache directory); {} if absent."""
+    """{'l1d', 'l2', 'l3', 'line', 'l3_cpus'} as found under ``path`` (a sysfs cache directory);
+    {} if absent."""
     found = {}
     try:
         entries = sorted(e for e in os.listdir(path) if e.startswith("index"))
@@ -67,7 +77,21 @@ def read_sysfs_caches(path):
         if key:
             found[key] = parse_size(size)
             found["line"] = int(line)
+        if key == "l3":
+            try:
+                found["l3_cpus"] = count_cpus(_read(path, entry, "shared_cpu_list"))
+            except (OSError, ValueError):
+                pass
     return found
+
+
+def count_cpus(cpu_list):
+    """CPUs in a Linux CPU list: '0-1' -> 2, '0,2,4-7' -> 6."""
+    count = 0
+    for part in cpu_list.split(","):
+        first, _, last = part.partition("-")
+        count += int(last or first) - int(first) + 1
+    return count
 
 
 def _read(path, entry, name):

@@ -95,6 +95,12 @@ class SlicingPlan:
     band: int                               # window tiles per output band (see output_band)
     costs: dict = field(compare=False)      # schedule -> {term: cycles}
     forced: tuple = ()                      # names of the values set by an override
+    split: tuple = (1, 1)                   # output parts run in parallel: (windows, filters)
+
+    @property
+    def threads(self):
+        """Threads the plan runs on: one per output part (see thread_split)."""
+        return self.split[0] * self.split[1]
 
     @property
     def direct(self):
@@ -175,6 +181,12 @@ class SlicingPlan:
             lines.append(f"    {name}: total {terms['total']:.4g}  ({detail})")
         why = "forced by override" if "schedule" in self.forced else "cheaper"
         lines.append(f"  schedule: {self.schedule} ({why})")
+        units = window_units(s, self.nwin, self.slab, self.vector)
+        lines.append(f"  threads: {self.threads}, the output split into {self.split[0]} part(s) of "
+                     f"the {units} {'output rows' if self.direct else 'window tiles'} (all images) "
+                     f"x {self.split[1]} of the {self.filter_tiles} filter tiles; L3 counted as "
+                     f"{m.per_thread(self.threads).l3 // 1024} KiB per thread"
+                     + _forced(self, "split"))
         return "\n".join(lines)
 
 
@@ -307,7 +319,7 @@ def _scattered_output(spec, nwin, nf, k2, schedule, vector, machine):
     return int(rows > OUTPUT_STREAMS and spec.p * spec.q * spec.itemsize >= PAGE)
 
 
-OVERRIDES = ("vector", "microtile_shape", "nc", "k2", "k3", "schedule", "slab", "band")
+OVERRIDES = ("vector", "microtile_shape", "nc", "k2", "k3", "schedule", "slab", "band", "split")
 
 
 def check_overrides(**overrides):
@@ -328,9 +340,10 @@ def check_overrides(**overrides):
             if v not in choices:
                 raise ValueError(f"{name} must be one of {choices}, got {v!r}")
             normal[name] = v
-        elif name == "microtile_shape":
+        elif name in ("microtile_shape", "split"):
             if not isinstance(v, (tuple, list)) or len(v) != 2:
-                raise ValueError(f"microtile_shape override must be (nwin, nf), got {v!r}")
+                shape = "(nwin, nf)" if name == "microtile_shape" else "(window parts, filter parts)"
+                raise ValueError(f"{name} override must be {shape}, got {v!r}")
             normal[name] = tuple(_positive_int(name, x) for x in v)
         else:
             normal[name] = _positive_int(name, v)
@@ -487,17 +500,54 @@ def slab_band_rows(spec, nwin, band, row_tiles=0):
     return min(hs, spans + hs - spec.p)
 
 
+THREAD_MIN_FLOPS = 20e6   # work a thread must get to pay for its start and join. Measured, 2
+                          # threads against 1 (AVX-512, interleaved): 26 MFLOP convolutions
+                          # 0.98x, 51-58 MFLOP 1.32x, 100-230 MFLOP 1.36-1.45x
+FILTER_SPLIT_COST = 0.05  # filter parts each pack (or fill) the whole input again
+
+
+def window_units(spec, nwin, slab, vector):
+    """What a window split hands out, over all images: output rows for a direct plan (a slab
+    band starts on a row), else window tiles."""
+    per_image = spec.p if row_tiles(spec, nwin, slab, vector) else window_tiles(spec, nwin, slab,
+                                                                                 vector)
+    return spec.n * per_image
+
+
+def thread_split(spec, units, filter_tiles, threads, filters_splittable=True):
+    """(window parts, filter parts) of the output, one thread each: the split whose busiest
+    thread has the least work, a filter part costing FILTER_SPLIT_COST more, since each
+    repacks the input. The output is split, never the reduction, so the result does not
+    depend on it. A thread is only added for at least THREAD_MIN_FLOPS of work (small
+    convolutions stay on one), and only where it makes the busiest thread's share smaller."""
+    worth = max(1, min(threads, int(spec.flops // THREAD_MIN_FLOPS)))
+    best, best_share = (1, 1), 1.0
+    for t in range(2, worth + 1):
+        for a in range(1, t + 1):
+            b = t // a
+            if a * b != t or a > units or b > filter_tiles or (b > 1 and not filters_splittable):
+                continue
+            share = (ceil(units / a) * ceil(filter_tiles / b) / (units * filter_tiles)
+                     * (1 + FILTER_SPLIT_COST * (b > 1)))
+            if share < best_share - 1e-9:
+                best, best_share = (a, b), share
+    return best
+
+
 def analyze(spec, machine=None, *, vector=None, microtile_shape=None, nc=None, k2=None, k3=None,
-            schedule=None, slab=None, band=None):
-    """Plan ``spec`` for ``machine`` (default: ``Machine.host()``). Keyword overrides force a
-    value (tests and what-if analysis; ``microtile_shape`` is (windows, filters) per tile in the
-    plan's vector orientation); the rest is derived by the rules above."""
+            schedule=None, slab=None, band=None, split=None, threads=1):
+    """Plan ``spec`` for ``machine`` (default: ``Machine.host()``) and up to ``threads``
+    threads. Keyword overrides force a value (tests and what-if analysis; ``microtile_shape`` is
+    (windows, filters) per tile in the plan's vector orientation, ``split`` the output parts,
+    whatever ``threads``); the rest is derived by the rules above. Only the blocking and the
+    schedule depend on ``threads`` (through each thread's share of L3), never the channel tiles
+    or kernels: the result is the same for any thread count."""
     machine = machine or Machine.host()
     given = check_overrides(vector=vector, microtile_shape=microtile_shape, nc=nc, k2=k2, k3=k3,
-                            schedule=schedule, slab=slab, band=band)
+                            schedule=schedule, slab=slab, band=band, split=split)
     forced = tuple(given)
-    vector, microtile_shape, nc, k2, k3, schedule, slab, band = (given.get(name)
-                                                                 for name in OVERRIDES)
+    vector, microtile_shape, nc, k2, k3, schedule, slab, band, split = (given.get(name)
+                                                                        for name in OVERRIDES)
     lanes, registers = machine.vector_bytes // spec.itemsize, machine.vector_registers
     tiles = {"windows": microtile(lanes, registers),
              "filters": filter_vector_tile(lanes, registers, 1 if spec.p * spec.q == 1 else 7)}
@@ -524,6 +574,13 @@ def analyze(spec, machine=None, *, vector=None, microtile_shape=None, nc=None, k
     fin, fw, fout = tile_footprints(spec, nwin, nf, nc)
     per_row = row_tiles(spec, nwin, slab, vector)
     t_in, t_w = window_tiles(spec, nwin, slab, vector), ceil(spec.k_per_group / nf)
+    # filter parts of grouped filters-in-vectors plans would transpose a group's filters apart
+    units, splittable = window_units(spec, nwin, slab, vector), spec.groups == 1 or vector == "windows"
+    if split:
+        split = (min(split[0], units), min(split[1], t_w) if splittable else 1)
+    else:
+        split = thread_split(spec, units, t_w, threads, splittable)
+    plan_machine, machine = machine, machine.per_thread(split[0] * split[1])
 
     def costed(band):
         blocks = {"IS": blocking(fin, fw, fout, t_w, band, machine),
@@ -541,5 +598,5 @@ def analyze(spec, machine=None, *, vector=None, microtile_shape=None, nc=None, k
     band, blocks, costs, chosen = min((costed(b) for b in bands),
                                       key=lambda option: option[2][option[3]]["total"])
     b2, b3 = blocks[chosen]
-    return SlicingPlan(spec, machine, nwin, nf, nc, k2 or b2, k3 or b3, chosen, vector, slab, band,
-                       costs, forced)
+    return SlicingPlan(spec, plan_machine, nwin, nf, nc, k2 or b2, k3 or b3, chosen, vector, slab,
+                       band, costs, forced, split)

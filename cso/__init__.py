@@ -1,5 +1,6 @@
 """cso: fast CPU 2-D convolutions for NumPy arrays, by convolution slicing (SConv)."""
 from .api import Conv2d, conv2d, host_machine
+from .threads import get_num_threads, set_num_threads
 
-__all__ = ["Conv2d", "conv2d", "host_machine"]
+__all__ = ["Conv2d", "conv2d", "host_machine", "get_num_threads", "set_num_threads"]
 __version__ = "0.1.0"

@@ -14,6 +14,7 @@ from packing import pack_filters, unpack_filters
 
 from . import arguments as args
 from .lowering import ALL_PHASES, Prepared
+from .threads import get_num_threads
 
 PREPARED_SHAPES = 64  # input shapes a Conv2d keeps prepared
 
@@ -26,8 +27,8 @@ def host_machine(isa_name=None):
 
 
 @lru_cache(maxsize=1024)
-def _plan(spec, isa_name, overrides):
-    return csa.analyze(spec, host_machine(isa_name), **dict(overrides))
+def _plan(spec, isa_name, overrides, threads):
+    return csa.analyze(spec, host_machine(isa_name), threads=threads, **dict(overrides))
 
 
 def _check_isa(name):
@@ -91,17 +92,18 @@ class Conv2d:
 
     def plan_for(self, shape):
         """The SlicingPlan used for inputs of ``shape`` (N, C, H, W) or (C, H, W)."""
-        return self._prepared(tuple(shape), self.dtype).plan
+        return self._prepared(tuple(shape), self.dtype, get_num_threads()).plan
 
-    def _prepared(self, shape, dtype):
-        """Everything a call on ``shape`` needs that does not depend on the data, computed once
-        per shape (a small FIFO-bounded table: a stream of new shapes cannot grow it)."""
-        key = (shape, dtype)
+    def _prepared(self, shape, dtype, threads):
+        """Everything a call on ``shape`` with up to ``threads`` threads needs that does not
+        depend on the data, computed once per shape and thread count (a small FIFO-bounded
+        table: a stream of new shapes cannot grow it)."""
+        key = (shape, dtype, threads)
         found = self._by_shape.get(key)
         if found is None:
             spec = self.spec_for(shape, dtype)
             flags = (BIAS if self.bias.size else 0) | (RELU if self.activation == "relu" else 0)
-            found = Prepared(_plan(spec, self.isa, self.overrides), flags, self.isa)
+            found = Prepared(_plan(spec, self.isa, self.overrides, threads), flags, self.isa)
             with self._lock:  # calls from several threads may miss at once
                 if len(self._by_shape) >= PREPARED_SHAPES:
                     del self._by_shape[next(iter(self._by_shape))]
@@ -119,7 +121,8 @@ class Conv2d:
 
     def _call(self, x, out, phases):
         args.check_array("input", x)
-        prepared = self._prepared(x.shape, x.dtype)
+        threads = get_num_threads()
+        prepared = self._prepared(x.shape, x.dtype, threads)
         spec = prepared.plan.spec
         batch = x.shape[0] if x.ndim == 4 else 1
         shape = (batch,) + spec.output_shape[1:]
@@ -130,7 +133,8 @@ class Conv2d:
         result = out.reshape(shape) if direct else np.empty(shape, dtype=self.dtype)
         x4 = np.ascontiguousarray(x.reshape((batch,) + x.shape[-3:]))
         if batch:
-            prepared.run(x4, self.packed_weight(prepared.plan.nf), self.bias, result, phases)
+            prepared.run(x4, self.packed_weight(prepared.plan.nf), self.bias, result, phases,
+                         threads)
         if out is None:
             return result if x.ndim == 4 else result[0]
         if not direct:
@@ -139,7 +143,7 @@ class Conv2d:
 
     def kernel_for(self, shape):
         """The KernelSpec that runs inputs of ``shape``."""
-        return self._prepared(tuple(shape), self.dtype).kernel
+        return self._prepared(tuple(shape), self.dtype, get_num_threads()).kernel
 
     def __repr__(self):
         return (f"Conv2d(weight {self.weight_shape} {self.dtype}, stride={self.stride}, "

@@ -13,12 +13,14 @@ from numba import njit, types
 from numba.np.numpy_support import from_dtype
 
 from csa.plan import (reads_input_unpacked, slab_band_rows, slab_planes, slab_shape,
-                      window_positions)
+                      window_positions, window_units)
 from microkernels import ACCUMULATE, KernelSpec
 from microkernels.row_copy import tap_limits
 from microkernels.numba_bridge import (kernel_intrinsic, row_copy_intrinsic, tap_copy_intrinsic,
                                        transpose_intrinsic)
 from packing import input_packer, slab_filler
+
+from .threads import run_parts
 
 # Layout of the int64 ``geom`` vector passed to the loop nest: the first nine entries are the
 # window geometry the input packer reads.
@@ -78,8 +80,9 @@ def loop_nest_signature(dtype):
     read-only, writeable, sliced or copied arguments never trigger another compilation."""
     def array(ndim, dt=from_dtype(dtype), readonly=False):
         return types.Array(dt, ndim, "C", readonly=readonly)
+    index = array(1, types.int64, readonly=True)
     return types.void(array(4, readonly=True), array(1, readonly=True), array(1, readonly=True),
-                      array(4), array(1, types.int64, readonly=True), array(1), array(1))
+                      array(4), index, index, array(1), array(1))
 
 
 def kernel_spec(plan, isa):
@@ -116,8 +119,12 @@ def first_window(tile, row_tiles, Q, nwin):
 
 @lru_cache(maxsize=None)
 def conv_loop_nest(kspec, filters_in_vectors):
-    """The compiled ``run(x, packed_w, bias, out, geom, scratch, out_t)`` for micro-kernel
-    ``kspec``. With ``filters_in_vectors`` the kernel's vector operand is the filter tile and
+    """The compiled ``run(x, packed_w, bias, out, geom, part, scratch, out_t)`` for micro-kernel
+    ``kspec``, computing the output part ``part`` = (first window tile, end window tile, first
+    filter tile, end filter tile): window tiles numbered over all images (image n's tile t is
+    n*T_in + t), filter tiles within each group. Parts share no output element and each
+    element's channel tiles run in the same order whatever the part: parts run on several
+    threads give the same result as one. With ``filters_in_vectors`` the kernel's vector operand is the filter tile and
     its broadcast operand the input tile; it accumulates one output band transposed (windows x
     K) in ``out_t``, which a pass at the end of the band turns into NCHW with bias and ReLU
     while it is hot in L2.
@@ -144,7 +151,7 @@ def conv_loop_nest(kspec, filters_in_vectors):
     fill_slab = slab_filler(copy_rows, NWIN)
 
     @njit(loop_nest_signature(kspec.np_dtype), nogil=True)
-    def run(x, packed_w, bias, out, geom, scratch, out_t):
+    def run(x, packed_w, bias, out, geom, part, scratch, out_t):
         R, S = geom[0], geom[1]
         Q, P, G, Cg, Kg = geom[8], geom[9], geom[10], geom[11], geom[12]
         nc_max, k2, k3, input_stationary = geom[13], geom[14], geom[15], geom[16]
@@ -170,20 +177,22 @@ def conv_loop_nest(kspec, filters_in_vectors):
         out_t_addr = out_t.ctypes.data
         # blocks: IS = K3 window tiles x K2 filter tiles; WS = K3 filter tiles x K2 window tiles
         w_block, f_block = (k3, k2) if input_stationary else (k2, k3)
-        for n in range(N):
+        f_lo, f_hi = part[2], part[3]
+        for n in range(part[0] // t_in, min(N, (part[1] + t_in - 1) // t_in)):
             out_base_n = out_addr + n * K * PQ * item
+            t_lo, t_hi = max(0, part[0] - n * t_in), min(t_in, part[1] - n * t_in)
             # output bands: all channel tiles of a band's window tiles before the next band, so
             # that its partial outputs stay in L2
-            for b0 in range(0, t_in, band):
-                b1 = min(t_in, b0 + band)
+            for b0 in range(t_lo, t_hi, band):
+                b1 = min(t_hi, b0 + band)
                 # the band's first slab row, and first window (out_t holds the band's windows)
                 row0 = b0 // row_tiles if direct else b0 * NWIN // Ws if slab else 0
                 p_lo = first_window(b0, row_tiles, Q, NWIN)
                 if input_stationary:   # window blocks of the band, then filter blocks
                     outer_lo, outer_hi, outer_step = b0, b1, w_block
-                    inner_lo, inner_hi, inner_step = 0, t_w, f_block
+                    inner_lo, inner_hi, inner_step = f_lo, f_hi, f_block
                 else:                  # filter blocks, then window blocks of the band
-                    outer_lo, outer_hi, outer_step = 0, t_w, f_block
+                    outer_lo, outer_hi, outer_step = f_lo, f_hi, f_block
                     inner_lo, inner_hi, inner_step = b0, b1, w_block
                 for g in range(G):
                     for c0 in range(0, Cg, nc_max):
@@ -203,11 +212,12 @@ def conv_loop_nest(kspec, filters_in_vectors):
                         for outer in range(outer_lo, outer_hi, outer_step):
                             for inner in range(inner_lo, inner_hi, inner_step):
                                 wb, fb = (outer, inner) if input_stationary else (inner, outer)
-                                wend, fend = min(b1, wb + w_block), min(t_w, fb + f_block)
+                                wend, fend = min(b1, wb + w_block), min(f_hi, fb + f_block)
                                 # with filters in vectors the block's window tiles are packed
                                 # together before the filter tiles sweep them (WS), or before the
                                 # first filter block does (IS; K3 tiles stay packed)
-                                ahead = filters_in_vectors and (not input_stationary or inner == 0)
+                                ahead = filters_in_vectors and (not input_stationary
+                                                                or inner == inner_lo)
                                 for wt in range(wb, wend if ahead and packing and not slab else wb):
                                     p0 = wt * NWIN
                                     if not unpacked or p0 + NWIN > PQ:
@@ -238,7 +248,7 @@ def conv_loop_nest(kspec, filters_in_vectors):
                                     elif unpacked and p0 + NWIN <= PQ:
                                         in_addr, ld_in = x_base + p0 * item, PQ
                                     elif (not filters_in_vectors and ft == fb and packing
-                                          and (inner == 0 or not input_stationary)):
+                                          and (inner == inner_lo or not input_stationary)):
                                         # with windows in vectors a tile is packed right before
                                         # the block's filter tiles use it, in turn (WS; still
                                         # hot in L1), or on the first pass over the filter blocks (IS)
@@ -260,45 +270,66 @@ def conv_loop_nest(kspec, filters_in_vectors):
                                                 rows_addr, col0, Ws, Ws - Q)
                 if filters_in_vectors and post:
                     # the band's out[n, k, p] = out_t[p - p_lo, k] (+ bias[k], ReLU) while its
-                    # rows are hot in L2, one vector-square block at a time
+                    # rows are hot in L2, one vector-square block at a time (the part's filters:
+                    # a plan splits the filters of one group only, in whole filter tiles)
                     p_hi = first_window(b1, row_tiles, Q, NWIN) if b1 < t_in else PQ
+                    k_hi = min(K, f_hi * NF) if G == 1 else K
                     for p0 in range(p_lo, p_hi, LANES):
-                        for k0 in range(0, K, LANES):
+                        for k0 in range(f_lo * NF if G == 1 else 0, k_hi, LANES):
                             transpose_block(out_t_addr + ((p0 - p_lo) * K + k0) * item, K,
                                             out_base_n + (k0 * PQ + p0) * item, PQ,
-                                            min(LANES, p_hi - p0), min(LANES, K - k0),
+                                            min(LANES, p_hi - p0), min(LANES, k_hi - k0),
                                             bias_addr + k0 * item, epilogue)
 
     return run
 
 
 class Prepared:
-    """A plan bound to its micro-kernel, compiled loop nest and ``geom`` vector: what a call on
-    one input shape needs besides the data. ``epilogue_flags`` (BIAS | RELU) apply once, on the
-    last channel tile (or in the transposing pass)."""
+    """A plan bound to its micro-kernel, compiled loop nest, ``geom`` vector and output parts:
+    what a call on one input shape needs besides the data. ``epilogue_flags`` (BIAS | RELU)
+    apply once, on the last channel tile (or in the transposing pass)."""
 
     def __init__(self, plan, epilogue_flags, isa):
         self.plan = plan
         self.kernel = kernel_spec(plan, isa)
         self.filters_in_vectors = plan.vector == "filters"
         self.geom = geometry(plan, epilogue_flags)
+        self.parts = output_parts(plan)
         self.scratch_elements = scratch_elements(plan)
         spec = plan.spec
         # with filters in vectors, the transposed output of one band (at most band*Nwin windows)
         self.out_t_elements = (min(spec.p * spec.q, plan.band * plan.nwin) * spec.k
                                if self.filters_in_vectors else 0)
 
-    def run(self, x, packed_w, bias, out, phases=ALL_PHASES):
+    def run(self, x, packed_w, bias, out, phases=ALL_PHASES, threads=1):
         """``x`` 4-D C-contiguous (N >= 1), ``packed_w`` from ``packing.pack_filters`` with the
         plan's filter tile, ``bias`` 1-D (length K, or empty for none), ``out`` 4-D
-        C-contiguous of the output shape. Scratch buffers are per call: concurrent calls share
-        nothing. Fewer ``phases`` than all (PACK | KERNEL | POST) leave ``out`` undefined: they
-        exist to time the phases apart."""
+        C-contiguous of the output shape. The plan's output parts run on up to ``threads``
+        threads, each with its own scratch: concurrent calls share nothing. Fewer ``phases``
+        than all (PACK | KERNEL | POST) leave ``out`` undefined: they exist to time the phases
+        apart."""
         geom = self.geom
         if phases != ALL_PHASES:
             geom = geom.copy()
             geom[GEOM_FIELDS.index("phases")] = phases
-        scratch = np.empty(self.scratch_elements, dtype=x.dtype)
-        out_t = np.empty(self.out_t_elements, dtype=x.dtype)
-        conv_loop_nest(self.kernel, self.filters_in_vectors)(
-            x, packed_w.reshape(-1), bias, out, geom, scratch, out_t)
+        run = conv_loop_nest(self.kernel, self.filters_in_vectors)
+        weights = packed_w.reshape(-1)
+
+        def run_part(part):
+            run(x, weights, bias, out, geom, part, np.empty(self.scratch_elements, x.dtype),
+                np.empty(self.out_t_elements, x.dtype))
+
+        run_parts(self.parts, run_part, threads)
+
+
+def output_parts(plan):
+    """The plan's output parts (``split``: window parts x filter parts) as the loop nest's
+    ``part`` vectors: window tiles over all images in near-equal runs of whole units (output
+    rows for a direct plan, else tiles), filter tiles in near-equal runs."""
+    spec = plan.spec
+    units = window_units(spec, plan.nwin, plan.slab, plan.vector)
+    per_unit = plan.row_tiles or 1
+    a, b = plan.split
+    return [np.array([units * i // a * per_unit, units * (i + 1) // a * per_unit,
+                      plan.filter_tiles * j // b, plan.filter_tiles * (j + 1) // b], np.int64)
+            for i in range(a) for j in range(b)]

@@ -353,5 +353,5 @@ def test_unpadded_1x1_reads_its_input_in_place_with_windows_in_vectors(rng, vect
     conv = cso.Conv2d(w, b, plan_overrides={"vector": vector, "nc": 7})
     out = conv(x)
     assert_conv_close(out, x, w, b, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1)
-    prepared = conv._prepared(x.shape, x.dtype)
+    prepared = conv._prepared(x.shape, x.dtype, cso.get_num_threads())
     assert prepared.geom[GEOM_FIELDS.index("unpacked")] == (vector == "windows")

@@ -1,0 +1,206 @@
+"""Threads: the output split over threads gives bit-identical results whatever the split and the
+thread count; the thread-count API; concurrent calls; use after fork; CSA's thread rules."""
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import csa
+import cso
+from cso.threads import run_parts
+from reference import conv2d_reference
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ZEN = csa.Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, l3_cpus=16, vector_bytes=64,
+                  vector_registers=32)
+
+
+@pytest.fixture
+def threads():
+    """Restores the thread count a test changes."""
+    before = cso.get_num_threads()
+    yield
+    cso.set_num_threads(before)
+
+
+# (N, C, H, W, K, R, S, stride, padding, groups, plan overrides): packed, slab and direct plans,
+# both vector orientations, batches, groups, and parts that end mid-image, mid-row and mid-band
+CASES = {
+    "packed": (1, 64, 20, 23, 70, 3, 3, 1, 1, 1, {"slab": False}),
+    "slab": (1, 3, 30, 31, 20, 5, 5, 1, 2, 1, {"slab": True}),
+    "stride2_batch": (3, 16, 9, 9, 40, 3, 3, 2, 1, 1, {}),
+    "direct_small_plane": (2, 512, 7, 7, 96, 3, 3, 1, 1, 1, {}),
+    "direct_bands": (1, 64, 28, 30, 64, 3, 3, 1, 1, 1, {"vector": "filters", "slab": True,
+                                                        "band": 5}),
+    "pointwise_batch": (2, 32, 14, 14, 48, 1, 1, 1, 0, 1, {}),
+    "filters_in_vectors": (1, 8, 7, 7, 96, 1, 1, 1, 0, 1, {"vector": "filters"}),
+    "grouped": (2, 12, 11, 13, 24, 3, 3, 1, 1, 3, {}),
+    "grouped_filters_in_vectors": (1, 12, 11, 13, 24, 3, 3, 1, 1, 3, {"vector": "filters"}),
+    "is_schedule": (1, 40, 15, 15, 100, 3, 3, 1, 1, 1, {"schedule": "IS", "k2": 1, "k3": 2}),
+}
+SPLITS = [(2, 1), (1, 2), (3, 1), (2, 2), (1, 3), (7, 5)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_split_output_is_bit_identical(rng, threads, name, dtype):
+    n, c, h, w, k, r, s, stride, pad, groups, overrides = CASES[name]
+    x = rng.standard_normal((n, c, h, w)).astype(dtype)
+    wt = rng.standard_normal((k, c // groups, r, s)).astype(dtype)
+    bias = rng.standard_normal(k).astype(dtype)
+    cso.set_num_threads(1)
+    one = cso.Conv2d(wt, bias, stride, pad, groups=groups, activation="relu",
+                     plan_overrides=overrides)(x)
+    expected = conv2d_reference(x, wt, bias, (stride,) * 2, (pad,) * 4, groups=groups, relu=True)
+    np.testing.assert_allclose(one, expected, rtol=1e-4 if dtype == np.float32 else 1e-10,
+                               atol=1e-3 if dtype == np.float32 else 1e-10)
+    for split in SPLITS:
+        conv = cso.Conv2d(wt, bias, stride, pad, groups=groups, activation="relu",
+                          plan_overrides=dict(overrides, split=split))
+        for count in (1, 2, 3):
+            cso.set_num_threads(count)
+            got = conv(x)
+            plan = conv.plan_for(x.shape)
+            assert np.array_equal(got, one), (split, count, plan.split)
+    if groups > 1 and overrides.get("vector") == "filters":
+        assert plan.split[1] == 1   # its filters are transposed per group: never split
+
+
+def test_automatic_split_is_bit_identical(rng, threads):
+    """A convolution big enough for CSA to split: 2 threads give 1 thread's result exactly."""
+    x = rng.standard_normal((1, 64, 56, 56)).astype(np.float32)
+    wt = rng.standard_normal((64, 64, 3, 3)).astype(np.float32)
+    conv = cso.Conv2d(wt, padding=1)
+    cso.set_num_threads(1)
+    one = conv(x)
+    cso.set_num_threads(2)
+    assert conv.plan_for(x.shape).split == (2, 1)
+    assert np.array_equal(conv(x), one)
+
+
+def test_thread_count_api(threads):
+    cso.set_num_threads(3)
+    assert cso.get_num_threads() == 3
+    for bad, error in [(0, ValueError), (-2, ValueError), (2.0, TypeError), ("2", TypeError),
+                       (True, TypeError)]:
+        with pytest.raises(error, match="set_num_threads"):
+            cso.set_num_threads(bad)
+    assert cso.get_num_threads() == 3
+
+
+def _threads_in_child(env_value):
+    env = {k: v for k, v in os.environ.items() if k != "CSO_NUM_THREADS"}
+    if env_value is not None:
+        env["CSO_NUM_THREADS"] = env_value
+    return subprocess.run([sys.executable, "-c", "import cso; print(cso.get_num_threads())"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_thread_count_default_and_environment():
+    assert _threads_in_child(None).stdout.strip() == str(len(os.sched_getaffinity(0)))
+    assert _threads_in_child("3").stdout.strip() == "3"
+    failed = _threads_in_child("lots")
+    assert failed.returncode != 0 and "CSO_NUM_THREADS must be a positive integer" in failed.stderr
+
+
+def test_concurrent_calls_share_nothing(rng, threads):
+    """One Conv2d called from several Python threads at once, each call itself on 2 threads."""
+    cso.set_num_threads(2)
+    wt = rng.standard_normal((48, 32, 3, 3)).astype(np.float32)
+    conv = cso.Conv2d(wt, padding=1, plan_overrides={"split": (2, 1)})
+    inputs = [rng.standard_normal((1, 32, 17 + i, 19)).astype(np.float32) for i in range(4)]
+    expected = [conv(x) for x in inputs]
+    results, errors = {}, []
+
+    def call(i):
+        try:
+            for rep in range(5):
+                results[i, rep] = conv(inputs[i])
+        except BaseException as err:   # reported below
+            errors.append(err)
+
+    workers = [threading.Thread(target=call, args=(i,)) for i in range(len(inputs))]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(120)
+    assert not errors
+    for (i, rep), got in results.items():
+        assert np.array_equal(got, expected[i]), (i, rep)
+    assert len(results) == 5 * len(inputs)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX-only")
+def test_works_after_fork(rng, threads):
+    """After the parent has used the pool, a forked child's parallel calls run (its pool starts
+    empty) and are right."""
+    cso.set_num_threads(2)
+    x = rng.standard_normal((2, 16, 12, 12)).astype(np.float32)
+    wt = rng.standard_normal((24, 16, 3, 3)).astype(np.float32)
+    conv = cso.Conv2d(wt, padding=1, plan_overrides={"split": (2, 2)})
+    expected = conv(x)
+    pid = os.fork()
+    if pid == 0:   # the child: a hang is killed by the alarm, a wrong result exits 1
+        signal.alarm(60)
+        try:
+            ok = np.array_equal(conv(x), expected) and np.array_equal(
+                cso.Conv2d(wt, padding=1, plan_overrides={"split": (3, 1)})(x), expected)
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
+def test_run_parts_reraises_and_runs_every_part():
+    seen = []
+
+    def part(i):
+        seen.append(i)
+        if i == 3:
+            raise ArithmeticError("part 3")
+
+    with pytest.raises(ArithmeticError, match="part 3"):
+        run_parts(list(range(6)), part, 2)
+    assert sorted(seen) == list(range(6))
+
+
+def test_thread_split_rules():
+    big = csa.ConvSpec.parse("n1c256h56w56k256r3s3p1u1")
+    small = csa.ConvSpec.parse("n1c16h14w14k16r3s3p1u1")
+    assert csa.analyze(small, ZEN, threads=8).split == (1, 1)       # not worth a second thread
+    assert csa.analyze(big, ZEN, threads=1).split == (1, 1)
+    assert csa.analyze(big, ZEN, threads=2).split == (2, 1)         # 56 rows split in two
+    assert csa.analyze(big, ZEN, threads=16).threads == 16
+    # 7 rows, 16 filter tiles: filters split evenly, rows would not
+    deep = csa.ConvSpec.parse("n1c512h7w7k512r3s3p1u1")
+    assert csa.analyze(deep, ZEN, threads=2).split == (1, 2)
+    # work per thread bounds the count: 40 MFLOP each at least
+    mid = csa.ConvSpec.parse("n1c64h28w28k64r3s3p1u1")
+    assert csa.analyze(mid, ZEN, threads=64).threads <= mid.flops // csa.plan.THREAD_MIN_FLOPS
+
+
+@pytest.mark.parametrize("name", ["n1c256h56w56k256r3s3p1u1", "n1c64h56w56k256r1s1p0u1",
+                                  "n8c256h14w14k1024r1s1p0u1", "n1c3h224w224k64r7s7p3u2",
+                                  "n1c512h7w7k512r3s3p1u1"])
+def test_threads_change_no_reduction_choice(name):
+    """Channel tiles, micro-tile, orientation and slab do not depend on the thread count (the
+    result must not); each thread counts on its share of the L3 only."""
+    spec = csa.ConvSpec.parse(name)
+    one = csa.analyze(spec, ZEN, threads=1)
+    for count in (2, 4, 16, 64):
+        plan = csa.analyze(spec, ZEN, threads=count)
+        assert (plan.nc, plan.nwin, plan.nf, plan.vector, plan.slab) == (
+            one.nc, one.nwin, one.nf, one.vector, one.slab)
+        assert plan.threads <= count
+    assert ZEN.per_thread(4).l3 == ZEN.l3 // 4 and ZEN.per_thread(64).l3 == ZEN.l3 // 16
+    assert "threads:" in csa.analyze(spec, ZEN, threads=4).explain()
+
+
+def test_cpu_list_parsing():
+    assert csa.machine.count_cpus("0-1") == 2
+    assert csa.machine.count_cpus("0,2,4-7") == 6
+    assert csa.machine.count_cpus("3") == 1
