@@ -124,10 +124,12 @@ def conv_loop_nest(kspec, filters_in_vectors):
     filter tile, end filter tile): window tiles numbered over all images (image n's tile t is
     n*T_in + t), filter tiles within each group. Parts share no output element and each
     element's channel tiles run in the same order whatever the part: parts run on several
-    threads give the same result as one. With ``filters_in_vectors`` the kernel's vector operand is the filter tile and
-    its broadcast operand the input tile; it accumulates one output band transposed (windows x
-    K) in ``out_t``, which a pass at the end of the band turns into NCHW with bias and ReLU
-    while it is hot in L2.
+    threads give the same result as one.
+
+    With ``filters_in_vectors`` the kernel's vector operand is the filter tile and its
+    broadcast operand the input tile; it accumulates one output band transposed (windows x K)
+    in ``out_t``, which a pass at the end of the band turns into NCHW with bias and ReLU while
+    it is hot in L2.
 
     A slab kernel packs no tiles: per output band, each channel tile's rows that the band reads
     are copied once, zero-padded and split into stride phases, into ``scratch`` (planes of
