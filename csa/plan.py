@@ -575,7 +575,8 @@ def analyze(spec, machine=None, *, vector=None, microtile_shape=None, nc=None, k
     per_row = row_tiles(spec, nwin, slab, vector)
     t_in, t_w = window_tiles(spec, nwin, slab, vector), ceil(spec.k_per_group / nf)
     # filter parts of grouped filters-in-vectors plans would transpose a group's filters apart
-    units, splittable = window_units(spec, nwin, slab, vector), spec.groups == 1 or vector == "windows"
+    units = window_units(spec, nwin, slab, vector)
+    splittable = spec.groups == 1 or vector == "windows"
     if split:
         split = (min(split[0], units), min(split[1], t_w) if splittable else 1)
     else:
