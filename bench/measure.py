@@ -16,16 +16,11 @@ from cso.lowering import PACK, POST
 from .engines import ENGINES, check, cso_engine, reference
 
 MIN_SAMPLE_SECONDS = 0.005
-# With several threads, untimed calls before each sample: onnxruntime's workers spin about 35 ms
-# after a call (measured: CPU time used while the caller sleeps) and would take a core from
-# whatever is sampled next. A pause instead lets every pool go cold, which is not how a model
-# runs its layers (measured: all engines 2-3x slower).
-WARM_SECONDS = 0.05
 
 
-def median_seconds(runs, repeat, warm=0.0):
+def median_seconds(runs, repeat):
     """{name: median over ``repeat`` samples of the time of one call ``runs[name]()``}, the
-    samples of the different runs interleaved, each after ``warm`` seconds of untimed calls."""
+    samples of the different runs interleaved."""
     calls = {}
     for name, run in runs.items():
         start = time.perf_counter()
@@ -34,9 +29,6 @@ def median_seconds(runs, repeat, warm=0.0):
     samples = {name: [] for name in runs}
     for _ in range(repeat):
         for name, run in runs.items():
-            warm_end = time.perf_counter() + warm
-            while time.perf_counter() < warm_end:
-                run()
             start = time.perf_counter()
             for _ in range(calls[name]):
                 run()
@@ -71,8 +63,7 @@ def measure_conv(spec, engines, repeat, threads=1):
         if name == "cso":
             result["cso"] = {"load_s": load, "first_call_s": first,
                              "plan": plan_facts(run.plan_for(x.shape))}
-    seconds = median_seconds({name: (lambda run=run: run(x)) for name, run in runs.items()}, repeat,
-                             WARM_SECONDS if threads > 1 else 0.0)
+    seconds = median_seconds({name: (lambda run=run: run(x)) for name, run in runs.items()}, repeat)
     if "cso" in runs:
         result["cso"]["breakdown_s"] = breakdown(runs["cso"], x, repeat, seconds["cso"])
     result["seconds"] = seconds

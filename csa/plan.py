@@ -206,7 +206,12 @@ def channel_tile(spec, nwin, nf, l1d):
     outputs for a few channels (32 channels as 30 + 2 measured 2% slower than 16 + 16)."""
     ds, rs = spec.itemsize, spec.r * spec.s
     room = CACHE_FILL * l1d - nwin * nf * ds
-    largest = int(min(spec.c_per_group, max(1, room // ((nwin + nf) * rs * ds))))
+    return _even_channel_tile(spec, room // ((nwin + nf) * rs * ds))
+
+
+def _even_channel_tile(spec, largest):
+    """The channels of the fewest tiles of at most ``largest`` (at least 1), split evenly."""
+    largest = int(min(spec.c_per_group, max(1, largest)))
     return ceil(spec.c_per_group / ceil(spec.c_per_group / largest))
 
 
@@ -219,9 +224,8 @@ def direct_channel_tile(spec, nf, l2):
     Nf*R*S*Nc*ds <= DIRECT_FILTER_FILL*L2, split evenly. Measured on 3x3 256->256 at 56x56 and
     512->512 at 28x28: Nc from 64 to 256 within 2%; fewer channel tiles read the partial
     outputs less often."""
-    largest = int(min(spec.c_per_group,
-                      max(1, DIRECT_FILTER_FILL * l2 // (nf * spec.r * spec.s * spec.itemsize))))
-    return ceil(spec.c_per_group / ceil(spec.c_per_group / largest))
+    filter_row = nf * spec.r * spec.s * spec.itemsize   # one channel's share of the tile
+    return _even_channel_tile(spec, DIRECT_FILTER_FILL * l2 // filter_row)
 
 
 def blocking(stationary, streamed, out, streamed_tiles, resident_tiles, machine):

@@ -24,7 +24,8 @@ SPIN_ROUNDS = 20_000
 
 _threads = None      # set by set_num_threads or on first use; None: not decided yet
 _pool = None         # (job queue, workers started), created on first parallel call
-_posted = np.zeros(1, np.int64)   # jobs posted so far: what spinning workers watch
+_posted = np.zeros(1, np.int64)   # bumped per job posted: a hint spinning workers watch
+_start_lock = threading.Lock()     # guards _pool
 
 
 def available_cpus():
@@ -86,11 +87,13 @@ class _Job:
                     return
                 part = self.parts[self.next]
                 self.next += 1
+            error = None
             try:
                 self.run_part(part)
             except BaseException as err:   # re-raised in the calling thread
-                self.error = self.error or err
+                error = err
             with self.lock:
+                self.error = self.error or error
                 self.unfinished -= 1
                 self.finished[0] += 1
                 if not self.unfinished:
@@ -129,9 +132,6 @@ def _workers(wanted):
         worker.start()
         started.append(worker)
     return jobs
-
-
-_start_lock = threading.Lock()
 
 
 def run_parts(parts, run_part, threads):
