@@ -9,15 +9,15 @@ inside the numba-compiled function.
 from functools import lru_cache
 
 import numpy as np
-from numba import njit, types
+from numba import carray, cfunc, njit, types
 from numba.np.numpy_support import from_dtype
 
 from csa.plan import (reads_input_unpacked, slab_band_rows, slab_planes, slab_shape,
                       window_positions, window_units)
 from microkernels import ACCUMULATE, KernelSpec
 from microkernels.row_copy import tap_limits
-from microkernels.numba_bridge import (kernel_intrinsic, row_copy_intrinsic, tap_copy_intrinsic,
-                                       transpose_intrinsic)
+from microkernels.numba_bridge import (address_as_pointer, kernel_intrinsic, row_copy_intrinsic,
+                                       tap_copy_intrinsic, transpose_intrinsic)
 from packing import input_packer, slab_filler
 
 from .threads import run_parts
@@ -286,6 +286,36 @@ def conv_loop_nest(kspec, filters_in_vectors):
     return run
 
 
+# a part's arguments for ``part_function``: addresses and sizes, one int64 word each
+PART_ARGS = ("x", "n", "c", "h", "w", "weights", "weights_size", "bias", "bias_size",
+             "out", "out_n", "out_k", "out_p", "out_q", "geom", "geom_size", "part",
+             "scratch", "scratch_size", "out_t", "out_t_size")
+
+
+@lru_cache(maxsize=None)
+def part_function(kspec, filters_in_vectors):
+    """The loop nest as a C function ``void run_part(int64 *args)``, ``args`` laid out as
+    ``PART_ARGS``: what the thread pool's compiled workers call, without the GIL."""
+    run = conv_loop_nest(kspec, filters_in_vectors)
+    dtype = kspec.np_dtype
+    arg = {name: i for i, name in enumerate(PART_ARGS)}
+    X, W, B, O, G, PART = arg["x"], arg["weights"], arg["bias"], arg["out"], arg["geom"], arg["part"]
+    SCRATCH, OUT_T = arg["scratch"], arg["out_t"]
+
+    @cfunc(types.void(types.CPointer(types.int64)))
+    def run_part(a):
+        x = carray(address_as_pointer(a[X]), (a[X + 1], a[X + 2], a[X + 3], a[X + 4]), dtype)
+        out = carray(address_as_pointer(a[O]), (a[O + 1], a[O + 2], a[O + 3], a[O + 4]), dtype)
+        run(x, carray(address_as_pointer(a[W]), (a[W + 1],), dtype),
+            carray(address_as_pointer(a[B]), (a[B + 1],), dtype), out,
+            carray(address_as_pointer(a[G]), (a[G + 1],), np.int64),
+            carray(address_as_pointer(a[PART]), (4,), np.int64),
+            carray(address_as_pointer(a[SCRATCH]), (a[SCRATCH + 1],), dtype),
+            carray(address_as_pointer(a[OUT_T]), (a[OUT_T + 1],), dtype))
+
+    return run_part
+
+
 class Prepared:
     """A plan bound to its micro-kernel, compiled loop nest, ``geom`` vector and output parts:
     what a call on one input shape needs besides the data. ``epilogue_flags`` (BIAS | RELU)
@@ -314,14 +344,28 @@ class Prepared:
         if phases != ALL_PHASES:
             geom = geom.copy()
             geom[GEOM_FIELDS.index("phases")] = phases
-        run = conv_loop_nest(self.kernel, self.filters_in_vectors)
         weights = packed_w.reshape(-1)
+        if len(self.parts) == 1:
+            run = conv_loop_nest(self.kernel, self.filters_in_vectors)
+            run(x, weights, bias, out, geom, self.parts[0],
+                np.empty(self.scratch_elements, x.dtype), np.empty(self.out_t_elements, x.dtype))
+            return
+        nparts, ramp = len(self.parts), np.arange(len(self.parts))
+        scratch = _rows(nparts, self.scratch_elements, x.dtype)
+        out_t = _rows(nparts, self.out_t_elements, x.dtype)
+        args = np.array([(x.ctypes.data, *x.shape, weights.ctypes.data, weights.size,
+                          bias.ctypes.data, bias.size, out.ctypes.data, *out.shape,
+                          geom.ctypes.data, geom.size, 0, 0, self.scratch_elements, 0,
+                          self.out_t_elements)] * nparts, np.int64)
+        for name, table in (("part", self.parts), ("scratch", scratch), ("out_t", out_t)):
+            args[:, PART_ARGS.index(name)] = table.ctypes.data + ramp * table.strides[0]
+        run_parts(part_function(self.kernel, self.filters_in_vectors).address, args, threads)
 
-        def run_part(part):
-            run(x, weights, bias, out, geom, part, np.empty(self.scratch_elements, x.dtype),
-                np.empty(self.out_t_elements, x.dtype))
 
-        run_parts(self.parts, run_part, threads)
+def _rows(count, elements, dtype):
+    """``count`` rows of at least ``elements`` each, starting a cache line apart: one per part."""
+    per_line = 64 // np.dtype(dtype).itemsize
+    return np.empty((count, -(-elements // per_line) * per_line), dtype)
 
 
 def output_parts(plan):
@@ -332,6 +376,6 @@ def output_parts(plan):
     units = window_units(spec, plan.nwin, plan.slab, plan.vector)
     per_unit = plan.row_tiles or 1
     a, b = plan.split
-    return [np.array([units * i // a * per_unit, units * (i + 1) // a * per_unit,
-                      plan.filter_tiles * j // b, plan.filter_tiles * (j + 1) // b], np.int64)
-            for i in range(a) for j in range(b)]
+    return np.array([(units * i // a * per_unit, units * (i + 1) // a * per_unit,
+                      plan.filter_tiles * j // b, plan.filter_tiles * (j + 1) // b)
+                     for i in range(a) for j in range(b)], np.int64)

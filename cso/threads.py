@@ -2,30 +2,30 @@
 
 A convolution's plan splits its output into parts (``csa`` decides how many are worth it); the
 calling thread and up to ``get_num_threads() - 1`` pool workers each claim parts until none is
-left, every part running the compiled loop nest (which releases the GIL) on its own scratch.
-The pool is shared by all calls: calls from several Python threads at once use at most their
-own threads plus the pool's workers, and a caller whose parts find every worker busy runs them
-itself, so nothing waits on a worker that never comes. Workers are plain daemon threads: numba's
-threading layer is not used, and after ``os.fork()`` the child starts with an empty pool.
+left, every part running the compiled loop nest on its own scratch. The pool is compiled code
+(``microkernels.pool``): from the moment a call posts its parts until they are all done, no
+thread involved needs the GIL. It is shared by all calls: while one call owns it, a call from
+another Python thread runs its parts itself, so nothing waits on a worker that never comes.
+Workers are daemon threads living in compiled code: numba's threading layer is not used, and
+after ``os.fork()`` the child starts with an empty pool.
 """
 import os
-import queue
 import threading
 
 import numpy as np
 
-from microkernels.spin import spin_wait
+from microkernels.pool import MAX_PARTS, STATE_WORDS, compiled_pool
 
 ENV_VAR = "CSO_NUM_THREADS"
-# polls (about 25 ns each) a thread spins for the next job or the end of its call's job before
-# blocking: 0.5 ms, the gap between the layers of a model, so that back-to-back calls find
-# their workers awake (waking a blocked thread here costs 50-200 us)
+# polls (about 25 ns each) a worker spins for the next job before it sleeps, and a caller for
+# the end of its job before it yields its CPU: 0.5 ms, the gap between the layers of a model,
+# so that back-to-back calls find their workers awake (waking a sleeping thread here costs
+# 50-200 us)
 SPIN_ROUNDS = 20_000
 
 _threads = None      # set by set_num_threads or on first use; None: not decided yet
-_pool = None         # (job queue, workers started), created on first parallel call
-_posted = np.zeros(1, np.int64)   # bumped per job posted: a hint spinning workers watch
-_start_lock = threading.Lock()     # guards _pool
+_pool = None                     # (state words, workers started), created on first use
+_start_lock = threading.Lock()   # guards _pool
 
 
 def available_cpus():
@@ -68,90 +68,37 @@ def set_num_threads(n):
     _threads = n
 
 
-class _Job:
-    """Parts of one call, claimed one at a time by whichever thread comes first."""
-
-    def __init__(self, parts, run_part):
-        self.parts, self.run_part = parts, run_part
-        self.next = 0
-        self.unfinished = len(parts)
-        self.finished = np.zeros(1, np.int64)   # parts done: what the spinning caller watches
-        self.error = None
-        self.lock = threading.Lock()
-        self.done = threading.Event()
-
-    def work(self):
-        while True:
-            with self.lock:
-                if self.next == len(self.parts):
-                    return
-                part = self.parts[self.next]
-                self.next += 1
-            error = None
-            try:
-                self.run_part(part)
-            except BaseException as err:   # re-raised in the calling thread
-                error = err
-            with self.lock:
-                self.error = self.error or error
-                self.unfinished -= 1
-                self.finished[0] += 1
-                if not self.unfinished:
-                    self.done.set()
-
-    def wait(self):
-        """Until every part has run: spinning a while, then blocking."""
-        while self.unfinished:
-            seen = self.finished[0]
-            if self.unfinished and not spin_wait(self.finished, seen, SPIN_ROUNDS):
-                self.done.wait()
-
-
-def _worker(jobs):
-    while True:
-        seen = _posted[0]
-        try:
-            job = jobs.get_nowait()
-        except queue.Empty:
-            if spin_wait(_posted, seen, SPIN_ROUNDS):
-                continue
-            job = jobs.get()
-        job.work()
-
-
-def _workers(wanted):
-    """The pool's job queue, with at least ``wanted`` workers started."""
+def _pool_state(helpers):
+    """The pool's state words, with at least ``helpers`` workers started on them."""
     global _pool
-    if _pool is None:
-        spin_wait(_posted, -1, 1)   # compiled here, not in the first worker's first wait
-        _pool = (queue.SimpleQueue(), [])
-    jobs, started = _pool
-    while len(started) < wanted:
-        worker = threading.Thread(target=_worker, args=(jobs,), daemon=True,
-                                  name=f"cso-worker-{len(started)}")
-        worker.start()
-        started.append(worker)
-    return jobs
-
-
-def run_parts(parts, run_part, threads):
-    """``run_part(part)`` for every part, on this thread and up to min(len(parts), threads) - 1
-    workers; returns when all have run, raising the first error any of them raised."""
-    helpers = min(len(parts), threads) - 1
-    if helpers < 1:
-        for part in parts:
-            run_part(part)
-        return
-    job = _Job(parts, run_part)
     with _start_lock:
-        jobs = _workers(helpers)
-    for _ in range(helpers):
-        jobs.put(job)
-    _posted[0] += 1   # after the puts: a worker that sees it finds the job queued
-    job.work()
-    job.wait()
-    if job.error is not None:
-        raise job.error
+        if _pool is None:
+            _pool = (np.zeros(STATE_WORDS, np.int64), [])
+        state, started = _pool
+        while len(started) < helpers:
+            rank = len(started) + 1
+            # the worker's whole life is one compiled call, which holds no GIL
+            worker = threading.Thread(target=compiled_pool().worker, daemon=True,
+                                      args=(state.ctypes.data, SPIN_ROUNDS, rank),
+                                      name=f"cso-worker-{rank}")
+            worker.start()
+            started.append(worker)
+    return state
+
+
+def run_parts(function, args, threads):
+    """Call the compiled ``void function(int64 *)`` (an address) once per row of ``args`` (a
+    C-contiguous 2-D int64 array), on this thread and up to min(rows, threads) - 1 pool
+    workers; return when every call has returned."""
+    if not (isinstance(args, np.ndarray) and args.ndim == 2 and args.dtype == np.int64
+            and args.flags.c_contiguous):
+        raise TypeError("run_parts: args must be a C-contiguous 2-D int64 array")
+    if len(args) > MAX_PARTS:
+        raise ValueError(f"run_parts: at most {MAX_PARTS} parts, got {len(args)}")
+    helpers = max(0, min(len(args), threads) - 1)
+    state = _pool_state(helpers)
+    compiled_pool().run(state.ctypes.data, function, args.ctypes.data, args.strides[0],
+                        len(args), helpers, SPIN_ROUNDS)
 
 
 def _forget_pool():

@@ -87,3 +87,15 @@ def transpose_intrinsic(spec):
                                       transpose.FUNCTION_TYPE)
 
     return transpose_block
+
+
+@intrinsic
+def address_as_pointer(typingctx, address):
+    """An integer address as a ``voidptr`` (for ``numba.carray`` in compiled entry points)."""
+    if not isinstance(address, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, values):
+        return builder.inttoptr(values[0], ir.PointerType())
+
+    return types.voidptr(address), codegen

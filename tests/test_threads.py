@@ -8,10 +8,12 @@ import threading
 
 import numpy as np
 import pytest
+from numba import carray, cfunc, types
 
 import csa
 import cso
 from cso.threads import run_parts
+from microkernels.numba_bridge import address_as_pointer
 from reference import conv2d_reference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -155,17 +157,51 @@ def test_works_after_fork(rng, threads):
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
 
 
-def test_run_parts_reraises_and_runs_every_part():
-    seen = []
+@cfunc(types.void(types.CPointer(types.int64)))
+def _count_part(args):
+    """A part for ``run_parts``: after a busy loop of ``args[3]`` rounds, adds 1 to its own
+    counter ``args[2]`` of the ``args[1]`` at address ``args[0]``."""
+    counters = carray(address_as_pointer(args[0]), (args[1],), np.int64)
+    spent = 0.0
+    for i in range(args[3]):
+        spent += i * 1e-9
+    counters[args[2]] += 1 if spent >= 0 else 2   # uses the loop, which is then not dropped
 
-    def part(i):
-        seen.append(i)
-        if i == 3:
-            raise ArithmeticError("part 3")
 
-    with pytest.raises(ArithmeticError, match="part 3"):
-        run_parts(list(range(6)), part, 2)
-    assert sorted(seen) == list(range(6))
+def _count_jobs(jobs, parts, threads, counters):
+    args = np.array([(counters.ctypes.data, parts, i, 200 * (i % 3)) for i in range(parts)],
+                    np.int64)
+    for _ in range(jobs):
+        run_parts(_count_part.address, args, threads)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 5])
+def test_run_parts_runs_every_part_once(threads):
+    """Back-to-back jobs of 1-7 parts: each part runs exactly once per job, whichever thread
+    takes it (a part run twice, or taken from a stale job, shows in the counts)."""
+    for parts in range(1, 8):
+        counters = np.zeros(parts, np.int64)
+        _count_jobs(300, parts, threads, counters)
+        assert counters.tolist() == [300] * parts, (parts, threads)
+
+
+def test_run_parts_from_several_threads_at_once():
+    """Callers racing for the pool: the one that owns it shares its parts, the others run
+    theirs alone; every part still runs exactly once."""
+    counters = [np.zeros(4, np.int64) for _ in range(4)]
+    callers = [threading.Thread(target=_count_jobs, args=(300, 4, 2, c)) for c in counters]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join()
+    assert [c.tolist() for c in counters] == [[300] * 4] * 4
+
+
+def test_run_parts_checks_its_arguments():
+    with pytest.raises(TypeError, match="args"):
+        run_parts(_count_part.address, [[0, 0, 0, 0]], 2)
+    with pytest.raises(TypeError, match="args"):
+        run_parts(_count_part.address, np.zeros((2, 4), np.int32), 2)
 
 
 def test_thread_split_rules():

@@ -1,0 +1,286 @@
+"""The thread pool's compiled side (``cso.threads`` runs it): workers and callers that never
+hold the GIL while a call's parts run.
+
+A job is ``nparts`` calls ``fn(args + i * stride)`` of a C function ``void fn(int64 *)``. The
+pool's state is one int64 array (``STATE_WORDS``, its hot words a cache line apart):
+
+- ``claim``: job number << 32 | parts << 16 | next part. Threads take a part with a
+  compare-and-swap on it, so a part runs exactly once and a stale thread cannot take a part of
+  a later job (the job number differs);
+- ``done``: parts finished, which the caller waits for; ``busy``: a caller owns the pool
+  (another caller meanwhile runs its parts itself); ``fn``, ``args``, ``stride``: the job;
+  ``helpers``: how many workers (ranks 1..helpers) may take its parts;
+- ``wake`` (32-bit) and ``sleepers``: a worker that found nothing for ``spin`` polls sleeps on
+  ``wake`` (a futex on Linux, else short sleeps); a caller bumps it and wakes the sleepers.
+
+``pool_worker(state, spin, rank)`` never returns: a worker thread lives in it. ``pool_run(state,
+fn, args, stride, nparts, helpers, spin)`` runs a job on the caller and up to ``helpers``
+workers, or on the caller alone when another caller owns the pool, and returns when every part
+has run. Both are called through ctypes, which releases the GIL for their whole run.
+"""
+import ctypes
+import platform
+import sys
+from functools import lru_cache
+
+import llvmlite.binding as llvm
+from llvmlite import ir
+
+from .jit import host_target_machine, optimize
+
+STATE_WORDS = 64
+CLAIM, DONE, BUSY, FN, ARGS, STRIDE, HELPERS, WAKE, SLEEPERS = 0, 8, 16, 24, 25, 26, 27, 32, 40
+PART_BITS = 16   # parts per job < 2**16
+MAX_PARTS = (1 << PART_BITS) - 1
+# futex(2) numbers; elsewhere a sleeping worker polls every SLEEP_US microseconds
+FUTEX_SYSCALL = {"x86_64": 202, "aarch64": 98}
+FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 128, 129
+SLEEP_US = 100
+
+I1, I32, I64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
+PTR = ir.PointerType()
+PART_FN = ir.FunctionType(ir.VoidType(), [PTR])   # void fn(int64 *args)
+
+
+def _futex_number(triple):
+    if not sys.platform.startswith("linux"):
+        return None
+    return FUTEX_SYSCALL.get(triple.split("-")[0], FUTEX_SYSCALL.get(platform.machine()))
+
+
+class _Builder(ir.IRBuilder):
+    """IRBuilder with the pool's words and loops."""
+
+    def word(self, state, index):
+        """Address of word ``index`` (the 32-bit ``wake`` is its low half: little-endian)."""
+        return self.gep(state, [ir.Constant(I64, index)], source_etype=I64)
+
+    def load_word(self, state, index, order="acquire", typ=I64):
+        return self.load_atomic(self.word(state, index), order, typ.width // 8, typ=typ)
+
+    def store_word(self, value, state, index, order="release"):
+        # an exchange: llvmlite's store_atomic wants a typed pointer
+        self.atomic_rmw("xchg", self.word(state, index), value, order)
+
+    def add_word(self, state, index, value, order="seq_cst"):   # value's type: the word's
+        return self.atomic_rmw("add", self.word(state, index), value, order)
+
+    def call_part(self, target, args):
+        """``target(args)``, both integer addresses."""
+        self.call(self.inttoptr(target, PART_FN.as_pointer()), [self.inttoptr(args, PTR)])
+
+    def new_block(self, name):
+        return self.function.append_basic_block(name)
+
+
+def _declare(module, name, ret, args, var_arg=False):
+    return ir.Function(module, ir.FunctionType(ret, args, var_arg=var_arg), name)
+
+
+def _define_run_one(module):
+    """``i1 run_one(state, rank)``: claim one part of the current job and run it; false when
+    no part is left that thread ``rank`` may take (true after a lost race: try again)."""
+    fn = ir.Function(module, ir.FunctionType(I1, [PTR, I64]), "run_one")
+    fn.linkage = "internal"
+    state, rank = fn.args
+    bld = _Builder(fn.append_basic_block("entry"))
+    have, none, lost, won = (bld.new_block(n) for n in ("have", "none", "lost", "won"))
+    claim, part, open_ = _open_part(bld, state, rank, "acquire")
+    bld.cbranch(open_, have, none)
+    bld.position_at_end(none)
+    bld.ret(ir.Constant(I1, 0))
+    bld.position_at_end(have)
+    swapped = bld.cmpxchg(bld.word(state, CLAIM), claim, bld.add(claim, ir.Constant(I64, 1)),
+                          "acq_rel", "acquire")
+    bld.cbranch(bld.extract_value(swapped, 1), won, lost)
+    bld.position_at_end(lost)
+    bld.ret(ir.Constant(I1, 1))
+    bld.position_at_end(won)   # the job's words were published before its claim word
+    args = bld.add(bld.load_word(state, ARGS, "monotonic"),
+                   bld.mul(part, bld.load_word(state, STRIDE, "monotonic")))
+    bld.call_part(bld.load_word(state, FN, "monotonic"), args)
+    bld.add_word(state, DONE, ir.Constant(I64, 1), "release")
+    bld.ret(ir.Constant(I1, 1))
+    return fn
+
+
+def _open_part(bld, state, rank, order):
+    """(claim word, next part, whether thread ``rank`` may take it): a part is left and the
+    job lets ``rank`` help (the caller is rank 0, workers 1, 2, ...)."""
+    claim = bld.load_word(state, CLAIM, order)
+    mask = ir.Constant(I64, MAX_PARTS)
+    part = bld.and_(claim, mask)
+    parts = bld.and_(bld.lshr(claim, ir.Constant(I64, PART_BITS)), mask)
+    allowed = bld.icmp_unsigned("<=", rank, bld.load_word(state, HELPERS, "monotonic"))
+    return claim, part, bld.and_(bld.icmp_unsigned("<", part, parts), allowed)
+
+
+def _pause(module, bld, triple):
+    if triple.startswith(("x86_64", "i686", "i386")):
+        name = "llvm.x86.sse2.pause"
+        pause = module.globals.get(name) or _declare(module, name, ir.VoidType(), [])
+        bld.call(pause, [])
+
+
+def _define_sleep_and_wake(module, triple):
+    """``sleep(word, seen)``: wait until the 32-bit ``word`` may differ from ``seen``;
+    ``wake_all(word)``: wake every thread sleeping on it."""
+    futex = _futex_number(triple)
+    sleep = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I32]), "sleep")
+    wake = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), "wake_all")
+    sleep.linkage = wake.linkage = "internal"
+    for fn in (sleep, wake):
+        bld = _Builder(fn.append_basic_block("entry"))
+        if futex is None:
+            if fn is sleep:
+                usleep = _declare(module, "usleep", I32, [I32])
+                bld.call(usleep, [ir.Constant(I32, SLEEP_US)])
+            bld.ret_void()
+            continue
+        syscall = module.globals.get("syscall") or _declare(module, "syscall", I64, [I64],
+                                                             var_arg=True)
+        word = bld.ptrtoint(fn.args[0], I64)
+        if fn is sleep:
+            op, value = FUTEX_WAIT_PRIVATE, bld.zext(fn.args[1], I64)
+        else:
+            op, value = FUTEX_WAKE_PRIVATE, ir.Constant(I64, 2**31 - 1)
+        bld.call(syscall, [ir.Constant(I64, futex), word, ir.Constant(I64, op), value,
+                           ir.Constant(I64, 0), ir.Constant(I64, 0), ir.Constant(I64, 0)])
+        bld.ret_void()
+    return sleep, wake
+
+
+def _define_worker(module, triple, run_one, sleep):
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]), "pool_worker")
+    state, spin, rank = fn.args
+    bld = _Builder(fn.append_basic_block("entry"))
+    loop, idle, doze, nap, woke = (bld.new_block(n)
+                                   for n in ("loop", "idle", "doze", "nap", "woke"))
+    bld.branch(loop)
+    bld.position_at_end(loop)
+    polls = bld.phi(I64)
+    polls.add_incoming(ir.Constant(I64, 0), fn.entry_basic_block)
+    ran = bld.call(run_one, [state, rank])
+    polls.add_incoming(ir.Constant(I64, 0), loop)
+    bld.cbranch(ran, loop, idle)
+    bld.position_at_end(idle)
+    _pause(module, bld, triple)
+    polls_next = bld.add(polls, ir.Constant(I64, 1))
+    polls.add_incoming(polls_next, idle)
+    bld.cbranch(bld.icmp_signed("<", polls_next, spin), loop, doze)
+    # announce the sleep before the last look for work: a caller that posts after that look
+    # sees the sleeper and wakes it, and one that posted before it is seen by the look
+    bld.position_at_end(doze)
+    bld.add_word(state, SLEEPERS, ir.Constant(I64, 1))
+    seen = bld.load_word(state, WAKE, "seq_cst", I32)
+    bld.cbranch(_open_part(bld, state, rank, "seq_cst")[2], woke, nap)
+    bld.position_at_end(nap)
+    bld.call(sleep, [bld.word(state, WAKE), seen])
+    bld.branch(woke)
+    bld.position_at_end(woke)
+    bld.add_word(state, SLEEPERS, ir.Constant(I64, -1))
+    polls.add_incoming(ir.Constant(I64, 0), woke)
+    bld.branch(loop)
+    return fn
+
+
+def _define_run(module, triple, run_one, wake_all):
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64, I64, I64, I64, I64]),
+                     "pool_run")
+    state, target, args, stride, nparts, helpers, spin = fn.args
+    bld = _Builder(fn.append_basic_block("entry"))
+    names = ("alone", "alone_loop", "alone_body", "posted", "wake", "work", "wait", "yield",
+             "finished", "return")
+    alone, alone_loop, alone_body, posted, wake, work, wait, give_way, finished, done = (
+        bld.new_block(n) for n in names)
+    # the pool, if no other caller owns it and there are parts and threads to share
+    owned = bld.extract_value(bld.cmpxchg(bld.word(state, BUSY), ir.Constant(I64, 0),
+                                          ir.Constant(I64, 1), "acquire", "monotonic"), 1)
+    shared = bld.and_(bld.icmp_unsigned(">", nparts, ir.Constant(I64, 1)),
+                      bld.icmp_signed(">", helpers, ir.Constant(I64, 0)))
+    bld.cbranch(bld.and_(owned, shared), posted, alone)
+
+    bld.position_at_end(alone)   # every part on this thread; give the pool back if taken
+    with bld.if_then(owned):
+        bld.store_word(ir.Constant(I64, 0), state, BUSY)
+    entered = bld.block
+    bld.branch(alone_loop)
+    bld.position_at_end(alone_loop)
+    i = bld.phi(I64)
+    i.add_incoming(ir.Constant(I64, 0), entered)
+    bld.cbranch(bld.icmp_unsigned("<", i, nparts), alone_body, done)
+    bld.position_at_end(alone_body)
+    bld.call_part(target, bld.add(args, bld.mul(i, stride)))
+    i.add_incoming(bld.add(i, ir.Constant(I64, 1)), alone_body)
+    bld.branch(alone_loop)
+
+    bld.position_at_end(posted)   # publish the job, then its claim word, then wake sleepers
+    for index, value in ((FN, target), (ARGS, args), (STRIDE, stride), (HELPERS, helpers),
+                         (DONE, ir.Constant(I64, 0))):
+        bld.store_word(value, state, index, "monotonic")
+    number = bld.add(bld.lshr(bld.load_word(state, CLAIM, "monotonic"), ir.Constant(I64, 32)),
+                     ir.Constant(I64, 1))
+    claim = bld.or_(bld.shl(number, ir.Constant(I64, 32)),
+                    bld.shl(nparts, ir.Constant(I64, PART_BITS)))
+    bld.store_word(claim, state, CLAIM, "seq_cst")
+    bld.add_word(state, WAKE, ir.Constant(I32, 1))
+    sleepers = bld.load_word(state, SLEEPERS, "seq_cst")
+    bld.cbranch(bld.icmp_signed(">", sleepers, ir.Constant(I64, 0)), wake, work)
+    bld.position_at_end(wake)
+    bld.call(wake_all, [bld.word(state, WAKE)])
+    bld.branch(work)
+
+    bld.position_at_end(work)   # take parts like any worker
+    bld.cbranch(bld.call(run_one, [state, ir.Constant(I64, 0)]), work, wait)
+
+    bld.position_at_end(wait)   # until the workers' parts are done: spin, then yield the CPU
+    polls = bld.phi(I64)
+    polls.add_incoming(ir.Constant(I64, 0), work)
+    finished_now = bld.icmp_unsigned(">=", bld.load_word(state, DONE), nparts)
+    polls_next = bld.add(polls, ir.Constant(I64, 1))
+    bld.cbranch(finished_now, finished, give_way)
+    bld.position_at_end(give_way)
+    _pause(module, bld, triple)
+    with bld.if_then(bld.icmp_signed(">", polls_next, spin)):
+        bld.call(_declare(module, "sched_yield", I32, []), [])
+    polls.add_incoming(polls_next, bld.block)
+    bld.branch(wait)
+
+    bld.position_at_end(finished)
+    bld.store_word(ir.Constant(I64, 0), state, BUSY)
+    bld.branch(done)
+    bld.position_at_end(done)
+    bld.ret_void()
+    return fn
+
+
+def pool_module(triple):
+    module = ir.Module(name="pool")
+    module.triple = triple
+    run_one = _define_run_one(module)
+    sleep, wake_all = _define_sleep_and_wake(module, triple)
+    _define_worker(module, triple, run_one, sleep)
+    _define_run(module, triple, run_one, wake_all)
+    return str(module)
+
+
+class _Pool:
+    def __init__(self):
+        self._target_machine = host_target_machine()   # its own, as every engine here
+        ref = llvm.parse_assembly(pool_module(llvm.get_process_triple()))
+        ref.verify()
+        optimize(ref, self._target_machine)
+        self._engine = llvm.create_mcjit_compiler(ref, self._target_machine)
+        self._engine.finalize_object()
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        self.worker = ctypes.CFUNCTYPE(None, ptr, i64, i64)(
+            self._engine.get_function_address("pool_worker"))
+        self.run = ctypes.CFUNCTYPE(None, ptr, i64, i64, i64, i64, i64, i64)(
+            self._engine.get_function_address("pool_run"))
+
+
+@lru_cache(maxsize=None)
+def compiled_pool():
+    """``.worker(state, spin, rank)`` and ``.run(state, fn, args, stride, nparts, helpers,
+    spin)`` (ctypes, addresses as integers)."""
+    return _Pool()
