@@ -5,6 +5,7 @@ a report: report.md, a self-contained report.html, PNG plots and results.json.
     python -m bench --suite layers           # the 17-layer ResNet/VGG/MobileNet/YOLO list
     python -m bench --suite convbench:100    # a stratified sample of timm's convolutions
     python -m bench --schedules              # IS vs WS forced, and how often CSA's pick wins
+    python -m bench --threads 2 --scaling    # 1 vs 2 threads, each engine in its own process
 
 ``--threads`` sets every engine's threads: cso's, NumPy's BLAS (which has to happen before NumPy
 is first imported, hence the early parse below), onnxruntime's and PyTorch's.
@@ -33,9 +34,15 @@ def parse_args():
     parser.add_argument("--layers", default="", help="only convolutions whose name contains this")
     parser.add_argument("--schedules", action="store_true",
                         help="time cso with IS and WS forced; report CSA's hit rate")
+    parser.add_argument("--scaling", action="store_true",
+                        help="time each engine (im2col excepted) on 1 and --threads threads, "
+                             "each engine in a process of its own")
     opts = parser.parse_args()
     if opts.threads < 1 or opts.repeat < 1:
         parser.error(f"--threads and --repeat must be at least 1, got {opts.threads} and {opts.repeat}")
+    if opts.scaling and opts.threads < 2:
+        parser.error(f"--scaling compares 1 thread with --threads, which must be at least 2, "
+                     f"got {opts.threads}")
     return parser, opts
 
 
@@ -46,6 +53,7 @@ for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 from . import documents, report  # noqa: E402  (imports NumPy)
 from .engines import ENGINES, available_engines  # noqa: E402
 from .measure import measure_conv, measure_schedules  # noqa: E402
+from .scaling import SCALING_ENGINES, run_children  # noqa: E402
 from .suites import suite  # noqa: E402
 
 
@@ -62,11 +70,17 @@ def selected_specs():
 
 
 def selected_engines():
-    engines = (opts.engines or ",".join(available_engines())).split(",")
-    unknown = [e for e in engines if e not in ENGINES]
-    if unknown or "cso" not in engines or "im2col" not in engines:
-        parser.error(f"--engines must include cso and im2col and come from {list(ENGINES)}, "
-                     f"got {engines}")
+    if opts.scaling:
+        default = [e for e in available_engines() if e in SCALING_ENGINES]
+        engines = opts.engines.split(",") if opts.engines else default
+        if "cso" not in engines or any(e not in SCALING_ENGINES for e in engines):
+            parser.error(f"--engines with --scaling must include cso and come from "
+                         f"{list(SCALING_ENGINES)}, got {engines}")
+    else:
+        engines = (opts.engines or ",".join(available_engines())).split(",")
+        if any(e not in ENGINES for e in engines) or "cso" not in engines or "im2col" not in engines:
+            parser.error(f"--engines must include cso and im2col and come from {list(ENGINES)}, "
+                         f"got {engines}")
     missing = [e for e in engines if e not in available_engines()]
     if missing:
         parser.error(f"--engines: {missing} not installed (pip install '.[compare]' or torch)")
@@ -88,6 +102,9 @@ def main():
     if opts.schedules:
         rows = [bar.step(spec, measure_schedules(spec, repeat)) for spec in specs]
         report.print_schedules(rows)
+        return
+    if opts.scaling:
+        report.print_scaling(run_children(specs, engines, opts.threads, repeat), opts.threads, peak)
         return
     rows = [bar.step(spec, measure_conv(spec, engines, repeat, opts.threads)) for spec in specs]
     report.print_table(rows, engines, peak)

@@ -148,6 +148,41 @@ def print_schedules(results):
           f"{picked:.1f} GFLOP/s vs {best:.1f} always picking the faster.")
 
 
+def print_scaling(results, threads, peak):
+    """``results`` from ``bench.scaling.run_children``: per convolution, each engine's GFLOP/s on
+    1 and ``threads`` threads and its scaling factor, cso's ratio to each other engine on
+    ``threads`` threads and its % of ``peak``; then geomeans and how many convolutions scale."""
+    engines, n = list(results), str(threads)
+    others = [e for e in engines if e != "cso"]
+    rows = list(zip(*results.values()))   # per convolution, one result per engine
+    width = max(28, max(len(r[0]["spec"]) for r in rows) + 2)
+    widths = ([width, 8] + [len(e) + 6 for e in engines for _ in "12"]
+              + [max(7, len(e) + 4) for e in engines] + [len(e) + 8 for e in others] + [8])
+    header = (["convolution", "GFLOP"] + [f"{e} {t}t" for e in engines for t in ("1", n)]
+              + [f"{e} x" for e in engines] + [f"vs {e} {n}t" for e in others] + ["% peak"])
+
+    def cells(g):   # g: {engine: {"1": GFLOP/s, n: GFLOP/s}}
+        return ([f"{g[e][t]:.1f}" for e in engines for t in ("1", n)]
+                + [f"{g[e][n] / g[e]['1']:.2f}" for e in engines]
+                + [f"{g['cso'][n] / g[e][n]:.2f}x" for e in others]
+                + [f"{100 * g['cso'][n] / peak:.1f}%"])
+
+    print(_line(header, widths))
+    print("-" * sum(widths))
+    for row in rows:
+        g = {e: r["gflops"] for e, r in zip(engines, row)}
+        print(_line([row[0]["spec"], f"{row[0]['gflop']:.3f}"] + cells(g), widths))
+    print("-" * sum(widths))
+    mean = {e: {t: geomean(r["gflops"][t] for r in results[e]) for t in ("1", n)}
+            for e in engines}
+    print(_line(["geomean", ""] + cells(mean), widths))
+    scaling = sorted((r["gflops"][n] / r["gflops"]["1"], r["spec"]) for r in results["cso"])
+    print(f"cso on {threads} threads: {sum(x >= 0.9 * threads for x, _ in scaling)} of "
+          f"{len(scaling)} convolutions at least {0.9 * threads:.2f}x faster than on 1; lowest "
+          f"{scaling[0][0]:.2f}x on {scaling[0][1]} (CSA keeps convolutions too small for "
+          f"several threads on one)")
+
+
 def geomean(values):
     values = list(values)
     return exp(sum(map(log, values)) / len(values))

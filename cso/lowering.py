@@ -286,10 +286,12 @@ def conv_loop_nest(kspec, filters_in_vectors):
     return run
 
 
-# a part's arguments for ``part_function``: addresses and sizes, one int64 word each
+# a part's arguments, one int64 word each: what ``part_args`` writes and ``part_function`` reads
 PART_ARGS = ("x", "n", "c", "h", "w", "weights", "weights_size", "bias", "bias_size",
              "out", "out_n", "out_k", "out_p", "out_q", "geom", "geom_size", "part",
              "scratch", "scratch_size", "out_t", "out_t_size")
+X, W, B, O, G, PART, SCRATCH, OUT_T = (PART_ARGS.index(name) for name in (
+    "x", "weights", "bias", "out", "geom", "part", "scratch", "out_t"))
 
 
 @lru_cache(maxsize=None)
@@ -298,9 +300,6 @@ def part_function(kspec, filters_in_vectors):
     ``PART_ARGS``: what the thread pool's compiled workers call, without the GIL."""
     run = conv_loop_nest(kspec, filters_in_vectors)
     dtype = kspec.np_dtype
-    arg = {name: i for i, name in enumerate(PART_ARGS)}
-    X, W, B, O, G, PART = arg["x"], arg["weights"], arg["bias"], arg["out"], arg["geom"], arg["part"]
-    SCRATCH, OUT_T = arg["scratch"], arg["out_t"]
 
     @cfunc(types.void(types.CPointer(types.int64)))
     def run_part(a):
@@ -314,6 +313,34 @@ def part_function(kspec, filters_in_vectors):
             carray(address_as_pointer(a[OUT_T]), (a[OUT_T + 1],), dtype))
 
     return run_part
+
+
+@lru_cache(maxsize=None)
+def part_args_builder(dtype):
+    """``part_args(x, weights, bias, out, geom, parts, scratch, out_t)``: the ``PART_ARGS`` of
+    each row of ``parts``, with that row of ``scratch`` and ``out_t`` (compiled: reading
+    addresses from Python costs about 1 us each)."""
+    x, weights, bias, out, geom, _, row, _ = loop_nest_signature(dtype).args
+    rows = types.Array(row.dtype, 2, "C")
+    table = types.Array(types.int64, 2, "C", readonly=True)
+
+    @njit(types.Array(types.int64, 2, "C")(x, weights, bias, out, geom, table, rows, rows))
+    def part_args(x, weights, bias, out, geom, parts, scratch, out_t):
+        args = np.empty((parts.shape[0], len(PART_ARGS)), np.int64)
+        for i in range(parts.shape[0]):
+            a = args[i]
+            a[X], a[W], a[B], a[O], a[G] = (x.ctypes.data, weights.ctypes.data, bias.ctypes.data,
+                                            out.ctypes.data, geom.ctypes.data)
+            a[X + 1], a[X + 2], a[X + 3], a[X + 4] = x.shape
+            a[O + 1], a[O + 2], a[O + 3], a[O + 4] = out.shape
+            a[W + 1], a[B + 1], a[G + 1] = weights.size, bias.size, geom.size
+            a[PART] = parts.ctypes.data + i * parts.strides[0]
+            a[SCRATCH] = scratch.ctypes.data + i * scratch.strides[0]
+            a[OUT_T] = out_t.ctypes.data + i * out_t.strides[0]
+            a[SCRATCH + 1], a[OUT_T + 1] = scratch.shape[1], out_t.shape[1]
+        return args
+
+    return part_args
 
 
 class Prepared:
@@ -350,15 +377,10 @@ class Prepared:
             run(x, weights, bias, out, geom, self.parts[0],
                 np.empty(self.scratch_elements, x.dtype), np.empty(self.out_t_elements, x.dtype))
             return
-        nparts, ramp = len(self.parts), np.arange(len(self.parts))
-        scratch = _rows(nparts, self.scratch_elements, x.dtype)
-        out_t = _rows(nparts, self.out_t_elements, x.dtype)
-        args = np.array([(x.ctypes.data, *x.shape, weights.ctypes.data, weights.size,
-                          bias.ctypes.data, bias.size, out.ctypes.data, *out.shape,
-                          geom.ctypes.data, geom.size, 0, 0, self.scratch_elements, 0,
-                          self.out_t_elements)] * nparts, np.int64)
-        for name, table in (("part", self.parts), ("scratch", scratch), ("out_t", out_t)):
-            args[:, PART_ARGS.index(name)] = table.ctypes.data + ramp * table.strides[0]
+        # args hold bare addresses: every array they point into stays referenced here
+        scratch = _rows(len(self.parts), self.scratch_elements, x.dtype)
+        out_t = _rows(len(self.parts), self.out_t_elements, x.dtype)
+        args = part_args_builder(x.dtype)(x, weights, bias, out, geom, self.parts, scratch, out_t)
         run_parts(part_function(self.kernel, self.filters_in_vectors).address, args, threads)
 
 
