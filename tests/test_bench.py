@@ -58,11 +58,34 @@ def test_schedule_mode_reports_a_hit_rate():
     assert "CSA picked the faster schedule on" in result.stdout
 
 
+def test_scaling_mode_times_each_engine_on_1_and_n_threads():
+    result = run_bench("--suite", "resnet50", "--layers", "n1c512h7w7", "--repeat", "1",
+                       "--threads", "2", "--scaling", "--engines", "cso")
+    assert result.returncode == 0, result.stderr
+    assert "cso: 1 and 2 threads, in a process of its own" in result.stdout
+    (row,) = [line for line in result.stdout.splitlines()
+              if line.startswith("n1c512h7w7k512r3s3p1u1")]
+    gflop, one, two, scaling, peak = row.split()[1:]
+    assert float(one) > 0 and float(two) > 0 and peak.endswith("%")
+    assert float(scaling) == pytest.approx(float(two) / float(one), abs=0.01)
+    assert "cso on 2 threads: " in result.stdout
+
+
+def test_measure_scaling_checks_and_times_both_thread_counts():
+    from bench.scaling import measure_scaling
+    spec = suite("resnet50")[-1]
+    result = measure_scaling(spec, "cso", 2, 1)
+    assert result["spec"] == str(spec) and set(result["gflops"]) == {"1", "2"}
+    assert all(g > 0 for g in result["gflops"].values())
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--layers", "nope"], "no convolution name contains"),
     (["--suite", "alexnet"], "unknown suite 'alexnet'"),
     (["--engines", "cso"], "--engines must include cso and im2col"),
     (["--threads", "0"], "--threads and --repeat must be at least 1"),
+    (["--scaling"], "--scaling compares 1 thread with --threads"),
+    (["--scaling", "--threads", "2", "--engines", "cso,im2col"], "--engines with --scaling"),
 ])
 def test_bench_rejects_bad_options(argv, message):
     result = run_bench(*argv, timeout=120)
