@@ -504,9 +504,11 @@ def slab_band_rows(spec, nwin, band, row_tiles=0):
     return min(hs, spans + hs - spec.p)
 
 
-THREAD_MIN_FLOPS = 20e6   # work a thread must get to pay for its start and join. Measured, 2
-                          # threads against 1 (AVX-512, interleaved): 26 MFLOP convolutions
-                          # 0.98x, 51-58 MFLOP 1.32x, 100-230 MFLOP 1.36-1.45x
+THREAD_MIN_FLOPS = 3e6    # work a thread must get to pay for handing parts over and waiting
+                          # for them (a few us with the compiled pool). Measured, 2 parts
+                          # against 1 thread (AVX-512, interleaved): 0.4-1.6 MFLOP convolutions
+                          # 0.68-0.99x, 3.6 MFLOP 1.09-1.27x, 6.4 MFLOP 1.28-1.30x, 14.5
+                          # MFLOP 1.36-1.60x, 26-58 MFLOP 1.58-1.78x
 FILTER_SPLIT_COST = 0.05  # filter parts each pack (or fill) the whole input again
 
 
