@@ -2,10 +2,11 @@
 
 Engines that share a process distort each other's threaded timings: onnxruntime's and
 OpenBLAS's workers keep spinning for milliseconds after a call (OpenBLAS's for about 0.1 s), on
-the cores the next engine wants. So ``python -m bench --scaling N`` runs ``python -m bench.scaling`` once per engine; that
-child times its engine on 1 and on N threads, interleaved (``median_seconds``), and prints one
-JSON line per convolution. The parent prints the table: GFLOP/s on 1 and N threads, the scaling
-factor, and cso's ratio to each other engine on N threads.
+the cores the next engine wants. So ``python -m bench --threads N --scaling`` runs
+``python -m bench.scaling`` once per engine; that child times its engine on 1 and on N
+threads, interleaved (``median_seconds``), and prints one JSON line per convolution. The
+parent prints the table: GFLOP/s on 1 and N threads, the scaling factor, and cso's ratio to
+each other engine on N threads.
 
 im2col is left out: OpenBLAS fixes its thread count when NumPy loads, so one process cannot
 time it on two thread counts.

@@ -290,8 +290,9 @@ def conv_loop_nest(kspec, filters_in_vectors):
 PART_ARGS = ("x", "n", "c", "h", "w", "weights", "weights_size", "bias", "bias_size",
              "out", "out_n", "out_k", "out_p", "out_q", "geom", "geom_size", "part",
              "scratch", "scratch_size", "out_t", "out_t_size")
-X, W, B, O, G, PART, SCRATCH, OUT_T = (PART_ARGS.index(name) for name in (
-    "x", "weights", "bias", "out", "geom", "part", "scratch", "out_t"))
+X_ARG, W_ARG, BIAS_ARG, OUT_ARG, GEOM_ARG, PART_ARG, SCRATCH_ARG, OUT_T_ARG = (
+    PART_ARGS.index(name)
+    for name in ("x", "weights", "bias", "out", "geom", "part", "scratch", "out_t"))
 
 
 @lru_cache(maxsize=None)
@@ -303,14 +304,16 @@ def part_function(kspec, filters_in_vectors):
 
     @cfunc(types.void(types.CPointer(types.int64)))
     def run_part(a):
-        x = carray(address_as_pointer(a[X]), (a[X + 1], a[X + 2], a[X + 3], a[X + 4]), dtype)
-        out = carray(address_as_pointer(a[O]), (a[O + 1], a[O + 2], a[O + 3], a[O + 4]), dtype)
-        run(x, carray(address_as_pointer(a[W]), (a[W + 1],), dtype),
-            carray(address_as_pointer(a[B]), (a[B + 1],), dtype), out,
-            carray(address_as_pointer(a[G]), (a[G + 1],), np.int64),
-            carray(address_as_pointer(a[PART]), (4,), np.int64),
-            carray(address_as_pointer(a[SCRATCH]), (a[SCRATCH + 1],), dtype),
-            carray(address_as_pointer(a[OUT_T]), (a[OUT_T + 1],), dtype))
+        x = carray(address_as_pointer(a[X_ARG]),
+                   (a[X_ARG + 1], a[X_ARG + 2], a[X_ARG + 3], a[X_ARG + 4]), dtype)
+        out = carray(address_as_pointer(a[OUT_ARG]),
+                     (a[OUT_ARG + 1], a[OUT_ARG + 2], a[OUT_ARG + 3], a[OUT_ARG + 4]), dtype)
+        run(x, carray(address_as_pointer(a[W_ARG]), (a[W_ARG + 1],), dtype),
+            carray(address_as_pointer(a[BIAS_ARG]), (a[BIAS_ARG + 1],), dtype), out,
+            carray(address_as_pointer(a[GEOM_ARG]), (a[GEOM_ARG + 1],), np.int64),
+            carray(address_as_pointer(a[PART_ARG]), (4,), np.int64),
+            carray(address_as_pointer(a[SCRATCH_ARG]), (a[SCRATCH_ARG + 1],), dtype),
+            carray(address_as_pointer(a[OUT_T_ARG]), (a[OUT_T_ARG + 1],), dtype))
 
     return run_part
 
@@ -329,15 +332,15 @@ def part_args_builder(dtype):
         args = np.empty((parts.shape[0], len(PART_ARGS)), np.int64)
         for i in range(parts.shape[0]):
             a = args[i]
-            a[X], a[W], a[B], a[O], a[G] = (x.ctypes.data, weights.ctypes.data, bias.ctypes.data,
-                                            out.ctypes.data, geom.ctypes.data)
-            a[X + 1], a[X + 2], a[X + 3], a[X + 4] = x.shape
-            a[O + 1], a[O + 2], a[O + 3], a[O + 4] = out.shape
-            a[W + 1], a[B + 1], a[G + 1] = weights.size, bias.size, geom.size
-            a[PART] = parts.ctypes.data + i * parts.strides[0]
-            a[SCRATCH] = scratch.ctypes.data + i * scratch.strides[0]
-            a[OUT_T] = out_t.ctypes.data + i * out_t.strides[0]
-            a[SCRATCH + 1], a[OUT_T + 1] = scratch.shape[1], out_t.shape[1]
+            a[X_ARG], a[W_ARG], a[BIAS_ARG] = x.ctypes.data, weights.ctypes.data, bias.ctypes.data
+            a[OUT_ARG], a[GEOM_ARG] = out.ctypes.data, geom.ctypes.data
+            a[X_ARG + 1], a[X_ARG + 2], a[X_ARG + 3], a[X_ARG + 4] = x.shape
+            a[OUT_ARG + 1], a[OUT_ARG + 2], a[OUT_ARG + 3], a[OUT_ARG + 4] = out.shape
+            a[W_ARG + 1], a[BIAS_ARG + 1], a[GEOM_ARG + 1] = weights.size, bias.size, geom.size
+            a[PART_ARG] = parts.ctypes.data + i * parts.strides[0]
+            a[SCRATCH_ARG] = scratch.ctypes.data + i * scratch.strides[0]
+            a[OUT_T_ARG] = out_t.ctypes.data + i * out_t.strides[0]
+            a[SCRATCH_ARG + 1], a[OUT_T_ARG + 1] = scratch.shape[1], out_t.shape[1]
         return args
 
     return part_args
