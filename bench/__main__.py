@@ -91,6 +91,9 @@ def main():
     specs, engines = selected_specs(), selected_engines()
     repeat = 1 if opts.quick else opts.repeat
     facts, peak = report.machine_facts(opts.threads)
+    if opts.scaling:
+        facts = [(label, f"1 and {opts.threads} per engine, each engine in a process of its own"
+                  if label == "Threads" else text) for label, text in facts]
     facts += [
         ("Suite", f"{opts.suite}{' (--quick)' if opts.quick else ''}: {len(specs)} convolutions, float32"),
         ("Timing", f"median of {repeat} sample{'s' * (repeat > 1)} after a warm-up; every output "
