@@ -49,7 +49,7 @@ def _blocks(facts, peak, results, engines, figures, mean):
         ("h1", "cso benchmark report"),
         ("table", ["", ""], [[label, text] for label, text in facts]),
         ("h2", "Summary"),
-        ("list", [f"geomean GFLOP/s: " + ", ".join(f"{e} {mean[e]:.1f}" for e in engines),
+        ("list", ["geomean GFLOP/s: " + ", ".join(f"{e} {mean[e]:.1f}" for e in engines),
                   f"cso geomean: {100 * mean['cso'] / peak:.1f}% of the measured peak; "
                   + ", ".join(f"{mean['cso'] / mean[e]:.2f}x {e}" for e in others)]
          + win_lines(results, others)

@@ -43,7 +43,6 @@ def _windows(spec, xp):
 
 def onnxruntime_engine(spec, w, threads=1):
     """onnxruntime (MLAS) running a one-node ONNX Conv model, ``threads`` intra-op threads."""
-    import onnx
     import onnxruntime
     from onnx import TensorProto, helper, numpy_helper
 

@@ -26,7 +26,7 @@ ENV_VAR = "CSO_NUM_THREADS"
 SPIN_ROUNDS = 200_000
 
 _threads = None      # set by set_num_threads or on first use; None: not decided yet
-_pool = None                     # (state words, workers started), created on first use
+_pool = None   # (state words, their address, workers started), created on first use
 _start_lock = threading.Lock()   # guards _pool
 
 
@@ -71,21 +71,22 @@ def set_num_threads(n):
 
 
 def _pool_state(helpers):
-    """The pool's state words, with at least ``helpers`` workers started on them."""
+    """The address of the pool's state words, with at least ``helpers`` workers started."""
     global _pool
     with _start_lock:
         if _pool is None:
-            _pool = (np.zeros(STATE_WORDS, np.int64), [])
-        state, started = _pool
+            state = np.zeros(STATE_WORDS, np.int64)
+            _pool = (state, state.ctypes.data, [])
+        _, address, started = _pool
         while len(started) < helpers:
             rank = len(started) + 1
             # the worker's whole life is one compiled call, which holds no GIL
             worker = threading.Thread(target=compiled_pool().worker, daemon=True,
-                                      args=(state.ctypes.data, SPIN_ROUNDS, rank),
+                                      args=(address, SPIN_ROUNDS, rank),
                                       name=f"cso-worker-{rank}")
             worker.start()
             started.append(worker)
-    return state
+    return address
 
 
 def run_parts(function, args, threads):
@@ -98,8 +99,7 @@ def run_parts(function, args, threads):
     if len(args) > MAX_PARTS:
         raise ValueError(f"run_parts: at most {MAX_PARTS} parts, got {len(args)}")
     helpers = max(0, min(len(args), threads) - 1)
-    state = _pool_state(helpers)
-    compiled_pool().run(state.ctypes.data, function, args.ctypes.data, args.strides[0],
+    compiled_pool().run(_pool_state(helpers), function, args.ctypes.data, args.strides[0],
                         len(args), helpers, SPIN_ROUNDS)
 
 

@@ -30,6 +30,27 @@ def optimize(module_ref, target_machine):
     builder.getModulePassManager().run(module_ref, builder)
 
 
+class JitModule:
+    """LLVM IR text verified, optimised and compiled for the host by an MCJIT engine of its own
+    (with its own target machine, see above): ``.ir`` (optimised), ``.asm`` and
+    ``.function(name, restype, *argtypes)``, a ctypes function that keeps this module alive."""
+
+    def __init__(self, ir_text):
+        self._target_machine = host_target_machine()
+        ref = llvm.parse_assembly(ir_text)
+        ref.verify()
+        optimize(ref, self._target_machine)
+        self.ir = str(ref)
+        self.asm = self._target_machine.emit_assembly(ref)
+        self._engine = llvm.create_mcjit_compiler(ref, self._target_machine)
+        self._engine.finalize_object()
+
+    def function(self, name, restype, *argtypes):
+        function = ctypes.CFUNCTYPE(restype, *argtypes)(self._engine.get_function_address(name))
+        function.module = self   # the engine owns the code
+        return function
+
+
 class CompiledKernel:
     """A kernel compiled for the host: ``.ir`` (optimised LLVM IR), ``.asm`` and a ctypes
     ``function(k, a, lda, b, ldb, c, ldc, nwin_used, nf_used, bias, flags, a_rows, col0, width,
@@ -41,18 +62,11 @@ class CompiledKernel:
         module.triple = llvm.get_process_triple()
         define_kernel(module, spec, linkage="external")
         self.raw_ir = str(module)
-        self._target_machine = host_target_machine()
-        ref = llvm.parse_assembly(self.raw_ir)
-        ref.verify()
-        optimize(ref, self._target_machine)
-        self.ir = str(ref)
-        self.asm = self._target_machine.emit_assembly(ref)
-        self._engine = llvm.create_mcjit_compiler(ref, self._target_machine)
-        self._engine.finalize_object()
-        address = self._engine.get_function_address(spec.name)
+        compiled = JitModule(self.raw_ir)
+        self.ir, self.asm = compiled.ir, compiled.asm
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         args = [i64, ptr, i64, ptr, i64, ptr, i64, i64, i64, ptr, i64, ptr, i64, i64, i64]
-        self.function = ctypes.CFUNCTYPE(None, *args)(address)
+        self.function = compiled.function(spec.name, None, *args)
 
     def __call__(self, k, a, b, c, ldc, nwin_used, nf_used, bias=None, flags=0, lda=None, ldb=None,
                  a_rows=None, col0=0, width=None, gap=0):

@@ -22,11 +22,12 @@ import ctypes
 import platform
 import sys
 from functools import lru_cache
+from types import SimpleNamespace
 
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-from .jit import host_target_machine, optimize
+from .jit import JitModule
 
 STATE_WORDS = 64
 CLAIM, DONE, BUSY, FN, ARGS, STRIDE, HELPERS, WAKE, SLEEPERS = 0, 8, 16, 24, 25, 26, 27, 32, 40
@@ -49,7 +50,7 @@ def _futex_number(triple):
 
 
 class _Builder(ir.IRBuilder):
-    """IRBuilder with the pool's words and loops."""
+    """IRBuilder with the pool's state words, part calls and named blocks."""
 
     def word(self, state, index):
         """Address of word ``index`` (the 32-bit ``wake`` is its low half: little-endian)."""
@@ -125,28 +126,24 @@ def _pause(module, bld, triple):
 def _define_sleep_and_wake(module, triple):
     """``sleep(word, seen)``: wait until the 32-bit ``word`` may differ from ``seen``;
     ``wake_all(word)``: wake every thread sleeping on it."""
-    futex = _futex_number(triple)
     sleep = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I32]), "sleep")
     wake = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), "wake_all")
     sleep.linkage = wake.linkage = "internal"
-    for fn in (sleep, wake):
-        bld = _Builder(fn.append_basic_block("entry"))
-        if futex is None:
-            if fn is sleep:
-                usleep = _declare(module, "usleep", I32, [I32])
-                bld.call(usleep, [ir.Constant(I32, SLEEP_US)])
-            bld.ret_void()
-            continue
-        syscall = module.globals.get("syscall") or _declare(module, "syscall", I64, [I64],
-                                                             var_arg=True)
-        word = bld.ptrtoint(fn.args[0], I64)
-        if fn is sleep:
-            op, value = FUTEX_WAIT_PRIVATE, bld.zext(fn.args[1], I64)
-        else:
-            op, value = FUTEX_WAKE_PRIVATE, ir.Constant(I64, 2**31 - 1)
-        bld.call(syscall, [ir.Constant(I64, futex), word, ir.Constant(I64, op), value,
-                           ir.Constant(I64, 0), ir.Constant(I64, 0), ir.Constant(I64, 0)])
-        bld.ret_void()
+    sleep_bld, wake_bld = (_Builder(fn.append_basic_block("entry")) for fn in (sleep, wake))
+    futex = _futex_number(triple)
+    if futex is None:
+        usleep = _declare(module, "usleep", I32, [I32])
+        sleep_bld.call(usleep, [ir.Constant(I32, SLEEP_US)])
+    else:
+        syscall = _declare(module, "syscall", I64, [I64], var_arg=True)
+        for bld, word, op, value in (
+                (sleep_bld, sleep.args[0], FUTEX_WAIT_PRIVATE, sleep_bld.zext(sleep.args[1], I64)),
+                (wake_bld, wake.args[0], FUTEX_WAKE_PRIVATE, ir.Constant(I64, 2**31 - 1))):
+            zero = ir.Constant(I64, 0)
+            bld.call(syscall, [ir.Constant(I64, futex), bld.ptrtoint(word, I64),
+                               ir.Constant(I64, op), value, zero, zero, zero])
+    sleep_bld.ret_void()
+    wake_bld.ret_void()
     return sleep, wake
 
 
@@ -264,23 +261,12 @@ def pool_module(triple):
     return str(module)
 
 
-class _Pool:
-    def __init__(self):
-        self._target_machine = host_target_machine()   # its own, as every engine here
-        ref = llvm.parse_assembly(pool_module(llvm.get_process_triple()))
-        ref.verify()
-        optimize(ref, self._target_machine)
-        self._engine = llvm.create_mcjit_compiler(ref, self._target_machine)
-        self._engine.finalize_object()
-        i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        self.worker = ctypes.CFUNCTYPE(None, ptr, i64, i64)(
-            self._engine.get_function_address("pool_worker"))
-        self.run = ctypes.CFUNCTYPE(None, ptr, i64, i64, i64, i64, i64, i64)(
-            self._engine.get_function_address("pool_run"))
-
-
 @lru_cache(maxsize=None)
 def compiled_pool():
     """``.worker(state, spin, rank)`` and ``.run(state, fn, args, stride, nparts, helpers,
     spin)`` (ctypes, addresses as integers)."""
-    return _Pool()
+    compiled = JitModule(pool_module(llvm.get_process_triple()))
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    return SimpleNamespace(worker=compiled.function("pool_worker", None, ptr, i64, i64),
+                           run=compiled.function("pool_run", None, ptr, i64, i64, i64, i64, i64,
+                                                 i64))

@@ -11,7 +11,7 @@ from numba import njit
 
 from .ir_gen import ACCUMULATE, splat
 from .isa import host_isa
-from .jit import host_target_machine, optimize
+from .jit import JitModule
 from .numba_bridge import kernel_intrinsic
 
 FMA_CHAINS = 12            # independent accumulators: >= FMA latency x FMA pipes, so no stalls
@@ -70,16 +70,10 @@ def fma_peak(iterations=1 << 27):
     width. One ctypes call runs ~10^8 iterations, so the call overhead is negligible."""
     vector_bytes = host_isa().vector_bytes
     lanes, register = vector_bytes // 4, {64: "zmm", 32: "ymm", 16: "xmm"}[vector_bytes]
-    target_machine = host_target_machine()  # its own: sharing one between engines crashes
-    ref = llvm.parse_assembly(_fma_probe_module(lanes))
-    ref.verify()
-    optimize(ref, target_machine)
-    asm = target_machine.emit_assembly(ref)
-    fma_count = len(re.findall(rf"^\s*vfmadd\w*ps\s.*%{register}", asm, re.M))
-    engine = llvm.create_mcjit_compiler(ref, target_machine)
-    engine.finalize_object()
-    probe = ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_int64, ctypes.c_float, ctypes.c_float)(
-        engine.get_function_address("fma_probe"))
+    compiled = JitModule(_fma_probe_module(lanes))
+    fma_count = len(re.findall(rf"^\s*vfmadd\w*ps\s.*%{register}", compiled.asm, re.M))
+    probe = compiled.function("fma_probe", ctypes.c_float, ctypes.c_int64, ctypes.c_float,
+                              ctypes.c_float)
     probe(1000, 1.0, 1e-7)  # page in the code, spin the core up
     seconds = _best_seconds(lambda: probe(iterations, 1.0, 1e-7))
     return 2 * FMA_CHAINS * lanes * iterations / seconds / 1e9, fma_count
