@@ -4,6 +4,7 @@ a report: report.md, a self-contained report.html, PNG plots and results.json.
     python -m bench                          # the quick mixed suite (about two minutes)
     python -m bench --suite layers           # the 17-layer ResNet/VGG/MobileNet/YOLO list
     python -m bench --suite convbench:100    # a stratified sample of timm's convolutions
+    python -m bench --suite depthwise        # 40 of timm's depthwise convolutions (or grouped)
     python -m bench --schedules              # IS vs WS forced, and how often CSA's pick wins
     python -m bench --threads 2 --scaling    # 1 vs 2 threads, each engine in its own process
 
@@ -20,8 +21,8 @@ def parse_args():
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", default="quick",
-                        help="quick, resnet50, vgg16, mobilenet, layers, convbench[:N] or a CSV "
-                             "path[:N] (default: quick)")
+                        help="quick, resnet50, vgg16, mobilenet, layers, convbench[:N], "
+                             "depthwise[:N], grouped[:N] or a CSV path[:N] (default: quick)")
     parser.add_argument("--engines", default=None,
                         help="comma-separated, from cso, im2col, onnxruntime, torch (default: "
                              "every installed one)")

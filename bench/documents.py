@@ -6,7 +6,7 @@ import json
 import os
 
 from . import plots
-from .report import geomean, win_lines, wins
+from .report import BANDWIDTH_TEXT, bandwidth_rows, geomean, win_lines, wins
 
 PHASES = ("packing", "micro-kernel", "post-conv", "other")
 
@@ -66,6 +66,14 @@ def _blocks(facts, peak, results, engines, figures, mean):
           + [f"{r['gflops']['cso'] / r['gflops'][e]:.2f}x" for e in others]
           + [f"{100 * r['gflops']['cso'] / peak:.1f}%", _plan_text(r["cso"]["plan"])]
           for r in results]),
+    ]
+    depthwise = [r for r in results if "bandwidth" in r]
+    if depthwise:
+        blocks += [("h2", "Depthwise bandwidth (cso)"),
+                   ("p", BANDWIDTH_TEXT[0].upper() + BANDWIDTH_TEXT[1:] + "."),
+                   ("table", ["convolution", "MB moved", "cso GB/s", "copy GB/s", "of copy"],
+                    bandwidth_rows(depthwise))]
+    blocks += [
         ("h2", "Time breakdown (cso)"),
         ("p", "ConvBench's terms, steady state: input packing (packed tiles or the padded slab), "
               "micro-kernel, post-conv (turning a filters-in-vectors output back into NCHW) and "
@@ -84,6 +92,9 @@ def _blocks(facts, peak, results, engines, figures, mean):
 
 
 def _plan_text(plan):
+    if plan["kind"] == "depthwise":
+        return (f"depthwise, {plan['vectors']}-vector blocks, {plan['nc']} channel(s) per fill, "
+                f"bands of {plan['band']} rows")
     return f"{plan['schedule']}, {plan['vector']} in vectors, {plan['input']}"
 
 

@@ -11,11 +11,13 @@ import time
 
 import numpy as np
 
+import csa
 from cso.lowering import PACK, POST
 
 from .engines import ENGINES, check, cso_engine, reference
 
 MIN_SAMPLE_SECONDS = 0.005
+COPY = "copy"   # the copy-bandwidth probe timed beside depthwise convolutions
 
 
 def median_seconds(runs, repeat):
@@ -63,7 +65,18 @@ def measure_conv(spec, engines, repeat, threads=1):
         if name == "cso":
             result["cso"] = {"load_s": load, "first_call_s": first,
                              "plan": plan_facts(run.plan_for(x.shape))}
-    seconds = median_seconds({name: (lambda run=run: run(x)) for name, run in runs.items()}, repeat)
+    timed = {name: (lambda run=run: run(x)) for name, run in runs.items()}
+    depthwise = "cso" in runs and csa.is_depthwise(spec)
+    if depthwise:   # a copy of as many bytes, timed beside the engines
+        moved = csa.moved_bytes(spec)
+        src = np.ones(moved // 2 // x.itemsize, x.dtype)
+        dst = np.empty_like(src)
+        timed[COPY] = lambda: np.copyto(dst, src)
+    seconds = median_seconds(timed, repeat)
+    if depthwise:
+        copy = seconds.pop(COPY)
+        result["bandwidth"] = {"bytes": moved, "cso_gbs": moved / seconds["cso"] / 1e9,
+                               "copy_gbs": 2 * src.nbytes / copy / 1e9}
     if "cso" in runs:
         result["cso"]["breakdown_s"] = breakdown(runs["cso"], x, repeat, seconds["cso"])
     result["seconds"] = seconds
@@ -72,9 +85,11 @@ def measure_conv(spec, engines, repeat, threads=1):
 
 
 def plan_facts(plan):
-    return {"schedule": plan.schedule, "vector": plan.vector, "input": "slab" if plan.slab else
-            "packed tiles", "microtile": [plan.nwin, plan.nf], "nc": plan.nc, "k2": plan.k2,
-            "k3": plan.k3}
+    if isinstance(plan, csa.DepthwisePlan):
+        return {"kind": "depthwise", "vectors": plan.vectors, "nc": plan.nc, "band": plan.band}
+    return {"kind": "slicing", "schedule": plan.schedule, "vector": plan.vector,
+            "input": "slab" if plan.slab else "packed tiles", "microtile": [plan.nwin, plan.nf],
+            "nc": plan.nc, "k2": plan.k2, "k3": plan.k3}
 
 
 def breakdown(conv, x, repeat, call_seconds):

@@ -36,7 +36,7 @@ def machine_facts(threads):
     blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]["name"]
     fma_gflops, fma_count = fma_peak()
     cores = min(threads, available_cpus())
-    kernel = cso.Conv2d(np.zeros((1, 1, 1, 1), np.float32)).kernel_for((1, 1, 56, 56))
+    kernel = cso.Conv2d(np.zeros((8, 8, 1, 1), np.float32)).kernel_for((1, 8, 56, 56))
     ukernel_gflops = kernel_throughput(kernel)
     facts = [
         ("CPU", f"{cpu_name()} (LLVM: {llvm.get_host_cpu_name()}), {os.cpu_count()} logical CPUs"),
@@ -106,6 +106,29 @@ def print_table(results, engines, peak):
                 widths))
     for line in win_lines(results, others):
         print(line)
+    depthwise = [r for r in results if "bandwidth" in r]
+    if depthwise:
+        print("\nDepthwise: " + BANDWIDTH_TEXT)
+        header = ["convolution", "MB moved", "cso GB/s", "copy GB/s", "of copy"]
+        widths = [name_width, 10, 10, 11, 9]
+        print(_line(header, widths))
+        for row in bandwidth_rows(depthwise):
+            print(_line(row, widths))
+
+
+BANDWIDTH_TEXT = ("the bytes a convolution must move (input, output, weights, once) over its "
+                  "time, against a copy of as many bytes (half read, half written) timed beside "
+                  "it: the speed of memory, or of the cache the data fits in, for that size")
+
+
+def bandwidth_rows(results):
+    """Per depthwise result: name, MB moved, cso's GB/s, the copy probe's, their ratio."""
+    rows = []
+    for r in results:
+        b = r["bandwidth"]
+        rows.append([r["spec"], f"{b['bytes'] / 1e6:.2f}", f"{b['cso_gbs']:.1f}",
+                     f"{b['copy_gbs']:.1f}", f"{100 * b['cso_gbs'] / b['copy_gbs']:.0f}%"])
+    return rows
 
 
 def wins(results, engine):

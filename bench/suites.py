@@ -11,6 +11,8 @@
   convolutions of the timm collection, the ConvBench set), stratified: for each kind (common,
   pointwise, dilated; groups = 1) evenly spaced by GFLOP, in proportion to the kind's size with
   at least a few of each. ``convbench`` alone means ``convbench:100``.
+- ``depthwise[:N]``, ``grouped[:N]``: N (default 40) of timm's depthwise (one input channel
+  per group) or other grouped convolutions, evenly spaced by GFLOP.
 - a path to any CSV with the same columns: every row; ``PATH:N`` samples N rows as above (of
   every kind the file has).
 """
@@ -109,7 +111,10 @@ def stratified_sample(count, path=TIMM_CSV, kinds=SLICING_KINDS):
 
 
 NAMED = {"resnet50": RESNET50, "vgg16": VGG16, "mobilenet": MOBILENET, "layers": LAYERS}
-SUITES = "quick, resnet50, vgg16, mobilenet, layers, convbench[:N] or a CSV path[:N]"
+GROUPED_KINDS = ("depthwise", "grouped")   # timm kinds sampled alone (default GROUPED_SAMPLE)
+GROUPED_SAMPLE = 40
+SUITES = ("quick, resnet50, vgg16, mobilenet, layers, convbench[:N], depthwise[:N], grouped[:N] "
+          "or a CSV path[:N]")
 
 
 def suite(name):
@@ -121,6 +126,8 @@ def suite(name):
     base, _, count = name.rpartition(":") if name.rpartition(":")[2].isdigit() else (name, "", "")
     if base == "convbench":
         return stratified_sample(int(count or 100))
+    if base in GROUPED_KINDS:
+        return stratified_sample(int(count or GROUPED_SAMPLE), kinds=(base,))
     if os.path.isfile(base):
         return stratified_sample(int(count), base, kinds=None) if count else [s for s, _ in read_csv(base)]
     raise ValueError(f"unknown suite {name!r}: {SUITES}")

@@ -323,7 +323,11 @@ def _scattered_output(spec, nwin, nf, k2, schedule, vector, machine):
     return int(rows > OUTPUT_STREAMS and spec.p * spec.q * spec.itemsize >= PAGE)
 
 
-OVERRIDES = ("vector", "microtile_shape", "nc", "k2", "k3", "schedule", "slab", "band", "split")
+SLICING_OVERRIDES = ("vector", "microtile_shape", "nc", "k2", "k3", "schedule", "slab", "band",
+                     "split")
+# every override: the slicing plan's, the depthwise plan's vectors per kernel block, and the
+# choice of analysis (depthwise=False plans a one-channel-per-group convolution as grouped)
+OVERRIDES = SLICING_OVERRIDES + ("vectors", "depthwise")
 
 
 def check_overrides(**overrides):
@@ -335,9 +339,9 @@ def check_overrides(**overrides):
             raise TypeError(f"unknown plan override {name!r}; known: {OVERRIDES}")
         if v is None:
             continue
-        if name == "slab":
+        if name in ("slab", "depthwise"):
             if not isinstance(v, bool):
-                raise TypeError(f"slab override must be True or False, got {v!r}")
+                raise TypeError(f"{name} override must be True or False, got {v!r}")
             normal[name] = v
         elif name in ("schedule", "vector"):
             choices = SCHEDULES if name == "schedule" else VECTORS
@@ -540,9 +544,9 @@ def thread_split(spec, units, filter_tiles, threads, filters_splittable=True):
     return best
 
 
-def analyze(spec, machine=None, *, vector=None, microtile_shape=None, nc=None, k2=None, k3=None,
-            schedule=None, slab=None, band=None, split=None, threads=1):
-    """Plan ``spec`` for ``machine`` (default: ``Machine.host()``) and up to ``threads``
+def analyze_slicing(spec, machine=None, *, vector=None, microtile_shape=None, nc=None, k2=None,
+                    k3=None, schedule=None, slab=None, band=None, split=None, threads=1):
+    """The slicing plan of ``spec`` for ``machine`` (default: ``Machine.host()``) and up to ``threads``
     threads. Keyword overrides force a value (tests and what-if analysis; ``microtile_shape`` is
     (windows, filters) per tile in the plan's vector orientation, ``split`` the output parts,
     whatever ``threads``); the rest is derived by the rules above. Only the blocking and the
@@ -553,7 +557,7 @@ def analyze(spec, machine=None, *, vector=None, microtile_shape=None, nc=None, k
                             schedule=schedule, slab=slab, band=band, split=split)
     forced = tuple(given)
     vector, microtile_shape, nc, k2, k3, schedule, slab, band, split = (given.get(name)
-                                                                        for name in OVERRIDES)
+                                                                        for name in SLICING_OVERRIDES)
     lanes, registers = machine.vector_bytes // spec.itemsize, machine.vector_registers
     tiles = {"windows": microtile(lanes, registers),
              "filters": filter_vector_tile(lanes, registers, 1 if spec.p * spec.q == 1 else 7)}

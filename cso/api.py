@@ -13,7 +13,8 @@ from microkernels import BIAS, RELU, get_isa, host_isa, supported_isas
 from packing import pack_filters, unpack_filters
 
 from . import arguments as args
-from .lowering import ALL_PHASES, Prepared
+from .lowering import ALL_PHASES
+from .prepared import Prepared
 from .threads import get_num_threads
 
 PREPARED_SHAPES = 64  # input shapes a Conv2d keeps prepared
@@ -68,9 +69,11 @@ class Conv2d:
         self.bias = np.empty(0, self.dtype) if bias is None else np.array(bias, copy=True)
         self._by_shape = {}
         self._lock = threading.Lock()
-        if input_shape is None:   # the usual orientation: windows in vectors
+        if input_shape is None:   # a depthwise plan's one filter a row, else windows in vectors
             machine = host_machine(self.isa)
-            nf = csa.microtile(machine.vector_bytes // self.dtype.itemsize, machine.vector_registers)[1]
+            depthwise = weight.shape[1] == 1 and dict(self.overrides).get("depthwise", True)
+            nf = 1 if depthwise else csa.microtile(machine.vector_bytes // self.dtype.itemsize,
+                                                   machine.vector_registers)[1]
         else:
             nf = self.plan_for(input_shape).nf
         self._packed = {nf: pack_filters(weight, nf, self.groups)}

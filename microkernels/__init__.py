@@ -3,7 +3,7 @@ from .ir_gen import ACCUMULATE, BIAS, RELU
 from .isa import ISAS, Isa, get_isa, host_isa, select_isa, supported_isas
 from .jit import CompiledKernel, compile
 from .reference import reference_kernel
-from .spec import KernelSpec
+from .spec import DepthwiseSpec, KernelSpec
 
 __all__ = ["ACCUMULATE", "BIAS", "RELU", "ISAS", "Isa", "get_isa", "host_isa", "select_isa",
-           "supported_isas", "CompiledKernel", "compile", "reference_kernel", "KernelSpec"]
+           "supported_isas", "CompiledKernel", "compile", "reference_kernel", "KernelSpec", "DepthwiseSpec"]

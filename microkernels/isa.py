@@ -15,15 +15,23 @@ class Isa:
     vector_bytes: int        # width of one vector register
     vector_registers: int    # architectural vector registers the register budget may use
     required_features: tuple  # LLVM host features that must all be present
+    # itemsize -> LLVM intrinsic permuting the lanes of two vectors by a run-time index vector
+    # (a vector at any element offset from two aligned loads), where the ISA has one
+    two_source_permute: tuple = ()
 
     def lanes(self, itemsize):
         return self.vector_bytes // itemsize
+
+    def permute(self, itemsize):
+        """The two-source permute intrinsic's name for ``itemsize`` elements, or None."""
+        return dict(self.two_source_permute).get(itemsize)
 
 
 # Most capable first; "generic" needs nothing and is the always-working fallback: plain LLVM
 # vectors that any target lowers (to SSE, NEON, or scalar code).
 ISAS = {
-    "avx512": Isa("avx512", 64, 32, ("avx512f", "avx512vl", "fma")),
+    "avx512": Isa("avx512", 64, 32, ("avx512f", "avx512vl", "fma"),
+                  ((4, "llvm.x86.avx512.vpermi2var.ps.512"), (8, "llvm.x86.avx512.vpermi2var.pd.512"))),
     "avx2": Isa("avx2", 32, 16, ("avx2", "fma")),
     "generic": Isa("generic", 16, 16, ()),
 }

