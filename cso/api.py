@@ -61,9 +61,11 @@ class Conv2d:
         self.activation = args.check_activation(activation)
         self.isa = _check_isa(isa)
         try:
-            self.overrides = tuple(sorted(csa.check_overrides(**(plan_overrides or {})).items()))
+            overrides = csa.check_overrides(**(plan_overrides or {}))
+            depthwise = csa.uses_depthwise(weight.shape[1], overrides)
         except (TypeError, ValueError) as err:
             raise type(err)(f"plan_overrides: {err}") from None
+        self.overrides = tuple(sorted(overrides.items()))
         self.dtype = weight.dtype
         self.weight_shape = weight.shape
         self.bias = np.empty(0, self.dtype) if bias is None else np.array(bias, copy=True)
@@ -71,7 +73,6 @@ class Conv2d:
         self._lock = threading.Lock()
         if input_shape is None:   # a depthwise plan's one filter a row, else windows in vectors
             machine = host_machine(self.isa)
-            depthwise = weight.shape[1] == 1 and dict(self.overrides).get("depthwise", True)
             nf = 1 if depthwise else csa.microtile(machine.vector_bytes // self.dtype.itemsize,
                                                    machine.vector_registers)[1]
         else:
