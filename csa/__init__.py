@@ -7,7 +7,8 @@ from .plan import (OVERRIDES, SCHEDULES, VECTORS, SlicingPlan, analyze_slicing, 
                    microtile, padded_work, thread_split, use_direct, window_units)
 from .spec import ConvSpec
 
-__all__ = ["analyze", "uses_depthwise", "DepthwisePlan", "analyze_depthwise", "is_depthwise", "moved_bytes",
+__all__ = ["analyze", "uses_depthwise", "DepthwisePlan", "analyze_depthwise", "is_depthwise",
+           "moved_bytes",
            "Machine", "parse_size", "read_sysfs_caches", "OVERRIDES", "SCHEDULES", "VECTORS",
            "SlicingPlan", "analyze_slicing", "channel_tile", "check_overrides", "choose_vector",
            "direct_channel_tile", "filter_vector_tile", "microtile", "padded_work",

@@ -18,8 +18,10 @@ DEPTHWISE_OVERRIDES = ("vectors", "nc", "band", "split")
 SLAB_FILL = 0.5       # share of L1 the slabs of one fill may take (the rest: output lines,
                       # the input streaming in)
 MAX_FILL_CHANNELS = 64
-DW_THREAD_MIN_BYTES = 256 * 1024   # input and output a thread must get to pay for handing
-                                   # parts over
+THREAD_MIN_FLOPS = 0.5e6   # work a thread must get, about 10 us at the 30-60 GFLOP/s these
+                           # run at (the slicing plans' 3 MFLOP is about 15 us); with 256 KB
+                           # moved as the rule instead, 0.9-5 MFLOP timm convolutions stayed on
+                           # one thread where onnxruntime gained 1.5-1.6x from a second
 
 
 def is_depthwise(spec):
@@ -62,7 +64,8 @@ class DepthwisePlan:
     def slab_rows(self):
         """Rows of each phase plane one band's slab holds."""
         spec = self.spec
-        return min(slab_shape(spec)[0], self.band + (spec.r - 1) * spec.dilation[0] // spec.stride[0])
+        halo = (spec.r - 1) * spec.dilation[0] // spec.stride[0]
+        return min(slab_shape(spec)[0], self.band + halo)
 
     @property
     def channel_elements(self):
@@ -123,7 +126,7 @@ def analyze_depthwise(spec, machine=None, *, threads=1, vectors=None, nc=None, b
     nc = min(nc, spec.c) if band == spec.p else 1
     plan = DepthwisePlan(spec, machine, vectors, lanes, nc, band, forced=forced)
     if split is None:
-        worth = max(1, int(moved_bytes(spec) // DW_THREAD_MIN_BYTES))
+        worth = max(1, int(spec.flops // THREAD_MIN_FLOPS))
         split = (max(1, min(threads, worth, plan.units)), 1)
     else:
         split = (min(split[0], plan.units), 1)

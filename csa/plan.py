@@ -546,8 +546,8 @@ def thread_split(spec, units, filter_tiles, threads, filters_splittable=True):
 
 def analyze_slicing(spec, machine=None, *, vector=None, microtile_shape=None, nc=None, k2=None,
                     k3=None, schedule=None, slab=None, band=None, split=None, threads=1):
-    """The slicing plan of ``spec`` for ``machine`` (default: ``Machine.host()``) and up to ``threads``
-    threads. Keyword overrides force a value (tests and what-if analysis; ``microtile_shape`` is
+    """The slicing plan of ``spec`` for ``machine`` (default: ``Machine.host()``) and up to
+    ``threads`` threads. Keyword overrides force a value (tests and what-if analysis; ``microtile_shape`` is
     (windows, filters) per tile in the plan's vector orientation, ``split`` the output parts,
     whatever ``threads``); the rest is derived by the rules above. Only the blocking and the
     schedule depend on ``threads`` (through each thread's share of L3), never the channel tiles
@@ -556,8 +556,8 @@ def analyze_slicing(spec, machine=None, *, vector=None, microtile_shape=None, nc
     given = check_overrides(vector=vector, microtile_shape=microtile_shape, nc=nc, k2=k2, k3=k3,
                             schedule=schedule, slab=slab, band=band, split=split)
     forced = tuple(given)
-    vector, microtile_shape, nc, k2, k3, schedule, slab, band, split = (given.get(name)
-                                                                        for name in SLICING_OVERRIDES)
+    vector, microtile_shape, nc, k2, k3, schedule, slab, band, split = (
+        given.get(name) for name in SLICING_OVERRIDES)
     lanes, registers = machine.vector_bytes // spec.itemsize, machine.vector_registers
     tiles = {"windows": microtile(lanes, registers),
              "filters": filter_vector_tile(lanes, registers, 1 if spec.p * spec.q == 1 else 7)}

@@ -193,6 +193,8 @@ def test_plan_rules():
     assert plan.channel_elements * 4 <= csa.depthwise.SLAB_FILL * ZEN.l1d
     assert plan.units == 256 * plan.bands
     assert csa.analyze(big, ZEN, threads=2).threads == 2
+    tiny = csa.ConvSpec.parse("n1c72h7w7k72r3s3p1u1g72")   # 64 KFLOP: not worth a thread
+    assert csa.analyze(tiny, ZEN, threads=2).threads == 1
     assert "DepthwisePlan" in plan.explain() and "band(s)" in plan.explain()
     multiplier = csa.ConvSpec(1, 1, 12, 12, 8, 3, 3, padding=(1,) * 4)   # one channel, 8 filters
     assert csa.is_depthwise(multiplier) and isinstance(csa.analyze(multiplier, ZEN),
