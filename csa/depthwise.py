@@ -120,11 +120,10 @@ def analyze_depthwise(spec, machine=None, *, threads=1, vectors=None, nc=None, b
     if nc is None:
         nc = int(max(1, min(MAX_FILL_CHANNELS, budget // whole))) if band == spec.p else 1
     nc = min(nc, spec.c) if band == spec.p else 1
-    plan = DepthwisePlan(spec, machine, vectors, lanes, nc, band, forced=forced)
-    if split is None:
-        worth = max(1, int(spec.flops // THREAD_MIN_FLOPS))
-        split = (max(1, min(threads, worth, plan.units)), 1)
+    units = spec.n * spec.c * ceil(spec.p / band)    # see DepthwisePlan.units
+    if split:
+        parts = min(split[0], units)
     else:
-        split = (min(split[0], plan.units), 1)
-    return DepthwisePlan(spec, machine, vectors, lanes, nc, band, split, forced)
+        parts = max(1, min(threads, int(spec.flops // THREAD_MIN_FLOPS), units))
+    return DepthwisePlan(spec, machine, vectors, lanes, nc, band, (parts, 1), forced)
 

@@ -108,8 +108,9 @@ class _DepthwiseBuilder:
         aligned = bld.inttoptr(bld.and_(address, self.const(-size)), PTR)
         shift = bld.lshr(bld.and_(address, self.const(size - 1)),
                          self.const(self.align.bit_length() - 1))   # elements
-        index = bld.add(splat(bld, bld.trunc(shift, self.index.element) if self.index.element.width < 64
-                              else shift, self.index),
+        if self.index.element.width < 64:
+            shift = bld.trunc(shift, self.index.element)
+        index = bld.add(splat(bld, shift, self.index),
                         ir.Constant(self.index, list(range(self.lanes))))
         loads = [bld.load(bld.gep(aligned, [self.const(b * self.lanes)], source_etype=self.scalar),
                           typ=self.vec, align=size) for b in range(count + 1)]

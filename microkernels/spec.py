@@ -11,8 +11,29 @@ _NAME = re.compile(r"^(f32|f64)_conv_ukernel_(\d+)x(\d+)(_slab|_bslab)?__(\w+)$"
 SLABS = {"": "", "vector": "_slab", "broadcast": "_bslab"}   # slab mode -> name suffix
 
 
+class _DtypeIsa:
+    """What every kernel spec has: a ``dtype`` ("f32" or "f64") and an ``isa`` name, checked,
+    and a ``name`` that is its cache key."""
+
+    def _check_dtype(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"{type(self).__name__} dtype must be one of {sorted(DTYPES)}, "
+                             f"got {self.dtype!r}")
+
+    @property
+    def np_dtype(self):
+        return DTYPES[self.dtype]
+
+    @property
+    def lanes(self):
+        return get_isa(self.isa).lanes(DTYPES[self.dtype].itemsize)
+
+    def __str__(self):
+        return self.name
+
+
 @dataclass(frozen=True)
-class KernelSpec:
+class KernelSpec(_DtypeIsa):
     """An ``nf`` x ``nwin`` outer-product tile: ``nf`` broadcast values by ``nwin`` vector
     lanes (windows by filters, or filters by windows when filters are in vectors) for one dtype
     and ISA. A ``slab`` kernel reads one operand in place from a padded input slab, its rows
@@ -26,22 +47,13 @@ class KernelSpec:
     slab: str = ""   # "", "vector" or "broadcast"
 
     def __post_init__(self):
-        if self.dtype not in DTYPES:
-            raise ValueError(f"KernelSpec dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        self._check_dtype()
         if self.slab not in SLABS:
             raise ValueError(f"KernelSpec slab must be one of {sorted(SLABS)}, got {self.slab!r}")
         lanes = self.lanes
         if self.nf < 1 or self.nwin < 1 or self.nwin % lanes:
             raise ValueError(f"KernelSpec needs nf >= 1 and nwin a positive multiple of the "
                              f"{lanes} vector lanes, got nf={self.nf}, nwin={self.nwin}")
-
-    @property
-    def np_dtype(self):
-        return DTYPES[self.dtype]
-
-    @property
-    def lanes(self):
-        return get_isa(self.isa).lanes(DTYPES[self.dtype].itemsize)
 
     @property
     def vectors(self):
@@ -51,9 +63,6 @@ class KernelSpec:
     @property
     def name(self):
         return f"{self.dtype}_conv_ukernel_{self.nf}x{self.nwin}{SLABS[self.slab]}__{self.isa}"
-
-    def __str__(self):
-        return self.name
 
     @classmethod
     def parse(cls, name):
@@ -79,7 +88,7 @@ def short_dtype(dtype):
 
 
 @dataclass(frozen=True)
-class DepthwiseSpec:
+class DepthwiseSpec(_DtypeIsa):
     """A depthwise micro-kernel (``microkernels.depthwise``): one output channel computed
     along the virtual rows of a padded slab, ``vectors`` vectors (accumulators) per block, for
     one dtype and ISA."""
@@ -88,22 +97,10 @@ class DepthwiseSpec:
     isa: str
 
     def __post_init__(self):
-        if self.dtype not in DTYPES:
-            raise ValueError(f"DepthwiseSpec dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        self._check_dtype()
         if self.vectors < 1:
             raise ValueError(f"DepthwiseSpec needs vectors >= 1, got {self.vectors}")
 
     @property
-    def np_dtype(self):
-        return DTYPES[self.dtype]
-
-    @property
-    def lanes(self):
-        return get_isa(self.isa).lanes(DTYPES[self.dtype].itemsize)
-
-    @property
     def name(self):
         return f"{self.dtype}_dw_ukernel_{self.vectors}v__{self.isa}"
-
-    def __str__(self):
-        return self.name
