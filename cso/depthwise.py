@@ -13,6 +13,7 @@ from numba import njit
 
 from csa.plan import slab_planes, slab_shape
 from microkernels import DepthwiseSpec
+from microkernels.cache import cached_njit
 from microkernels.numba_bridge import depthwise_intrinsic, row_copy_intrinsic
 from microkernels.spec import short_dtype
 from packing import slab_filler
@@ -69,7 +70,6 @@ def depthwise_loop_nest(kspec):
     fill_slab = slab_filler(row_copy_intrinsic(kspec, FILL_VECTORS * kspec.lanes),
                             FILL_VECTORS * kspec.lanes)
 
-    @njit(loop_nest_signature(kspec.np_dtype), nogil=True)
     def run(x, packed_w, bias, out, geom, part, scratch, out_t):
         R, S, sh, sw, dh, dw, pt, pl = (geom[0], geom[1], geom[2], geom[3], geom[4], geom[5],
                                         geom[6], geom[7])
@@ -106,4 +106,5 @@ def depthwise_loop_nest(kspec):
                                 positions, Ws, Q, bias_addr + k * item, epilogue)
             u += count
 
-    return run
+    return cached_njit(run, loop_nest_signature(kspec.np_dtype), f"depthwise_loop_nest {kspec}",
+                       nogil=True)

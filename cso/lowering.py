@@ -15,6 +15,7 @@ from numba.np.numpy_support import from_dtype
 from csa.plan import (reads_input_unpacked, slab_band_rows, slab_planes, slab_shape,
                       window_positions, window_units)
 from microkernels import ACCUMULATE, KernelSpec
+from microkernels.cache import cached_njit
 from microkernels.row_copy import tap_limits
 from microkernels.numba_bridge import (kernel_intrinsic, row_copy_intrinsic, tap_copy_intrinsic,
                                        transpose_intrinsic)
@@ -150,7 +151,6 @@ def conv_loop_nest(kspec, filters_in_vectors):
     pack = input_packer(copy_rows, tap_copy_intrinsic(kspec, NWIN), NWIN, *tap_limits(kspec))
     fill_slab = slab_filler(copy_rows, NWIN)
 
-    @njit(loop_nest_signature(kspec.np_dtype), nogil=True)
     def run(x, packed_w, bias, out, geom, part, scratch, out_t):
         R, S = geom[0], geom[1]
         Q, P, G, Cg, Kg = geom[8], geom[9], geom[10], geom[11], geom[12]
@@ -281,7 +281,8 @@ def conv_loop_nest(kspec, filters_in_vectors):
                                             min(LANES, p_hi - p0), min(LANES, k_hi - k0),
                                             bias_addr + k0 * item, epilogue)
 
-    return run
+    return cached_njit(run, loop_nest_signature(kspec.np_dtype),
+                       f"conv_loop_nest {kspec} {filters_in_vectors}", nogil=True)
 
 
 def loop_nest(kspec, plan):

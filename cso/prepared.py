@@ -2,10 +2,12 @@
 from functools import lru_cache
 
 import numpy as np
-from numba import carray, cfunc, njit, types
+from numba import carray, types
 
 from csa import DepthwisePlan
+from microkernels.cache import cached_cfunc, cached_njit
 from microkernels.numba_bridge import address_as_pointer
+from microkernels.pool import compiled_pool
 
 from . import depthwise
 from . import lowering as slicing
@@ -26,7 +28,6 @@ def part_function(run, dtype):
     """Loop nest ``run`` (for ``dtype`` arrays) as a C function ``void run_part(int64 *args)``,
     ``args`` laid out as ``PART_ARGS``: what the thread pool's compiled workers call, without
     the GIL."""
-    @cfunc(types.void(types.CPointer(types.int64)))
     def run_part(a):
         x = carray(address_as_pointer(a[X_ARG]),
                    (a[X_ARG + 1], a[X_ARG + 2], a[X_ARG + 3], a[X_ARG + 4]), dtype)
@@ -39,7 +40,8 @@ def part_function(run, dtype):
             carray(address_as_pointer(a[SCRATCH_ARG]), (a[SCRATCH_ARG + 1],), dtype),
             carray(address_as_pointer(a[OUT_T_ARG]), (a[OUT_T_ARG + 1],), dtype))
 
-    return run_part
+    return cached_cfunc(run_part, types.void(types.CPointer(types.int64)),
+                        f"part_function {run.cache_key} {dtype}")
 
 
 @lru_cache(maxsize=None)
@@ -51,7 +53,6 @@ def part_args_builder(dtype):
     rows = types.Array(row.dtype, 2, "C")
     table = types.Array(types.int64, 2, "C", readonly=True)
 
-    @njit(types.Array(types.int64, 2, "C")(x, weights, bias, out, geom, table, rows, rows))
     def part_args(x, weights, bias, out, geom, parts, scratch, out_t):
         args = np.empty((parts.shape[0], len(PART_ARGS)), np.int64)
         for i in range(parts.shape[0]):
@@ -67,7 +68,10 @@ def part_args_builder(dtype):
             a[SCRATCH_ARG + 1], a[OUT_T_ARG + 1] = scratch.shape[1], out_t.shape[1]
         return args
 
-    return part_args
+    return cached_njit(part_args,
+                       types.Array(types.int64, 2, "C")(x, weights, bias, out, geom, table, rows,
+                                                        rows),
+                       f"part_args {dtype}")
 
 
 class Prepared:
@@ -85,6 +89,15 @@ class Prepared:
         self.parts = lowering.output_parts(plan)
         self.scratch_elements = lowering.scratch_elements(plan)
         self.out_t_elements = lowering.out_t_elements(plan)
+
+    def warm(self, threads):
+        """Compile (or load) what a call with up to ``threads`` threads runs besides the loop
+        nest: the C entry and the pool when the plan has parts to share."""
+        if len(self.parts) > 1 and threads > 1:
+            dtype = self.plan.spec.dtype
+            part_function(self.loop_nest, np.dtype(dtype))
+            part_args_builder(np.dtype(dtype))
+            compiled_pool()
 
     def run(self, x, packed_w, bias, out, phases=ALL_PHASES, threads=1):
         """``x`` 4-D C-contiguous (N >= 1), ``packed_w`` from ``packing.pack_filters`` with the

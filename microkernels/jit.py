@@ -5,12 +5,13 @@ The convolution loop nests do not use this: they emit the same IR inline into nu
 one target machine between engines crashed after the first engine was freed).
 """
 import ctypes
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
 
+from . import cache
 from .ir_gen import BIAS, define_kernel
 from .reference import stored_windows
 from .isa import host_features
@@ -32,18 +33,37 @@ def optimize(module_ref, target_machine):
 
 class JitModule:
     """LLVM IR text verified, optimised and compiled for the host by an MCJIT engine of its own
-    (with its own target machine, see above): ``.ir`` (optimised), ``.asm`` and
+    (with its own target machine, see above), or its object code loaded from the persistent
+    cache (``microkernels.cache``): ``.ir`` (optimised) and ``.asm`` (made on first use) and
     ``.function(name, restype, *argtypes)``, a ctypes function that keeps this module alive."""
 
     def __init__(self, ir_text):
         self._target_machine = host_target_machine()
+        self._ir_text = ir_text
         ref = llvm.parse_assembly(ir_text)
         ref.verify()
-        optimize(ref, self._target_machine)
-        self.ir = str(ref)
-        self.asm = self._target_machine.emit_assembly(ref)
+        path = cache.object_path(ir_text)
+        saved = cache.load_object(path)
+        if saved is None:
+            optimize(ref, self._target_machine)
         self._engine = llvm.create_mcjit_compiler(ref, self._target_machine)
+        self._engine.set_object_cache(lambda module, data: cache.save_object(path, data),
+                                      lambda module: saved)
         self._engine.finalize_object()
+
+    @cached_property
+    def _optimized(self):
+        ref = llvm.parse_assembly(self._ir_text)
+        optimize(ref, self._target_machine)
+        return ref
+
+    @property
+    def ir(self):
+        return str(self._optimized)
+
+    @property
+    def asm(self):
+        return self._target_machine.emit_assembly(self._optimized)
 
     def function(self, name, restype, *argtypes):
         function = ctypes.CFUNCTYPE(restype, *argtypes)(self._engine.get_function_address(name))
@@ -62,11 +82,18 @@ class CompiledKernel:
         module.triple = llvm.get_process_triple()
         define_kernel(module, spec, linkage="external")
         self.raw_ir = str(module)
-        compiled = JitModule(self.raw_ir)
-        self.ir, self.asm = compiled.ir, compiled.asm
+        compiled = self._compiled = JitModule(self.raw_ir)
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         args = [i64, ptr, i64, ptr, i64, ptr, i64, i64, i64, ptr, i64, ptr, i64, i64, i64]
         self.function = compiled.function(spec.name, None, *args)
+
+    @property
+    def ir(self):
+        return self._compiled.ir
+
+    @property
+    def asm(self):
+        return self._compiled.asm
 
     def __call__(self, k, a, b, c, ldc, nwin_used, nf_used, bias=None, flags=0, lda=None, ldb=None,
                  a_rows=None, col0=0, width=None, gap=0):

@@ -1,0 +1,278 @@
+"""The persistent compilation cache: compiled loop nests (numba) and llvmlite modules saved on
+disk, so that a later process loads them instead of compiling again.
+
+Where: the directory ``CSO_CACHE_DIR`` names, else the per-user cache directory
+($XDG_CACHE_HOME/cso or ~/.cache/cso; ~/Library/Caches/cso on macOS; %LOCALAPPDATA%\\cso on
+Windows). ``CSO_CACHE_DIR=""`` turns the cache off. Entries live in a subdirectory named by
+what compiled code depends on: the versions of numba, llvmlite and Python and a hash of this
+library's sources (stronger than its version number: an edited checkout never loads code
+compiled from other sources); each entry's key adds the CPU name and features.
+
+An entry is one file, a SHA-256 digest of its payload then the payload: a truncated or
+corrupted file fails the check and counts as a miss (the code is compiled and the entry
+rewritten), it is never loaded. Every file is written to a temporary name then renamed into
+place, so processes filling the same entry at once each leave a whole file. A directory that
+cannot be written turns saving off with one warning; compiling still works.
+"""
+import hashlib
+import os
+import pickle
+import sys
+import tempfile
+import threading
+import warnings
+from functools import lru_cache
+from pathlib import Path
+
+import llvmlite
+import llvmlite.binding as llvm
+import numba
+from numba.core import caching, sigutils
+from numba.core.ccallback import CFunc
+
+SOURCE_PACKAGES = ("csa", "cso", "microkernels", "packing")
+DIGEST = 32   # bytes of SHA-256 before each payload
+
+_stats = {"hits": 0, "misses": 0, "corrupt": 0, "saved": 0}
+_lock = threading.Lock()
+
+
+def _count(event):
+    with _lock:
+        _stats[event] += 1
+
+
+def stats():
+    """Cache events of this process: hits, misses (compiled), corrupt entries found (rebuilt),
+    entries saved."""
+    with _lock:
+        return dict(_stats)
+
+
+def default_dir():
+    if sys.platform == "win32":
+        base = os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local"
+    elif sys.platform == "darwin":
+        base = Path.home() / "Library" / "Caches"
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "cso"
+
+
+def cache_root():
+    """The cache directory (``CSO_CACHE_DIR`` or the per-user default), or None when off."""
+    configured = os.environ.get("CSO_CACHE_DIR")
+    if configured is not None:
+        return Path(configured) if configured else None
+    return default_dir()
+
+
+@lru_cache(maxsize=None)
+def source_hash():
+    """A hash of this library's Python sources (what the compiled code is generated from)."""
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for package in SOURCE_PACKAGES:
+        for path in sorted((root / package).glob("*.py")):
+            digest.update(f"{package}/{path.name}\0".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def entry_dir():
+    """Where this process's entries live, or None when the cache is off."""
+    root = cache_root()
+    if root is None:
+        return None
+    python = f"py{sys.version_info[0]}{sys.version_info[1]}"
+    return root / f"numba{numba.__version__}-llvmlite{llvmlite.__version__}-{python}-{source_hash()}"
+
+
+def _key_name(*parts):
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:24]
+
+
+def write_entry(path, payload):
+    """Write digest + ``payload`` to ``path`` through a temporary file renamed into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(hashlib.sha256(payload).digest())
+            f.write(payload)
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+
+
+def read_entry(path):
+    """The payload at ``path``, or None when it is missing or fails its digest."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    payload = data[DIGEST:]
+    if len(data) < DIGEST or hashlib.sha256(payload).digest() != data[:DIGEST]:
+        _count("corrupt")
+        return None
+    return payload
+
+
+_save_failed = []
+
+
+def _saving_failed(err):
+    if not _save_failed:
+        _save_failed.append(err)
+        warnings.warn(f"cso: cannot write the compilation cache ({err}); set CSO_CACHE_DIR to "
+                      "a writable directory, or to '' to turn the cache off", RuntimeWarning,
+                      stacklevel=3)
+
+
+class _EntryFile(caching.IndexDataCacheFile):
+    """numba's index and data files for one entry, each guarded by a digest: a file that fails
+    it reads as missing."""
+
+    def _load_index(self):
+        payload = read_entry(Path(self._index_path))
+        if payload is None:
+            return {}
+        try:
+            version, stamp, overloads = pickle.loads(payload)
+        except Exception:
+            _count("corrupt")
+            return {}
+        return overloads if (version, stamp) == (self._version, self._source_stamp) else {}
+
+    def _save_index(self, overloads):
+        write_entry(Path(self._index_path),
+                    pickle.dumps((self._version, self._source_stamp, overloads), protocol=-1))
+
+    def _load_data(self, name):
+        payload = read_entry(Path(self._data_path(name)))
+        if payload is None:
+            raise OSError(f"cache entry {name} missing or corrupt")   # load() reads: a miss
+        return pickle.loads(payload)
+
+    def _save_data(self, name, data):
+        write_entry(Path(self._data_path(name)), self._dump(data))
+
+
+class _Locator(caching._CacheLocator):
+    def __init__(self, py_func, path):
+        self._py_file = py_func.__code__.co_filename
+        self._path = str(path)
+
+    def ensure_cache_path(self):
+        os.makedirs(self._path, exist_ok=True)
+
+    def get_cache_path(self):
+        return self._path
+
+    def get_source_stamp(self):
+        return source_hash()
+
+    def get_disambiguator(self):
+        return ""
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        return cls(py_func, entry_dir())
+
+
+class _Impl(caching.CompileResultCacheImpl):
+    _locator_classes = [_Locator]
+
+
+class _KeyedCache(caching.FunctionCache):
+    """numba's function cache keyed by ``key`` (what the function's closure was built from)
+    instead of a pickle of the closure, one index and data file per key and CPU."""
+    _impl_class = _Impl
+
+    def __init__(self, py_func, key, codegen):
+        self._key = key
+        super().__init__(py_func)
+        name = f"{py_func.__qualname__.replace('<locals>.', '')}-{_key_name(key, codegen.magic_tuple())}"
+        self._cache_file = _EntryFile(self._cache_path, name, source_hash())
+
+    def _index_key(self, sig, codegen):
+        return (sig, codegen.magic_tuple(), self._key)
+
+    def load_overload(self, sig, target_context):
+        try:
+            found = super().load_overload(sig, target_context)
+        except Exception:   # an entry that reads but does not rebuild: compile instead
+            _count("corrupt")
+            found = None
+        _count("misses" if found is None else "hits")
+        return found
+
+    def save_overload(self, sig, data):
+        if _save_failed:
+            return
+        try:
+            super().save_overload(sig, data)
+            _count("saved")
+        except OSError as err:
+            _saving_failed(err)
+
+
+def _target_context():
+    from numba.core.registry import cpu_target
+    return cpu_target.target_context
+
+
+def cached_njit(py_func, signature, key, **options):
+    """``numba.njit(signature, **options)(py_func)``, loaded from the cache when an entry for
+    ``key`` (a string naming everything ``py_func``'s closure was built from) is there, else
+    compiled and saved."""
+    dispatcher = numba.njit(**options)(py_func)
+    if entry_dir() is not None:
+        dispatcher._cache = _KeyedCache(py_func, key, _target_context().codegen())
+    dispatcher.compile(signature)
+    dispatcher.disable_compile()   # one signature: any other argument type is a bug
+    dispatcher.cache_key = key
+    return dispatcher
+
+
+def cached_cfunc(py_func, signature, key):
+    """``numba.cfunc(signature)(py_func)`` through the cache, as ``cached_njit``."""
+    function = CFunc(py_func, sigutils.normalize_signature(signature), {}, {})
+    if entry_dir() is not None:
+        function._cache = _KeyedCache(py_func, key, _target_context().codegen())
+    function.compile()
+    return function
+
+
+def object_path(ir_text):
+    """Where the host's object code of the llvmlite module ``ir_text`` is kept, or None when
+    the cache is off."""
+    directory = entry_dir()
+    if directory is None:
+        return None
+    cpu = (llvm.get_process_triple(), llvm.get_host_cpu_name(),
+           llvm.get_host_cpu_features().flatten())
+    return directory / f"{_key_name(ir_text, cpu)}.o"
+
+
+def load_object(path):
+    """The object code saved at ``path`` (None: compile it)."""
+    if path is None:
+        return None
+    found = read_entry(path)
+    _count("misses" if found is None else "hits")
+    return found
+
+
+def save_object(path, data):
+    if path is None or _save_failed:
+        return
+    try:
+        write_entry(path, bytes(data))
+        _count("saved")
+    except OSError as err:
+        _saving_failed(err)
