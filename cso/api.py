@@ -4,6 +4,7 @@ Semantics are PyTorch's ``torch.nn.functional.conv2d``: cross-correlation, NCHW 
 weights, zero padding, output in the input's dtype.
 """
 import threading
+import time
 from functools import lru_cache
 
 import numpy as np
@@ -50,7 +51,8 @@ class Conv2d:
     choices (``vector`` 'windows'/'filters', ``microtile_shape``, ``nc``, ``k2``, ``k3``,
     ``schedule`` 'IS'/'WS', ``slab`` True/False, ``band`` window tiles per output band) and
     ``isa`` picks a micro-kernel ISA other than the host's best; both exist for tests and
-    experiments."""
+    experiments. Everything compiled is kept in the persistent cache (``CSO_CACHE_DIR``, see
+    ``microkernels.cache``): a later process loads it."""
 
     def __init__(self, weight, bias=None, stride=1, padding=0, dilation=1, groups=1,
                  activation=None, *, input_shape=None, plan_overrides=None, isa=None):
@@ -75,8 +77,10 @@ class Conv2d:
             machine = host_machine(self.isa)
             nf = 1 if depthwise else csa.microtile(machine.vector_bytes // self.dtype.itemsize,
                                                    machine.vector_registers)[1]
-        else:
-            nf = self.plan_for(input_shape).nf
+        else:   # compile (or load) now what calls on that shape run
+            prepared = self._prepared(tuple(input_shape), self.dtype, get_num_threads())
+            prepared.warm(get_num_threads())
+            nf = prepared.plan.nf
         self._packed = {nf: pack_filters(weight, nf, self.groups)}
 
     def packed_weight(self, nf):
@@ -171,3 +175,24 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, acti
                         "mixed dtypes are not supported")
     return Conv2d(weight, bias, stride, padding, dilation, groups, activation,
                   input_shape=x.shape)(x, out=out)
+
+
+def warmup(convolutions, threads=None):
+    """Compile, or load from the persistent cache, everything the ``convolutions`` need, so
+    that their first calls run at full speed: ``convolutions`` is an iterable of
+    ``csa.ConvSpec`` or their names (``str(spec)``, e.g. ``"n1c64h56w56k64r3s3p1u1"``), planned
+    for up to ``threads`` threads (default ``get_num_threads()``). Returns the seconds spent.
+    (A ``Conv2d`` built with ``input_shape`` does the same for its own shape.)"""
+    start = time.perf_counter()
+    threads = get_num_threads() if threads is None else threads
+    for spec in convolutions:
+        if isinstance(spec, str):
+            spec = csa.ConvSpec.parse(spec)
+        if not isinstance(spec, csa.ConvSpec):
+            raise TypeError(f"warmup: convolutions must be csa.ConvSpec or their names, got "
+                            f"{type(spec).__name__}")
+        t, b, left, right = spec.padding
+        conv = Conv2d(np.zeros(spec.weight_shape, spec.dtype), None, spec.stride,
+                      ((t, b), (left, right)), spec.dilation, spec.groups)
+        conv._prepared(spec.input_shape, np.dtype(spec.dtype), threads).warm(threads)
+    return time.perf_counter() - start

@@ -1,0 +1,166 @@
+"""The persistent compilation cache: a new process loads what an earlier one compiled, corrupted
+or truncated entries are rebuilt (never loaded), concurrent fillers leave whole entries."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from microkernels import cache
+from reference import conv2d_reference
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A slicing convolution split over two threads (its loop nest, the C entry the pool runs, the
+# pool) and a depthwise one (its own loop nest), each checked against the reference; prints
+# the cache's events as JSON.
+CHILD = r"""
+import json, sys
+import numpy as np
+import cso
+from microkernels import cache
+
+rng = np.random.default_rng(0)
+x = rng.standard_normal((2, 8, 9, 11)).astype(np.float32)
+w = rng.standard_normal((12, 8, 3, 3)).astype(np.float32)
+xd = rng.standard_normal((1, 6, 13, 10)).astype(np.float32)
+wd = rng.standard_normal((6, 1, 3, 3)).astype(np.float32)
+cso.set_num_threads(2)
+cso.warmup(["n1c6h13w10k6r3s3p1u1g6"])
+y = cso.Conv2d(w, padding=1, plan_overrides={"split": (2, 1)})(x)
+yd = cso.conv2d(xd, wd, padding=1, groups=6)
+np.savez(sys.argv[1], y=y, yd=yd)
+print(json.dumps(cache.stats()))
+"""
+
+
+def run_child(cache_dir, out, wait=True):
+    env = dict(os.environ, CSO_CACHE_DIR=str(cache_dir))
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(out)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return finish(proc, out) if wait else proc
+
+
+def finish(proc, out):
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr
+    check_results(out)
+    return json.loads(stdout.strip().splitlines()[-1]), stderr
+
+
+def check_results(out):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 8, 9, 11)).astype(np.float32)
+    w = rng.standard_normal((12, 8, 3, 3)).astype(np.float32)
+    xd = rng.standard_normal((1, 6, 13, 10)).astype(np.float32)
+    wd = rng.standard_normal((6, 1, 3, 3)).astype(np.float32)
+    found = np.load(out)
+    np.testing.assert_allclose(found["y"], conv2d_reference(x, w, padding=(1, 1, 1, 1)),
+                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(found["yd"], conv2d_reference(xd, wd, padding=(1, 1, 1, 1),
+                                                             groups=6), rtol=1e-4, atol=1e-4)
+
+
+def entries(cache_dir):
+    return sorted(p for p in Path(cache_dir).rglob("*") if p.is_file())
+
+
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory):
+    """A cache filled by one process: (its directory, that process's events)."""
+    cache_dir = tmp_path_factory.mktemp("cso_cache")
+    events, _ = run_child(cache_dir, cache_dir / "first.npz")
+    return cache_dir, events
+
+
+def test_a_new_process_loads_what_an_earlier_one_compiled(filled, tmp_path):
+    cache_dir, first = filled
+    assert first["misses"] >= 4 and first["saved"] == first["misses"] and first["hits"] == 0
+    names = [p.name for p in entries(cache_dir)]
+    assert any(n.endswith(".nbc") for n in names) and any(n.endswith(".o") for n in names)
+    assert not any(".tmp" in n for n in names)
+    again, _ = run_child(cache_dir, tmp_path / "again.npz")
+    assert again == {"hits": first["misses"], "misses": 0, "corrupt": 0, "saved": 0}
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "empty"])
+def test_a_damaged_entry_is_rebuilt_never_loaded(filled, tmp_path, damage):
+    source, _ = filled
+    cache_dir = tmp_path / "cache"
+    for path in entries(source):
+        target = cache_dir / path.relative_to(source)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        data = bytearray(path.read_bytes())
+        if damage == "truncate":
+            data = data[:len(data) // 2]
+        elif damage == "flip":
+            data[len(data) // 2] ^= 0x40
+        else:
+            data = b""
+        target.write_bytes(bytes(data))
+    events, _ = run_child(cache_dir, tmp_path / "damaged.npz")
+    assert events["hits"] == 0 and events["corrupt"] >= 1 and events["saved"] >= 1
+    rebuilt, _ = run_child(cache_dir, tmp_path / "rebuilt.npz")
+    assert rebuilt["misses"] == 0 and rebuilt["corrupt"] == 0 and rebuilt["hits"] >= 4
+
+
+def test_two_processes_filling_the_same_entries_at_once(tmp_path):
+    cache_dir = tmp_path / "cache"
+    procs = [(run_child(cache_dir, tmp_path / f"p{i}.npz", wait=False), tmp_path / f"p{i}.npz")
+             for i in range(2)]
+    for proc, out in procs:
+        finish(proc, out)
+    assert not any(".tmp" in p.name for p in entries(cache_dir))
+    after, _ = run_child(cache_dir, tmp_path / "after.npz")
+    assert after["misses"] == 0 and after["corrupt"] == 0 and after["hits"] >= 4
+
+
+def test_the_cache_can_be_turned_off(tmp_path):
+    events, _ = run_child("", tmp_path / "off.npz")
+    assert events == {"hits": 0, "misses": 0, "corrupt": 0, "saved": 0}
+
+
+def test_an_unwritable_cache_directory_warns_and_still_computes(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    events, stderr = run_child(blocker / "cache", tmp_path / "unwritable.npz")
+    assert events["saved"] == 0 and events["misses"] >= 4
+    assert "cannot write the compilation cache" in stderr
+
+
+def test_entries_are_checked_by_their_digest(tmp_path):
+    path = tmp_path / "sub" / "entry"
+    cache.write_entry(path, b"payload bytes")
+    assert cache.read_entry(path) == b"payload bytes"
+    path.write_bytes(path.read_bytes()[:-1])
+    assert cache.read_entry(path) is None
+    assert cache.read_entry(tmp_path / "missing") is None
+
+
+def test_the_entry_directory_names_what_compiled_code_depends_on(monkeypatch, tmp_path):
+    import llvmlite
+    import numba
+    monkeypatch.setenv("CSO_CACHE_DIR", str(tmp_path))
+    name = cache.entry_dir().name
+    assert cache.entry_dir().parent == tmp_path
+    assert numba.__version__ in name and llvmlite.__version__ in name
+    assert cache.source_hash() in name
+    monkeypatch.setenv("CSO_CACHE_DIR", "")
+    assert cache.entry_dir() is None
+    monkeypatch.delenv("CSO_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    if sys.platform.startswith("linux"):
+        assert cache.cache_root() == tmp_path / "xdg" / "cso"
+
+
+def test_warmup_takes_specs_or_their_names_and_rejects_others():
+    import csa
+    import cso
+    assert cso.warmup([csa.ConvSpec.parse("n1c4h6w6k4r3s3p1u1"), "n1c4h6w6k4r3s3p1u1g4"]) >= 0
+    with pytest.raises(TypeError, match="warmup"):
+        cso.warmup([(1, 4, 6, 6)])
+    with pytest.raises(ValueError, match="canonical"):
+        cso.warmup(["not a spec"])
