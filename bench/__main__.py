@@ -55,6 +55,7 @@ from . import documents, report  # noqa: E402  (imports NumPy)
 from .engines import ENGINES, available_engines  # noqa: E402
 from .measure import measure_conv, measure_schedules  # noqa: E402
 from .scaling import SCALING_ENGINES, run_children  # noqa: E402
+from .startup import measure_startup, startup_lines  # noqa: E402
 from .suites import suite  # noqa: E402
 
 
@@ -112,7 +113,11 @@ def main():
         return
     rows = [bar.step(spec, measure_conv(spec, engines, repeat, opts.threads)) for spec in specs]
     report.print_table(rows, engines, peak)
-    paths = documents.write(opts.out, facts, peak, rows, engines)
+    startup = measure_startup(opts.threads)
+    print("\nStart-up, a new process (compilation cache: a temporary one):")
+    for line in startup_lines(startup):
+        print(f"  {line}")
+    paths = documents.write(opts.out, facts, peak, rows, engines, startup)
     print(f"\nReport written: {', '.join(paths)}")
 
 

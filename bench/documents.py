@@ -7,11 +7,12 @@ import os
 
 from . import plots
 from .report import BANDWIDTH_TEXT, bandwidth_rows, geomean, win_lines, wins
+from .startup import startup_lines
 
 PHASES = ("packing", "micro-kernel", "post-conv", "other")
 
 
-def write(out_dir, facts, peak, results, engines):
+def write(out_dir, facts, peak, results, engines, startup):
     """Write the report into ``out_dir`` (created if needed); return the paths written."""
     os.makedirs(out_dir, exist_ok=True)
     figures = [
@@ -21,7 +22,7 @@ def write(out_dir, facts, peak, results, engines):
         ("cso's time breakdown and one-off costs", plots.time_breakdown(results, os.path.join(out_dir, "breakdown.png"))),
     ]
     summary = _summary(results, engines)
-    blocks = _blocks(facts, peak, results, engines, figures, summary["geomean_gflops"])
+    blocks = _blocks(facts, peak, results, engines, figures, summary["geomean_gflops"], startup)
     paths = [os.path.join(out_dir, name) for name in ("report.md", "report.html", "results.json")]
     with open(paths[0], "w") as f:
         f.write(_markdown(blocks))
@@ -29,7 +30,8 @@ def write(out_dir, facts, peak, results, engines):
         f.write(_html(blocks))
     with open(paths[2], "w") as f:
         json.dump({"machine": dict(facts), "peak_gflops": peak, "engines": engines,
-                   "summary": summary, "results": results}, f, indent=1)
+                   "summary": summary, "startup": startup, "results": results}, f,
+                  indent=1)
     return paths + [path for _, path in figures]
 
 
@@ -41,7 +43,7 @@ def _summary(results, engines):
             "convolutions": len(results)}
 
 
-def _blocks(facts, peak, results, engines, figures, mean):
+def _blocks(facts, peak, results, engines, figures, mean, startup):
     others = [e for e in engines if e != "cso"]
     first = sum(r["cso"]["first_call_s"] for r in results)
     load = sum(r["cso"]["load_s"] for r in results)
@@ -54,8 +56,13 @@ def _blocks(facts, peak, results, engines, figures, mean):
                   + ", ".join(f"{mean['cso'] / mean[e]:.2f}x {e}" for e in others)]
          + win_lines(results, others)
          + [f"one-off costs over the suite: loading (planning, filter packing) {1e3 * load:.0f} ms, "
-            f"first calls (compilation where the micro-kernel is new) {first:.1f} s; the "
-            "figures above are steady-state"]),
+            f"first calls (compiling, or loading from the compilation cache, where the loop "
+            f"nest is new) {first:.1f} s; the figures above are steady-state"]),
+        ("h2", "Start-up"),
+        ("p", "A new Python process runs ResNet-50's eight layer shapes, first with an empty "
+              "compilation cache, then with the cache it filled (a temporary directory; "
+              "times from the start of import cso, on the report's thread count)."),
+        ("list", startup_lines(startup)),
         ("h2", "Per convolution"),
         ("p", "GFLOP/s, median of the timed samples; names are benchdnn-style (n batch, c "
               "channels, h x w input, k filters, r x s kernel, p padding, u stride, d dilation, g "

@@ -9,7 +9,6 @@ fit (one band), a fill holds up to ``nc`` channels, moved together row by row.
 from functools import lru_cache
 
 import numpy as np
-from numba import njit
 
 from csa.plan import slab_planes, slab_shape
 from microkernels import DepthwiseSpec

@@ -35,6 +35,11 @@ def test_bench_writes_a_checked_report(tmp_path):
     assert parts["micro-kernel"] > 0 and all(v >= 0 for v in parts.values())
     assert conv["cso"]["load_s"] > 0 and conv["cso"]["first_call_s"] > 0
     assert conv["cso"]["plan"]["schedule"] in ("IS", "WS")
+    startup = results["startup"]   # a new process, empty then warm compilation cache
+    assert startup["layers"] == 8 and startup["empty"]["cache"]["misses"] > 0
+    assert startup["warm"]["cache"]["misses"] == 0 and startup["warm"]["cache"]["hits"] > 0
+    assert 0 < startup["warm"]["first_result_s"] <= startup["warm"]["all_s"]
+    assert "warm cache: first result" in out
 
     md = (tmp_path / "report.md").read_text()
     html = (tmp_path / "report.html").read_text()
@@ -43,6 +48,7 @@ def test_bench_writes_a_checked_report(tmp_path):
         assert f"]({name})" in md
     assert html.count("src='data:image/png;base64,") == 4   # self-contained
     assert "n1c512h7w7k512r3s3p1u1" in md and "n1c512h7w7k512r3s3p1u1" in html
+    assert "## Start-up" in md and "empty cache:" in md
 
 
 def test_quick_runs_a_few_convolutions_once(tmp_path):
