@@ -78,8 +78,9 @@ class Conv2d:
             nf = 1 if depthwise else csa.microtile(machine.vector_bytes // self.dtype.itemsize,
                                                    machine.vector_registers)[1]
         else:   # compile (or load) now what calls on that shape run
-            prepared = self._prepared(tuple(input_shape), self.dtype, get_num_threads())
-            prepared.warm(get_num_threads())
+            threads = get_num_threads()
+            prepared = self._prepared(tuple(input_shape), self.dtype, threads)
+            prepared.warm(threads)
             nf = prepared.plan.nf
         self._packed = {nf: pack_filters(weight, nf, self.groups)}
 

@@ -125,12 +125,19 @@ def read_entry(path):
 _save_failed = []
 
 
-def _saving_failed(err):
-    if not _save_failed:
+def _save(write):
+    """Run ``write()`` unless saving failed before; the first failure turns saving off with
+    one warning (compiled code still runs)."""
+    if _save_failed:
+        return
+    try:
+        write()
+        _count("saved")
+    except OSError as err:
         _save_failed.append(err)
         warnings.warn(f"cso: cannot write the compilation cache ({err}); set CSO_CACHE_DIR to "
                       "a writable directory, or to '' to turn the cache off", RuntimeWarning,
-                      stacklevel=3)
+                      stacklevel=4)
 
 
 class _EntryFile(caching.IndexDataCacheFile):
@@ -212,18 +219,14 @@ class _KeyedCache(caching.FunctionCache):
         return found
 
     def save_overload(self, sig, data):
-        if _save_failed:
-            return
-        try:
-            super().save_overload(sig, data)
-            _count("saved")
-        except OSError as err:
-            _saving_failed(err)
+        _save(lambda: super(_KeyedCache, self).save_overload(sig, data))
 
 
-def _target_context():
-    from numba.core.registry import cpu_target
-    return cpu_target.target_context
+def _use_cache(compiled, py_func, key):
+    """Give numba's ``compiled`` (a dispatcher or a cfunc, not compiled yet) the keyed cache."""
+    if entry_dir() is not None:
+        from numba.core.registry import cpu_target
+        compiled._cache = _KeyedCache(py_func, key, cpu_target.target_context.codegen())
 
 
 def cached_njit(py_func, signature, key, **options):
@@ -231,8 +234,7 @@ def cached_njit(py_func, signature, key, **options):
     ``key`` (a string naming everything ``py_func``'s closure was built from) is there, else
     compiled and saved."""
     dispatcher = numba.njit(**options)(py_func)
-    if entry_dir() is not None:
-        dispatcher._cache = _KeyedCache(py_func, key, _target_context().codegen())
+    _use_cache(dispatcher, py_func, key)
     dispatcher.compile(signature)
     dispatcher.disable_compile()   # one signature: any other argument type is a bug
     dispatcher.cache_key = key
@@ -242,8 +244,7 @@ def cached_njit(py_func, signature, key, **options):
 def cached_cfunc(py_func, signature, key):
     """``numba.cfunc(signature)(py_func)`` through the cache, as ``cached_njit``."""
     function = CFunc(py_func, sigutils.normalize_signature(signature), {}, {})
-    if entry_dir() is not None:
-        function._cache = _KeyedCache(py_func, key, _target_context().codegen())
+    _use_cache(function, py_func, key)
     function.compile()
     return function
 
@@ -269,10 +270,5 @@ def load_object(path):
 
 
 def save_object(path, data):
-    if path is None or _save_failed:
-        return
-    try:
-        write_entry(path, bytes(data))
-        _count("saved")
-    except OSError as err:
-        _saving_failed(err)
+    if path is not None:
+        _save(lambda: write_entry(path, bytes(data)))
