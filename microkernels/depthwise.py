@@ -35,10 +35,9 @@ FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [I64, PTR, PTR, PTR, PTR, I64, I6
 def define_depthwise(module, spec, linkage="internal"):
     """The depthwise kernel for ``spec`` (a ``DepthwiseSpec``) in ``module``, defined on first
     use."""
-    fn, new = new_function(module, spec.name, FUNCTION_TYPE, ARG_NAMES, linkage=linkage)
+    fn, new = new_function(module, spec.name, FUNCTION_TYPE, ARG_NAMES, linkage=linkage,
+                           noalias=("slab", "out"))
     if new:
-        for ptr_arg in (fn.args[1], fn.args[4]):   # slab, out
-            ptr_arg.add_attribute("noalias")
         _DepthwiseBuilder(module, fn, spec).build()
     return fn
 

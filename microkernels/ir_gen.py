@@ -72,9 +72,10 @@ def declare(module, name, fnty):
         return ir.Function(module, fnty, name)
 
 
-def new_function(module, name, fnty, arg_names, attributes=(), linkage="internal"):
+def new_function(module, name, fnty, arg_names, attributes=(), linkage="internal", noalias=()):
     """(function, True) for a new nounwind function ``name`` in ``module`` with named
-    arguments, or (the one already there, False): generators define each function once."""
+    arguments (those named in ``noalias`` marked so), or (the one already there, False):
+    generators define each function once."""
     try:
         return module.get_global(name), False
     except KeyError:
@@ -85,15 +86,16 @@ def new_function(module, name, fnty, arg_names, attributes=(), linkage="internal
         fn.attributes.add(attribute)
     for arg, arg_name in zip(fn.args, arg_names):
         arg.name = arg_name
+        if arg_name in noalias:
+            arg.add_attribute("noalias")
     return fn, True
 
 
 def define_kernel(module, spec, linkage="internal"):
     """Return the kernel function for ``spec`` in ``module``, defining it on first use."""
-    fn, new = new_function(module, spec.name, FUNCTION_TYPE, ARG_NAMES, linkage=linkage)
+    fn, new = new_function(module, spec.name, FUNCTION_TYPE, ARG_NAMES, linkage=linkage,
+                           noalias=("a", "b", "c"))
     if new:
-        for ptr_arg in (fn.args[1], fn.args[3], fn.args[5]):  # a, b, c
-            ptr_arg.add_attribute("noalias")
         _KernelBuilder(module, fn, spec).build()
     return fn
 
