@@ -4,33 +4,43 @@ Work is cut into units, (image, channel, output band) triples in that order; a p
 units. Per unit the loop nest fills the channel's slab (its zero-padded stride phase planes,
 the band's rows: ``packing.slab_filler``), then calls the depthwise kernel once per filter of
 the channel (the channel multiplier), each writing one output plane band. When whole planes
-fit (one band), a fill holds up to ``nc`` channels, moved together row by row.
+fit (one band), a fill holds up to ``nc`` channels, moved together row by row. As in the
+slicing loop nest, the kernel and the row copies are called through their addresses in
+``geom``: one loop nest per dtype.
 """
 from functools import lru_cache
 
 import numpy as np
 
 from csa.plan import slab_planes, slab_shape
-from microkernels import DepthwiseSpec
+from microkernels import DepthwiseSpec, depthwise
 from microkernels.cache import cached_njit
-from microkernels.numba_bridge import depthwise_intrinsic, row_copy_intrinsic
+from microkernels.jit import native_function
+from microkernels.numba_bridge import caller
 from microkernels.spec import short_dtype
-from packing import slab_filler
+from packing import fill_slab, row_copier
 
 from .lowering import ALL_PHASES, KERNEL, PACK, loop_nest_signature, slab_rows
 
 GEOM_FIELDS = ("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q", "P", "M", "nc", "band", "Hb",
-               "Hs", "Ws", "planes", "epilogue", "phases")
+               "Hs", "Ws", "planes", "epilogue", "phases", "fill_width", "kernel", "copy_rows")
 FILL_VECTORS = 1   # vectors per row run the slab filler moves at once
+call_kernel = caller(depthwise.FUNCTION_TYPE)
 
 
-def geometry(plan, epilogue_flags):
+def geometry(plan, kspec, epilogue_flags):
+    """The ``geom`` vector for ``plan`` around depthwise kernel ``kspec``, compiling the
+    functions it calls on first use."""
     s = plan.spec
     hs, ws = slab_shape(s)
+    fill_width = FILL_VECTORS * kspec.lanes
     values = dict(R=s.r, S=s.s, sh=s.stride[0], sw=s.stride[1], dh=s.dilation[0],
                   dw=s.dilation[1], pt=s.padding[0], pl=s.padding[2], Q=s.q, P=s.p,
                   M=s.k_per_group, nc=plan.nc, band=plan.band, Hb=plan.slab_rows, Hs=hs, Ws=ws,
-                  planes=slab_planes(s), epilogue=epilogue_flags, phases=ALL_PHASES)
+                  planes=slab_planes(s), epilogue=epilogue_flags, phases=ALL_PHASES,
+                  fill_width=fill_width,
+                  kernel=native_function(depthwise.define_depthwise, kspec).address,
+                  copy_rows=row_copier(kspec, fill_width))
     return np.array([values[f] for f in GEOM_FIELDS], dtype=np.int64)
 
 
@@ -38,8 +48,8 @@ def kernel_spec(plan, isa):
     return DepthwiseSpec(short_dtype(plan.spec.dtype), plan.vectors, isa)
 
 
-def loop_nest(kspec, plan):
-    return depthwise_loop_nest(kspec)
+def loop_nest(plan):
+    return depthwise_loop_nest(np.dtype(plan.spec.dtype))
 
 
 def out_t_elements(plan):
@@ -60,20 +70,18 @@ def output_parts(plan):
 
 
 @lru_cache(maxsize=None)
-def depthwise_loop_nest(kspec):
-    """The compiled ``run(x, packed_w, bias, out, geom, part, scratch, out_t)`` for depthwise
-    kernel ``kspec`` (the slicing loop nest's signature; ``out_t`` is unused), computing the
-    units part[0] .. part[1]-1; ``packed_w`` holds each output channel's R*S weights in a row
-    (``packing.pack_filters`` with one filter per tile)."""
-    ukernel = depthwise_intrinsic(kspec)
-    fill_slab = slab_filler(row_copy_intrinsic(kspec, FILL_VECTORS * kspec.lanes),
-                            FILL_VECTORS * kspec.lanes)
-
+def depthwise_loop_nest(dtype):
+    """The compiled ``run(x, packed_w, bias, out, geom, part, scratch, out_t)`` for ``dtype``
+    arrays (the slicing loop nest's signature; ``out_t`` is unused), around the depthwise kernel
+    ``geom`` names (``geometry``), computing the units part[0] .. part[1]-1; ``packed_w`` holds
+    each output channel's R*S weights in a row (``packing.pack_filters`` with one filter per
+    tile)."""
     def run(x, packed_w, bias, out, geom, part, scratch, out_t):
         R, S, sh, sw, dh, dw, pt, pl = (geom[0], geom[1], geom[2], geom[3], geom[4], geom[5],
                                         geom[6], geom[7])
         Q, P, M, nc_max, band, Hb = geom[8], geom[9], geom[10], geom[11], geom[12], geom[13]
         Hs, Ws, planes, epilogue, phases = geom[14], geom[15], geom[16], geom[17], geom[18]
+        fill_width, ukernel, copy_rows = geom[19], geom[20], geom[21]
         C, K = x.shape[1], out.shape[1]
         taps = R * S
         item = x.itemsize
@@ -93,17 +101,17 @@ def depthwise_loop_nest(kspec):
             rows = min(band, P - oh0)
             if phases & PACK:
                 fill_slab(x, n, c, count, sh, sw, Hb, Ws, oh0, min(Hb, Hs - oh0), pt, pl,
-                          planes, scratch_addr)
+                          planes, scratch_addr, fill_width, copy_rows)
             if phases & KERNEL:
                 positions = (rows - 1) * Ws + Q
                 for i in range(count):
                     for j in range(M):
                         k = (c + i) * M + j
-                        ukernel(taps, scratch_addr + i * channel * item, offsets_addr,
-                                w_addr + k * taps * item,
-                                out_addr + ((n * K + k) * P + oh0) * Q * item,
-                                positions, Ws, Q, bias_addr + k * item, epilogue)
+                        call_kernel(ukernel, taps, scratch_addr + i * channel * item,
+                                    offsets_addr, w_addr + k * taps * item,
+                                    out_addr + ((n * K + k) * P + oh0) * Q * item,
+                                    positions, Ws, Q, bias_addr + k * item, epilogue)
             u += count
 
-    return cached_njit(run, loop_nest_signature(kspec.np_dtype), f"depthwise_loop_nest {kspec}",
+    return cached_njit(run, loop_nest_signature(dtype), f"depthwise_loop_nest {dtype}",
                        nogil=True)

@@ -1,8 +1,9 @@
-"""Lowering: the compiled macro-kernel loop nest (IS and WS orders) around one micro-kernel.
+"""Lowering: the compiled macro-kernel loop nest (IS and WS orders) around a micro-kernel.
 
-One loop nest is compiled per KernelSpec (dtype, micro-tile, ISA, slab or packed input) and
-orientation (windows or filters in vectors); every shape, stride, padding,
-dilation, group count and tiling is a run-time argument, so a model with many distinct
+One loop nest is compiled per dtype: the micro-kernel (its tile, ISA, slab or packed input),
+the orientation (windows or filters in vectors), every shape, stride, padding, dilation,
+group count and tiling are run-time arguments (``geom``), the kernel and packing functions
+called through their addresses (``microkernels.numba_bridge``), so a model with many distinct
 convolutions compiles it once. No Python runs per tile: packing and micro-kernel calls happen
 inside the numba-compiled function.
 """
@@ -14,19 +15,22 @@ from numba.np.numpy_support import from_dtype
 
 from csa.plan import (reads_input_unpacked, slab_band_rows, slab_planes, slab_shape,
                       window_positions, window_units)
-from microkernels import ACCUMULATE, KernelSpec
+from microkernels import ACCUMULATE, KernelSpec, ir_gen, transpose
 from microkernels.cache import cached_njit
-from microkernels.row_copy import tap_limits
-from microkernels.numba_bridge import (kernel_intrinsic, row_copy_intrinsic, tap_copy_intrinsic,
-                                       transpose_intrinsic)
-from packing import input_packer, slab_filler
+from microkernels.jit import native_function
+from microkernels.numba_bridge import caller
+from packing import fill_slab, pack_input_tile, row_copier, tile_copiers
 
 # Layout of the int64 ``geom`` vector passed to the loop nest: the first nine entries are the
-# window geometry the input packer reads.
+# window geometry the input packer reads; the last ones the micro-tile (nwin windows x nf
+# filters), its kind and the addresses of the functions the loop nest calls.
 GEOM_FIELDS = ("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q",
                "P", "groups", "Cg", "Kg", "nc", "k2", "k3", "is_input_stationary", "epilogue",
                "unpacked", "phases", "Hs", "Ws", "windows", "slots", "band", "Hb", "planes",
-               "row_tiles")
+               "row_tiles", "nwin", "nf", "lanes", "slab", "direct", "filters_in_vectors",
+               "kernel", "transpose", "copy_rows", "copy_taps")
+call_kernel = caller(ir_gen.FUNCTION_TYPE)
+call_transpose = caller(transpose.FUNCTION_TYPE)
 
 # The loop nest's phases (geom "phases"): a call runs all of them; the benchmark's time
 # breakdown runs some alone on the same tiles (ConvBench's packing / micro-kernel / post-conv).
@@ -34,11 +38,15 @@ PACK, KERNEL, POST = 1, 2, 4
 ALL_PHASES = PACK | KERNEL | POST
 
 
-def geometry(plan, epilogue_flags):
-    """The ``geom`` vector for ``plan``; ``epilogue_flags`` (BIAS | RELU) apply on the last
-    channel tile (with filters in vectors, in the transposing pass)."""
+def geometry(plan, kspec, epilogue_flags):
+    """The ``geom`` vector for ``plan`` around micro-kernel ``kspec`` (``kernel_spec``),
+    compiling the functions it calls on first use; ``epilogue_flags`` (BIAS | RELU) apply on
+    the last channel tile (with filters in vectors, in the transposing pass)."""
     s = plan.spec
     hs, ws = slab_shape(s)
+    filters_in_vectors = plan.vector == "filters"
+    copy_rows, copy_taps = ((row_copier(kspec, plan.nwin), 0) if plan.slab
+                            else tile_copiers(kspec, plan.nwin, s.s, s.stride[1], s.dilation[1]))
     values = dict(Hs=hs, Ws=ws, windows=window_positions(s, plan.slab), slots=scratch_tiles(plan),
                   band=plan.band, Hb=slab_band_rows(s, plan.nwin, plan.band, plan.row_tiles),
                   planes=slab_planes(s), row_tiles=plan.row_tiles,
@@ -46,7 +54,13 @@ def geometry(plan, epilogue_flags):
                   pt=s.padding[0], pl=s.padding[2], Q=s.q, P=s.p, groups=s.groups,
                   Cg=s.c_per_group, Kg=s.k_per_group, nc=plan.nc, k2=plan.k2, k3=plan.k3,
                   is_input_stationary=int(plan.schedule == "IS"), epilogue=epilogue_flags,
-                  unpacked=int(reads_input_unpacked(s, plan.vector)), phases=ALL_PHASES)
+                  unpacked=int(reads_input_unpacked(s, plan.vector)), phases=ALL_PHASES,
+                  nwin=plan.nwin, nf=plan.nf, lanes=kspec.lanes, slab=int(plan.slab),
+                  direct=int(kspec.slab == "broadcast"), filters_in_vectors=int(filters_in_vectors),
+                  kernel=native_function(ir_gen.define_kernel, kspec).address,
+                  transpose=(native_function(transpose.define_transpose, kspec).address
+                             if filters_in_vectors else 0),
+                  copy_rows=copy_rows, copy_taps=copy_taps)
     return np.array([values[f] for f in GEOM_FIELDS], dtype=np.int64)
 
 
@@ -117,15 +131,15 @@ def first_window(tile, row_tiles, Q, nwin):
 
 
 @lru_cache(maxsize=None)
-def conv_loop_nest(kspec, filters_in_vectors):
-    """The compiled ``run(x, packed_w, bias, out, geom, part, scratch, out_t)`` for micro-kernel
-    ``kspec``, computing the output part ``part`` = (first window tile, end window tile, first
+def conv_loop_nest(dtype):
+    """The compiled ``run(x, packed_w, bias, out, geom, part, scratch, out_t)`` for ``dtype``
+    arrays, around the micro-kernel ``geom`` names (``geometry``), computing the output part ``part`` = (first window tile, end window tile, first
     filter tile, end filter tile): window tiles numbered over all images (image n's tile t is
     n*T_in + t), filter tiles within each group. Parts share no output element and each
     element's channel tiles run in the same order whatever the part: parts run on several
     threads give the same result as one.
 
-    With ``filters_in_vectors`` the kernel's vector operand is the filter tile and its
+    With filters in vectors the kernel's vector operand is the filter tile and its
     broadcast operand the input tile; it accumulates one output band transposed (windows x K)
     in ``out_t``, which a pass at the end of the band turns into NCHW with bias and ReLU while
     it is hot in L2.
@@ -136,21 +150,12 @@ def conv_loop_nest(kspec, filters_in_vectors):
     Hs x Ws phase planes (the last Ws - Q columns padding), and the kernel reads its row
     (c, r, s) in place at the offset ``slab_rows`` gives from the band's first slab row. With
     windows in vectors a window tile is NWIN consecutive positions on the planes (straddling
-    rows); in a direct plan (filters in vectors, ``kspec.slab == "broadcast"``) it is at most
+    rows); in a direct plan (filters in vectors, a ``"broadcast"`` slab kernel) it is at most
     NWIN consecutive windows of one output row, ``row_tiles`` tiles to a row, each window
     broadcast from the slab.
 
     Output bands (``band`` window tiles): every channel tile of a band runs before the next
     band, so that the band's partial outputs stay in L2; the IS / WS blocks lie within a band."""
-    slab, direct = kspec.slab, kspec.slab == "broadcast"
-    ukernel = kernel_intrinsic(kspec)
-    transpose_block = transpose_intrinsic(kspec)
-    LANES = kspec.lanes
-    NWIN, NF = (kspec.nf, kspec.nwin) if filters_in_vectors else (kspec.nwin, kspec.nf)
-    copy_rows = row_copy_intrinsic(kspec, NWIN)
-    pack = input_packer(copy_rows, tap_copy_intrinsic(kspec, NWIN), NWIN, *tap_limits(kspec))
-    fill_slab = slab_filler(copy_rows, NWIN)
-
     def run(x, packed_w, bias, out, geom, part, scratch, out_t):
         R, S = geom[0], geom[1]
         Q, P, G, Cg, Kg = geom[8], geom[9], geom[10], geom[11], geom[12]
@@ -160,6 +165,9 @@ def conv_loop_nest(kspec, filters_in_vectors):
         band, Hb = geom[24], geom[25]   # window tiles per output band; slab rows a band holds
         planes = geom[26]               # bit mask of the slab phase planes the taps read
         row_tiles = geom[27]            # window tiles per output row (direct only)
+        NWIN, NF, LANES, slab, direct, filters_in_vectors = (geom[28], geom[29], geom[30],
+                                                             geom[31], geom[32], geom[33])
+        ukernel, transpose_block, copy_rows, copy_taps = geom[34], geom[35], geom[36], geom[37]
         packing, kernels, post = phases & PACK, phases & KERNEL, phases & POST
         N, C, K = x.shape[0], x.shape[1], out.shape[1]
         PQ = P * Q
@@ -208,7 +216,8 @@ def conv_loop_nest(kspec, filters_in_vectors):
                         x_base = x_addr + (n * C + g * Cg + c0) * PQ * item   # unpacked 1x1 only
                         if slab and packing:
                             fill_slab(x, n, g * Cg + c0, nc, sh, sw, Hb, Ws, row0,
-                                      min(Hb, Hs - row0), geom[6], geom[7], planes, scratch_addr)
+                                      min(Hb, Hs - row0), geom[6], geom[7], planes, scratch_addr,
+                                      NWIN, copy_rows)
                         for outer in range(outer_lo, outer_hi, outer_step):
                             for inner in range(inner_lo, inner_hi, inner_step):
                                 wb, fb = (outer, inner) if input_stationary else (inner, outer)
@@ -221,8 +230,10 @@ def conv_loop_nest(kspec, filters_in_vectors):
                                 for wt in range(wb, wend if ahead and packing and not slab else wb):
                                     p0 = wt * NWIN
                                     if not unpacked or p0 + NWIN > PQ:
-                                        pack(x, n, g * Cg + c0, nc, p0, min(NWIN, PQ - p0), geom,
-                                             scratch_addr + (wt - wb) * tile_bytes)
+                                        pack_input_tile(x, n, g * Cg + c0, nc, p0,
+                                                        min(NWIN, PQ - p0), geom,
+                                                        scratch_addr + (wt - wb) * tile_bytes,
+                                                        NWIN, copy_rows, copy_taps)
                                 # the vector operand's tile stays in L1 while the broadcast
                                 # operand's tiles stream past it: filter tiles innermost with
                                 # windows in vectors, window tiles innermost with filters in vectors
@@ -252,22 +263,23 @@ def conv_loop_nest(kspec, filters_in_vectors):
                                         # with windows in vectors a tile is packed right before
                                         # the block's filter tiles use it, in turn (WS; still
                                         # hot in L1), or on the first pass over the filter blocks (IS)
-                                        pack(x, n, g * Cg + c0, nc, p0, nwin_used, geom, in_addr)
+                                        pack_input_tile(x, n, g * Cg + c0, nc, p0, nwin_used,
+                                                        geom, in_addr, NWIN, copy_rows, copy_taps)
                                     if not kernels:
                                         continue
                                     f0 = ft * NF
                                     w_tile = w_base + ft * w_tile_bytes
                                     if filters_in_vectors:
                                         c_t = out_t_addr + ((c_at - p_lo) * K + g * Kg + f0) * item
-                                        ukernel(depth, w_tile, NF, in_addr, ld_in, c_t, K,
-                                                min(NF, Kg - f0), nwin_used, bias_addr,
-                                                flags, rows_addr, 0, 0, 0)
+                                        call_kernel(ukernel, depth, w_tile, NF, in_addr, ld_in,
+                                                    c_t, K, min(NF, Kg - f0), nwin_used,
+                                                    bias_addr, flags, rows_addr, 0, 0, 0)
                                     else:
-                                        ukernel(depth, in_addr, ld_in, w_tile, NF,
-                                                out_base + (f0 * PQ + c_at) * item, PQ,
-                                                nwin_used, min(NF, Kg - f0),
-                                                bias_addr + (g * Kg + f0) * item, flags,
-                                                rows_addr, col0, Ws, Ws - Q)
+                                        call_kernel(ukernel, depth, in_addr, ld_in, w_tile, NF,
+                                                    out_base + (f0 * PQ + c_at) * item, PQ,
+                                                    nwin_used, min(NF, Kg - f0),
+                                                    bias_addr + (g * Kg + f0) * item, flags,
+                                                    rows_addr, col0, Ws, Ws - Q)
                 if filters_in_vectors and post:
                     # the band's out[n, k, p] = out_t[p - p_lo, k] (+ bias[k], ReLU) while its
                     # rows are hot in L2, one vector-square block at a time (the part's filters:
@@ -276,18 +288,18 @@ def conv_loop_nest(kspec, filters_in_vectors):
                     k_hi = min(K, f_hi * NF) if G == 1 else K
                     for p0 in range(p_lo, p_hi, LANES):
                         for k0 in range(f_lo * NF if G == 1 else 0, k_hi, LANES):
-                            transpose_block(out_t_addr + ((p0 - p_lo) * K + k0) * item, K,
-                                            out_base_n + (k0 * PQ + p0) * item, PQ,
-                                            min(LANES, p_hi - p0), min(LANES, k_hi - k0),
-                                            bias_addr + k0 * item, epilogue)
+                            call_transpose(transpose_block,
+                                           out_t_addr + ((p0 - p_lo) * K + k0) * item, K,
+                                           out_base_n + (k0 * PQ + p0) * item, PQ,
+                                           min(LANES, p_hi - p0), min(LANES, k_hi - k0),
+                                           bias_addr + k0 * item, epilogue)
 
-    return cached_njit(run, loop_nest_signature(kspec.np_dtype),
-                       f"conv_loop_nest {kspec} {filters_in_vectors}", nogil=True)
+    return cached_njit(run, loop_nest_signature(dtype), f"conv_loop_nest {dtype}", nogil=True)
 
 
-def loop_nest(kspec, plan):
-    """The compiled loop nest of ``plan`` around micro-kernel ``kspec``."""
-    return conv_loop_nest(kspec, plan.vector == "filters")
+def loop_nest(plan):
+    """The compiled loop nest of ``plan``."""
+    return conv_loop_nest(np.dtype(plan.spec.dtype))
 
 
 def out_t_elements(plan):

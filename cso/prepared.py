@@ -83,8 +83,8 @@ class Prepared:
         self.plan = plan
         lowering = depthwise if isinstance(plan, DepthwisePlan) else slicing
         self.kernel = lowering.kernel_spec(plan, isa)
-        self.loop_nest = lowering.loop_nest(self.kernel, plan)
-        self.geom = lowering.geometry(plan, epilogue_flags)
+        self.loop_nest = lowering.loop_nest(plan)
+        self.geom = lowering.geometry(plan, self.kernel, epilogue_flags)
         self.phases_at = lowering.GEOM_FIELDS.index("phases")
         self.parts = lowering.output_parts(plan)
         self.scratch_elements = lowering.scratch_elements(plan)

@@ -32,13 +32,11 @@ ARG_NAMES = ("taps", "slab", "offsets", "weights", "out", "positions", "width", 
 FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [I64, PTR, PTR, PTR, PTR, I64, I64, I64, PTR, I64])
 
 
-def define_depthwise(module, spec, linkage="internal"):
-    """The depthwise kernel for ``spec`` (a ``DepthwiseSpec``) in ``module``, defined on first
-    use."""
-    fn, new = new_function(module, spec.name, FUNCTION_TYPE, ARG_NAMES, linkage=linkage,
-                           noalias=("slab", "out"))
-    if new:
-        _DepthwiseBuilder(module, fn, spec).build()
+def define_depthwise(module, spec):
+    """Define the depthwise kernel for ``spec`` (a ``DepthwiseSpec``) in ``module`` and return
+    it."""
+    fn = new_function(module, spec.name, FUNCTION_TYPE, ARG_NAMES, noalias=("slab", "out"))
+    _DepthwiseBuilder(module, fn, spec).build()
     return fn
 
 

@@ -72,31 +72,22 @@ def declare(module, name, fnty):
         return ir.Function(module, fnty, name)
 
 
-def new_function(module, name, fnty, arg_names, attributes=(), linkage="internal", noalias=()):
-    """(function, True) for a new nounwind function ``name`` in ``module`` with named
-    arguments (those named in ``noalias`` marked so), or (the one already there, False):
-    generators define each function once."""
-    try:
-        return module.get_global(name), False
-    except KeyError:
-        pass
+def new_function(module, name, fnty, arg_names, noalias=()):
+    """A new nounwind function ``name`` in ``module`` with named arguments (those named in
+    ``noalias`` marked so)."""
     fn = ir.Function(module, fnty, name)
-    fn.linkage = linkage
-    for attribute in ("nounwind",) + tuple(attributes):
-        fn.attributes.add(attribute)
+    fn.attributes.add("nounwind")
     for arg, arg_name in zip(fn.args, arg_names):
         arg.name = arg_name
         if arg_name in noalias:
             arg.add_attribute("noalias")
-    return fn, True
+    return fn
 
 
-def define_kernel(module, spec, linkage="internal"):
-    """Return the kernel function for ``spec`` in ``module``, defining it on first use."""
-    fn, new = new_function(module, spec.name, FUNCTION_TYPE, ARG_NAMES, linkage=linkage,
-                           noalias=("a", "b", "c"))
-    if new:
-        _KernelBuilder(module, fn, spec).build()
+def define_kernel(module, spec):
+    """Define the kernel function for ``spec`` in ``module`` and return it."""
+    fn = new_function(module, spec.name, FUNCTION_TYPE, ARG_NAMES, noalias=("a", "b", "c"))
+    _KernelBuilder(module, fn, spec).build()
     return fn
 
 

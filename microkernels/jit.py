@@ -1,8 +1,11 @@
-"""JIT-compile a micro-kernel on its own (for inspection, tests and ``python -m microkernels.dump``).
+"""JIT-compile generated functions for the host, each in a module of its own.
 
-The convolution loop nests do not use this: they emit the same IR inline into numba-compiled code
-(see ``numba_bridge``). Each compiled kernel owns its execution engine and target machine (sharing
-one target machine between engines crashed after the first engine was freed).
+The convolution loop nests call micro-kernels and packing helpers compiled here through their
+addresses (``native_function``, ``numba_bridge.caller``): a kernel compiles in about 0.1 s and
+its object code is kept by the persistent cache, while the numba-compiled loop nests stay
+generic over the micro-tile. ``compile(spec)`` wraps a kernel for calls from Python (tests,
+inspection, ``python -m microkernels.dump``). Each module owns its execution engine and target
+machine (sharing one target machine between engines crashed after the first engine was freed).
 """
 import ctypes
 from functools import cached_property, lru_cache
@@ -34,8 +37,9 @@ def optimize(module_ref, target_machine):
 class JitModule:
     """LLVM IR text verified, optimised and compiled for the host by an MCJIT engine of its own
     (with its own target machine, see above), or its object code loaded from the persistent
-    cache (``microkernels.cache``): ``.ir`` (optimised) and ``.asm`` (made on first use) and
-    ``.function(name, restype, *argtypes)``, a ctypes function that keeps this module alive."""
+    cache (``microkernels.cache``): ``.ir`` (optimised) and ``.asm`` (made on first use),
+    ``.address(name)`` and ``.function(name, restype, *argtypes)``, a ctypes function that keeps
+    this module alive."""
 
     def __init__(self, ir_text):
         self._target_machine = host_target_machine()
@@ -65,10 +69,33 @@ class JitModule:
     def asm(self):
         return self._target_machine.emit_assembly(self._optimized)
 
+    def address(self, name):
+        return self._engine.get_function_address(name)
+
     def function(self, name, restype, *argtypes):
-        function = ctypes.CFUNCTYPE(restype, *argtypes)(self._engine.get_function_address(name))
+        function = ctypes.CFUNCTYPE(restype, *argtypes)(self.address(name))
         function.module = self   # the engine owns the code
         return function
+
+
+class NativeFunction:
+    """One generated function compiled for the host: ``.name``, ``.address`` and the
+    ``.module`` (a ``JitModule``) that owns its code."""
+
+    def __init__(self, define, *args):
+        module = ir.Module(name=f"{define.__name__}{args}")
+        module.triple = llvm.get_process_triple()
+        self.name = define(module, *args).name
+        self.module = JitModule(str(module))
+        self.address = self.module.address(self.name)
+
+
+@lru_cache(maxsize=None)
+def native_function(define, *args):
+    """The function ``define(module, *args)`` defines (e.g. ``ir_gen.define_kernel``,
+    ``spec``), compiled once per process (or loaded from the persistent cache). Kept for the
+    life of the process: compiled loop nests hold its address."""
+    return NativeFunction(define, *args)
 
 
 class CompiledKernel:
@@ -78,14 +105,11 @@ class CompiledKernel:
 
     def __init__(self, spec):
         self.spec = spec
-        module = ir.Module(name=spec.name)
-        module.triple = llvm.get_process_triple()
-        define_kernel(module, spec, linkage="external")
-        self.raw_ir = str(module)
-        compiled = self._compiled = JitModule(self.raw_ir)
+        native = native_function(define_kernel, spec)
+        compiled = self._compiled = native.module
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         args = [i64, ptr, i64, ptr, i64, ptr, i64, i64, i64, ptr, i64, ptr, i64, i64, i64]
-        self.function = compiled.function(spec.name, None, *args)
+        self.function = compiled.function(native.name, None, *args)
 
     @property
     def ir(self):

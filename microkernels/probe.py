@@ -9,10 +9,10 @@ import numpy as np
 from llvmlite import ir
 from numba import njit
 
-from .ir_gen import ACCUMULATE, splat
+from .ir_gen import ACCUMULATE, FUNCTION_TYPE, define_kernel, splat
 from .isa import host_isa
-from .jit import JitModule
-from .numba_bridge import kernel_intrinsic
+from .jit import JitModule, native_function
+from .numba_bridge import caller
 
 FMA_CHAINS = 12            # independent accumulators: >= FMA latency x FMA pipes, so no stalls
 UKERNEL_K = 256            # packed rows per call; 8x32 float32 tiles: A 32 KiB + B 8 KiB, in L1
@@ -79,21 +79,18 @@ def fma_peak(iterations=1 << 27):
     return 2 * FMA_CHAINS * lanes * iterations / seconds / 1e9, fma_count
 
 
-def _kernel_loop(spec):
-    ukernel, nwin, nf = kernel_intrinsic(spec), spec.nwin, spec.nf
+call_kernel = caller(FUNCTION_TYPE)
 
-    @njit(nogil=True)
-    def loop(a, b, c, bias, calls):
-        for i in range(calls):
-            # A and B start SHIFT floats further each call, cycling over 4 offsets: LLVM
-            # cannot prove two calls read the same data, so it cannot hoist the work out of the
-            # loop, and the 4 overlapping tiles together stay L1-resident.
-            shift = (i & 3) * SHIFT
-            offset = shift * a.itemsize
-            ukernel(UKERNEL_K, a.ctypes.data + offset, nwin, b.ctypes.data + offset, nf,
+
+@njit(nogil=True)
+def _kernel_loop(a, b, c, bias, calls, kernel, nwin, nf):
+    """``calls`` calls of the micro-kernel at address ``kernel``, as a loop nest makes them."""
+    for i in range(calls):
+        # A and B start SHIFT floats further each call, cycling over 4 offsets: the 4
+        # overlapping tiles together stay L1-resident
+        offset = (i & 3) * SHIFT * a.itemsize
+        call_kernel(kernel, UKERNEL_K, a.ctypes.data + offset, nwin, b.ctypes.data + offset, nf,
                     c.ctypes.data, nwin, nwin, nf, bias.ctypes.data, ACCUMULATE, 0, 0, 0, 0)
-
-    return loop
 
 
 def kernel_throughput(spec, calls=200_000):
@@ -104,7 +101,7 @@ def kernel_throughput(spec, calls=200_000):
     b = rng.standard_normal(UKERNEL_K * spec.nf + 3 * SHIFT).astype(spec.np_dtype)
     c = np.zeros(spec.nf * spec.nwin, spec.np_dtype)
     bias = np.zeros(spec.nf, spec.np_dtype)
-    loop = _kernel_loop(spec)
-    loop(a, b, c, bias, 10)  # compile
-    seconds = _best_seconds(lambda: loop(a, b, c, bias, calls))
+    kernel = native_function(define_kernel, spec).address
+    _kernel_loop(a, b, c, bias, 10, kernel, spec.nwin, spec.nf)  # compile
+    seconds = _best_seconds(lambda: _kernel_loop(a, b, c, bias, calls, kernel, spec.nwin, spec.nf))
     return 2 * UKERNEL_K * spec.nwin * spec.nf * calls / seconds / 1e9

@@ -1,5 +1,5 @@
-"""Vector row copies for input packing, generated as LLVM IR and called from numba code
-(``packing`` drives them; the vector code lives here with the other generators).
+"""Vector row copies for input packing, generated as LLVM IR and called by address from numba
+code (``packing`` drives them; the vector code lives here with the other generators).
 
 ``copy_rows(dst, dst_step, src, src_step, count, stride, j0, j1, lo, hi)`` fills ``count``
 packed tile rows (``width`` values each, moved in vectors of the kernel's lanes; row i at ``dst + i*dst_step`` bytes, read from
@@ -25,15 +25,10 @@ SAMPLED_STRIDES = 4  # strides up to this use contiguous loads + shuffles; large
 
 
 def define_row_copy(module, spec, width):
-    """The copy function for ``width``-wide rows in kernel ``spec``'s dtype and vectors,
-    defined in ``module`` on first use."""
-    # a call, not inlined: the packer and the slab filler call it many times per tile, and
-    # inlined copies of its five stride paths spilled the lane constants (measured: packing
-    # 20-28% faster)
-    fn, new = new_function(module, f"{spec.dtype}_pack_rows_{width}__{spec.isa}", FUNCTION_TYPE,
-                           ARGS, ("noinline",))
-    if new:
-        _RowCopyBuilder(module, fn, spec, width).build()
+    """Define the copy function for ``width``-wide rows in kernel ``spec``'s dtype and vectors
+    in ``module`` and return it."""
+    fn = new_function(module, f"{spec.dtype}_pack_rows_{width}__{spec.isa}", FUNCTION_TYPE, ARGS)
+    _RowCopyBuilder(module, fn, spec, width).build()
     return fn
 
 
@@ -188,10 +183,9 @@ def define_tap_copy(module, spec, width):
     shuffle of its phase; one loop per (taps, stride), 2 <= taps <= max_taps(spec), stride in
     TAP_STRIDES (others store nothing). The row's continuation, which the next tile reads, is
     prefetched to L2 (measured +3% on 3x3 256->256 at 56x56, whose input comes from L3)."""
-    fn, new = new_function(module, f"{spec.dtype}_pack_taps_{width}__{spec.isa}",
-                           TAP_FUNCTION_TYPE, TAP_ARGS, ("noinline",))   # see define_row_copy
-    if new:
-        _TapCopyBuilder(module, fn, spec, width).build()
+    fn = new_function(module, f"{spec.dtype}_pack_taps_{width}__{spec.isa}", TAP_FUNCTION_TYPE,
+                      TAP_ARGS)
+    _TapCopyBuilder(module, fn, spec, width).build()
     return fn
 
 

@@ -1,5 +1,5 @@
-"""Block transpose with the convolution epilogue, generated as LLVM IR and inlined into numba
-code: the last pass of the filters-in-vectors orientation, which accumulates the output
+"""Block transpose with the convolution epilogue, generated as LLVM IR and called from the
+compiled loop nest: the last pass of the filters-in-vectors orientation, which accumulates the output
 transposed (windows x filters) and must write it as NCHW (filters x windows).
 
 ``transpose_block(src, lds, dst, ldd, rows, cols, bias, flags)`` reads a ``rows`` x ``cols``
@@ -17,11 +17,10 @@ FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, PTR, I64, I64, I64, PT
 
 
 def define_transpose(module, spec):
-    """The block transpose in kernel ``spec``'s dtype and vectors, defined on first use."""
-    fn, new = new_function(module, f"{spec.dtype}_transpose_{spec.lanes}x{spec.lanes}__{spec.isa}",
-                           FUNCTION_TYPE, ARGS)
-    if not new:
-        return fn
+    """Define the block transpose in kernel ``spec``'s dtype and vectors in ``module`` and
+    return it."""
+    fn = new_function(module, f"{spec.dtype}_transpose_{spec.lanes}x{spec.lanes}__{spec.isa}",
+                      FUNCTION_TYPE, ARGS)
     lanes, scalar = spec.lanes, SCALARS[spec.dtype]
     vec, mask_ty = ir.VectorType(scalar, lanes), ir.VectorType(ir.IntType(1), lanes)
     load, store = masked_access(module, vec)

@@ -2,16 +2,14 @@
 reference, forced tilings and splits, ISAs, and CSA's choice of plan."""
 import ctypes
 
-import llvmlite.binding as llvm
 import numpy as np
 import pytest
-from llvmlite import ir
 
 import csa
 import cso
 from microkernels import BIAS, RELU, DepthwiseSpec, supported_isas
 from microkernels.depthwise import define_depthwise
-from microkernels.jit import JitModule
+from microkernels.jit import native_function
 from reference import assert_conv_close, conv2d_reference
 
 F32, F64 = np.float32, np.float64
@@ -19,12 +17,10 @@ ISAS = [isa.name for isa in supported_isas()]
 
 
 def compiled(spec):
-    module = ir.Module(name=spec.name)
-    module.triple = llvm.get_process_triple()
-    define_depthwise(module, spec, linkage="external")
+    native = native_function(define_depthwise, spec)
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    return JitModule(str(module)).function(spec.name, None, i64, ptr, ptr, ptr, ptr, i64, i64,
-                                           i64, ptr, i64)
+    return native.module.function(native.name, None, i64, ptr, ptr, ptr, ptr, i64, i64, i64, ptr,
+                                  i64)
 
 
 @pytest.mark.parametrize("isa", ISAS)

@@ -2,10 +2,11 @@
 import numpy as np
 import pytest
 
+from numba import cfunc
+
 from microkernels import KernelSpec
-from microkernels.numba_bridge import row_copy_intrinsic, tap_copy_intrinsic
-from microkernels.row_copy import tap_limits
-from packing import input_packer, pack_filters, packed_filters_shape, unpack_filters
+from microkernels.row_copy import TAP_FUNCTION_TYPE
+from packing import pack_filters, pack_input_tile, packed_filters_shape, tile_copiers, unpack_filters
 
 
 @pytest.mark.parametrize("k,c_g,r,s,nf,groups", [
@@ -62,8 +63,7 @@ def gather_tile(x, n, c_first, nc, p0, nwin_used, nwin, R, S, stride, dil, pt, p
 def test_input_tiles_match_the_gather(rng, H, W, R, S, stride, dil, pads, kernel, nwin):
     N, C, dtype = 2, 5, kernel.np_dtype
     x = rng.standard_normal((N, C, H, W)).astype(dtype)
-    pack = input_packer(row_copy_intrinsic(kernel, nwin), tap_copy_intrinsic(kernel, nwin), nwin,
-                        *tap_limits(kernel))
+    copiers = tile_copiers(kernel, nwin, S, stride[1], dil[1])
     pt, pb, pl, pr = pads
     P = (H + pt + pb - dil[0] * (R - 1) - 1) // stride[0] + 1
     Q = (W + pl + pr - dil[1] * (S - 1) - 1) // stride[1] + 1
@@ -73,7 +73,8 @@ def test_input_tiles_match_the_gather(rng, H, W, R, S, stride, dil, pads, kernel
             nwin_used = min(nwin, P * Q - p0)
             size = nc * R * S * nwin
             dst = np.full(3 + size + 3, np.nan, dtype)       # NaN guards on both sides
-            pack(x, n, c_first, nc, p0, nwin_used, geom, dst.ctypes.data + 3 * dst.itemsize)
+            pack_input_tile(x, n, c_first, nc, p0, nwin_used, geom,
+                            dst.ctypes.data + 3 * dst.itemsize, nwin, *copiers)
             expected = gather_tile(x, n, c_first, nc, p0, nwin_used, nwin, R, S, stride, dil, pt, pl, P, Q)
             np.testing.assert_array_equal(dst[3:3 + size], expected)
             assert np.all(np.isnan(dst[:3])) and np.all(np.isnan(dst[3 + size:]))
@@ -86,17 +87,20 @@ def test_undilated_rows_of_stride_1_and_2_come_from_one_read(rng, stride, dil, S
     """The gather test passes by either path; here copy_taps stores nothing, so its rows stay
     NaN: every row when the packer should use it (strides 1-2, no dilation, S <= max_taps),
     none otherwise."""
-    from numba import njit
+    signature = "void(" + ", ".join("voidptr" if t.is_pointer else "int64"
+                                     for t in TAP_FUNCTION_TYPE.args) + ")"
 
-    @njit
+    @cfunc(signature)
     def no_taps(dst, dst_step, tap_step, src, src_step, count, taps, stride, j0, j1, end, lo, hi):
         pass
 
     kernel = KernelSpec("f32", 8, 32, "avx512")
-    pack = input_packer(row_copy_intrinsic(kernel, 32), no_taps, 32, *tap_limits(kernel))
+    copy_rows, copy_taps = tile_copiers(kernel, 32, S, stride[1], dil[1])
+    assert bool(copy_taps) == taps_path
     x = rng.standard_normal((1, 4, 9, 40)).astype(np.float32)
     Q = (40 + 2 - dil[1] * (S - 1) - 1) // stride[1] + 1
     geom = np.array([3, S, stride[0], stride[1], dil[0], dil[1], 1, 1, Q], np.int64)
     dst = np.full(4 * 3 * S * 32, np.nan, np.float32)
-    pack(x, 0, 0, 4, 0, 32, geom, dst.ctypes.data)
+    pack_input_tile(x, 0, 0, 4, 0, 32, geom, dst.ctypes.data, 32, copy_rows,
+                    no_taps.address if copy_taps else 0)
     assert np.isnan(dst).all() if taps_path else not np.isnan(dst).any()
