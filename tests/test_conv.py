@@ -311,16 +311,24 @@ def test_input_shape_at_load_packs_once_for_that_plan(rng):
         cso.Conv2d(wt, input_shape=(1, 3, 7, 7))
 
 
-def test_one_loop_nest_serves_many_shapes(rng):
-    """Loop nests are built per kernel spec, never per shape (at most one new build here, if no
-    earlier test used this kernel)."""
+def test_one_loop_nest_serves_every_shape_and_micro_kernel(rng):
+    """A loop nest is built per dtype, never per shape, micro-tile or orientation (the kernels
+    are called through addresses): at most one new build here, if no earlier test built the
+    float32 one, across three micro-kernels."""
     from cso.lowering import conv_loop_nest
     wt = rng.standard_normal((5, 3, 3, 3)).astype(F32)
-    built = conv_loop_nest.cache_info().misses
-    for hw in (5, 6, 9, 13):
+    built, kernels = conv_loop_nest.cache_info().misses, set()
+    for hw in (33, 34, 37, 40):   # wide enough for a slab at stride 2
         for dilation in (1, 2):
             x = rng.standard_normal((1 + hw % 2, 3, hw, hw + 1)).astype(F32)
-            cso.conv2d(x, wt, padding=hw % 3, stride=1 + hw % 2, dilation=dilation)
+            for overrides in ({"vector": "windows", "slab": False}, {"vector": "filters"},
+                              {"vector": "windows", "slab": True, "microtile_shape": (16, 4)}):
+                conv = cso.Conv2d(wt, padding=hw % 3, stride=1 + hw % 2, dilation=dilation,
+                                  plan_overrides=overrides)
+                kernels.add(conv.kernel_for(x.shape))
+                assert_conv_close(conv(x), x, wt, padding=(hw % 3,) * 4, stride=(1 + hw % 2,) * 2,
+                                  dilation=(dilation,) * 2)
+    assert len(kernels) >= 3
     assert conv_loop_nest.cache_info().misses - built <= 1
 
 
