@@ -133,9 +133,10 @@ def first_window(tile, row_tiles, Q, nwin):
 @lru_cache(maxsize=None)
 def conv_loop_nest(dtype):
     """The compiled ``run(x, packed_w, bias, out, geom, part, scratch, out_t)`` for ``dtype``
-    arrays, around the micro-kernel ``geom`` names (``geometry``), computing the output part ``part`` = (first window tile, end window tile, first
-    filter tile, end filter tile): window tiles numbered over all images (image n's tile t is
-    n*T_in + t), filter tiles within each group. Parts share no output element and each
+    arrays, around the micro-kernel ``geom`` names (``geometry``), computing the output part
+    ``part`` = (first window tile, end window tile, first filter tile, end filter tile): window
+    tiles numbered over all images (image n's tile t is n*T_in + t), filter tiles within each
+    group. Parts share no output element and each
     element's channel tiles run in the same order whatever the part: parts run on several
     threads give the same result as one.
 
