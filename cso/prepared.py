@@ -74,6 +74,12 @@ def part_args_builder(dtype):
                        f"part_args {dtype}")
 
 
+def workspace(elements, dtype):
+    """A one-thread call's scratch and transposed-output buffers (a module attribute, so that
+    the guard-page tests can place them against inaccessible pages)."""
+    return np.empty(elements, dtype)
+
+
 class Prepared:
     """A plan bound to its micro-kernel, compiled loop nest, ``geom`` vector and output parts:
     what a call on one input shape needs besides the data. ``epilogue_flags`` (BIAS | RELU)
@@ -113,8 +119,8 @@ class Prepared:
         weights = packed_w.reshape(-1)
         if len(self.parts) == 1:
             self.loop_nest(x, weights, bias, out, geom, self.parts[0],
-                           np.empty(self.scratch_elements, x.dtype),
-                           np.empty(self.out_t_elements, x.dtype))
+                           workspace(self.scratch_elements, x.dtype),
+                           workspace(self.out_t_elements, x.dtype))
             return
         # args hold bare addresses: every array they point into stays referenced here
         scratch = _rows(len(self.parts), self.scratch_elements, x.dtype)

@@ -1,0 +1,97 @@
+"""No kernel reads or writes outside its arrays: every path runs with the input, packed
+weights, bias, output and workspaces each flush against an inaccessible page, at their end and
+then at their start, in a child process (a fault fails the case instead of the test run).
+
+The shapes leave an edge on every side of the micro-tile: output planes that are no multiple
+of the window tile, filter counts no multiple of the filter tile, channel counts no multiple of
+the channel tile, slab rows that end mid-vector."""
+import numpy as np
+import pytest
+
+import cso
+import cso.prepared
+from microkernels import supported_isas
+from guarded import guarded_copy, guarded_empty, in_child
+from reference import assert_conv_close
+
+ISAS = [isa.name for isa in supported_isas()]
+
+# name: (N, C, H, W, K, R, S, stride, padding, dilation, groups, plan overrides)
+CASES = {
+    "packed_IS": (2, 5, 11, 13, 19, 3, 3, 1, 1, 1, 1, {"slab": False, "schedule": "IS", "nc": 2}),
+    "packed_WS": (2, 5, 11, 13, 19, 3, 3, 1, 1, 1, 1, {"slab": False, "schedule": "WS", "nc": 3}),
+    "packed_stride2_dilated": (1, 4, 15, 17, 10, 3, 3, 2, 2, 2, 1, {"slab": False}),
+    "packed_wide_filter": (1, 3, 12, 40, 6, 2, 9, 1, (0, 4), 1, 1, {"slab": False}),
+    "packed_stem_7x7_s2": (1, 3, 29, 31, 9, 7, 7, 2, 3, 1, 1, {"slab": False}),
+    "unpacked_1x1_IS": (2, 7, 9, 11, 21, 1, 1, 1, 0, 1, 1, {"slab": False, "schedule": "IS"}),
+    "unpacked_1x1_WS": (1, 7, 9, 11, 21, 1, 1, 1, 0, 1, 1, {"slab": False, "schedule": "WS"}),
+    "1x1_stride2": (1, 6, 13, 13, 17, 1, 1, 2, 0, 1, 1, {}),
+    "slab_IS": (1, 5, 23, 37, 19, 3, 3, 1, 1, 1, 1,
+                {"slab": True, "vector": "windows", "schedule": "IS", "nc": 2}),
+    "slab_WS_bands": (2, 5, 23, 37, 19, 3, 3, 1, 1, 1, 1,
+                      {"slab": True, "vector": "windows", "schedule": "WS", "band": 3}),
+    "slab_stride2_5x5": (1, 4, 41, 70, 11, 5, 5, 2, 2, 1, 1, {"slab": True, "vector": "windows"}),
+    "filters_in_vectors": (1, 16, 7, 9, 37, 3, 3, 1, 1, 1, 1, {"vector": "filters", "slab": False}),
+    "direct": (1, 16, 9, 35, 37, 3, 3, 1, 1, 1, 1, {"vector": "filters", "slab": True, "nc": 5}),
+    "direct_bands_s2": (2, 8, 19, 35, 21, 3, 3, 2, 1, 1, 1,
+                        {"vector": "filters", "slab": True, "band": 2}),
+    "grouped": (1, 12, 10, 11, 18, 3, 3, 1, 1, 1, 3, {}),
+    "grouped_filters": (1, 12, 6, 7, 18, 3, 3, 1, 1, 1, 3, {"vector": "filters"}),
+    "depthwise": (1, 9, 13, 17, 9, 3, 3, 1, 1, 1, 9, {}),
+    "depthwise_s2_multiplier": (2, 5, 14, 19, 10, 5, 5, 2, 2, 1, 5, {}),
+    "depthwise_7x7_small": (1, 3, 7, 7, 3, 7, 7, 1, 3, 1, 3, {}),
+    "no_bias": (1, 5, 11, 13, 19, 3, 3, 1, 1, 1, 1, {"slab": False}),
+}
+
+
+def _variants():
+    for name in sorted(CASES):
+        for dtype in ("float32", "float64"):
+            for isa in ISAS if dtype == "float32" else ISAS[:1]:
+                for threads in (1, 2) if dtype == "float32" and isa == ISAS[0] else (1,):
+                    yield pytest.param(name, dtype, isa, threads,
+                                       id=f"{name}-{dtype}-{isa}-{threads}t")
+
+
+@pytest.fixture
+def restore_threads():
+    before = cso.get_num_threads()
+    yield
+    cso.set_num_threads(before)
+
+
+@pytest.mark.parametrize("name,dtype,isa,threads", list(_variants()))
+def test_no_access_outside_the_arrays(rng, restore_threads, name, dtype, isa, threads):
+    n, c, h, w, k, r, s, stride, padding, dilation, groups, overrides = CASES[name]
+    x = rng.standard_normal((n, c, h, w)).astype(dtype)
+    weight = rng.standard_normal((k, c // groups, r, s)).astype(dtype)
+    bias = None if name == "no_bias" else rng.standard_normal(k).astype(dtype)
+    cso.set_num_threads(threads)
+    conv = cso.Conv2d(weight, bias, stride, padding, dilation, groups, "relu",
+                      plan_overrides=overrides, isa=isa)
+    expected = conv(x)   # compiles here, in the parent, so that the children only run
+    pad = (padding,) * 4 if isinstance(padding, int) else (padding[0],) * 2 + (padding[1],) * 2
+    assert_conv_close(expected, x, weight, bias, relu=True, stride=(stride, stride),
+                      padding=pad, dilation=(dilation, dilation), groups=groups)
+
+    def guarded_run(at):
+        cso.prepared.workspace = lambda elements, dt: guarded_empty((elements,), dt, at)
+        conv.bias = guarded_copy(conv.bias, at)
+        conv._packed = {nf: guarded_copy(p, at) for nf, p in conv._packed.items()}
+        out = guarded_empty(expected.shape, dtype, at)
+        assert conv(guarded_copy(x, at), out=out) is out
+        np.testing.assert_array_equal(out, expected)
+
+    for at in ("end", "start"):
+        failure = in_child(lambda: guarded_run(at))
+        assert failure is None, f"arrays flush at their {at}: {failure}"
+
+
+@pytest.mark.parametrize("at,offset", [("end", 0), ("start", -4)])
+def test_the_guard_pages_catch_one_element_too_far(at, offset):
+    import ctypes
+    a = guarded_empty((5,), np.float32, at)
+    a[...] = 1
+    assert in_child(lambda: a.sum()) is None
+    beyond = a.ctypes.data + (a.nbytes if at == "end" else 0) + offset
+    assert in_child(lambda: ctypes.c_float.from_address(beyond).value) == "killed by SIGSEGV"
