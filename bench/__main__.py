@@ -55,6 +55,7 @@ from . import documents, report  # noqa: E402  (imports NumPy)
 from .engines import ENGINES, available_engines  # noqa: E402
 from .measure import measure_conv, measure_schedules  # noqa: E402
 from .scaling import SCALING_ENGINES, run_children  # noqa: E402
+from .memory import measure_memory, memory_lines  # noqa: E402
 from .startup import measure_startup, startup_lines  # noqa: E402
 from .suites import suite  # noqa: E402
 
@@ -117,7 +118,11 @@ def main():
     print("\nStart-up, a new process (compilation cache: a temporary one):")
     for line in startup_lines(startup):
         print(f"  {line}")
-    paths = documents.write(opts.out, facts, peak, rows, engines, startup)
+    memory = measure_memory(opts.threads)
+    print("\nMemory, one call:")
+    for line in memory_lines(memory):
+        print(f"  {line}")
+    paths = documents.write(opts.out, facts, peak, rows, engines, startup, memory)
     print(f"\nReport written: {', '.join(paths)}")
 
 

@@ -7,12 +7,13 @@ import os
 
 from . import plots
 from .report import BANDWIDTH_TEXT, bandwidth_rows, geomean, win_lines, wins
+from .memory import memory_lines
 from .startup import startup_lines
 
 PHASES = ("packing", "micro-kernel", "post-conv", "other")
 
 
-def write(out_dir, facts, peak, results, engines, startup):
+def write(out_dir, facts, peak, results, engines, startup, memory):
     """Write the report into ``out_dir`` (created if needed); return the paths written."""
     os.makedirs(out_dir, exist_ok=True)
     figures = [
@@ -22,7 +23,8 @@ def write(out_dir, facts, peak, results, engines, startup):
         ("cso's time breakdown and one-off costs", plots.time_breakdown(results, os.path.join(out_dir, "breakdown.png"))),
     ]
     summary = _summary(results, engines)
-    blocks = _blocks(facts, peak, results, engines, figures, summary["geomean_gflops"], startup)
+    blocks = _blocks(facts, peak, results, engines, figures, summary["geomean_gflops"], startup,
+                     memory)
     paths = [os.path.join(out_dir, name) for name in ("report.md", "report.html", "results.json")]
     with open(paths[0], "w") as f:
         f.write(_markdown(blocks))
@@ -30,7 +32,8 @@ def write(out_dir, facts, peak, results, engines, startup):
         f.write(_html(blocks))
     with open(paths[2], "w") as f:
         json.dump({"machine": dict(facts), "peak_gflops": peak, "engines": engines,
-                   "summary": summary, "startup": startup, "results": results}, f,
+                   "summary": summary, "startup": startup, "memory": memory,
+                   "results": results}, f,
                   indent=1)
     return paths + [path for _, path in figures]
 
@@ -43,7 +46,7 @@ def _summary(results, engines):
             "convolutions": len(results)}
 
 
-def _blocks(facts, peak, results, engines, figures, mean, startup):
+def _blocks(facts, peak, results, engines, figures, mean, startup, memory):
     others = [e for e in engines if e != "cso"]
     first = sum(r["cso"]["first_call_s"] for r in results)
     load = sum(r["cso"]["load_s"] for r in results)
@@ -63,6 +66,10 @@ def _blocks(facts, peak, results, engines, figures, mean, startup):
               "compilation cache, then with the cache it filled (a temporary directory; "
               "times from the start of import cso, on the report's thread count)."),
         ("list", startup_lines(startup)),
+        ("h2", "Memory"),
+        ("p", "The peak a call allocates beyond its output (tracemalloc, which sees NumPy's "
+              "allocations): cso's workspace is bounded by the tiles its plan chose."),
+        ("list", memory_lines(memory)),
         ("h2", "Per convolution"),
         ("p", "GFLOP/s, median of the timed samples; names are benchdnn-style (n batch, c "
               "channels, h x w input, k filters, r x s kernel, p padding, u stride, d dilation, g "

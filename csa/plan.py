@@ -495,6 +495,42 @@ def _band_fits_l2(spec, nwin, band, machine):
     return band * nwin * spec.k_per_group * spec.itemsize <= share
 
 
+def band_workspace(spec, nwin, nc, band, slab, vector, row_tiles=0):
+    """Bytes a band needs beside its tiles: the slab of its rows (``nc`` channels' phase
+    planes), and with filters in vectors its transposed output (the band's windows x K)."""
+    total = 0
+    if slab:
+        sh, sw = spec.stride
+        total += nc * sh * sw * slab_band_rows(spec, nwin, band, row_tiles) * slab_shape(spec)[1]
+    if vector == "filters":
+        total += min(spec.p * spec.q, band * nwin) * spec.k
+    return total * spec.itemsize
+
+
+def workspace_band_cap(spec, nwin, nc, slab, vector, window_tiles, budget, row_tiles=0):
+    """The most window tiles a band may hold for ``band_workspace`` to stay within ``budget``
+    bytes (a thread's share of L3: larger bands would not stay in cache anyway), so that a
+    call's workspace is bounded by its tiles, not by the input size; at least one tile (direct:
+    one output row)."""
+    step = row_tiles or 1   # direct bands are whole output rows
+    lo, hi = 1, -(-window_tiles // step)
+    while lo < hi:   # the workspace grows with the band: the largest count within the budget
+        mid = (lo + hi + 1) // 2
+        if band_workspace(spec, nwin, nc, mid * step, slab, vector, row_tiles) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return min(window_tiles, lo * step)
+
+
+def slab_within(spec, nwin, nc, vector, budget):
+    """The slab of the smallest band (one window tile, or one output row of a direct plan)
+    fits ``budget`` bytes: not so for planes of hundreds of thousands of columns, whose
+    tiles are packed instead."""
+    per_row = row_tiles(spec, nwin, True, vector)
+    return band_workspace(spec, nwin, nc, per_row or 1, True, "windows", per_row) <= budget
+
+
 def slab_band_rows(spec, nwin, band, row_tiles=0):
     """Rows of each phase plane a band of ``band`` slab tiles reads: the virtual rows its
     windows span, starting anywhere in a row (for a direct plan: the output rows of ``band``
@@ -562,7 +598,9 @@ def analyze_slicing(spec, machine=None, *, vector=None, microtile_shape=None, nc
     tiles = {"windows": microtile(lanes, registers),
              "filters": filter_vector_tile(lanes, registers, 1 if spec.p * spec.q == 1 else 7)}
     direct_tile = filter_vector_tile(lanes, registers, direct_windows(spec))
-    fits_direct = use_direct(spec, *(microtile_shape or direct_tile))
+    tile = microtile_shape or direct_tile
+    fits_direct = use_direct(spec, *tile) and slab_within(
+        spec, tile[0], direct_channel_tile(spec, tile[1], machine.l2), "filters", machine.l3)
     if vector is None:
         vector = ("filters" if slab is not False and fits_direct else
                   choose_vector(spec, tiles["windows"], tiles["filters"]))
@@ -580,7 +618,8 @@ def analyze_slicing(spec, machine=None, *, vector=None, microtile_shape=None, nc
     if vector == "filters":
         slab = direct
     elif slab is None:
-        slab = use_slab(spec, nwin, nf, nc, vector, machine)
+        slab = use_slab(spec, nwin, nf, nc, vector, machine) and slab_within(spec, nwin, nc,
+                                                                             vector, machine.l3)
     fin, fw, fout = tile_footprints(spec, nwin, nf, nc)
     per_row = row_tiles(spec, nwin, slab, vector)
     t_in, t_w = window_tiles(spec, nwin, slab, vector), ceil(spec.k_per_group / nf)
@@ -604,8 +643,9 @@ def analyze_slicing(spec, machine=None, *, vector=None, microtile_shape=None, nc
     # output bands where the model finds the partial outputs they keep in L2 worth the filters
     # they read again (one band on a tie); a direct plan is always banded (see output_band)
     banded = output_band(spec, nwin, nc, t_in, vector, machine, per_row)
-    bands = [min(band, t_in)] if band else [banded] if per_row else sorted({t_in, banded},
-                                                                          reverse=True)
+    cap = workspace_band_cap(spec, nwin, nc, slab, vector, t_in, machine.l3, per_row)
+    bands = ([min(band, t_in)] if band else [min(banded, cap)] if per_row else
+             sorted({min(t_in, cap), min(banded, cap)}, reverse=True))
     band, blocks, costs, chosen = min((costed(b) for b in bands),
                                       key=lambda option: option[2][option[3]]["total"])
     b2, b3 = blocks[chosen]

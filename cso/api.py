@@ -139,7 +139,7 @@ class Conv2d:
             args.check_out(out, shape if x.ndim == 4 else shape[1:], self.dtype, x)
         # the kernels write rows at a stride of P*Q: a strided ``out`` goes through a temporary
         direct = out is not None and out.flags.c_contiguous
-        result = out.reshape(shape) if direct else np.empty(shape, dtype=self.dtype)
+        result = out.reshape(shape) if direct else _output(shape, self.dtype)
         x4 = np.ascontiguousarray(x.reshape((batch,) + x.shape[-3:]))
         if batch:
             prepared.run(x4, self.packed_weight(prepared.plan.nf), self.bias, result, phases,
@@ -158,6 +158,17 @@ class Conv2d:
         return (f"Conv2d(weight {self.weight_shape} {self.dtype}, stride={self.stride}, "
                 f"padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
                 f"activation={self.activation}, isa={self.isa})")
+
+
+def _output(shape, dtype):
+    """An empty output array; one too large for the address space is a MemoryError with its
+    size, like one too large for memory (NumPy says ValueError)."""
+    try:
+        return np.empty(shape, dtype)
+    except ValueError:
+        size = np.prod(np.array(shape, dtype=object)) * np.dtype(dtype).itemsize
+        raise MemoryError(f"Unable to allocate {size} bytes for an output array with shape "
+                          f"{shape} and data type {np.dtype(dtype)}") from None
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, activation=None,

@@ -40,6 +40,10 @@ def test_bench_writes_a_checked_report(tmp_path):
     assert startup["warm"]["cache"]["misses"] == 0 and startup["warm"]["cache"]["hits"] > 0
     assert 0 < startup["warm"]["first_result_s"] <= startup["warm"]["all_s"]
     assert "warm cache: first result" in out
+    memory = results["memory"]   # one large convolution's peak beyond its output
+    assert memory["spec"] == "n1c256h112w112k256r3s3p1u1"
+    assert 0 < memory["cso_bytes"] < 8 * 2 ** 20 < 100 * 2 ** 20 < memory["im2col_bytes"]
+    assert "peak memory beyond the output" in out
 
     md = (tmp_path / "report.md").read_text()
     html = (tmp_path / "report.html").read_text()

@@ -1,0 +1,42 @@
+"""Extra memory: what a call allocates at its peak beyond its input and output, for cso and
+for im2col + GEMM, on one large convolution. Traced with ``tracemalloc``, which sees every
+NumPy allocation (cso's workspaces included); onnxruntime's arena is invisible to it, so it is
+not measured."""
+import tracemalloc
+
+import numpy as np
+
+from csa import ConvSpec
+
+from .engines import cso_engine, im2col_engine
+
+MEMORY_SPEC = ConvSpec(1, 256, 112, 112, 256, 3, 3, padding=(1, 1, 1, 1))
+
+
+def _peak_extra(run, x):
+    """Peak bytes allocated during ``run(x)`` beyond the output it returns."""
+    run(x)   # compiled, planned and packed before tracing
+    tracemalloc.start()
+    try:
+        out = run(x)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return max(0, peak - out.nbytes)
+
+
+def measure_memory(threads, spec=MEMORY_SPEC):
+    """{"spec", "output_bytes", "cso_bytes", "im2col_bytes"}: the peak extra bytes of a call."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(spec.input_shape, np.float32)
+    w = rng.standard_normal(spec.weight_shape, np.float32)
+    return {"spec": str(spec), "output_bytes": int(np.prod(spec.output_shape)) * 4,
+            "cso_bytes": _peak_extra(cso_engine(spec, w, threads), x),
+            "im2col_bytes": _peak_extra(im2col_engine(spec, w, threads), x)}
+
+
+def memory_lines(memory):
+    mb = 1 / 2 ** 20
+    return [f"{memory['spec']} (output {memory['output_bytes'] * mb:.1f} MiB): peak memory "
+            f"beyond the output, cso {memory['cso_bytes'] * mb:.2f} MiB (its workspace), im2col "
+            f"{memory['im2col_bytes'] * mb:.1f} MiB (its column matrix and padded copy)"]
