@@ -24,8 +24,8 @@ vector past ``positions + offsets[t]``: the caller keeps that readable.
 from llvmlite import ir
 
 from .isa import get_isa
-from .ir_gen import (BIAS, I32, I64, PTR, RELU, SCALARS, _suffix, declare, masked_access,
-                     new_function, splat)
+from .ir_gen import (BIAS, I32, I64, PTR, RELU, SCALARS, _suffix, declare, lane_number,
+                     masked_access, new_function, splat)
 
 ARG_NAMES = ("taps", "slab", "offsets", "weights", "out", "positions", "width", "q", "bias",
              "flags")
@@ -282,7 +282,4 @@ class _DepthwiseBuilder:
 
     def _lane(self, bld, value):
         """``value`` clamped to [0, lanes], as an i32 lane number."""
-        value = bld.select(bld.icmp_signed("<", value, self.const(0)), self.const(0), value)
-        lanes = self.const(self.lanes)
-        value = bld.select(bld.icmp_signed(">", value, lanes), lanes, value)
-        return bld.trunc(value, I32)
+        return lane_number(bld, value, self.lanes)

@@ -65,6 +65,16 @@ def splat(bld, scalar, vec):
     return bld.shuffle_vector(one, ir.Constant(vec, ir.Undefined), ir.Constant(lane_ids, [0] * vec.count))
 
 
+def lane_number(bld, value, limit):
+    """The i64 ``value`` clamped to [0, limit] and narrowed to i32, for lane arithmetic:
+    ``limit`` lies past every lane position it is compared with, so the clamp keeps its
+    meaning and nothing wraps (64-bit arguments may be row positions past 2**31)."""
+    zero, top = ir.Constant(I64, 0), ir.Constant(I64, limit)
+    value = bld.select(bld.icmp_signed("<", value, zero), zero, value)
+    value = bld.select(bld.icmp_signed(">", value, top), top, value)
+    return bld.trunc(value, I32)
+
+
 def declare(module, name, fnty):
     try:
         return module.get_global(name)

@@ -16,7 +16,8 @@ from one read of each input row, by constant shuffles (see ``define_tap_copy``).
 """
 from llvmlite import ir
 
-from .ir_gen import I32, I64, PTR, SCALARS, declare, masked_access, new_function, splat
+from .ir_gen import (I32, I64, PTR, SCALARS, declare, lane_number, masked_access, new_function,
+                     splat)
 
 I1 = ir.IntType(1)
 ARGS = ("dst", "dst_step", "src", "src_step", "count", "stride", "j0", "j1", "lo", "hi")
@@ -46,7 +47,8 @@ class _RowCopyBuilder:
     def build(self):
         args = dict(zip(ARGS, self.fn.args))
         bld = ir.IRBuilder(self.fn.append_basic_block("entry"))
-        self.bounds = [bld.trunc(args[n], I32) for n in ("j0", "j1", "lo", "hi")]  # lanes fit i32
+        self.bounds = [lane_number(bld, args[n], self.vectors * self.lanes)
+                       for n in ("j0", "j1", "lo", "hi")]
         done = self.fn.append_basic_block("done")
         gather_blk = self.fn.append_basic_block("gather")
         switch = bld.switch(args["stride"], gather_blk)
@@ -196,8 +198,10 @@ class _TapCopyBuilder(_RowCopyBuilder):
                                 ir.FunctionType(ir.VoidType(), [PTR, I32, I32, I32]))
         lanes, vectors = self.lanes, self.vectors
         bld = ir.IRBuilder(self.fn.append_basic_block("entry"))
-        j0, j1, end, lo, hi, taps, stride = (bld.trunc(args[n], I32) for n in
-                                             ("j0", "j1", "end", "lo", "hi", "taps", "stride"))
+        # positions loaded: below max(TAP_STRIDES) * (vectors + 1) * lanes (see load_masks)
+        j0, j1, end, lo, hi, taps, stride = (
+            lane_number(bld, args[n], max(TAP_STRIDES) * (vectors + 1) * lanes)
+            for n in ("j0", "j1", "end", "lo", "hi", "taps", "stride"))
         # loaded elements: those the run's windows read through every tap, inside the row
         span_first = bld.mul(j0, stride)
         span_end = bld.add(bld.mul(bld.sub(j1, ir.Constant(I32, 1)), stride), taps)

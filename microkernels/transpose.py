@@ -10,7 +10,8 @@ the row index with the same bit of the lane index; loads and stores are masked t
 """
 from llvmlite import ir
 
-from .ir_gen import BIAS, I32, I64, PTR, RELU, SCALARS, masked_access, new_function, splat
+from .ir_gen import (BIAS, I32, I64, PTR, RELU, SCALARS, lane_number, masked_access, new_function,
+                     splat)
 
 ARGS = ("src", "lds", "dst", "ldd", "rows", "cols", "bias", "flags")
 FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, PTR, I64, I64, I64, PTR, I64])
@@ -28,8 +29,9 @@ def define_transpose(module, spec):
     bld = ir.IRBuilder(fn.append_basic_block("entry"))
     zero = ir.Constant(vec, [0.0] * lanes)
     lane_ids = ir.Constant(ir.VectorType(I32, lanes), list(range(lanes)))
-    row_mask = bld.icmp_signed("<", lane_ids, splat(bld, bld.trunc(rows, I32), lane_ids.type))
-    col_mask = bld.icmp_signed("<", lane_ids, splat(bld, bld.trunc(cols, I32), lane_ids.type))
+    row_mask, col_mask = (bld.icmp_signed("<", lane_ids,
+                                          splat(bld, lane_number(bld, n, lanes), lane_ids.type))
+                          for n in (rows, cols))
     # rows past ``rows`` are read as zeros (their loads fully masked); never stored
     data = []
     for i in range(lanes):
