@@ -75,8 +75,8 @@ def part_args_builder(dtype):
 
 
 def workspace(elements, dtype):
-    """A one-thread call's scratch and transposed-output buffers (a module attribute, so that
-    the guard-page tests can place them against inaccessible pages)."""
+    """Every scratch and transposed-output buffer a call uses (a module attribute, so that the
+    guard-page tests can place them against inaccessible pages)."""
     return np.empty(elements, dtype)
 
 
@@ -132,4 +132,5 @@ class Prepared:
 def _rows(count, elements, dtype):
     """``count`` rows of at least ``elements`` each, starting a cache line apart: one per part."""
     per_line = 64 // np.dtype(dtype).itemsize
-    return np.empty((count, -(-elements // per_line) * per_line), dtype)
+    row = -(-elements // per_line) * per_line
+    return workspace(count * row, dtype).reshape(count, row)

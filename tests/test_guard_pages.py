@@ -1,6 +1,8 @@
 """No kernel reads or writes outside its arrays: every path runs with the input, packed
 weights, bias, output and workspaces each flush against an inaccessible page, at their end and
-then at their start, in a child process (a fault fails the case instead of the test run).
+then at their start, in a child process (a fault fails the case instead of the test run). With
+several parts the workspaces are one block of cache-line-rounded rows, one per part: the
+block is guarded, and the rounding (under a line) of the last row is not.
 
 The shapes leave an edge on every side of the micro-tile: output planes that are no multiple
 of the window tile, filter counts no multiple of the filter tile, channel counts no multiple of
