@@ -112,7 +112,13 @@ class Conv2d:
         if found is None:
             spec = self.spec_for(shape, dtype)
             flags = (BIAS if self.bias.size else 0) | (RELU if self.activation == "relu" else 0)
-            found = Prepared(_plan(spec, self.isa, self.overrides, threads), flags, self.isa)
+            try:
+                found = Prepared(_plan(spec, self.isa, self.overrides, threads), flags, self.isa)
+            except ValueError as err:   # an override this shape or kernel cannot take
+                if not self.overrides:
+                    raise
+                raise ValueError(f"plan_overrides {dict(self.overrides)} for input of shape "
+                                 f"{shape}: {err}") from None
             with self._lock:  # calls from several threads may miss at once
                 if len(self._by_shape) >= PREPARED_SHAPES:
                     del self._by_shape[next(iter(self._by_shape))]
