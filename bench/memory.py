@@ -13,8 +13,8 @@ from .engines import cso_engine, im2col_engine
 MEMORY_SPEC = ConvSpec(1, 256, 112, 112, 256, 3, 3, padding=(1, 1, 1, 1))
 
 
-def _peak_extra(run, x):
-    """Peak bytes allocated during ``run(x)`` beyond the output it returns."""
+def peak_extra(run, x):
+    """(peak bytes allocated during ``run(x)`` beyond the output it returns, that output)."""
     run(x)   # compiled, planned and packed before tracing
     tracemalloc.start()
     try:
@@ -22,7 +22,7 @@ def _peak_extra(run, x):
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    return max(0, peak - out.nbytes)
+    return max(0, peak - out.nbytes), out
 
 
 def measure_memory(threads, spec=MEMORY_SPEC):
@@ -31,8 +31,8 @@ def measure_memory(threads, spec=MEMORY_SPEC):
     x = rng.standard_normal(spec.input_shape, np.float32)
     w = rng.standard_normal(spec.weight_shape, np.float32)
     return {"spec": str(spec), "output_bytes": int(np.prod(spec.output_shape)) * 4,
-            "cso_bytes": _peak_extra(cso_engine(spec, w, threads), x),
-            "im2col_bytes": _peak_extra(im2col_engine(spec, w, threads), x)}
+            "cso_bytes": peak_extra(cso_engine(spec, w, threads), x)[0],
+            "im2col_bytes": peak_extra(im2col_engine(spec, w, threads), x)[0]}
 
 
 def memory_lines(memory):
