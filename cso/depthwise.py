@@ -8,8 +8,6 @@ fit (one band), a fill holds up to ``nc`` channels, moved together row by row. A
 slicing loop nest, the kernel and the row copies are called through their addresses in
 ``geom``: one loop nest per dtype.
 """
-from functools import lru_cache
-
 import numpy as np
 
 from csa.plan import slab_planes, slab_shape
@@ -17,6 +15,7 @@ from microkernels import DepthwiseSpec, depthwise
 from microkernels.cache import cached_njit
 from microkernels.jit import native_function
 from microkernels.numba_bridge import caller
+from microkernels.once import compiled_once
 from microkernels.spec import short_dtype
 from packing import fill_slab, row_copier
 
@@ -69,7 +68,7 @@ def output_parts(plan):
     return np.array([(units * i // a, units * (i + 1) // a, 0, 0) for i in range(a)], np.int64)
 
 
-@lru_cache(maxsize=None)
+@compiled_once
 def depthwise_loop_nest(dtype):
     """The compiled ``run(x, packed_w, bias, out, geom, part, scratch, out_t)`` for ``dtype``
     arrays (the slicing loop nest's signature; ``out_t`` is unused), around the depthwise kernel
@@ -85,13 +84,13 @@ def depthwise_loop_nest(dtype):
         C, K = x.shape[1], out.shape[1]
         taps = R * S
         item = x.itemsize
-        offsets = np.empty(taps, np.int64)
+        offsets = np.empty(taps, np.int64)   # its address taken at its uses (cso.lowering)
         slab_rows(offsets, 1, R, S, sh, sw, dh, dw, Hb, Ws)
         channel = sh * sw * Hb * Ws
         scratch[nc_max * channel:] = 0    # the tail the last vectors read past the slabs
         bands = (P + band - 1) // band
         w_addr, out_addr, bias_addr = packed_w.ctypes.data, out.ctypes.data, bias.ctypes.data
-        scratch_addr, offsets_addr = scratch.ctypes.data, offsets.ctypes.data
+        scratch_addr = scratch.ctypes.data
         u = part[0]
         while u < part[1]:
             n, c, b = u // (C * bands), u // bands % C, u % bands
@@ -108,7 +107,7 @@ def depthwise_loop_nest(dtype):
                     for j in range(M):
                         k = (c + i) * M + j
                         call_kernel(ukernel, taps, scratch_addr + i * channel * item,
-                                    offsets_addr, w_addr + k * taps * item,
+                                    offsets.ctypes.data, w_addr + k * taps * item,
                                     out_addr + ((n * K + k) * P + oh0) * Q * item,
                                     positions, Ws, Q, bias_addr + k * item, epilogue)
             u += count

@@ -7,8 +7,6 @@ called through their addresses (``microkernels.numba_bridge``), so a model with 
 convolutions compiles it once. No Python runs per tile: packing and micro-kernel calls happen
 inside the numba-compiled function.
 """
-from functools import lru_cache
-
 import numpy as np
 from numba import njit, types
 from numba.np.numpy_support import from_dtype
@@ -19,6 +17,7 @@ from microkernels import ACCUMULATE, KernelSpec, ir_gen, transpose
 from microkernels.cache import cached_njit
 from microkernels.jit import native_function
 from microkernels.numba_bridge import caller
+from microkernels.once import compiled_once
 from packing import fill_slab, pack_input_tile, row_copier, tile_copiers
 
 # Layout of the int64 ``geom`` vector passed to the loop nest: the first nine entries are the
@@ -130,7 +129,7 @@ def first_window(tile, row_tiles, Q, nwin):
     return tile * nwin
 
 
-@lru_cache(maxsize=None)
+@compiled_once
 def conv_loop_nest(dtype):
     """The compiled ``run(x, packed_w, bias, out, geom, part, scratch, out_t)`` for ``dtype``
     arrays, around the micro-kernel ``geom`` names (``geometry``), computing the output part
@@ -173,11 +172,12 @@ def conv_loop_nest(dtype):
         N, C, K = x.shape[0], x.shape[1], out.shape[1]
         PQ = P * Q
         sh, sw, dh, dw = geom[2], geom[3], geom[4], geom[5]
+        # numba frees an array after its last use: the kernel calls below take ``rows``'s
+        # address there, not from a variable set here (its memory went to other threads)
         rows = np.empty(nc_max * R * S if slab else 0, np.int64)
         if slab:
             slab_rows(rows, nc_max, R, S, sh, sw, dh, dw, Hb, Ws)
             scratch[nc_max * sh * sw * Hb * Ws:] = 0   # the tail the last tile reads past its end
-        rows_addr = rows.ctypes.data
         t_in = P * row_tiles if direct else (windows + NWIN - 1) // NWIN
         t_w = (Kg + NF - 1) // NF
         item = x.itemsize
@@ -274,13 +274,13 @@ def conv_loop_nest(dtype):
                                         c_t = out_t_addr + ((c_at - p_lo) * K + g * Kg + f0) * item
                                         call_kernel(ukernel, depth, w_tile, NF, in_addr, ld_in,
                                                     c_t, K, min(NF, Kg - f0), nwin_used,
-                                                    bias_addr, flags, rows_addr, 0, 0, 0)
+                                                    bias_addr, flags, rows.ctypes.data, 0, 0, 0)
                                     else:
                                         call_kernel(ukernel, depth, in_addr, ld_in, w_tile, NF,
                                                     out_base + (f0 * PQ + c_at) * item, PQ,
                                                     nwin_used, min(NF, Kg - f0),
                                                     bias_addr + (g * Kg + f0) * item, flags,
-                                                    rows_addr, col0, Ws, Ws - Q)
+                                                    rows.ctypes.data, col0, Ws, Ws - Q)
                 if filters_in_vectors and post:
                     # the band's out[n, k, p] = out_t[p - p_lo, k] (+ bias[k], ReLU) while its
                     # rows are hot in L2, one vector-square block at a time (the part's filters:
