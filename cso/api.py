@@ -3,7 +3,6 @@
 Semantics are PyTorch's ``torch.nn.functional.conv2d``: cross-correlation, NCHW input, OIHW
 weights, zero padding, output in the input's dtype.
 """
-import threading
 import time
 from functools import lru_cache
 
@@ -11,6 +10,7 @@ import numpy as np
 
 import csa
 from microkernels import BIAS, RELU, get_isa, host_isa, supported_isas
+from microkernels.once import fork_safe_lock
 from packing import pack_filters, unpack_filters
 
 from . import arguments as args
@@ -19,6 +19,7 @@ from .prepared import Prepared
 from .threads import get_num_threads
 
 PREPARED_SHAPES = 64  # input shapes a Conv2d keeps prepared
+_tables = fork_safe_lock()   # guards every Conv2d's tables of packed filters and prepared shapes
 
 
 @lru_cache(maxsize=None)
@@ -72,7 +73,6 @@ class Conv2d:
         self.weight_shape = weight.shape
         self.bias = np.empty(0, self.dtype) if bias is None else np.array(bias, copy=True)
         self._by_shape = {}
-        self._lock = threading.Lock()
         if input_shape is None:   # a depthwise plan's one filter a row, else windows in vectors
             machine = host_machine(self.isa)
             nf = 1 if depthwise else csa.microtile(machine.vector_bytes // self.dtype.itemsize,
@@ -88,10 +88,11 @@ class Conv2d:
         """The filters packed in tiles of ``nf`` (packed once per tile size)."""
         found = self._packed.get(nf)
         if found is None:
-            any_packed = next(iter(self._packed.values()))
+            with _tables:
+                any_packed = next(iter(self._packed.values()))
             found = pack_filters(unpack_filters(any_packed, self.weight_shape[0]), nf, self.groups)
-            with self._lock:
-                self._packed[nf] = found
+            with _tables:
+                found = self._packed.setdefault(nf, found)
         return found
 
     def spec_for(self, shape, dtype=None):
@@ -119,7 +120,7 @@ class Conv2d:
                     raise
                 raise ValueError(f"plan_overrides {dict(self.overrides)} for input of shape "
                                  f"{shape}: {err}") from None
-            with self._lock:  # calls from several threads may miss at once
+            with _tables:  # calls from several threads may miss at once
                 if len(self._by_shape) >= PREPARED_SHAPES:
                     del self._by_shape[next(iter(self._by_shape))]
                 self._by_shape[key] = found

@@ -1,12 +1,11 @@
 """A plan bound to its compiled loop nest, and the C entry the thread pool runs parts through."""
-from functools import lru_cache
-
 import numpy as np
 from numba import carray, types
 
 from csa import DepthwisePlan
 from microkernels.cache import cached_cfunc, cached_njit
 from microkernels.numba_bridge import address_as_pointer
+from microkernels.once import compiled_once
 from microkernels.pool import compiled_pool
 
 from . import depthwise
@@ -23,7 +22,7 @@ X_ARG, W_ARG, BIAS_ARG, OUT_ARG, GEOM_ARG, PART_ARG, SCRATCH_ARG, OUT_T_ARG = (
     for name in ("x", "weights", "bias", "out", "geom", "part", "scratch", "out_t"))
 
 
-@lru_cache(maxsize=None)
+@compiled_once
 def part_function(run, dtype):
     """Loop nest ``run`` (for ``dtype`` arrays) as a C function ``void run_part(int64 *args)``,
     ``args`` laid out as ``PART_ARGS``: what the thread pool's compiled workers call, without
@@ -44,7 +43,7 @@ def part_function(run, dtype):
                         f"part_function {run.cache_key} {dtype}")
 
 
-@lru_cache(maxsize=None)
+@compiled_once
 def part_args_builder(dtype):
     """``part_args(x, weights, bias, out, geom, parts, scratch, out_t)``: the ``PART_ARGS`` of
     each row of ``parts``, with that row of ``scratch`` and ``out_t`` (compiled: reading

@@ -7,13 +7,15 @@ left, every part running the compiled loop nest on its own scratch. The pool is 
 thread involved needs the GIL. It is shared by all calls: while one call owns it, a call from
 another Python thread runs its parts itself, so nothing waits on a worker that never comes.
 Workers are daemon threads living in compiled code: numba's threading layer is not used, and
-after ``os.fork()`` the child starts with an empty pool.
+after ``os.fork()`` the child starts with an empty pool (``microkernels.once`` makes the fork
+wait for a pool start under way).
 """
 import os
 import threading
 
 import numpy as np
 
+from microkernels.once import fork_safe_lock
 from microkernels.pool import MAX_PARTS, STATE_WORDS, compiled_pool
 
 ENV_VAR = "CSO_NUM_THREADS"
@@ -27,7 +29,7 @@ SPIN_ROUNDS = 200_000
 
 _threads = None      # set by set_num_threads or on first use; None: not decided yet
 _pool = None   # (state words, their address, workers started), created on first use
-_start_lock = threading.Lock()   # guards _pool
+_start_lock = fork_safe_lock()   # guards _pool
 
 
 def available_cpus():
@@ -73,6 +75,7 @@ def set_num_threads(n):
 def _pool_state(helpers):
     """The address of the pool's state words, with at least ``helpers`` workers started."""
     global _pool
+    worker_entry = compiled_pool().worker   # compiled outside the lock (see fork_safe_lock)
     with _start_lock:
         if _pool is None:
             state = np.zeros(STATE_WORDS, np.int64)
@@ -81,7 +84,7 @@ def _pool_state(helpers):
         while len(started) < helpers:
             rank = len(started) + 1
             # the worker's whole life is one compiled call, which holds no GIL
-            worker = threading.Thread(target=compiled_pool().worker, daemon=True,
+            worker = threading.Thread(target=worker_entry, daemon=True,
                                       args=(address, SPIN_ROUNDS, rank),
                                       name=f"cso-worker-{rank}")
             worker.start()
@@ -104,9 +107,9 @@ def run_parts(function, args, threads):
 
 
 def _forget_pool():
-    """In a forked child: the parent's workers do not exist here, and its locks may be held."""
-    global _pool, _start_lock
-    _pool, _start_lock = None, threading.Lock()
+    """In a forked child: the parent's workers do not exist here."""
+    global _pool
+    _pool = None
 
 
 if hasattr(os, "register_at_fork"):

@@ -19,7 +19,6 @@ import os
 import pickle
 import sys
 import tempfile
-import threading
 import warnings
 from functools import lru_cache
 from pathlib import Path
@@ -30,11 +29,13 @@ import numba
 from numba.core import caching, sigutils
 from numba.core.ccallback import CFunc
 
+from .once import fork_safe_lock
+
 SOURCE_PACKAGES = ("csa", "cso", "microkernels", "packing")
 DIGEST = 32   # bytes of SHA-256 before each payload
 
 _stats = {"hits": 0, "misses": 0, "corrupt": 0, "saved": 0}
-_lock = threading.Lock()
+_lock = fork_safe_lock()
 
 
 def _count(event):

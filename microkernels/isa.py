@@ -4,9 +4,9 @@ This is the only module that knows instruction sets. Everything downstream gets 
 (vector bytes, register count) or an ``Isa`` by name.
 """
 from dataclasses import dataclass
-from functools import lru_cache
-
 import llvmlite.binding as llvm
+
+from .once import compiled_once
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ def select_isa(features):
     raise AssertionError("the generic ISA requires nothing")
 
 
-@lru_cache(maxsize=None)
+@compiled_once
 def host_features():
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()

@@ -6,9 +6,11 @@ its object code is kept by the persistent cache, while the numba-compiled loop n
 generic over the micro-tile. ``compile(spec)`` wraps a kernel for calls from Python (tests,
 inspection, ``python -m microkernels.dump``). Each module owns its execution engine and target
 machine (sharing one target machine between engines crashed after the first engine was freed).
+Every LLVM call runs under the compile lock and no module is ever freed (``microkernels.once``):
+several threads may compile at once, and a freed engine unmaps code another thread may run.
 """
 import ctypes
-from functools import cached_property, lru_cache
+from functools import lru_cache
 
 import llvmlite.binding as llvm
 import numpy as np
@@ -18,6 +20,9 @@ from . import cache
 from .ir_gen import BIAS, define_kernel
 from .reference import stored_windows
 from .isa import host_features
+from .once import COMPILE_LOCK, compiled_once
+
+_live = []   # every JitModule made: never freed (see the module's docstring)
 
 
 def host_target_machine(opt=3):
@@ -42,32 +47,36 @@ class JitModule:
     this module alive."""
 
     def __init__(self, ir_text):
-        self._target_machine = host_target_machine()
         self._ir_text = ir_text
-        ref = llvm.parse_assembly(ir_text)
-        ref.verify()
-        path = cache.object_path(ir_text)
-        saved = cache.load_object(path)
-        if saved is None:
-            optimize(ref, self._target_machine)
-        self._engine = llvm.create_mcjit_compiler(ref, self._target_machine)
-        self._engine.set_object_cache(lambda module, data: cache.save_object(path, data),
-                                      lambda module: saved)
-        self._engine.finalize_object()
+        self._optimized = None
+        with COMPILE_LOCK:
+            self._target_machine = host_target_machine()
+            ref = llvm.parse_assembly(ir_text)
+            ref.verify()
+            path = cache.object_path(ir_text)
+            saved = cache.load_object(path)
+            if saved is None:
+                optimize(ref, self._target_machine)
+            self._engine = llvm.create_mcjit_compiler(ref, self._target_machine)
+            self._engine.set_object_cache(lambda module, data: cache.save_object(path, data),
+                                          lambda module: saved)
+            self._engine.finalize_object()
+            _live.append(self)
 
-    @cached_property
-    def _optimized(self):
-        ref = llvm.parse_assembly(self._ir_text)
-        optimize(ref, self._target_machine)
-        return ref
+    def _optimized_text(self, emit):
+        with COMPILE_LOCK:
+            if self._optimized is None:
+                self._optimized = llvm.parse_assembly(self._ir_text)
+                optimize(self._optimized, self._target_machine)
+            return emit(self._optimized)
 
     @property
     def ir(self):
-        return str(self._optimized)
+        return self._optimized_text(str)
 
     @property
     def asm(self):
-        return self._target_machine.emit_assembly(self._optimized)
+        return self._optimized_text(self._target_machine.emit_assembly)
 
     def address(self, name):
         return self._engine.get_function_address(name)
@@ -90,7 +99,7 @@ class NativeFunction:
         self.address = self.module.address(self.name)
 
 
-@lru_cache(maxsize=None)
+@compiled_once
 def native_function(define, *args):
     """The function ``define(module, *args)`` defines (e.g. ``ir_gen.define_kernel``,
     ``spec``), compiled once per process (or loaded from the persistent cache). Kept for the

@@ -6,14 +6,14 @@ at run time, so one loop nest serves every micro-tile and is compiled once per d
 arguments are passed as integer addresses (``arr.ctypes.data`` plus a byte offset), so one call
 site serves any array; addresses are the caller's responsibility, exactly as in C.
 """
-from functools import lru_cache
-
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from .once import compiled_once
 
-@lru_cache(maxsize=None)
+
+@compiled_once
 def caller(function_type):
     """``call(address, *args)``: calls the function of LLVM type ``function_type`` (void, with
     pointer and 64-bit integer arguments) at integer ``address``, the pointers passed as

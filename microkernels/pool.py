@@ -21,13 +21,13 @@ has run. Both are called through ctypes, which releases the GIL for their whole 
 import ctypes
 import platform
 import sys
-from functools import lru_cache
 from types import SimpleNamespace
 
 import llvmlite.binding as llvm
 from llvmlite import ir
 
 from .jit import JitModule
+from .once import compiled_once
 
 STATE_WORDS = 64
 CLAIM, DONE, BUSY, FN, ARGS, STRIDE, HELPERS, WAKE, SLEEPERS = 0, 8, 16, 24, 25, 26, 27, 32, 40
@@ -261,7 +261,7 @@ def pool_module(triple):
     return str(module)
 
 
-@lru_cache(maxsize=None)
+@compiled_once
 def compiled_pool():
     """``.worker(state, spin, rank)`` and ``.run(state, fn, args, stride, nparts, helpers,
     spin)`` (ctypes, addresses as integers)."""

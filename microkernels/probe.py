@@ -13,6 +13,7 @@ from .ir_gen import ACCUMULATE, FUNCTION_TYPE, define_kernel, splat
 from .isa import host_isa
 from .jit import JitModule, native_function
 from .numba_bridge import caller
+from .once import compiled_once
 
 FMA_CHAINS = 12            # independent accumulators: >= FMA latency x FMA pipes, so no stalls
 UKERNEL_K = 256            # packed rows per call; 8x32 float32 tiles: A 32 KiB + B 8 KiB, in L1
@@ -65,12 +66,17 @@ def _fma_probe_module(lanes):
     return str(module)
 
 
+@compiled_once
+def _fma_probe(lanes):
+    return JitModule(_fma_probe_module(lanes))
+
+
 def fma_peak(iterations=1 << 27):
     """(GFLOP/s, full-width vfmadd instructions in the compiled probe) at the host ISA's vector
     width. One ctypes call runs ~10^8 iterations, so the call overhead is negligible."""
     vector_bytes = host_isa().vector_bytes
     lanes, register = vector_bytes // 4, {64: "zmm", 32: "ymm", 16: "xmm"}[vector_bytes]
-    compiled = JitModule(_fma_probe_module(lanes))
+    compiled = _fma_probe(lanes)
     fma_count = len(re.findall(rf"^\s*vfmadd\w*ps\s.*%{register}", compiled.asm, re.M))
     probe = compiled.function("fma_probe", ctypes.c_float, ctypes.c_int64, ctypes.c_float,
                               ctypes.c_float)
