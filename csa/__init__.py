@@ -6,10 +6,12 @@ from .plan import (OVERRIDES, SCHEDULES, VECTORS, SlicingPlan, analyze_slicing, 
                    check_overrides, choose_vector, direct_channel_tile, filter_vector_tile,
                    microtile, padded_work, thread_split, use_direct, window_units)
 from .spec import ConvSpec
+from .tuning import Tuning
+from . import tuning
 
 __all__ = ["analyze", "uses_depthwise", "DepthwisePlan", "analyze_depthwise", "is_depthwise",
            "moved_bytes",
            "Machine", "parse_size", "read_sysfs_caches", "OVERRIDES", "SCHEDULES", "VECTORS",
            "SlicingPlan", "analyze_slicing", "channel_tile", "check_overrides", "choose_vector",
            "direct_channel_tile", "filter_vector_tile", "microtile", "padded_work",
-           "thread_split", "use_direct", "window_units", "ConvSpec"]
+           "thread_split", "use_direct", "window_units", "ConvSpec", "Tuning", "tuning"]

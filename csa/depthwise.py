@@ -18,10 +18,6 @@ DEPTHWISE_OVERRIDES = ("vectors", "nc", "band", "split")
 SLAB_FILL = 0.5       # share of L1 the slabs of one fill may take (the rest: output lines,
                       # the input streaming in)
 MAX_FILL_CHANNELS = 64
-THREAD_MIN_FLOPS = 0.5e6   # work a thread must get, about 10 us at the 30-60 GFLOP/s these
-                           # run at (the slicing plans' 3 MFLOP is about 15 us); with 256 KB
-                           # moved as the rule instead, 0.9-5 MFLOP timm convolutions stayed on
-                           # one thread where onnxruntime gained 1.5-1.6x from a second
 
 
 def is_depthwise(spec):
@@ -124,6 +120,7 @@ def analyze_depthwise(spec, machine=None, *, threads=1, vectors=None, nc=None, b
     if split:
         parts = min(split[0], units)
     else:
-        parts = max(1, min(threads, int(spec.flops // THREAD_MIN_FLOPS), units))
+        parts = max(1, min(threads, int(spec.flops // machine.tuning.depthwise_thread_min_flops),
+                           units))
     return DepthwisePlan(spec, machine, vectors, lanes, nc, band, (parts, 1), forced)
 

@@ -2,6 +2,8 @@
 import os
 from dataclasses import dataclass, replace
 
+from .tuning import GENERIC, Tuning
+
 _SYSFS = "/sys/devices/system/cpu/cpu{cpu}/cache"
 # Used where the OS does not tell (non-Linux, containers hiding sysfs): a typical x86 core.
 FALLBACK = {"l1d": 32 * 1024, "l2": 1024 * 1024, "l3": 8 * 1024 * 1024, "line": 64,
@@ -30,6 +32,7 @@ class Machine:
     # for filters in vectors and picked WS where IS was up to 21% faster.
     stream_l2: float = 4.0
     source: str = "defaults"
+    tuning: Tuning = GENERIC   # the kernel ISA's tuning record (csa.tuning)
 
     @classmethod
     def host(cls, cpu=None, **overrides):
@@ -54,7 +57,7 @@ class Machine:
     def __str__(self):
         return (f"L1d {self.l1d // 1024} KiB, L2 {self.l2 // 1024} KiB, L3 {self.l3 // 1024} KiB "
                 f"(shared by {self.l3_cpus} CPUs), line {self.line} B, {self.vector_registers} x {self.vector_bytes * 8}-bit vector "
-                f"registers ({self.source})")
+                f"registers ({self.source}), {self.tuning.isa} tuning record")
 
 
 def read_sysfs_caches(path):

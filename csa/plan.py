@@ -15,56 +15,61 @@ VECTORS = ("windows", "filters")  # the dimension the micro-kernel's vectors run
 CACHE_FILL = 0.9  # fraction of each cache level a tile set may occupy
 
 
-def microtile(vector_lanes, vector_registers):
-    """(Nwin, Nf) from the register budget: two vectors of windows (little lane waste on small
-    output planes) and Nf filter rows with Nf*2 accumulators + 2 window vectors + 1 broadcast
-    <= registers. Nf is the largest multiple of 8 that fits when one does: filter counts in real
-    networks are multiples of 8 (no padded rows; timm's convolutions lose 0.0% of their FLOPs
-    against 2.1% with Nf = 14), and 16 accumulators already hide the FMA latency. Measured with
-    AVX-512 on ResNet-50 layers: 8 x 32 is 5% faster (geomean) than 14 x 32. AVX2: 6 x 16."""
-    vectors = 2
-    fits = max(1, (vector_registers - vectors - 1) // vectors)
-    return vectors * vector_lanes, (fits // 8) * 8 or fits
+TILE_VECTORS = 2   # vector rows of a tile: two (little lane waste on small planes; a third
+                   # adds no speed where two reach the peak)
 
 
-def filter_vector_tile(vector_lanes, vector_registers, windows=7):
-    """(windows, filters) when filters are the vector dimension: 7 broadcast windows (output
-    planes of real networks are multiples of 7: 7x7, 14x14, 28x28, 56x56) by as many filter
-    vectors as fit windows*v accumulators + v filter vectors + 1 broadcast, at most two
-    (AVX-512: 7 x 32 floats, AVX2: 7 x 8; a direct tile, 14 x 32 and 14 x 8). A single-pixel
-    plane is a matrix-vector product whose weights stream through once: 1 window by up to four
-    vectors (AVX-512: 1 x 64)."""
-    most = 2 if windows > 1 else 4
-    vectors = max(1, min(most, (vector_registers - 1) // (windows + 1)))
-    return windows, vectors * vector_lanes
+def microtile(machine, itemsize):
+    """(Nwin, Nf) with windows in vectors: TILE_VECTORS vectors of windows by Nf filters, Nf
+    among the counts the register-blocking model (``csa.tuning``) finds fastest for the
+    machine's core: the largest multiple of 8 among them when there is one (filter counts in
+    real networks are multiples of 8: no padded rows), else the largest (fewest loads per FMA).
+    AVX-512: 8 x 32 floats; AVX2: 6 x 16."""
+    counts = machine.tuning.broadcast_counts(machine.vector_registers, TILE_VECTORS)
+    nf = max((b for b in counts if b % 8 == 0), default=max(counts))
+    return TILE_VECTORS * machine.vector_bytes // itemsize, nf
 
 
-# broadcast windows per direct tile -> kernel speed relative to the first (AVX-512, 14 x 32
-# and 7 x 32 in a loop nest: fewer accumulators per filter load)
-DIRECT_WINDOWS = {14: 1.0, 7: 0.93}
+def filter_vector_tile(machine, itemsize, positions=49):
+    """(windows, filters) when filters are the vector dimension: TILE_VECTORS filter vectors
+    by the window count (among those the model finds fastest) that pads the output plane's
+    ``positions`` least, 7 when it is among them (planes of real networks are multiples of
+    7: 7x7, 14x14, 28x28, 56x56). AVX-512: 7 x 32 floats; AVX2: 5 x 16 on a 7x7 plane, 4 x 16
+    on 14x14 and larger. A single-pixel plane is a matrix-vector product whose weights stream
+    through once: 1 window by up to four vectors (AVX-512: 1 x 64)."""
+    lanes, registers = machine.vector_bytes // itemsize, machine.vector_registers
+    if positions == 1:
+        return 1, max(1, min(4, (registers - 1) // 2)) * lanes
+    counts = machine.tuning.broadcast_counts(registers, TILE_VECTORS)
+    windows = 7 if 7 in counts else min(counts, key=lambda w: (ceil(positions / w) * w, -w))
+    return windows, TILE_VECTORS * lanes
+
+
 DIRECT_WASTE = 0.1   # padded work a direct plan may add (row-aligned tiles, filter tiles)
-DIRECT_MIN_DEPTH = 512   # C/groups*R*S: shallower kernel calls spend too much on C's tile
 
 
-def direct_windows(spec):
-    """Windows per direct tile: the DIRECT_WINDOWS count whose row-aligned tiles (a tile never
-    spans two output rows) cover Q fastest, positions over relative speed: 56, 28, 112, 14 and
-    104 wide planes take 14, 7, 21 and 35 wide ones 7."""
-    return min(DIRECT_WINDOWS, key=lambda w: ceil(spec.q / w) * w / DIRECT_WINDOWS[w])
+def direct_windows(spec, machine):
+    """Windows per direct tile: of the window counts the record measured (``direct_windows``:
+    relative speeds) or else the model finds fastest, the one whose row-aligned tiles (a tile
+    never spans two output rows) cover Q fastest, positions over speed (ties: the larger).
+    AVX-512: 56, 28, 112, 14 and 104 wide planes take 14, 7, 21 and 35 wide ones 7."""
+    tuning = machine.tuning
+    speeds = dict(tuning.direct_windows) or tuning.broadcast_counts(machine.vector_registers,
+                                                                    TILE_VECTORS)
+    return min(speeds, key=lambda w: (ceil(spec.q / w) * w / speeds[w], -w))
 
 
-def use_direct(spec, nwin, nf):
+def use_direct(spec, nwin, nf, tuning):
     """Filters in vectors and the input windows broadcast in place from a padded slab (the
-    direct convolution MLAS runs on NCHWc): no window tile is packed, and a 14-window tile
-    keeps 28 accumulators busy per two filter loads. For stride-1 convolutions a slab applies
-    to (not unpadded 1x1s) with at least DIRECT_MIN_DEPTH rows per kernel call, whose
-    row-aligned window tiles and filter tiles waste at most DIRECT_WASTE of the work. Measured
-    against the other plans (same process, AVX-512): 3x3 stride 1 over 64 to 512 channels 1.00
-    to 1.25x; over 3 or 32 channels 0.60 and 0.92x; stride 2, whose taps read R*S runs per
-    channel from four phase planes (L1 overflows), 0.80-0.85x on large planes."""
+    direct convolution MLAS runs on NCHWc): no window tile is packed. For stride-1
+    convolutions a slab applies to (not unpadded 1x1s) with at least
+    ``tuning.direct_min_depth`` rows per kernel call (shallower calls spend too much on C's
+    tile), whose row-aligned window tiles and filter tiles waste at most DIRECT_WASTE of the
+    work. Stride 2 is left to the packed plans: its taps read R*S runs per channel from four
+    phase planes and overflow L1 (csa/TUNING.md has the measurements)."""
     padded = window_tiles(spec, nwin, True, "filters") * nwin * ceil(spec.k_per_group / nf) * nf
     return (spec.stride == (1, 1) and slab_fits(spec, nwin, "filters")
-            and spec.c_per_group * spec.r * spec.s >= DIRECT_MIN_DEPTH
+            and spec.c_per_group * spec.r * spec.s >= tuning.direct_min_depth
             and padded <= (1 + DIRECT_WASTE) * spec.p * spec.q * spec.k_per_group)
 
 
@@ -544,11 +549,6 @@ def slab_band_rows(spec, nwin, band, row_tiles=0):
     return min(hs, spans + hs - spec.p)
 
 
-THREAD_MIN_FLOPS = 3e6    # work a thread must get to pay for handing parts over and waiting
-                          # for them (a few us with the compiled pool). Measured, 2 parts
-                          # against 1 thread (AVX-512, interleaved): 0.4-1.6 MFLOP convolutions
-                          # 0.68-0.99x, 3.6 MFLOP 1.09-1.27x, 6.4 MFLOP 1.28-1.30x, 14.5
-                          # MFLOP 1.36-1.60x, 26-58 MFLOP 1.58-1.78x
 FILTER_SPLIT_COST = 0.05  # filter parts each pack (or fill) the whole input again
 
 
@@ -560,13 +560,14 @@ def window_units(spec, nwin, slab, vector):
     return spec.n * per_image
 
 
-def thread_split(spec, units, filter_tiles, threads, filters_splittable=True):
+def thread_split(spec, units, filter_tiles, threads, filters_splittable, min_flops):
     """(window parts, filter parts) of the output, one thread each: the split whose busiest
     thread has the least work, a filter part costing FILTER_SPLIT_COST more, since each
     repacks the input. The output is split, never the reduction, so the result does not
-    depend on it. A thread is only added for at least THREAD_MIN_FLOPS of work (small
-    convolutions stay on one), and only where it makes the busiest thread's share smaller."""
-    worth = max(1, min(threads, int(spec.flops // THREAD_MIN_FLOPS)))
+    depend on it. A thread is only added for at least ``min_flops`` of work (the record's
+    ``thread_min_flops``: small convolutions stay on one), and only where it makes the busiest
+    thread's share smaller."""
+    worth = max(1, min(threads, int(spec.flops // min_flops)))
     best, best_share = (1, 1), 1.0
     for t in range(2, worth + 1):
         for a in range(1, t + 1):
@@ -594,12 +595,11 @@ def analyze_slicing(spec, machine=None, *, vector=None, microtile_shape=None, nc
     forced = tuple(given)
     vector, microtile_shape, nc, k2, k3, schedule, slab, band, split = (
         given.get(name) for name in SLICING_OVERRIDES)
-    lanes, registers = machine.vector_bytes // spec.itemsize, machine.vector_registers
-    tiles = {"windows": microtile(lanes, registers),
-             "filters": filter_vector_tile(lanes, registers, 1 if spec.p * spec.q == 1 else 7)}
-    direct_tile = filter_vector_tile(lanes, registers, direct_windows(spec))
+    tiles = {"windows": microtile(machine, spec.itemsize),
+             "filters": filter_vector_tile(machine, spec.itemsize, spec.p * spec.q)}
+    direct_tile = (direct_windows(spec, machine), TILE_VECTORS * machine.vector_bytes // spec.itemsize)
     tile = microtile_shape or direct_tile
-    fits_direct = use_direct(spec, *tile) and slab_within(
+    fits_direct = use_direct(spec, *tile, machine.tuning) and slab_within(
         spec, tile[0], direct_channel_tile(spec, tile[1], machine.l2), "filters", machine.l3)
     if vector is None:
         vector = ("filters" if slab is not False and fits_direct else
@@ -629,7 +629,8 @@ def analyze_slicing(spec, machine=None, *, vector=None, microtile_shape=None, nc
     if split:
         split = (min(split[0], units), min(split[1], t_w) if splittable else 1)
     else:
-        split = thread_split(spec, units, t_w, threads, splittable)
+        split = thread_split(spec, units, t_w, threads, splittable,
+                             machine.tuning.thread_min_flops)
     plan_machine, machine = machine, machine.per_thread(split[0] * split[1])
 
     def costed(band):

@@ -26,7 +26,8 @@ _tables = fork_safe_lock()   # guards every Conv2d's tables of packed filters an
 def host_machine(isa_name=None):
     """The machine CSA plans for: the host's caches and the vector facts of the kernel ISA."""
     isa = get_isa(isa_name) if isa_name else host_isa()
-    return csa.Machine.host(vector_bytes=isa.vector_bytes, vector_registers=isa.vector_registers)
+    return csa.Machine.host(vector_bytes=isa.vector_bytes, vector_registers=isa.vector_registers,
+                            tuning=csa.tuning.record(isa.name))
 
 
 @lru_cache(maxsize=1024)
@@ -75,8 +76,7 @@ class Conv2d:
         self._by_shape = {}
         if input_shape is None:   # a depthwise plan's one filter a row, else windows in vectors
             machine = host_machine(self.isa)
-            nf = 1 if depthwise else csa.microtile(machine.vector_bytes // self.dtype.itemsize,
-                                                   machine.vector_registers)[1]
+            nf = 1 if depthwise else csa.microtile(machine, self.dtype.itemsize)[1]
         else:   # compile (or load) now what calls on that shape run
             threads = get_num_threads()
             prepared = self._prepared(tuple(input_shape), self.dtype, threads)

@@ -6,16 +6,49 @@ from csa import ConvSpec, Machine
 
 # A small what-if machine so that no clamping hides the formulas; plans use a 32 x 14 micro-tile.
 SMALL = Machine(l1d=32 * 1024, l2=64 * 1024, l3=256 * 1024, line=64, vector_bytes=64,
-                vector_registers=32)
+                vector_registers=32, tuning=csa.tuning.AVX512)
 TILE = (32, 14)
 LAYER = ConvSpec(1, 64, 56, 56, 64, 3, 3, padding=(1, 1, 1, 1))
 
 
-def test_microtile_from_register_budget():
-    assert csa.microtile(16, 32) == (32, 8)    # AVX-512 float32: 14 rows fit, 8 divide real K
-    assert csa.microtile(8, 32) == (16, 8)     # AVX-512 float64
-    assert csa.microtile(8, 16) == (16, 6)     # AVX2 float32: 12 accumulators + 3
-    assert csa.microtile(4, 16) == (8, 6)
+AVX512 = Machine(vector_bytes=64, vector_registers=32, tuning=csa.tuning.AVX512)
+AVX2 = Machine(vector_bytes=32, vector_registers=16, tuning=csa.tuning.AVX2)
+
+
+def test_kernel_model_against_measured_avx2_kernels():
+    """The model's efficiency against the micro-kernels measured on Zen 3 (csa/TUNING.md):
+    latency-bound with too few accumulators, load-bound with one vector row, spilled past the
+    register file, at the peak in between."""
+    model = csa.tuning.AVX2.kernel_efficiency
+    assert model(16, 3, 2) == 0.75 and model(16, 2, 3) == 0.75    # 3x16, 2x24: measured 74, 73%
+    assert model(16, 1, 4) == 0.5                                   # 1x32: 50%
+    assert model(16, 7, 2) == 0 and model(16, 3, 4) == 0            # 7x16, 3x32 spill: 50, 66%
+    assert abs(model(16, 8, 1) - 0.78) < 0.01                       # 8x8: 76%
+    assert abs(model(16, 9, 1) - 0.79) < 0.01                       # 9x8: 80%
+    for tile in ((4, 2), (5, 2), (6, 2), (3, 3), (4, 3)):           # 98-100%
+        assert model(16, *tile) == 1.0, tile
+    assert csa.tuning.AVX2.broadcast_counts(16, 2) == {4: 1.0, 5: 1.0, 6: 1.0}
+    # AVX-512 FMAs take their broadcast from memory: 15 broadcasts x 2 vectors fit 32 registers
+    assert max(csa.tuning.AVX512.broadcast_counts(32, 2)) == 15
+
+
+def test_register_blocking_per_orientation():
+    assert csa.microtile(AVX512, 4) == (32, 8)    # float32: 8 of the 4..15 that fit divide real K
+    assert csa.microtile(AVX512, 8) == (16, 8)    # float64
+    assert csa.microtile(AVX2, 4) == (16, 6)      # 4..6 fit: the fewest loads per FMA
+    assert csa.microtile(AVX2, 8) == (8, 6)
+    # filters in vectors: 7 windows where they fit two vectors, else the count that pads the
+    # plane least; one window of four vectors on a single-pixel plane
+    assert csa.filter_vector_tile(AVX512, 4, 49) == (7, 32)
+    assert csa.filter_vector_tile(AVX512, 4, 1) == (1, 64)
+    assert csa.filter_vector_tile(AVX2, 4, 49) == (5, 16)     # 50 positions, against 52 and 54
+    assert csa.filter_vector_tile(AVX2, 4, 196) == (4, 16)
+    assert csa.filter_vector_tile(AVX2, 4, 1) == (1, 32)
+    # direct: AVX-512's measured window counts, AVX2's from the model
+    for q, avx512, avx2 in ((56, 14, 4), (28, 14, 4), (14, 14, 5), (7, 7, 4), (35, 7, 5)):
+        spec = ConvSpec(1, 64, q, q, 64, 3, 3, padding=(1, 1, 1, 1))
+        assert csa.plan.direct_windows(spec, AVX512) == avx512, q
+        assert csa.plan.direct_windows(spec, AVX2) == avx2, q
 
 
 def test_plan_hand_computed_input_stationary():
@@ -59,7 +92,7 @@ def test_channel_tile_never_exceeds_channels_per_group():
 
 
 def test_output_bands_where_they_pay():
-    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32)
+    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32, tuning=csa.tuning.AVX512)
     # 0.25*0.9*1 MiB // (32*128*4) = 14 window tiles: 6.4 MB of partial outputs kept in L2
     big_output = csa.analyze(ConvSpec.parse("n1c128h112w112k128r3s3p1u1"), zen, vector="windows")
     assert big_output.band == 14 and "29 of 14 window tiles" in big_output.explain()
@@ -72,7 +105,7 @@ def test_output_bands_where_they_pay():
 
 
 def test_channel_tiles_split_evenly():
-    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32)
+    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32, tuning=csa.tuning.AVX512)
     # 30 channels of a 32 x 8 tile fit L1: (0.9*49152 - 1024) // (40*9*4) = 30
     for c, nc in ((30, 30), (32, 16), (64, 22), (256, 29), (31, 16)):
         spec = ConvSpec(1, c, 28, 28, 64, 3, 3, padding=(1,) * 4)
@@ -110,8 +143,6 @@ def test_filters_become_the_vector_dimension_on_small_planes():
     # 7x7: 49 windows fill 7 tiles of 7 exactly, against 2 tiles of 32 (64 lanes)
     assert csa.padded_work(ConvSpec(1, 8, 7, 7, 64, 1, 1), 7, 32) == 49 * 64
     assert csa.padded_work(ConvSpec(1, 8, 7, 7, 64, 1, 1), 32, 8) == 64 * 64
-    assert csa.filter_vector_tile(16, 32) == (7, 32) and csa.filter_vector_tile(8, 16) == (7, 8)
-    assert csa.filter_vector_tile(16, 32, 1) == (1, 64) and csa.filter_vector_tile(8, 16, 1) == (1, 32)
     assert (csa.analyze(ConvSpec(1, 64, 1, 1, 1984, 1, 1), machine).nwin,
             csa.analyze(ConvSpec(1, 64, 1, 1, 1984, 1, 1), machine).nf) == (1, 64)
     assert "vectors along the filters" in csa.analyze(ConvSpec(1, 8, 7, 7, 64, 1, 1), machine).explain()
@@ -121,7 +152,7 @@ def test_output_streams_term_follows_the_inner_loop():
     """Windows in vectors: IS walks down K2*Nf output rows per window tile (rows a page or
     more apart), WS continues Nf rows; with filters in vectors both schedules sweep window tiles
     past a filter tile, writing consecutive rows of the transposed output."""
-    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32)
+    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32, tuning=csa.tuning.AVX512)
     plan = csa.analyze(ConvSpec.parse("n1c3h331w331k96r3s3p0u2"), zen,   # measured: WS 29% faster
                        vector="windows")
     assert plan.costs["IS"]["output streams"] > 0 and plan.costs["WS"]["output streams"] == 0
@@ -145,7 +176,7 @@ def test_overrides_are_applied_and_reported():
 
 def test_slab_where_it_applies_and_pays():
     """With windows in vectors (direct plans: test_direct_where_it_applies)."""
-    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32)
+    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32, tuning=csa.tuning.AVX512)
 
     def plan(name, **overrides):
         return csa.analyze(ConvSpec.parse(name), zen, vector="windows", **overrides)
@@ -236,7 +267,7 @@ def test_unpacked_1x1_only_where_channel_rows_spread_over_l1_sets():
         assert not csa.plan.reads_input_unpacked(ConvSpec.parse(aliased))
     assert not csa.plan.reads_input_unpacked(ConvSpec.parse("n1c64h56w56k256r1s1p0u1"), "filters")
     assert not csa.plan.reads_input_unpacked(ConvSpec.parse("n1c64h56w56k256r3s3p1u1"))
-    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32)
+    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32, tuning=csa.tuning.AVX512)
     assert not csa.analyze(ConvSpec.parse("n1c64h64w64k64r1s1p0u1"), zen).slab   # packed tiles
 
 
@@ -255,7 +286,7 @@ def test_direct_where_it_applies():
     convolutions deep enough per kernel call whose tiles waste little; 14 windows per tile, 7
     on planes a multiple of 7 but not 14; channel tiles by the filter tile's share of L2; bands
     of whole output rows even with one channel tile (each band transposes its own rows)."""
-    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32)
+    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32, tuning=csa.tuning.AVX512)
     plan = csa.analyze(ConvSpec.parse("n1c256h56w56k256r3s3p1u1"), zen)
     assert plan.direct and (plan.vector, plan.nwin, plan.nf, plan.row_tiles) == ("filters", 14, 32, 4)
     assert plan.nc == 128   # 32*9*256*4 B > 0.25*L2 >= 32*9*128*4 B

@@ -175,7 +175,8 @@ def test_grouped_plan_on_request_matches(rng):
 
 
 ZEN = csa.Machine(l1d=48 * 1024, l2=1024 * 1024, l3=32 * 1024 * 1024, vector_bytes=64,
-                  vector_registers=32)
+                  vector_registers=32,
+              tuning=csa.tuning.AVX512)
 
 
 def test_plan_rules():

@@ -23,7 +23,8 @@ def first_cache(tmp_path_factory):
     cache, filled: the other runs' first calls load from it (parse, link and finalize LLVM
     modules at once: where the crash was) instead of compiling."""
     path = tmp_path_factory.mktemp("cso-cache")
-    return path, _run(str(path), "--threads", "8", "--cso-threads", "2")
+    done = _run(str(path), "--threads", "8", "--cso-threads", "2")
+    return path, done, [p for p in path.rglob("*") if p.suffix in (".o", ".nbi")]
 
 
 @pytest.fixture(scope="module")
@@ -64,10 +65,9 @@ def test_concurrent_first_calls_empty_cache(first_cache):
     """The same with nothing compiled yet: the threads' first calls want the same loop nests
     and kernels at once, and each is compiled once (as many compilations as entries saved:
     llvmlite objects and numba indexes)."""
-    path, done = first_cache
+    _, done, entries = first_cache
     assert _check(done) == [8, 0, 0]
     events = json.loads(done.stdout.splitlines()[1])
-    entries = [p for p in path.rglob("*") if p.suffix in (".o", ".nbi")]
     assert events["hits"] == 0 and events["misses"] == events["saved"] == len(entries) > 10
 
 

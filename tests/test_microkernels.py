@@ -13,7 +13,10 @@ def host_specs():
     specs = []
     for isa in mk.supported_isas():
         for dtype, itemsize in (("f32", 4), ("f64", 8)):
-            nwin, nf = csa.microtile(isa.lanes(itemsize), isa.vector_registers)
+            machine = csa.Machine(vector_bytes=isa.vector_bytes,
+                                  vector_registers=isa.vector_registers,
+                                  tuning=csa.tuning.record(isa.name))
+            nwin, nf = csa.microtile(machine, itemsize)
             specs.append(mk.KernelSpec(dtype, nf, nwin, isa.name))
     return specs
 

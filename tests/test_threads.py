@@ -18,7 +18,8 @@ from reference import conv2d_reference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ZEN = csa.Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, l3_cpus=16, vector_bytes=64,
-                  vector_registers=32)
+                  vector_registers=32,
+              tuning=csa.tuning.AVX512)
 
 
 @pytest.fixture
@@ -216,7 +217,7 @@ def test_thread_split_rules():
     assert csa.analyze(deep, ZEN, threads=2).split == (1, 2)
     # work per thread bounds the count: 40 MFLOP each at least
     mid = csa.ConvSpec.parse("n1c64h28w28k64r3s3p1u1")
-    assert csa.analyze(mid, ZEN, threads=64).threads <= mid.flops // csa.plan.THREAD_MIN_FLOPS
+    assert csa.analyze(mid, ZEN, threads=64).threads <= mid.flops // ZEN.tuning.thread_min_flops
 
 
 @pytest.mark.parametrize("name", ["n1c256h56w56k256r3s3p1u1", "n1c64h56w56k256r1s1p0u1",

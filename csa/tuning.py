@@ -1,0 +1,72 @@
+"""What depends on the CPU: one tuning record per ISA, and the register-blocking model.
+
+A record holds the core facts the model needs (FMA latency and pipes, the vector loads a cycle
+the L1 feeds, whether an FMA reads its broadcast operand from memory) and the plan constants
+that were measured rather than derived, each record saying what it was measured on. Plans
+read the record of the machine they plan for (``Machine.tuning``); ``csa/TUNING.md`` gives the
+measurements behind each value.
+
+The model (after Low et al., "Analytical modeling is enough for high-performance BLIS", ACM
+TOMS 2016): a tile of ``broadcasts`` x ``vectors`` accumulators runs at the FMA peak when
+
+- its accumulators cover the FMA latency times the pipes (independent FMAs in flight),
+- its loads (``vectors`` vector rows and ``broadcasts`` broadcasts per step) stay within what the
+  L1 delivers per cycle while the pipes run,
+- accumulators, vector rows and a broadcast register fit the register file (else it spills).
+"""
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Tuning:
+    isa: str
+    measured_on: str              # the CPUs the measured values below come from
+    fma_latency: int              # cycles
+    fma_pipes: int                # full-width vector FMAs issued a cycle
+    loads_per_cycle: float        # vector loads and broadcasts the L1 sustains a cycle
+    broadcast_operand: bool       # an FMA takes its broadcast from memory: no register for it
+    # (windows, relative speed) of direct tiles measured in loop nests; () = from the model
+    direct_windows: tuple = ()
+    thread_min_flops: float = 3e6   # work a thread must get to pay for handing parts over
+    depthwise_thread_min_flops: float = 0.5e6   # the same for a depthwise plan (about 10 us)
+    direct_min_depth: int = 512     # C/groups*R*S a direct plan needs (shallower: C's tile costs)
+
+    def kernel_efficiency(self, registers, broadcasts, vectors):
+        """Modelled fraction of the FMA peak of a ``broadcasts`` x ``vectors`` tile (0 when
+        it does not fit ``registers``)."""
+        accumulators = broadcasts * vectors
+        if accumulators + vectors + (0 if self.broadcast_operand else 1) > registers:
+            return 0.0
+        latency = accumulators / (self.fma_latency * self.fma_pipes)
+        loads = self.loads_per_cycle * accumulators / (self.fma_pipes * (broadcasts + vectors))
+        return min(1.0, latency, loads)
+
+    def broadcast_counts(self, registers, vectors):
+        """{broadcasts: modelled efficiency} of the tiles with ``vectors`` vector rows that
+        reach the best efficiency any of them reaches (ties: the plan rules choose)."""
+        speeds = {b: self.kernel_efficiency(registers, b, vectors) for b in range(1, registers)}
+        best = max(speeds.values())
+        return {b: e for b, e in speeds.items() if best > 0 and e >= best - 1e-9}
+
+
+AVX512 = Tuning(
+    "avx512", "AMD Zen 5 (2 cores); Zen 4 runs zmm FMAs at half rate, same tiles", fma_latency=4,
+    fma_pipes=2, loads_per_cycle=2.0, broadcast_operand=True,
+    direct_windows=((14, 1.0), (7, 0.93)))
+AVX2 = Tuning(
+    "avx2", "AMD Zen 3 EPYC (2 cores); thread_min_flops and direct_min_depth not measured on "
+    "AVX2 yet: the AVX-512 values", fma_latency=4, fma_pipes=2, loads_per_cycle=1.75,
+    broadcast_operand=False)
+# no CPU measured: the usual FMA core (latency 4, two pipes) with SSE/NEON-width vectors
+GENERIC = Tuning("generic", "not measured: a typical core", fma_latency=4, fma_pipes=2,
+                 loads_per_cycle=2.0, broadcast_operand=False)
+NEON = Tuning("neon", "not measured (aarch64 runs here under emulation only): Neoverse/Apple "
+              "cores have 2-4 FMA pipes of latency 4", fma_latency=4, fma_pipes=2,
+              loads_per_cycle=2.0, broadcast_operand=False)
+RECORDS = {t.isa: t for t in (AVX512, AVX2, GENERIC, NEON)}
+
+
+def record(isa):
+    """The tuning record of ISA ``isa`` (a name as ``microkernels.isa`` spells it); an ISA
+    without one plans with the generic record."""
+    return RECORDS.get(isa, GENERIC)
