@@ -38,6 +38,9 @@ def parse_args():
     parser.add_argument("--scaling", action="store_true",
                         help="time each engine (im2col excepted) on 1 and --threads threads, "
                              "each engine in a process of its own")
+    parser.add_argument("--isa", default="",
+                        help="cso's kernel ISA (avx512, avx2, generic: one this CPU runs; default "
+                             "the best), PyTorch's oneDNN capped to match")
     opts = parser.parse_args()
     if opts.threads < 1 or opts.repeat < 1:
         parser.error(f"--threads and --repeat must be at least 1, got {opts.threads} and {opts.repeat}")
@@ -48,6 +51,10 @@ def parse_args():
 
 
 parser, opts = parse_args()
+if opts.isa:   # cso's kernels, and PyTorch's oneDNN capped alike (set before either loads)
+    os.environ["CSO_ISA"] = opts.isa
+    os.environ.setdefault("ONEDNN_MAX_CPU_ISA", {"avx512": "AVX512_CORE", "avx2": "AVX2"}.get(
+        opts.isa, "SSE41"))
 for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[var] = str(opts.threads)
 
@@ -58,6 +65,12 @@ from .scaling import SCALING_ENGINES, run_children  # noqa: E402
 from .memory import measure_memory, memory_lines  # noqa: E402
 from .startup import measure_startup, startup_lines  # noqa: E402
 from .suites import suite  # noqa: E402
+from microkernels import default_isa  # noqa: E402
+
+try:
+    default_isa()
+except ValueError as err:
+    parser.error(f"--isa: {err}")
 
 
 def selected_specs():

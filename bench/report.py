@@ -9,9 +9,10 @@ from math import exp, log
 import llvmlite.binding as llvm
 import numpy as np
 
+import csa
 import cso
 from cso.threads import available_cpus
-from microkernels import host_isa
+from microkernels import default_isa, host_isa
 from microkernels.probe import UKERNEL_K, fma_peak, kernel_throughput
 
 
@@ -27,6 +28,26 @@ def cpu_name():
 
 
 NOMINAL_PEAK_GFLOPS = 117  # per core: the design document's figure for its reference machine
+# a convolution planned in each micro-kernel orientation (the overrides make sure of it)
+ORIENTATIONS = (
+    ("windows in vectors", "n1c64h56w56k64r3s3p1u1", {"vector": "windows", "slab": False}),
+    ("windows in vectors, slab", "n1c64h56w56k64r3s3p1u1", {"vector": "windows", "slab": True}),
+    ("filters in vectors", "n1c512h7w7k512r3s3p1u1", {"vector": "filters", "slab": False}),
+    ("direct", "n1c256h56w56k256r3s3p1u1", {"vector": "filters", "slab": True}),
+)
+
+
+def orientation_kernels():
+    """[(orientation, KernelSpec)]: the micro-kernel this host's plans run in each
+    orientation."""
+    kernels = []
+    for name, conv, overrides in ORIENTATIONS:
+        spec = csa.ConvSpec.parse(conv)
+        t, b, left, right = spec.padding
+        layer = cso.Conv2d(np.zeros(spec.weight_shape, np.float32), padding=((t, b), (left, right)),
+                           plan_overrides=overrides)
+        kernels.append((name, layer.kernel_for(spec.input_shape)))
+    return kernels
 
 
 def machine_facts(threads):
@@ -36,11 +57,13 @@ def machine_facts(threads):
     blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]["name"]
     fma_gflops, fma_count = fma_peak()
     cores = min(threads, available_cpus())
-    kernel = cso.Conv2d(np.zeros((8, 8, 1, 1), np.float32)).kernel_for((1, 8, 56, 56))
-    ukernel_gflops = kernel_throughput(kernel)
+    kernels = [(name, kernel, kernel_throughput(kernel)) for name, kernel in orientation_kernels()]
+    isa, host = default_isa().name, host_isa().name
+    forced = "" if isa == host else f" (forced: --isa or CSO_ISA; the host has {host})"
     facts = [
         ("CPU", f"{cpu_name()} (LLVM: {llvm.get_host_cpu_name()}), {os.cpu_count()} logical CPUs"),
-        ("ISA", f"{host_isa().name} (micro-kernel {kernel.name})"),
+        ("ISA", f"{isa}{forced}; its tuning record measured on "
+                f"{cso.host_machine().tuning.measured_on}"),
         ("Caches", f"as CSA sees them: {cso.host_machine()}"),
         ("Threads", f"{threads} for every engine (cso, im2col's BLAS, onnxruntime, PyTorch), on "
                     f"{cores} core(s)"),
@@ -48,8 +71,9 @@ def machine_facts(threads):
         ("FMA peak", f"{fma_gflops:.1f} GFLOP/s measured on one core ({fma_count} full-width vfmadd "
                      f"in the probe's asm; x {cores} core(s) = {cores * fma_gflops:.1f}); the "
                      f"design doc's nominal {NOMINAL_PEAK_GFLOPS} GFLOP/s per core"),
-        ("u-kernel", f"{ukernel_gflops:.1f} GFLOP/s = {100 * ukernel_gflops / fma_gflops:.1f}% of the "
-                     f"FMA peak (k={UKERNEL_K}, L1-resident tiles)"),
+        ("u-kernels", "; ".join(f"{name} {kernel.name} {gflops:.1f} GFLOP/s "
+                                f"({100 * gflops / fma_gflops:.0f}%)" for name, kernel, gflops in kernels)
+         + f" of the FMA peak (k={UKERNEL_K}, L1-resident tiles)"),
     ]
     return facts, cores * fma_gflops
 

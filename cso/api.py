@@ -9,7 +9,7 @@ from functools import lru_cache
 import numpy as np
 
 import csa
-from microkernels import BIAS, RELU, get_isa, host_isa, supported_isas
+from microkernels import BIAS, RELU, default_isa, get_isa, supported_isas
 from microkernels.once import fork_safe_lock
 from packing import pack_filters, unpack_filters
 
@@ -25,7 +25,7 @@ _tables = fork_safe_lock()   # guards every Conv2d's tables of packed filters an
 @lru_cache(maxsize=None)
 def host_machine(isa_name=None):
     """The machine CSA plans for: the host's caches and the vector facts of the kernel ISA."""
-    isa = get_isa(isa_name) if isa_name else host_isa()
+    isa = get_isa(isa_name) if isa_name else default_isa()
     return csa.Machine.host(vector_bytes=isa.vector_bytes, vector_registers=isa.vector_registers,
                             tuning=csa.tuning.record(isa.name))
 
@@ -37,7 +37,7 @@ def _plan(spec, isa_name, overrides, threads):
 
 def _check_isa(name):
     if name is None:
-        return host_isa().name
+        return default_isa().name
     isa = get_isa(name)
     if isa not in supported_isas():
         raise ValueError(f"isa {name!r} is not supported by this CPU; supported: "

@@ -4,6 +4,8 @@ This is the only module that knows instruction sets. Everything downstream gets 
 (vector bytes, register count) or an ``Isa`` by name.
 """
 from dataclasses import dataclass
+import os
+
 import llvmlite.binding as llvm
 
 from .once import compiled_once
@@ -18,6 +20,8 @@ class Isa:
     # itemsize -> LLVM intrinsic permuting the lanes of two vectors by a run-time index vector
     # (a vector at any element offset from two aligned loads), where the ISA has one
     two_source_permute: tuple = ()
+    # (target triple, LLVM CPU, features) to compile its kernels on another host, for checking
+    cross_target: tuple = ()
 
     def lanes(self, itemsize):
         return self.vector_bytes // itemsize
@@ -33,8 +37,13 @@ ISAS = {
     "avx512": Isa("avx512", 64, 32, ("avx512f", "avx512vl", "fma"),
                   ((4, "llvm.x86.avx512.vpermi2var.ps.512"), (8, "llvm.x86.avx512.vpermi2var.pd.512"))),
     "avx2": Isa("avx2", 32, 16, ("avx2", "fma")),
+    "neon": Isa("neon", 16, 32, ("neon",), (),   # aarch64: 32 registers of 128 bits
+                ("aarch64-unknown-linux-gnu", "generic", "+neon")),
     "generic": Isa("generic", 16, 16, ()),
 }
+# AArch64's Linux and macOS ABIs include Advanced SIMD (NEON): it is there even where the OS
+# does not list it (as under qemu's user mode)
+BASELINE_FEATURES = {"aarch64": ("neon",), "arm64": ("neon",)}
 
 
 def select_isa(features):
@@ -49,11 +58,29 @@ def select_isa(features):
 def host_features():
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
-    return frozenset(name for name, on in llvm.get_host_cpu_features().items() if on)
+    baseline = BASELINE_FEATURES.get(llvm.get_process_triple().split("-")[0], ())
+    return frozenset(name for name, on in llvm.get_host_cpu_features().items() if on) | set(baseline)
 
 
 def host_isa():
     return select_isa(host_features())
+
+
+ISA_ENV = "CSO_ISA"
+
+
+def default_isa():
+    """The ISA kernels are compiled for when a call names none: ``$CSO_ISA`` (e.g. ``avx2`` on an
+    AVX-512 host, to measure what AVX2 machines get; it must be one this CPU runs), else the
+    host's best."""
+    name = os.environ.get(ISA_ENV, "").strip()
+    if not name:
+        return host_isa()
+    isa = get_isa(name)
+    if isa not in supported_isas():
+        raise ValueError(f"{ISA_ENV}={name!r} is not supported by this CPU; supported: "
+                         f"{[i.name for i in supported_isas()]}")
+    return isa
 
 
 def supported_isas():

@@ -19,7 +19,7 @@ from llvmlite import ir
 from . import cache
 from .ir_gen import BIAS, define_kernel
 from .reference import stored_windows
-from .isa import host_features
+from .isa import get_isa, host_features
 from .once import COMPILE_LOCK, compiled_once
 
 _live = []   # every JitModule made: never freed (see the module's docstring)
@@ -97,6 +97,24 @@ class NativeFunction:
         self.name = define(module, *args).name
         self.module = JitModule(str(module))
         self.address = self.module.address(self.name)
+
+
+def cross_assembly(spec):
+    """The assembly of kernel ``spec`` compiled for its ISA's own target (``Isa.cross_target``)
+    whatever the host: NEON kernels' code is checked on x86 machines."""
+    triple, cpu, features = get_isa(spec.isa).cross_target
+    module = ir.Module(name=spec.name)
+    module.triple = triple
+    define_kernel(module, spec)
+    with COMPILE_LOCK:
+        llvm.initialize_all_targets()
+        llvm.initialize_all_asmprinters()
+        machine = llvm.Target.from_triple(triple).create_target_machine(cpu=cpu, features=features,
+                                                                        opt=3)
+        ref = llvm.parse_assembly(str(module))
+        ref.verify()
+        optimize(ref, machine)
+        return machine.emit_assembly(ref)
 
 
 @compiled_once

@@ -10,7 +10,7 @@ from llvmlite import ir
 from numba import njit
 
 from .ir_gen import ACCUMULATE, FUNCTION_TYPE, define_kernel, splat
-from .isa import host_isa
+from .isa import default_isa
 from .jit import JitModule, native_function
 from .numba_bridge import caller
 from .once import compiled_once
@@ -74,7 +74,7 @@ def _fma_probe(lanes):
 def fma_peak(iterations=1 << 27):
     """(GFLOP/s, full-width vfmadd instructions in the compiled probe) at the host ISA's vector
     width. One ctypes call runs ~10^8 iterations, so the call overhead is negligible."""
-    vector_bytes = host_isa().vector_bytes
+    vector_bytes = default_isa().vector_bytes
     lanes, register = vector_bytes // 4, {64: "zmm", 32: "ymm", 16: "xmm"}[vector_bytes]
     compiled = _fma_probe(lanes)
     fma_count = len(re.findall(rf"^\s*vfmadd\w*ps\s.*%{register}", compiled.asm, re.M))
@@ -89,25 +89,33 @@ call_kernel = caller(FUNCTION_TYPE)
 
 
 @njit(nogil=True)
-def _kernel_loop(a, b, c, bias, calls, kernel, nwin, nf):
+def _kernel_loop(a, b, c, bias, rows, calls, kernel, nwin, nf):
     """``calls`` calls of the micro-kernel at address ``kernel``, as a loop nest makes them."""
     for i in range(calls):
         # A and B start SHIFT floats further each call, cycling over 4 offsets: the 4
         # overlapping tiles together stay L1-resident
         offset = (i & 3) * SHIFT * a.itemsize
         call_kernel(kernel, UKERNEL_K, a.ctypes.data + offset, nwin, b.ctypes.data + offset, nf,
-                    c.ctypes.data, nwin, nwin, nf, bias.ctypes.data, ACCUMULATE, 0, 0, 0, 0)
+                    c.ctypes.data, nwin, nwin, nf, bias.ctypes.data, ACCUMULATE,
+                    rows.ctypes.data, 0, nwin, 0)
 
 
 def kernel_throughput(spec, calls=200_000):
     """GFLOP/s of micro-kernel ``spec`` called back to back from compiled code on L1-resident
-    packed tiles of UKERNEL_K rows, accumulating into one C tile."""
+    tiles of UKERNEL_K rows, accumulating into one C tile. A slab kernel reads the same tiles
+    through its row offsets (rows as packed: one virtual row as wide as the tile)."""
     rng = np.random.default_rng(0)
     a = rng.standard_normal(UKERNEL_K * spec.nwin + 3 * SHIFT).astype(spec.np_dtype)
     b = rng.standard_normal(UKERNEL_K * spec.nf + 3 * SHIFT).astype(spec.np_dtype)
     c = np.zeros(spec.nf * spec.nwin, spec.np_dtype)
     bias = np.zeros(spec.nf, spec.np_dtype)
+    rows = np.arange(UKERNEL_K, dtype=np.int64) * (spec.nf if spec.slab == "broadcast" else
+                                                   spec.nwin)
     kernel = native_function(define_kernel, spec).address
-    _kernel_loop(a, b, c, bias, 10, kernel, spec.nwin, spec.nf)  # compile
-    seconds = _best_seconds(lambda: _kernel_loop(a, b, c, bias, calls, kernel, spec.nwin, spec.nf))
+
+    def run(count):
+        _kernel_loop(a, b, c, bias, rows, count, kernel, spec.nwin, spec.nf)
+
+    run(10)  # compile
+    seconds = _best_seconds(lambda: run(calls))
     return 2 * UKERNEL_K * spec.nwin * spec.nf * calls / seconds / 1e9

@@ -56,9 +56,12 @@ def test_bench_writes_a_checked_report(tmp_path):
 
 
 def test_quick_runs_a_few_convolutions_once(tmp_path):
-    result = run_bench("--suite", "mobilenet", "--quick", "--engines", "cso,im2col", "--out", str(tmp_path))
+    """(with the generic ISA forced: what a machine without AVX gets)"""
+    result = run_bench("--suite", "mobilenet", "--quick", "--engines", "cso,im2col", "--isa",
+                       "generic", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert "mobilenet (--quick): 4 convolutions" in result.stdout
+    assert "generic (forced" in result.stdout and "__generic" in result.stdout
     assert len(json.loads((tmp_path / "results.json").read_text())["results"]) == 4
 
 
@@ -96,6 +99,7 @@ def test_measure_scaling_checks_and_times_both_thread_counts():
     (["--threads", "0"], "--threads and --repeat must be at least 1"),
     (["--scaling"], "--scaling compares 1 thread with --threads"),
     (["--scaling", "--threads", "2", "--engines", "cso,im2col"], "--engines with --scaling"),
+    (["--isa", "avx9"], "--isa: unknown ISA 'avx9'"),
 ])
 def test_bench_rejects_bad_options(argv, message):
     result = run_bench(*argv, timeout=120)

@@ -10,15 +10,20 @@ SENTINEL = 12345.0
 
 
 def host_specs():
-    specs = []
+    """The kernels plans choose on each ISA of this CPU: windows in vectors (nf filters
+    broadcast), filters in vectors (windows broadcast) on a 7x7 and a 14x14 plane."""
+    specs = set()
     for isa in mk.supported_isas():
         for dtype, itemsize in (("f32", 4), ("f64", 8)):
             machine = csa.Machine(vector_bytes=isa.vector_bytes,
                                   vector_registers=isa.vector_registers,
                                   tuning=csa.tuning.record(isa.name))
             nwin, nf = csa.microtile(machine, itemsize)
-            specs.append(mk.KernelSpec(dtype, nf, nwin, isa.name))
-    return specs
+            specs.add(mk.KernelSpec(dtype, nf, nwin, isa.name))
+            for positions in (49, 196):
+                windows, filters = csa.filter_vector_tile(machine, itemsize, positions)
+                specs.add(mk.KernelSpec(dtype, windows, filters, isa.name))
+    return sorted(specs, key=str)
 
 
 SPECS = host_specs()
@@ -127,8 +132,8 @@ def test_slab_kernel_virtual_rows(spec, rng):
                 check(spec, *run_slab(spec, rng, k, nwin_used, nf_used, flags, col0, width, gap), k)
 
 
-@pytest.mark.parametrize("spec", [mk.KernelSpec(s.dtype, 14, s.nwin, s.isa, "broadcast") for s in SPECS],
-                         ids=str)
+@pytest.mark.parametrize("spec", sorted({mk.KernelSpec(s.dtype, nf, s.nwin, s.isa, "broadcast")
+                                         for s in SPECS for nf in (s.nf, 14)}, key=str), ids=str)
 def test_broadcast_slab_kernel(spec, rng):
     """B rows read in place at scattered, overlapping offsets (windows along a slab row), no
     slack after the last one; C stored like a packed kernel's, every edge count."""
@@ -203,12 +208,56 @@ def test_kernel_spec_rejects_bad_names(name):
         mk.KernelSpec.parse(name)
 
 
+def test_default_isa_from_the_environment(monkeypatch):
+    """CSO_ISA forces the ISA of calls that name none (an AVX2 machine's kernels on an
+    AVX-512 host); one this CPU cannot run, or no ISA at all, is a ValueError naming it."""
+    monkeypatch.setenv("CSO_ISA", "generic")
+    assert mk.default_isa().name == "generic"
+    import cso
+    w = np.ones((8, 4, 3, 3), np.float32)
+    assert cso.Conv2d(w).kernel_for((1, 4, 9, 9)).isa == "generic"
+    monkeypatch.setenv("CSO_ISA", "avx9")
+    with pytest.raises(ValueError, match="avx9"):
+        mk.default_isa()
+    unsupported = [name for name in mk.ISAS if mk.ISAS[name] not in mk.supported_isas()]
+    for name in unsupported:
+        monkeypatch.setenv("CSO_ISA", name)
+        with pytest.raises(ValueError, match=f"CSO_ISA='{name}' is not supported"):
+            mk.default_isa()
+    monkeypatch.delenv("CSO_ISA")
+    assert mk.default_isa() == mk.host_isa()
+
+
 def test_isa_selection_from_features():
     assert mk.select_isa({"avx512f", "avx512vl", "fma", "avx2"}).name == "avx512"
     assert mk.select_isa({"avx2", "fma"}).name == "avx2"
     assert mk.select_isa({"avx2"}).name == "generic"   # AVX2 without FMA: no fused kernels
     assert mk.select_isa(set()).name == "generic"
+    assert mk.select_isa({"neon", "fp-armv8"}).name == "neon"
     assert mk.host_isa() in mk.supported_isas()
+
+
+@pytest.mark.parametrize("dtype, itemsize, suffix", [("f32", 4, "4s"), ("f64", 8, "2d")])
+def test_neon_kernels_compile_for_aarch64(dtype, itemsize, suffix):
+    """Each orientation's NEON tile (from the neon record's 32 registers), compiled for aarch64
+    on any host: its main loop (the block with the most FMAs) is vector FMAs on v registers
+    (fmla), one per accumulator and unrolled step, and spills no vector register to the
+    stack."""
+    import re
+    from microkernels.jit import cross_assembly
+    neon = csa.Machine(vector_bytes=16, vector_registers=32, tuning=csa.tuning.NEON)
+    nwin, nf = csa.microtile(neon, itemsize)
+    windows, filters = csa.filter_vector_tile(neon, itemsize, 49)
+    direct = csa.plan.direct_windows(csa.ConvSpec(1, 64, 56, 56, 64, 3, 3), neon)
+    specs = [mk.KernelSpec(dtype, nf, nwin, "neon"), mk.KernelSpec(dtype, nf, nwin, "neon", "vector"),
+             mk.KernelSpec(dtype, windows, filters, "neon"),
+             mk.KernelSpec(dtype, direct, filters, "neon", "broadcast")]
+    assert (nwin // (16 // itemsize), nf) == (2, 8)   # 16 accumulators + 2 rows + 1 broadcast
+    for spec in specs:
+        blocks = re.split(r"^\.LBB\w+:", cross_assembly(spec), flags=re.M)
+        loop = max(blocks, key=lambda b: len(re.findall(r"\bfmla\b", b)))
+        assert len(re.findall(rf"\bfmla\s+v\d+\.{suffix}", loop)) == spec.nf * spec.vectors * UNROLL
+        assert not re.search(r"\bq\d+.*\[sp", loop), spec
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=str)
