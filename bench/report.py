@@ -68,11 +68,12 @@ def machine_facts(threads):
         ("Threads", f"{threads} for every engine (cso, im2col's BLAS, onnxruntime, PyTorch), on "
                     f"{cores} core(s)"),
         ("NumPy", f"{np.__version__}, BLAS {blas}"),
-        ("FMA peak", f"{fma_gflops:.1f} GFLOP/s measured on one core ({fma_count} full-width vfmadd "
+        ("FMA peak", f"{fma_gflops:.1f} GFLOP/s measured on one core ({fma_count} full-width vector FMAs "
                      f"in the probe's asm; x {cores} core(s) = {cores * fma_gflops:.1f}); the "
                      f"design doc's nominal {NOMINAL_PEAK_GFLOPS} GFLOP/s per core"),
         ("u-kernels", "; ".join(f"{name} {kernel.name} {gflops:.1f} GFLOP/s "
-                                f"({100 * gflops / fma_gflops:.0f}%)" for name, kernel, gflops in kernels)
+                                f"({100 * gflops / fma_gflops:.0f}%)"
+                                for name, kernel, gflops in kernels)
          + f" of the FMA peak (k={UKERNEL_K}, L1-resident tiles)"),
     ]
     return facts, cores * fma_gflops

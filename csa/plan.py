@@ -597,7 +597,8 @@ def analyze_slicing(spec, machine=None, *, vector=None, microtile_shape=None, nc
         given.get(name) for name in SLICING_OVERRIDES)
     tiles = {"windows": microtile(machine, spec.itemsize),
              "filters": filter_vector_tile(machine, spec.itemsize, spec.p * spec.q)}
-    direct_tile = (direct_windows(spec, machine), TILE_VECTORS * machine.vector_bytes // spec.itemsize)
+    direct_tile = (direct_windows(spec, machine),
+                   TILE_VECTORS * machine.vector_bytes // spec.itemsize)
     tile = microtile_shape or direct_tile
     fits_direct = use_direct(spec, *tile, machine.tuning) and slab_within(
         spec, tile[0], direct_channel_tile(spec, tile[1], machine.l2), "filters", machine.l3)

@@ -5,5 +5,6 @@ from .jit import CompiledKernel, compile
 from .reference import reference_kernel
 from .spec import DepthwiseSpec, KernelSpec
 
-__all__ = ["ACCUMULATE", "BIAS", "RELU", "ISAS", "Isa", "default_isa", "get_isa", "host_isa", "select_isa",
+__all__ = ["ACCUMULATE", "BIAS", "RELU", "ISAS", "Isa", "default_isa", "get_isa", "host_isa",
+           "select_isa",
            "supported_isas", "CompiledKernel", "compile", "reference_kernel", "KernelSpec", "DepthwiseSpec"]

@@ -4,7 +4,8 @@
 
 Kernel names are ``{f32|f64}_conv_ukernel_{Nf}x{Nwin}[_slab|_bslab]__{avx512|avx2|neon|generic}``;
 ``Nwin`` must be a multiple of the ISA's vector lanes. ``--cross`` compiles for the ISA's own
-target on any host (``python -m microkernels.dump f32_conv_ukernel_8x8__neon --cross``). ``repr(cso.Conv2d(w))`` names the kernel a layer uses.
+target on any host (``python -m microkernels.dump f32_conv_ukernel_8x8__neon --cross``).
+``repr(cso.Conv2d(w))`` names the kernel a layer uses.
 """
 import argparse
 import sys

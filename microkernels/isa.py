@@ -59,7 +59,8 @@ def host_features():
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     baseline = BASELINE_FEATURES.get(llvm.get_process_triple().split("-")[0], ())
-    return frozenset(name for name, on in llvm.get_host_cpu_features().items() if on) | set(baseline)
+    enabled = {name for name, on in llvm.get_host_cpu_features().items() if on}
+    return frozenset(enabled | set(baseline))
 
 
 def host_isa():

@@ -72,12 +72,14 @@ def _fma_probe(lanes):
 
 
 def fma_peak(iterations=1 << 27):
-    """(GFLOP/s, full-width vfmadd instructions in the compiled probe) at the host ISA's vector
-    width. One ctypes call runs ~10^8 iterations, so the call overhead is negligible."""
+    """(GFLOP/s, full-width vector FMA instructions in the compiled probe: x86 vfmadd, aarch64
+    fmla) at the kernel ISA's vector width. One ctypes call runs ~10^8 iterations, so the call
+    overhead is negligible."""
     vector_bytes = default_isa().vector_bytes
     lanes, register = vector_bytes // 4, {64: "zmm", 32: "ymm", 16: "xmm"}[vector_bytes]
     compiled = _fma_probe(lanes)
-    fma_count = len(re.findall(rf"^\s*vfmadd\w*ps\s.*%{register}", compiled.asm, re.M))
+    fma_count = len(re.findall(rf"^\s*(vfmadd\w*ps\s.*%{register}|fmla\s+v\d+\.4s)",
+                               compiled.asm, re.M))
     probe = compiled.function("fma_probe", ctypes.c_float, ctypes.c_int64, ctypes.c_float,
                               ctypes.c_float)
     probe(1000, 1.0, 1e-7)  # page in the code, spin the core up

@@ -17,7 +17,8 @@ compiles (``COMPILED_WHILE_FORKING``: not among the layers a warm cache holds); 
 call``: while another thread calls a layer over and over (on ``--cso-threads`` threads: the pool
 is busy). The children compute in their turn.
 
-Prints ``ok <calls> <forks> <forks made while another thread held the compile lock>``, the compilation cache's events (a JSON line) and exits 0, or
+Prints ``ok <calls> <forks> <forks made while another thread held the compile lock>``, the
+compilation cache's events (a JSON line) and exits 0, or
 prints what went wrong and exits 1; a hang dies by SIGALRM.
 """
 import argparse

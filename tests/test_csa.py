@@ -92,7 +92,8 @@ def test_channel_tile_never_exceeds_channels_per_group():
 
 
 def test_output_bands_where_they_pay():
-    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32, tuning=csa.tuning.AVX512)
+    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32,
+                  tuning=csa.tuning.AVX512)
     # 0.25*0.9*1 MiB // (32*128*4) = 14 window tiles: 6.4 MB of partial outputs kept in L2
     big_output = csa.analyze(ConvSpec.parse("n1c128h112w112k128r3s3p1u1"), zen, vector="windows")
     assert big_output.band == 14 and "29 of 14 window tiles" in big_output.explain()
@@ -105,7 +106,8 @@ def test_output_bands_where_they_pay():
 
 
 def test_channel_tiles_split_evenly():
-    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32, tuning=csa.tuning.AVX512)
+    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32,
+                  tuning=csa.tuning.AVX512)
     # 30 channels of a 32 x 8 tile fit L1: (0.9*49152 - 1024) // (40*9*4) = 30
     for c, nc in ((30, 30), (32, 16), (64, 22), (256, 29), (31, 16)):
         spec = ConvSpec(1, c, 28, 28, 64, 3, 3, padding=(1,) * 4)
@@ -152,7 +154,8 @@ def test_output_streams_term_follows_the_inner_loop():
     """Windows in vectors: IS walks down K2*Nf output rows per window tile (rows a page or
     more apart), WS continues Nf rows; with filters in vectors both schedules sweep window tiles
     past a filter tile, writing consecutive rows of the transposed output."""
-    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32, tuning=csa.tuning.AVX512)
+    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32,
+                  tuning=csa.tuning.AVX512)
     plan = csa.analyze(ConvSpec.parse("n1c3h331w331k96r3s3p0u2"), zen,   # measured: WS 29% faster
                        vector="windows")
     assert plan.costs["IS"]["output streams"] > 0 and plan.costs["WS"]["output streams"] == 0
@@ -176,7 +179,8 @@ def test_overrides_are_applied_and_reported():
 
 def test_slab_where_it_applies_and_pays():
     """With windows in vectors (direct plans: test_direct_where_it_applies)."""
-    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32, tuning=csa.tuning.AVX512)
+    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32,
+                  tuning=csa.tuning.AVX512)
 
     def plan(name, **overrides):
         return csa.analyze(ConvSpec.parse(name), zen, vector="windows", **overrides)
@@ -267,7 +271,8 @@ def test_unpacked_1x1_only_where_channel_rows_spread_over_l1_sets():
         assert not csa.plan.reads_input_unpacked(ConvSpec.parse(aliased))
     assert not csa.plan.reads_input_unpacked(ConvSpec.parse("n1c64h56w56k256r1s1p0u1"), "filters")
     assert not csa.plan.reads_input_unpacked(ConvSpec.parse("n1c64h56w56k256r3s3p1u1"))
-    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32, tuning=csa.tuning.AVX512)
+    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32,
+                  tuning=csa.tuning.AVX512)
     assert not csa.analyze(ConvSpec.parse("n1c64h64w64k64r1s1p0u1"), zen).slab   # packed tiles
 
 
@@ -286,7 +291,8 @@ def test_direct_where_it_applies():
     convolutions deep enough per kernel call whose tiles waste little; 14 windows per tile, 7
     on planes a multiple of 7 but not 14; channel tiles by the filter tile's share of L2; bands
     of whole output rows even with one channel tile (each band transposes its own rows)."""
-    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32, tuning=csa.tuning.AVX512)
+    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32,
+                  tuning=csa.tuning.AVX512)
     plan = csa.analyze(ConvSpec.parse("n1c256h56w56k256r3s3p1u1"), zen)
     assert plan.direct and (plan.vector, plan.nwin, plan.nf, plan.row_tiles) == ("filters", 14, 32, 4)
     assert plan.nc == 128   # 32*9*256*4 B > 0.25*L2 >= 32*9*128*4 B
