@@ -112,9 +112,13 @@ def cross_assembly(spec):
         machine = llvm.Target.from_triple(triple).create_target_machine(cpu=cpu, features=features,
                                                                         opt=3)
         ref = llvm.parse_assembly(str(module))
-        ref.verify()
-        optimize(ref, machine)
-        return machine.emit_assembly(ref)
+        try:
+            ref.verify()
+            optimize(ref, machine)
+            return machine.emit_assembly(ref)
+        finally:   # freed under the lock too: a module's disposal touches LLVM's context
+            ref.close()
+            machine.close()
 
 
 @compiled_once
