@@ -55,7 +55,7 @@ AVX512 = Tuning(
     direct_windows=((14, 1.0), (7, 0.93)))
 AVX2 = Tuning(
     "avx2", "AMD Zen 3 EPYC (2 cores)", fma_latency=4, fma_pipes=2, loads_per_cycle=1.75,
-    broadcast_operand=False, thread_min_flops=1e6)
+    broadcast_operand=False, thread_min_flops=1e6, depthwise_thread_min_flops=0.2e6)
 # no CPU measured: the usual FMA core (latency 4, two pipes) with SSE/NEON-width vectors
 GENERIC = Tuning("generic", "not measured: a typical core", fma_latency=4, fma_pipes=2,
                  loads_per_cycle=2.0, broadcast_operand=False)
