@@ -3,8 +3,8 @@
 This is the only module that knows instruction sets. Everything downstream gets plain numbers
 (vector bytes, register count) or an ``Isa`` by name.
 """
-from dataclasses import dataclass
 import os
+from dataclasses import dataclass
 
 import llvmlite.binding as llvm
 

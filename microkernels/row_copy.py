@@ -151,12 +151,11 @@ class _RowCopyBuilder:
         """Any stride: masked gathers (lane addresses src + lane*stride*itemsize; llvmlite has
         no vector GEP, so they are computed as integers)."""
         lanes, idx_ty = self.lanes, ir.VectorType(I64, self.lanes)
-        itemsize = self.itemsize
         masks, offsets = {}, {}
         for v in range(self.vectors):
             lane_ids = [v * lanes + i for i in range(lanes)]
             masks[v] = self._between(bld, lane_ids, *self.bounds[2:])
-            offsets[v] = bld.mul(ir.Constant(idx_ty, [j * itemsize for j in lane_ids]),
+            offsets[v] = bld.mul(ir.Constant(idx_ty, [j * self.itemsize for j in lane_ids]),
                                  splat(bld, stride, idx_ty))
         gather = declare(self.module, f"llvm.masked.gather.v{lanes}{self.dtype}.v{lanes}p0",
                          ir.FunctionType(self.vec, [ir.VectorType(PTR, lanes),
