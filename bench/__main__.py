@@ -41,7 +41,13 @@ def parse_args():
     parser.add_argument("--isa", default="",
                         help="cso's kernel ISA (avx512, avx2, generic: one this CPU runs; default "
                              "the best), PyTorch's oneDNN capped to match")
+    parser.add_argument("--tune", action="store_true",
+                        help="run cso's tuned plans (cso.autotune: each convolution's best-ranked "
+                             "plans timed once per machine, kept in the cache) instead of the "
+                             "model's")
     opts = parser.parse_args()
+    if opts.tune and (opts.schedules or opts.scaling):
+        parser.error("--tune applies to the main table, not to --schedules or --scaling")
     if opts.threads < 1 or opts.repeat < 1:
         parser.error(f"--threads and --repeat must be at least 1, got {opts.threads} and {opts.repeat}")
     if opts.scaling and opts.threads < 2:
@@ -59,7 +65,7 @@ for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[var] = str(opts.threads)
 
 from . import documents, report  # noqa: E402  (imports NumPy)
-from .engines import ENGINES, available_engines  # noqa: E402
+from .engines import CSO_OPTIONS, ENGINES, available_engines  # noqa: E402
 from .measure import measure_conv, measure_schedules  # noqa: E402
 from .scaling import SCALING_ENGINES, run_children  # noqa: E402
 from .memory import measure_memory, memory_lines  # noqa: E402
@@ -105,6 +111,8 @@ def selected_engines():
 
 def main():
     specs, engines = selected_specs(), selected_engines()
+    if opts.tune:
+        CSO_OPTIONS["tune"] = True
     repeat = 1 if opts.quick else opts.repeat
     facts, peak = report.machine_facts(opts.threads)
     if opts.scaling:
@@ -114,6 +122,9 @@ def main():
         ("Suite", f"{opts.suite}{' (--quick)' if opts.quick else ''}: {len(specs)} convolutions, float32"),
         ("Timing", f"median of {repeat} sample{'s' * (repeat > 1)} after a warm-up; every output "
                    "checked against a float64 reference first"),
+        ("cso plans", "tuned on this host (--tune: the fastest of CSA's best-ranked plans, timed "
+                      "once per machine and kept in the cache; its load time includes that)"
+         if opts.tune else "from the model (CSA's rules and this host's calibration)"),
     ]
     report.print_facts(facts)
     print(flush=True)

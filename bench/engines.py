@@ -6,10 +6,15 @@ from numpy.lib.stride_tricks import sliding_window_view
 import cso
 
 
+CSO_OPTIONS = {}   # options every cso engine of the run gets (``python -m bench --tune``)
+
+
 def cso_engine(spec, w, threads=1, **options):
-    """cso.Conv2d (``options`` go to it) loaded for the spec's input shape, as a model would
-    be: filters packed here, outside the timed calls; cso may use ``threads`` threads (a
-    process-wide setting, the same for every engine of a run)."""
+    """cso.Conv2d (``options`` and CSO_OPTIONS go to it) loaded for the spec's input shape, as
+    a model would be: filters packed (and with ``tune=True`` the plan tuned) here, outside the
+    timed calls; cso may use ``threads`` threads (a process-wide setting, the same for every
+    engine of a run)."""
+    options = {**CSO_OPTIONS, **options}
     cso.set_num_threads(threads)
     t, b, l, r = spec.padding
     return cso.Conv2d(w, stride=spec.stride, padding=((t, b), (l, r)), dilation=spec.dilation,

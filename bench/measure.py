@@ -89,7 +89,7 @@ def plan_facts(plan):
         return {"kind": "depthwise", "vectors": plan.vectors, "nc": plan.nc, "band": plan.band}
     return {"kind": "slicing", "schedule": plan.schedule, "vector": plan.vector,
             "input": "slab" if plan.slab else "packed tiles", "microtile": [plan.nwin, plan.nf],
-            "nc": plan.nc, "k2": plan.k2, "k3": plan.k3}
+            "nc": plan.nc, "k2": plan.k2, "k3": plan.k3, "tuned": bool(plan.origin)}
 
 
 def breakdown(conv, x, repeat, call_seconds):

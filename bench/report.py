@@ -1,7 +1,6 @@
 """What ``python -m bench`` prints: the machine, a progress bar, then one row per convolution
 and a geomean row."""
 import os
-import platform
 import sys
 import time
 from math import exp, log
@@ -11,20 +10,11 @@ import numpy as np
 
 import csa
 import cso
+from cso import calibration
+from cso.calibration import cpu_name
 from cso.threads import available_cpus
 from microkernels import default_isa, host_isa
 from microkernels.probe import UKERNEL_K, fma_peak, kernel_throughput
-
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 NOMINAL_PEAK_GFLOPS = 117  # per core: the design document's figure for its reference machine
@@ -64,6 +54,7 @@ def machine_facts(threads):
         ("CPU", f"{cpu_name()} (LLVM: {llvm.get_host_cpu_name()}), {os.cpu_count()} logical CPUs"),
         ("ISA", f"{isa}{forced}; its tuning record measured on "
                 f"{cso.host_machine().tuning.measured_on}"),
+        ("Calibration", calibration_text()),
         ("Caches", f"as CSA sees them: {cso.host_machine()}"),
         ("Threads", f"{threads} for every engine (cso, im2col's BLAS, onnxruntime, PyTorch), on "
                     f"{cores} core(s)"),
@@ -77,6 +68,14 @@ def machine_facts(threads):
          + f" of the FMA peak (k={UKERNEL_K}, L1-resident tiles)"),
     ]
     return facts, cores * fma_gflops
+
+
+def calibration_text():
+    """This host's calibration record (what plans read besides the tuning record), or why
+    there is none."""
+    if not calibration.enabled():
+        return f"off ({calibration.ENV_VAR}=0): plans from the tuning record alone"
+    return "; ".join(calibration.describe(calibration.calibration(default_isa().name)))
 
 
 def print_facts(facts):

@@ -1,6 +1,12 @@
-"""CSA's entry point: a depthwise plan for one input channel per group, else a slicing plan."""
+"""CSA's entry point: a depthwise plan for one input channel per group, else a slicing plan;
+and the plans autotuning times besides the model's."""
+from dataclasses import replace
+
 from .depthwise import DEPTHWISE_OVERRIDES, analyze_depthwise
-from .plan import SLICING_OVERRIDES, analyze_slicing, check_overrides
+from .plan import (FILTER_SLABS, SCHEDULES, SLICING_OVERRIDES, TILE_VECTORS, WINDOW_SLABS,
+                   DIRECT_SLABS, SlicingPlan, analyze_slicing, check_overrides)
+
+TUNE_CANDIDATES = 8   # plans autotuning times per convolution, the model's included
 
 
 def uses_depthwise(c_per_group, overrides):
@@ -29,3 +35,37 @@ def analyze(spec, machine=None, *, threads=1, **overrides):
     run = analyze_depthwise if uses_depthwise(spec.c_per_group, given) else analyze_slicing
     given.pop("depthwise", None)
     return run(spec, machine, threads=threads, **given)
+
+
+def tuning_candidates(spec, machine=None, threads=1, limit=TUNE_CANDIDATES):
+    """[(overrides, plan)]: the plans autotuning times for ``spec``, the model's own first
+    (overrides {}), then the choices the model is least sure of: the other orientations
+    (windows in vectors, packed or from a slab; filters in vectors; direct), the other
+    schedule, the model's other fastest micro-tiles in its orientation, the other thread
+    splits. At most ``limit`` distinct plans (plans differing only in their costs count once)."""
+    model = analyze(spec, machine, threads=threads)
+    options = [{}]
+    if isinstance(model, SlicingPlan):
+        options += [{"vector": "windows", "slab": False}, {"vector": "windows", "slab": True},
+                    {"vector": "filters", "slab": False}, {"vector": "filters", "slab": True}]
+        options.append({"schedule": next(s for s in SCHEDULES if s != model.schedule)})
+        slabs = (DIRECT_SLABS if model.direct else FILTER_SLABS if model.vector == "filters"
+                 else WINDOW_SLABS)
+        lanes = TILE_VECTORS * model.machine.vector_bytes // spec.itemsize
+        for b in sorted(model.machine.tuning.broadcast_counts(model.machine.vector_registers,
+                                                              TILE_VECTORS, slabs), reverse=True):
+            shape = (b, lanes) if model.vector == "filters" else (lanes, b)
+            options.append({"vector": model.vector, "slab": model.slab, "microtile_shape": shape})
+    if threads > 1:
+        options += [{"split": (1, 1)}, {"split": (threads, 1)}, {"split": (1, threads)}]
+    found = []
+    for overrides in options:
+        try:
+            plan = analyze(spec, machine, threads=threads, **overrides)
+        except ValueError:   # an orientation or slab this convolution cannot take
+            continue
+        if all(replace(plan, forced=()) != replace(p, forced=()) for _, p in found):
+            found.append((overrides, plan))
+        if len(found) == limit:
+            break
+    return found

@@ -8,7 +8,7 @@ pads each channel into a slab (zero-padded, split into stride phases, see
 along its virtual rows, once per filter of the channel: whole planes for several channels at
 once when they fit, else bands of output rows of one channel.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import ceil
 
 from .machine import Machine
@@ -41,6 +41,7 @@ class DepthwisePlan:
     band: int            # output rows per band (P: whole planes)
     split: tuple = (1, 1)   # parts of the (image, channel, band) units run in parallel
     forced: tuple = ()
+    origin: str = field(default="", compare=False)   # where it came from when not the model
 
     nf = 1               # filters per packed tile: each output channel's R*S weights in a row
 
@@ -87,8 +88,13 @@ class DepthwisePlan:
             f"{int(SLAB_FILL * m.l1d)}{_forced(self, 'nc', 'band')}",
             f"  threads: {self.threads}, the {self.units} (image, channel, band) units in "
             f"{self.split[0]} part(s){_forced(self, 'split')}",
+            f"  plan: {self.origin or 'from the model'}",
         ]
         return "\n".join(lines)
+
+    def compute_bound(self, peak_gflops):
+        """None: a depthwise plan is bound by memory, not by its kernel's speed."""
+        return None
 
 
 def moved_bytes(spec):

@@ -57,7 +57,9 @@ class Machine:
     def __str__(self):
         return (f"L1d {self.l1d // 1024} KiB, L2 {self.l2 // 1024} KiB, L3 {self.l3 // 1024} KiB "
                 f"(shared by {self.l3_cpus} CPUs), line {self.line} B, {self.vector_registers} x {self.vector_bytes * 8}-bit vector "
-                f"registers ({self.source}), {self.tuning.isa} tuning record")
+                f"registers ({self.source}), {self.tuning.isa} tuning record"
+                + (f" calibrated on this host ({self.tuning.calibration})"
+                   if self.tuning.calibration else ""))
 
 
 def read_sysfs_caches(path):

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from math import ceil, gcd
 
 from .machine import Machine
+from .spec import ConvSpec
 
 SCHEDULES = ("IS", "WS")
 VECTORS = ("windows", "filters")  # the dimension the micro-kernel's vectors run along
@@ -17,6 +18,9 @@ CACHE_FILL = 0.9  # fraction of each cache level a tile set may occupy
 
 TILE_VECTORS = 2   # vector rows of a tile: two (little lane waste on small planes; a third
                    # adds no speed where two reach the peak)
+# the kernel variants (KernelSpec slab modes) each orientation runs: windows in vectors packed
+# or from a slab, filters in vectors packed, direct (windows broadcast from a slab)
+WINDOW_SLABS, FILTER_SLABS, DIRECT_SLABS = ("", "vector"), ("",), ("broadcast",)
 
 
 def microtile(machine, itemsize):
@@ -25,7 +29,8 @@ def microtile(machine, itemsize):
     machine's core: the largest multiple of 8 among them when there is one (filter counts in
     real networks are multiples of 8: no padded rows), else the largest (fewest loads per FMA).
     AVX-512: 8 x 32 floats; AVX2: 6 x 16."""
-    counts = machine.tuning.broadcast_counts(machine.vector_registers, TILE_VECTORS)
+    counts = machine.tuning.broadcast_counts(machine.vector_registers, TILE_VECTORS,
+                                             WINDOW_SLABS)
     nf = max((b for b in counts if b % 8 == 0), default=max(counts))
     return TILE_VECTORS * machine.vector_bytes // itemsize, nf
 
@@ -40,7 +45,7 @@ def filter_vector_tile(machine, itemsize, positions=49):
     lanes, registers = machine.vector_bytes // itemsize, machine.vector_registers
     if positions == 1:
         return 1, max(1, min(4, (registers - 1) // 2)) * lanes
-    counts = machine.tuning.broadcast_counts(registers, TILE_VECTORS)
+    counts = machine.tuning.broadcast_counts(registers, TILE_VECTORS, FILTER_SLABS)
     windows = 7 if 7 in counts else min(counts, key=lambda w: (ceil(positions / w) * w, -w))
     return windows, TILE_VECTORS * lanes
 
@@ -49,14 +54,33 @@ DIRECT_WASTE = 0.1   # padded work a direct plan may add (row-aligned tiles, fil
 
 
 def direct_windows(spec, machine):
-    """Windows per direct tile: of the window counts the record measured (``direct_windows``:
-    relative speeds) or else the model finds fastest, the one whose row-aligned tiles (a tile
-    never spans two output rows) cover Q fastest, positions over speed (ties: the larger).
-    AVX-512: 56, 28, 112, 14 and 104 wide planes take 14, 7, 21 and 35 wide ones 7."""
+    """Windows per direct tile: of the window counts the record measured in loop nests
+    (``direct_windows``: relative speeds) that are among those the model (or calibration)
+    finds fastest, else of those, the one whose row-aligned tiles (a tile never spans two
+    output rows) cover Q fastest, positions over speed (ties: the larger). AVX-512: 56, 28,
+    112, 14 and 104 wide planes take 14, 7, 21 and 35 wide ones 7."""
     tuning = machine.tuning
-    speeds = dict(tuning.direct_windows) or tuning.broadcast_counts(machine.vector_registers,
-                                                                    TILE_VECTORS)
+    counts = tuning.broadcast_counts(machine.vector_registers, TILE_VECTORS, DIRECT_SLABS)
+    speeds = {w: speed for w, speed in tuning.direct_windows if w in counts} or counts
     return min(speeds, key=lambda w: (ceil(spec.q / w) * w / speeds[w], -w))
+
+
+CALIBRATION_PLANES = (7, 14, 28, 56, 112)   # output widths (square planes) of real networks
+
+
+def calibration_candidates(machine):
+    """{slab variant: broadcast counts} a host calibration measures (float32, TILE_VECTORS
+    rows): the counts the rules pick from the model for the usual planes, and their
+    neighbours that fit the registers, so that a calibration can confirm or overturn them."""
+    planes = [ConvSpec.parse(f"n1c64h{q}w{q}k64r3s3p1u1") for q in CALIBRATION_PLANES]
+    picks = {"": {filter_vector_tile(machine, 4, s.p * s.q)[0] for s in planes},
+             "vector": {microtile(machine, 4)[1]},
+             "broadcast": {direct_windows(s, machine) for s in planes}}
+    picks[""] |= picks["vector"]   # windows in vectors runs packed tiles too
+    fits = machine.tuning.kernel_efficiency
+    return {slab: sorted({b for p in chosen for b in (p - 1, p, p + 1)
+                          if b > 0 and fits(machine.vector_registers, b, TILE_VECTORS) > 0})
+            for slab, chosen in picks.items()}
 
 
 def use_direct(spec, nwin, nf, tuning):
@@ -101,6 +125,7 @@ class SlicingPlan:
     costs: dict = field(compare=False)      # schedule -> {term: cycles}
     forced: tuple = ()                      # names of the values set by an override
     split: tuple = (1, 1)                   # output parts run in parallel: (windows, filters)
+    origin: str = field(default="", compare=False)   # where it came from when not the model
 
     @property
     def threads(self):
@@ -192,7 +217,23 @@ class SlicingPlan:
                      f"x {self.split[1]} of the {self.filter_tiles} filter tiles; L3 counted as "
                      f"{m.per_thread(self.threads).l3 // 1024} KiB per thread"
                      + _forced(self, "split"))
+        lines.append(f"  plan: {self.origin or 'from the model'}")
         return "\n".join(lines)
+
+    def compute_bound(self, peak_gflops):
+        """Seconds the plan's tiles (edge padding included) take at its micro-kernel's
+        calibrated (else modelled) fraction of a ``peak_gflops`` core, on each of its threads:
+        the model's prediction, which leaves memory out."""
+        s, m = self.spec, self.machine
+        lanes = m.vector_bytes // s.itemsize
+        broadcasts, vectors = ((self.nwin, self.nf // lanes) if self.vector == "filters"
+                               else (self.nf, self.nwin // lanes))
+        variant = ("broadcast" if self.direct else "vector" if self.slab else "",)
+        speed = (m.tuning.measured_speeds(vectors, variant).get(broadcasts)
+                 or m.tuning.kernel_efficiency(m.vector_registers, broadcasts, vectors))
+        flops = (2 * s.n * s.groups * self.window_tiles * self.nwin * self.filter_tiles * self.nf
+                 * s.c_per_group * s.r * s.s)
+        return flops / (max(speed, 0.05) * peak_gflops * 1e9 * self.threads)
 
 
 def _forced(plan, *names):

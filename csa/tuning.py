@@ -13,15 +13,21 @@ TOMS 2016): a tile of ``broadcasts`` x ``vectors`` accumulators runs at the FMA 
 - its loads (``vectors`` vector rows and ``broadcasts`` broadcasts per step) stay within what the
   L1 delivers per cycle while the pipes run,
 - accumulators, vector rows and a broadcast register fit the register file (else it spills).
+
+A host calibration (``cso.calibration``) corrects a record with what it measured on this CPU
+(``calibrated``): the FMAs in flight a tile needs, and the speed of the candidate tiles of
+each kernel variant, of which the rules then choose only those measured fast.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+MEASURED_TOLERANCE = 0.08   # tiles measured within this of the best are equally fast (noise)
 
 
 @dataclass(frozen=True)
 class Tuning:
     isa: str
     measured_on: str              # the CPUs the measured values below come from
-    fma_latency: int              # cycles
+    fma_latency: float            # cycles
     fma_pipes: int                # full-width vector FMAs issued a cycle
     loads_per_cycle: float        # vector loads and broadcasts the L1 sustains a cycle
     broadcast_operand: bool       # an FMA takes its broadcast from memory: no register for it
@@ -30,6 +36,11 @@ class Tuning:
     thread_min_flops: float = 3e6   # work a thread must get to pay for handing parts over
     depthwise_thread_min_flops: float = 0.5e6   # the same for a depthwise plan (about 10 us)
     direct_min_depth: int = 512     # C/groups*R*S a direct plan needs (shallower: C's tile costs)
+    # measured on this host by a calibration: ((slab variant, vectors, broadcasts, fraction of
+    # the FMA peak), ...), slab variants as KernelSpec names them ("" packed, "vector",
+    # "broadcast"); and what the calibration measured on ("": not calibrated)
+    kernel_speeds: tuple = ()
+    calibration: str = ""
 
     def kernel_efficiency(self, registers, broadcasts, vectors):
         """Modelled fraction of the FMA peak of a ``broadcasts`` x ``vectors`` tile (0 when
@@ -41,12 +52,38 @@ class Tuning:
         loads = self.loads_per_cycle * accumulators / (self.fma_pipes * (broadcasts + vectors))
         return min(1.0, latency, loads)
 
-    def broadcast_counts(self, registers, vectors):
-        """{broadcasts: modelled efficiency} of the tiles with ``vectors`` vector rows that
-        reach the best efficiency any of them reaches (ties: the plan rules choose)."""
+    def broadcast_counts(self, registers, vectors, slabs=("",)):
+        """{broadcasts: efficiency} of the tiles with ``vectors`` vector rows that reach the
+        best efficiency any of them reaches (ties: the plan rules choose), for kernels of every
+        slab variant in ``slabs``. Calibrated: of the tiles measured within MEASURED_TOLERANCE
+        of the best (a tile's speed: its slowest variant's), those the model finds fastest too,
+        else all of them."""
         speeds = {b: self.kernel_efficiency(registers, b, vectors) for b in range(1, registers)}
         best = max(speeds.values())
-        return {b: e for b, e in speeds.items() if best > 0 and e >= best - 1e-9}
+        modelled = {b: e for b, e in speeds.items() if best > 0 and e >= best - 1e-9}
+        measured = self.measured_speeds(vectors, slabs)
+        if not measured:
+            return modelled
+        fastest = max(measured.values())
+        fast = {b: e for b, e in measured.items() if e >= (1 - MEASURED_TOLERANCE) * fastest}
+        return {b: e for b, e in modelled.items() if b in fast} or fast
+
+    def measured_speeds(self, vectors, slabs):
+        """{broadcasts: fraction of the peak} of the tiles of ``vectors`` rows a calibration
+        measured in every variant of ``slabs`` (the slowest variant's)."""
+        found = {}
+        for slab, v, b, speed in self.kernel_speeds:
+            if v == vectors and slab in slabs:
+                found.setdefault(b, {})[slab] = speed
+        return {b: min(by_slab.values()) for b, by_slab in found.items()
+                if len(by_slab) == len(slabs)}
+
+    def calibrated(self, fma_in_flight, kernel_speeds, host):
+        """This record corrected by a calibration on ``host``: ``fma_in_flight`` independent
+        FMAs measured to reach the peak (the model's latency x pipes) and ``kernel_speeds``
+        (as the field)."""
+        return replace(self, fma_latency=fma_in_flight / self.fma_pipes,
+                       kernel_speeds=tuple(kernel_speeds), calibration=host)
 
 
 AVX512 = Tuning(

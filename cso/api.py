@@ -14,6 +14,8 @@ from microkernels.once import fork_safe_lock
 from packing import pack_filters, unpack_filters
 
 from . import arguments as args
+from . import autotune
+from .calibration import calibrated_machine
 from .lowering import ALL_PHASES
 from .prepared import Prepared
 from .threads import get_num_threads
@@ -24,10 +26,9 @@ _tables = fork_safe_lock()   # guards every Conv2d's tables of packed filters an
 
 @lru_cache(maxsize=None)
 def host_machine(isa_name=None):
-    """The machine CSA plans for: the host's caches and the vector facts of the kernel ISA."""
-    isa = get_isa(isa_name) if isa_name else default_isa()
-    return csa.Machine.host(vector_bytes=isa.vector_bytes, vector_registers=isa.vector_registers,
-                            tuning=csa.tuning.record(isa.name))
+    """The machine CSA plans for: the host's caches, the vector facts of the kernel ISA and its
+    tuning record as this host's calibration corrects it (``cso.calibration``)."""
+    return calibrated_machine(isa_name or default_isa().name)
 
 
 @lru_cache(maxsize=1024)
@@ -53,11 +54,20 @@ class Conv2d:
     choices (``vector`` 'windows'/'filters', ``microtile_shape``, ``nc``, ``k2``, ``k3``,
     ``schedule`` 'IS'/'WS', ``slab`` True/False, ``band`` window tiles per output band) and
     ``isa`` picks a micro-kernel ISA other than the host's best; both exist for tests and
-    experiments. Everything compiled is kept in the persistent cache (``CSO_CACHE_DIR``, see
-    ``microkernels.cache``): a later process loads it."""
+    experiments. ``tune=True`` times CSA's best-ranked plans for each new input shape (and
+    thread count) and runs the fastest (``cso.autotune``: about a second per shape, once per
+    machine). Everything compiled and tuned is kept in the persistent cache (``CSO_CACHE_DIR``,
+    see ``microkernels.cache``): a later process loads it."""
 
     def __init__(self, weight, bias=None, stride=1, padding=0, dilation=1, groups=1,
-                 activation=None, *, input_shape=None, plan_overrides=None, isa=None):
+                 activation=None, *, input_shape=None, plan_overrides=None, isa=None,
+                 tune=False):
+        if not isinstance(tune, bool):
+            raise TypeError(f"tune must be True or False, got {tune!r}")
+        if tune and plan_overrides:
+            raise ValueError(f"tune=True chooses the plan by timing; it cannot take "
+                             f"plan_overrides {plan_overrides} as well")
+        self.tune = tune
         self.groups = args.check_weight(weight, bias, groups)
         self.stride = args.pair("stride", stride, 1)
         self.dilation = args.pair("dilation", dilation, 1)
@@ -114,7 +124,7 @@ class Conv2d:
             spec = self.spec_for(shape, dtype)
             flags = (BIAS if self.bias.size else 0) | (RELU if self.activation == "relu" else 0)
             try:
-                found = Prepared(_plan(spec, self.isa, self.overrides, threads), flags, self.isa)
+                found = Prepared(self._plan_for(spec, threads), flags, self.isa)
             except ValueError as err:   # an override this shape or kernel cannot take
                 if not self.overrides:
                     raise
@@ -125,6 +135,13 @@ class Conv2d:
                     del self._by_shape[next(iter(self._by_shape))]
                 self._by_shape[key] = found
         return found
+
+    def _plan_for(self, spec, threads):
+        if not self.tune:
+            return _plan(spec, self.isa, self.overrides, threads)
+        record = autotune.tuned(spec, self.isa, threads)
+        overrides = tuple(sorted(csa.check_overrides(**record["overrides"]).items()))
+        return autotune.tuned_plan(_plan(spec, self.isa, overrides, threads), record)
 
     def __call__(self, x, out=None):
         return self._call(x, out, ALL_PHASES)
@@ -164,7 +181,8 @@ class Conv2d:
     def __repr__(self):
         return (f"Conv2d(weight {self.weight_shape} {self.dtype}, stride={self.stride}, "
                 f"padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
-                f"activation={self.activation}, isa={self.isa})")
+                f"activation={self.activation}, isa={self.isa}"
+                + (", tune=True)" if self.tune else ")"))
 
 
 def _output(shape, dtype):
@@ -204,14 +222,19 @@ def warmup(convolutions, threads=None):
     (A ``Conv2d`` built with ``input_shape`` does the same for its own shape.)"""
     start = time.perf_counter()
     threads = get_num_threads() if threads is None else threads
-    for spec in convolutions:
-        if isinstance(spec, str):
-            spec = csa.ConvSpec.parse(spec)
-        if not isinstance(spec, csa.ConvSpec):
-            raise TypeError(f"warmup: convolutions must be csa.ConvSpec or their names, got "
-                            f"{type(spec).__name__}")
+    for spec in map(_as_spec, convolutions):
         t, b, left, right = spec.padding
         conv = Conv2d(np.zeros(spec.weight_shape, spec.dtype), None, spec.stride,
                       ((t, b), (left, right)), spec.dilation, spec.groups)
         conv._prepared(spec.input_shape, np.dtype(spec.dtype), threads).warm(threads)
     return time.perf_counter() - start
+
+
+def _as_spec(spec):
+    """A ``csa.ConvSpec`` given as one or as its name."""
+    if isinstance(spec, str):
+        spec = csa.ConvSpec.parse(spec)
+    if not isinstance(spec, csa.ConvSpec):
+        raise TypeError(f"convolutions must be csa.ConvSpec or their names, got "
+                        f"{type(spec).__name__}")
+    return spec

@@ -126,14 +126,15 @@ def read_entry(path):
 _save_failed = []
 
 
-def _save(write):
+def _save(write, event="saved"):
     """Run ``write()`` unless saving failed before; the first failure turns saving off with
     one warning (compiled code still runs)."""
     if _save_failed:
         return
     try:
         write()
-        _count("saved")
+        if event:
+            _count(event)
     except OSError as err:
         _save_failed.append(err)
         warnings.warn(f"cso: cannot write the compilation cache ({err}); set CSO_CACHE_DIR to "
@@ -256,9 +257,13 @@ def object_path(ir_text):
     directory = entry_dir()
     if directory is None:
         return None
-    cpu = (llvm.get_process_triple(), llvm.get_host_cpu_name(),
-           llvm.get_host_cpu_features().flatten())
-    return directory / f"{_key_name(ir_text, cpu)}.o"
+    return directory / f"{cpu_key(ir_text)}.o"
+
+
+def cpu_key(*parts):
+    """A file name's key for ``parts`` on this CPU (its triple, name and features)."""
+    return _key_name(*parts, (llvm.get_process_triple(), llvm.get_host_cpu_name(),
+                              llvm.get_host_cpu_features().flatten()))
 
 
 def load_object(path):
@@ -273,3 +278,8 @@ def load_object(path):
 def save_object(path, data):
     if path is not None:
         _save(lambda: write_entry(path, bytes(data)))
+
+
+def save_record(path, payload):
+    """Save a measured record (not compiled code: not counted as an entry saved)."""
+    _save(lambda: write_entry(path, payload), event=None)

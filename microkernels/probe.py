@@ -29,8 +29,8 @@ def _best_seconds(run, trials=3):
     return best
 
 
-def _fma_probe_module(lanes):
-    """``float fma_probe(i64 n, float m, float a)``: n iterations of FMA_CHAINS independent
+def _fma_probe_module(lanes, chains):
+    """``float fma_probe(i64 n, float m, float a)``: n iterations of ``chains`` independent
     vector FMAs acc = acc*m + a. m and a are arguments and the lanes are summed into the result,
     so LLVM can neither fold the loop nor drop it."""
     f32, i64 = ir.FloatType(), ir.IntType(64)
@@ -46,7 +46,7 @@ def _fma_probe_module(lanes):
     bld.branch(loop)
     bld.position_at_end(loop)
     i = bld.phi(i64)
-    accs = [bld.phi(vec) for _ in range(FMA_CHAINS)]
+    accs = [bld.phi(vec) for _ in range(chains)]
     new = [bld.call(fma, [acc, m_vec, a_vec]) for acc in accs]
     i_next = bld.add(i, ir.Constant(i64, 1))
     bld.cbranch(bld.icmp_unsigned("<", i_next, n), loop, done)
@@ -67,24 +67,96 @@ def _fma_probe_module(lanes):
 
 
 @compiled_once
-def _fma_probe(lanes):
-    return JitModule(_fma_probe_module(lanes))
+def _fma_probe(lanes, chains):
+    return JitModule(_fma_probe_module(lanes, chains))
 
 
-def fma_peak(iterations=1 << 27):
+def fma_peak(iterations=1 << 27, isa=None, chains=FMA_CHAINS):
     """(GFLOP/s, full-width vector FMA instructions in the compiled probe: x86 vfmadd, aarch64
-    fmla) at the kernel ISA's vector width. One ctypes call runs ~10^8 iterations, so the call
-    overhead is negligible."""
-    vector_bytes = default_isa().vector_bytes
+    fmla) at the vector width of ``isa`` (default: the kernel ISA). One ctypes call runs ~10^8
+    iterations, so the call overhead is negligible. With ``chains=1`` every FMA waits for the
+    one before: the rate then measures the FMA latency."""
+    vector_bytes = (isa or default_isa()).vector_bytes
     lanes, register = vector_bytes // 4, {64: "zmm", 32: "ymm", 16: "xmm"}[vector_bytes]
-    compiled = _fma_probe(lanes)
+    compiled = _fma_probe(lanes, chains)
     fma_count = len(re.findall(rf"^\s*(vfmadd\w*ps\s.*%{register}|fmla\s+v\d+\.4s)",
                                compiled.asm, re.M))
     probe = compiled.function("fma_probe", ctypes.c_float, ctypes.c_int64, ctypes.c_float,
                               ctypes.c_float)
     probe(1000, 1.0, 1e-7)  # page in the code, spin the core up
     seconds = _best_seconds(lambda: probe(iterations, 1.0, 1e-7))
-    return 2 * FMA_CHAINS * lanes * iterations / seconds / 1e9, fma_count
+    return 2 * chains * lanes * iterations / seconds / 1e9, fma_count
+
+
+READ_CHAINS = 8   # independent sums: enough vector adds in flight for two loads a cycle
+
+
+def _read_probe_module(lanes):
+    """``float read_probe(float *p, i64 n, i64 passes)``: ``passes`` sums over the first n
+    floats of p (n a multiple of READ_CHAINS vectors), READ_CHAINS vector loads a step into
+    as many sums, returned added up (so the loads cannot be dropped)."""
+    f32, i64 = ir.FloatType(), ir.IntType(64)
+    vec = ir.VectorType(f32, lanes)
+    module = ir.Module(name="read_probe")
+    module.triple = llvm.get_process_triple()
+    fn = ir.Function(module, ir.FunctionType(f32, [f32.as_pointer(), i64, i64]), "read_probe")
+    p, n, passes = fn.args
+    entry, outer, inner, next_pass, done = (fn.append_basic_block(name) for name in
+                                            ("entry", "outer", "inner", "next_pass", "done"))
+    bld = ir.IRBuilder(entry)
+    zero, step = ir.Constant(vec, [0.0] * lanes), ir.Constant(i64, READ_CHAINS * lanes)
+    bld.branch(outer)
+    bld.position_at_end(outer)
+    pass_no = bld.phi(i64)
+    sums_in = [bld.phi(vec) for _ in range(READ_CHAINS)]
+    bld.branch(inner)
+    bld.position_at_end(inner)
+    i = bld.phi(i64)
+    sums = [bld.phi(vec) for _ in range(READ_CHAINS)]
+    new = []
+    for j, acc in enumerate(sums):
+        at = bld.gep(p, [bld.add(i, ir.Constant(i64, j * lanes))])
+        new.append(bld.fadd(acc, bld.load(bld.bitcast(at, vec.as_pointer()), align=4)))
+    i_next = bld.add(i, step)
+    bld.cbranch(bld.icmp_unsigned("<", i_next, n), inner, next_pass)
+    bld.position_at_end(next_pass)
+    pass_next = bld.add(pass_no, ir.Constant(i64, 1))
+    bld.cbranch(bld.icmp_unsigned("<", pass_next, passes), outer, done)
+    pass_no.add_incoming(ir.Constant(i64, 0), entry)
+    pass_no.add_incoming(pass_next, next_pass)
+    i.add_incoming(ir.Constant(i64, 0), outer)
+    i.add_incoming(i_next, inner)
+    for acc_in, acc, upd in zip(sums_in, sums, new):
+        acc_in.add_incoming(zero, entry)
+        acc_in.add_incoming(upd, next_pass)
+        acc.add_incoming(acc_in, outer)
+        acc.add_incoming(upd, inner)
+    bld.position_at_end(done)
+    total = new[0]
+    for v in new[1:]:
+        total = bld.fadd(total, v)
+    bld.ret(bld.extract_element(total, ir.Constant(i64, 0)))
+    return str(module)
+
+
+@compiled_once
+def _read_probe(lanes):
+    return JitModule(_read_probe_module(lanes))
+
+
+def read_bandwidth(size, isa=None, trial_bytes=64e6):
+    """GB/s of one core reading ``size`` bytes over and over with vector loads of ``isa``'s
+    width (default: the kernel ISA), best of 3 runs of about ``trial_bytes`` each: the
+    bandwidth of the cache level (or memory) that holds ``size`` bytes."""
+    lanes = (isa or default_isa()).vector_bytes // 4
+    values = np.ones(max(READ_CHAINS * lanes, size // 4 // (READ_CHAINS * lanes)
+                         * READ_CHAINS * lanes), np.float32)
+    probe = _read_probe(lanes).function("read_probe", ctypes.c_float, ctypes.c_void_p,
+                                        ctypes.c_int64, ctypes.c_int64)
+    passes = max(1, int(trial_bytes // values.nbytes))
+    probe(values.ctypes.data, values.size, 1)   # page in
+    seconds = _best_seconds(lambda: probe(values.ctypes.data, values.size, passes))
+    return passes * values.nbytes / seconds / 1e9
 
 
 call_kernel = caller(FUNCTION_TYPE)
@@ -102,7 +174,7 @@ def _kernel_loop(a, b, c, bias, rows, calls, kernel, nwin, nf):
                     rows.ctypes.data, 0, nwin, 0)
 
 
-def kernel_throughput(spec, calls=200_000):
+def kernel_throughput(spec, calls=200_000, trials=3):
     """GFLOP/s of micro-kernel ``spec`` called back to back from compiled code on L1-resident
     tiles of UKERNEL_K rows, accumulating into one C tile. A slab kernel reads the same tiles
     through its row offsets (rows as packed: one virtual row as wide as the tile)."""
@@ -119,5 +191,5 @@ def kernel_throughput(spec, calls=200_000):
         _kernel_loop(a, b, c, bias, rows, count, kernel, spec.nwin, spec.nf)
 
     run(10)  # compile
-    seconds = _best_seconds(lambda: run(calls))
+    seconds = _best_seconds(lambda: run(calls), trials)
     return 2 * UKERNEL_K * spec.nwin * spec.nf * calls / seconds / 1e9

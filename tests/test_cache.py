@@ -38,7 +38,9 @@ print(json.dumps(cache.stats()))
 
 
 def run_child(cache_dir, out, wait=True):
-    env = dict(os.environ, CSO_CACHE_DIR=str(cache_dir))
+    # no calibration: its kernels are compiled by the first process only (the second loads
+    # its record instead), and its record has tests of its own (test_calibration)
+    env = dict(os.environ, CSO_CACHE_DIR=str(cache_dir), CSO_CALIBRATE="0")
     proc = subprocess.Popen([sys.executable, "-c", CHILD, str(out)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return finish(proc, out) if wait else proc

@@ -51,6 +51,53 @@ def test_register_blocking_per_orientation():
         assert csa.plan.direct_windows(spec, AVX2) == avx2, q
 
 
+def calibrated(machine, speeds, fma_in_flight=8):
+    """``machine`` as a calibration measuring ``speeds`` {slab: {broadcasts: fraction}} makes it."""
+    measured = [(slab, csa.plan.TILE_VECTORS, b, e) for slab, by_b in speeds.items()
+                for b, e in by_b.items()]
+    return machine.with_(tuning=machine.tuning.calibrated(fma_in_flight, measured, "test CPU"))
+
+
+def test_calibration_candidates_are_the_rules_picks_and_their_neighbours():
+    assert csa.plan.calibration_candidates(AVX2) == {"": [3, 4, 5, 6], "vector": [5, 6],
+                                                     "broadcast": [3, 4, 5, 6]}
+    assert csa.plan.calibration_candidates(AVX512) == {"": [6, 7, 8, 9], "vector": [7, 8, 9],
+                                                       "broadcast": [6, 7, 8, 13, 14, 15]}
+
+
+def test_calibration_confirming_the_model_changes_no_tile():
+    agree = calibrated(AVX2, {"": {3: 0.75, 4: 0.97, 5: 0.98, 6: 0.99}, "vector": {5: 0.96, 6: 0.97},
+                              "broadcast": {3: 0.7, 4: 0.98, 5: 0.93, 6: 0.98}})
+    assert csa.microtile(agree, 4) == (16, 6)
+    assert csa.filter_vector_tile(agree, 4, 49) == (5, 16)
+    assert csa.filter_vector_tile(agree, 4, 196) == (4, 16)
+    spec = ConvSpec(1, 64, 56, 56, 64, 3, 3, padding=(1, 1, 1, 1))
+    assert csa.plan.direct_windows(spec, agree) == 4
+    assert agree.tuning.calibration == "test CPU" and "test CPU" in str(agree)
+
+
+def test_calibration_overturns_tiles_measured_slow():
+    # a core where six broadcasts stall (say, fewer rename registers): five, within the noise
+    # of the best, wherever the model would have taken six
+    slow6 = calibrated(AVX2, {"": {3: 0.75, 4: 0.97, 5: 0.98, 6: 0.80}, "vector": {5: 0.96, 6: 0.7},
+                              "broadcast": {3: 0.7, 4: 0.98, 5: 0.97, 6: 0.81}})
+    assert csa.microtile(slow6, 4) == (16, 5)
+    assert csa.tuning.MEASURED_TOLERANCE < 1 - 0.8 / 0.97
+    # a tile slow in one variant is slow for the orientation that runs both
+    assert csa.microtile(calibrated(AVX2, {"": {5: 0.98, 6: 0.98}, "vector": {5: 0.97, 6: 0.6}}),
+                         4) == (16, 5)
+    # a core that needs fewer FMAs in flight (ymm FMAs at half rate): three broadcasts measured
+    # as fast as four, and the model, told so, agrees
+    half = calibrated(AVX2, {"": {3: 0.97, 4: 0.98, 5: 0.98, 6: 0.97}}, fma_in_flight=4)
+    assert csa.filter_vector_tile(half, 4, 3 * 3) == (3, 16)
+    assert csa.tuning.AVX2.broadcast_counts(16, 2) == {4: 1.0, 5: 1.0, 6: 1.0}
+    # tiles the model rejects are taken when every tile it prefers measured slow
+    odd = calibrated(AVX2, {"": {3: 0.95, 4: 0.6, 5: 0.6, 6: 0.6}})
+    assert csa.filter_vector_tile(odd, 4, 196) == (3, 16)
+    # variants not measured plan from the model
+    assert csa.microtile(odd, 4) == (16, 6)
+
+
 def test_plan_hand_computed_input_stationary():
     plan = csa.analyze(LAYER, SMALL, microtile_shape=TILE, schedule="IS")
     assert (plan.nwin, plan.nf) == (32, 14)

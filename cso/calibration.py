@@ -1,0 +1,213 @@
+"""Host calibration: what no model knows about this CPU, measured once and kept.
+
+The first plan made for a kernel ISA on a CPU measures, in about 1-2 s:
+
+- the FMA peak (independent chains) and the FMA latency (one chain): their ratio is the FMAs
+  a tile must keep in flight (latency x pipes), which the register-blocking model uses;
+- the speed of each candidate micro-tile in each kernel variant (``csa.plan.
+  calibration_candidates``: the tiles the rules pick from the model and their neighbours), as
+  a fraction of that peak: the rules then choose only among tiles measured fast;
+- the read bandwidth of each cache level and of memory, and the cost of handing parts to the
+  pool's workers, awake (back-to-back calls) and asleep: shown beside the plans, for reading
+  the benchmark figures (the cost model's weights and the thread thresholds stay the record's,
+  which were measured on whole convolutions).
+
+The record is saved in the persistent cache (``microkernels.cache``), keyed by the CPU's name,
+its features and the ISA; later processes load it. ``CSO_CALIBRATE=0`` plans from the tuning
+record alone. ``python -m cso calibration`` prints the record (``--again``: measure anew).
+"""
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import llvmlite.binding as llvm
+import numpy as np
+
+import csa
+from microkernels import KernelSpec, get_isa
+from microkernels import cache
+from microkernels.jit import JitModule
+from microkernels.once import compiled_once
+from microkernels import probe
+
+from .threads import available_cpus, run_parts
+
+ENV_VAR = "CSO_CALIBRATE"
+VERSION = 1                 # of the record's layout: a record of another version is measured anew
+TRIAL_FLOPS = 2e8           # per timed run of a micro-kernel (about 2 ms at 100 GFLOP/s)
+TRIALS = 5                  # best of: a calibration must not keep one disturbed run
+HANDOFF_CALLS, SLEEPS = 400, 12
+SLEEP_SECONDS = 0.01        # longer than the workers spin (cso.threads.SPIN_ROUNDS): they sleep
+NOOP_PART = "define void @noop(i64* %args) {\n  ret void\n}\n"
+
+
+def enabled():
+    return os.environ.get(ENV_VAR, "1").strip() not in ("0", "no", "off", "false")
+
+
+def model_machine(isa_name):
+    """The machine CSA plans for from the model alone: the host's caches, the vector facts of
+    kernel ISA ``isa_name`` and its tuning record."""
+    isa = get_isa(isa_name)
+    return csa.Machine.host(vector_bytes=isa.vector_bytes, vector_registers=isa.vector_registers,
+                            tuning=csa.tuning.record(isa_name))
+
+
+def calibrated_machine(isa_name):
+    """``model_machine`` with its tuning record corrected by this host's calibration, unless
+    calibration is off."""
+    machine = model_machine(isa_name)
+    if not enabled():
+        return machine
+    found = calibration(isa_name)
+    speeds = [(slab, csa.plan.TILE_VECTORS, int(b), speed)
+              for slab, tiles in found["kernels"].items() for b, speed in tiles.items()]
+    return machine.with_(tuning=machine.tuning.calibrated(
+        found["fma_in_flight"], sorted(speeds), f"{found['cpu']}, calibrated {found['date']}"))
+
+
+@compiled_once
+def calibration(isa_name, again=False):
+    """This host's calibration record for kernels of ``isa_name`` (a dict; see ``measure``):
+    loaded from the persistent cache, else (or ``again``) measured and saved. Once per
+    process and ISA."""
+    path = _record_path(isa_name)
+    found = None if again else _load(path)
+    if found is None:
+        found = measure(model_machine(isa_name), isa_name)
+        if path is not None:
+            cache.save_record(path, json.dumps(found, indent=1).encode())
+    return found
+
+
+def _record_path(isa_name):
+    directory = cache.entry_dir()
+    if directory is None:
+        return None
+    key = cache.cpu_key(isa_name, "calibration", VERSION)
+    return directory / f"calibration-{key}.json"
+
+
+def _load(path):
+    payload = cache.read_entry(path) if path is not None else None
+    try:
+        found = json.loads(payload) if payload else None
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) and found.get("version") == VERSION else None
+
+
+def measure(machine, isa_name):
+    """Measure what the record holds: ``fma_gflops`` (one core), ``fma_in_flight``,
+    ``kernels`` {slab variant: {broadcasts: fraction of the FMA peak}}, ``read_gbs`` {cache
+    level: GB/s}, ``handoff_us`` {"awake", "asleep": extra microseconds of a call split into
+    two parts on two threads; None on one CPU}, with the CPU, ISA, date and seconds taken."""
+    start = time.perf_counter()
+    isa = get_isa(isa_name)
+    peak, _ = probe.fma_peak(1 << 24, isa)
+    chain, _ = probe.fma_peak(1 << 22, isa, chains=1)
+    kernels = {}
+    for slab, counts in csa.plan.calibration_candidates(machine).items():
+        kernels[slab] = {b: round(_tile_gflops(KernelSpec("f32", b, csa.plan.TILE_VECTORS
+                                                          * isa.lanes(4), isa_name, slab))
+                                  / peak, 3) for b in counts}
+    return {
+        "version": VERSION, "cpu": cpu_name(), "isa": isa_name,
+        "date": time.strftime("%Y-%m-%d"), "fma_gflops": round(peak, 1),
+        "fma_in_flight": max(1, round(peak / chain)), "kernels": kernels,
+        "read_gbs": read_bandwidth(machine, isa), "handoff_us": handoff(),
+        "seconds": round(time.perf_counter() - start, 2)}
+
+
+def _tile_gflops(spec):
+    calls = max(100, int(TRIAL_FLOPS / (2 * probe.UKERNEL_K * spec.nf * spec.nwin)))
+    return probe.kernel_throughput(spec, calls, trials=TRIALS)
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or llvm.get_host_cpu_name()
+
+
+def read_bandwidth(machine, isa):
+    """{level: GB/s} of one core reading a buffer of half of L1, L2 and L3 over and over, and
+    one of twice L3 (at least 64 MiB): memory."""
+    sizes = {"l1": machine.l1d // 2, "l2": machine.l2 // 2, "l3": machine.l3 // 2,
+             "memory": max(64 << 20, 2 * machine.l3)}
+    return {level: round(probe.read_bandwidth(size, isa), 1) for level, size in sizes.items()}
+
+
+def handoff():
+    """{"awake", "asleep"}: microseconds a call of two empty parts on two threads takes more
+    than one of a single part on one, with the workers spinning (back-to-back calls) and after
+    they went to sleep (median); None on one CPU."""
+    if available_cpus() < 2:
+        return None
+    noop = _noop_part()
+    one, two = np.zeros((1, 1), np.int64), np.zeros((2, 1), np.int64)
+
+    def median_us(args, threads, calls, pause=0.0):
+        times = []
+        for _ in range(calls):
+            if pause:
+                time.sleep(pause)
+            times.append(_seconds(lambda: run_parts(noop, args, threads)))
+        return 1e6 * float(np.median(times))
+
+    base = median_us(one, 1, HANDOFF_CALLS)
+    awake = median_us(two, 2, HANDOFF_CALLS) - base
+    asleep = median_us(two, 2, SLEEPS, SLEEP_SECONDS) - base
+    return {"awake": round(max(0.0, awake), 2), "asleep": round(max(0.0, asleep), 1)}
+
+
+@compiled_once
+def _noop_part():
+    return JitModule(NOOP_PART).address("noop")
+
+
+def _seconds(run):
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+def describe(record):
+    """The record as lines of text."""
+    tiles = "; ".join(f"{slab or 'packed'}: " + ", ".join(f"{b} {100 * speed:.0f}%"
+                                                          for b, speed in counts.items())
+                      for slab, counts in record["kernels"].items())
+    handoff_us = record["handoff_us"]
+    return [
+        f"{record['cpu']}, {record['isa']}: measured {record['date']} in {record['seconds']} s",
+        f"FMA peak {record['fma_gflops']} GFLOP/s on one core; {record['fma_in_flight']} "
+        "independent FMAs reach it (latency x pipes)",
+        f"micro-tiles of {csa.plan.TILE_VECTORS} vectors by b broadcasts, % of that peak: "
+        f"{tiles}",
+        "read bandwidth GB/s: " + ", ".join(f"{k} {v}" for k, v in record["read_gbs"].items()),
+        "hand-off of a second part: " + ("one CPU" if handoff_us is None else
+                                         f"{handoff_us['awake']} us to awake workers, "
+                                         f"{handoff_us['asleep']} us to sleeping ones"),
+    ]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m cso calibration",
+                                     description="Print this host's calibration record.")
+    parser.add_argument("--isa", help="kernel ISA (default: CSO_ISA or the host's best)")
+    parser.add_argument("--again", action="store_true",
+                        help="measure anew and replace the saved record")
+    options = parser.parse_args(argv)
+    from .api import _check_isa
+    record = calibration(_check_isa(options.isa), options.again)
+    print("\n".join(describe(record)))
+    if not enabled():
+        print(f"{ENV_VAR}=0: plans use the {record['isa']} tuning record alone", file=sys.stderr)

@@ -1,0 +1,114 @@
+"""Host calibration: measured once per CPU and ISA into the persistent cache, loaded after,
+measured anew when the record is damaged, off with CSO_CALIBRATE=0; plans read it."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import csa
+import cso
+from cso import calibration
+from microkernels import default_isa
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# the record path, the record, and the tuning plans use, as JSON
+CHILD = r"""
+import json
+import cso
+from cso import calibration
+from microkernels import default_isa
+isa = default_isa().name
+tuning = cso.host_machine().tuning
+print(json.dumps({"path": str(calibration._record_path(isa)), "record": calibration.calibration(isa),
+                  "calibrated": tuning.calibration, "speeds": tuning.kernel_speeds}))
+"""
+
+
+def run_child(cache_dir, **env):
+    env = dict(os.environ, CSO_CACHE_DIR=str(cache_dir), **env)
+    done = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def first(tmp_path_factory):
+    cache_dir = tmp_path_factory.mktemp("calibration")
+    return cache_dir, run_child(cache_dir)
+
+
+def test_the_record_holds_plausible_measurements(first):
+    _, found = first
+    record = found["record"]
+    assert record["isa"] == default_isa().name and record["version"] == calibration.VERSION
+    assert 1 < record["fma_gflops"] < 10_000 and 1 <= record["fma_in_flight"] <= 64
+    machine = calibration.model_machine(record["isa"])
+    candidates = csa.plan.calibration_candidates(machine)
+    assert {slab: sorted(int(b) for b in speeds) for slab, speeds in record["kernels"].items()} \
+        == candidates
+    for speeds in record["kernels"].values():
+        assert all(0.05 < s < 1.5 for s in speeds.values()), speeds
+    bandwidth = record["read_gbs"]
+    assert list(bandwidth) == ["l1", "l2", "l3", "memory"]
+    assert bandwidth["l1"] > bandwidth["memory"] > 0
+    if cso.threads.available_cpus() > 1:
+        assert 0 <= record["handoff_us"]["awake"] < 1e4 and 0 <= record["handoff_us"]["asleep"]
+    else:
+        assert record["handoff_us"] is None
+    assert 0 < record["seconds"] < 60
+
+
+def test_plans_read_the_record(first):
+    _, found = first
+    record = found["record"]
+    assert found["calibrated"] == f"{record['cpu']}, calibrated {record['date']}"
+    measured = {(slab, int(b), s) for slab, by_b in record["kernels"].items()
+                for b, s in by_b.items()}
+    assert {(slab, b, s) for slab, vectors, b, s in found["speeds"]} == measured
+    assert all(vectors == csa.plan.TILE_VECTORS for _, vectors, _, _ in found["speeds"])
+
+
+def test_a_later_process_loads_the_record(first):
+    cache_dir, found = first
+    assert Path(found["path"]).parent.parent == cache_dir
+    again = run_child(cache_dir)
+    assert again["record"] == found["record"]   # the date and seconds too: not measured anew
+
+
+def test_a_damaged_record_is_measured_anew(first, tmp_path):
+    cache_dir, found = first
+    copy = tmp_path / "cache"
+    path = copy / Path(found["path"]).relative_to(cache_dir)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(Path(found["path"]).read_bytes()[:-20])   # truncated
+    remeasured = run_child(copy)
+    assert remeasured["path"] == str(path)
+    assert set(remeasured["record"]) == set(found["record"])
+    loaded = json.loads(path.read_bytes()[32:])   # rewritten whole, after its digest
+    assert loaded == remeasured["record"]
+
+
+def test_calibration_off_plans_from_the_record(first):
+    cache_dir, _ = first
+    found = run_child(cache_dir, CSO_CALIBRATE="0")
+    assert found["calibrated"] == "" and found["speeds"] == []
+
+
+def test_command_prints_the_record(first):
+    cache_dir, found = first
+    env = dict(os.environ, CSO_CACHE_DIR=str(cache_dir))
+    done = subprocess.run([sys.executable, "-m", "cso", "calibration"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    record = found["record"]
+    assert done.stdout.splitlines()[0] == (f"{record['cpu']}, {record['isa']}: measured "
+                                           f"{record['date']} in {record['seconds']} s")
+    assert f"FMA peak {record['fma_gflops']} GFLOP/s" in done.stdout
+    bad = subprocess.run([sys.executable, "-m", "cso", "calibrate"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode != 0 and "usage: python -m cso calibration" in bad.stderr
