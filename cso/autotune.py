@@ -9,7 +9,6 @@ is saved in the persistent cache, keyed by the CPU, the ISA, the convolution and
 count; a later process loads it. A tuned plan's ``explain()`` says so, with the times measured
 and the model's prediction.
 """
-import json
 import time
 from dataclasses import replace
 
@@ -34,12 +33,11 @@ def tuned(spec, isa_name, threads, budget=BUDGET):
     ``overrides`` of the plan kept, ``timed`` [{overrides, seconds, predicted}], the model's
     ``model_seconds``, ``seconds`` of the kept plan): loaded from the persistent cache, else
     measured and saved. Once per process and key."""
-    path = _record_path(spec, isa_name, threads)
-    found = _load(path)
+    path = cache.record_path("tuned", str(spec), isa_name, threads)
+    found = cache.load_record(path, VERSION)
     if found is None:
         found = measure(spec, isa_name, threads, budget)
-        if path is not None:
-            cache.save_record(path, json.dumps(found, indent=1).encode())
+        cache.save_record(path, found)
     return found
 
 
@@ -53,22 +51,6 @@ def tuned_plan(plan, record):
         f"tuned on this host ({record['date']}): the fastest of {len(timed)} plans timed, "
         f"{1e3 * record['seconds']:.3f} ms a call against the model plan's "
         f"{1e3 * record['model_seconds']:.3f} ms{bound}; overrides kept: {kept}"))
-
-
-def _record_path(spec, isa_name, threads):
-    directory = cache.entry_dir()
-    if directory is None:
-        return None
-    return directory / f"tuned-{cache.cpu_key(str(spec), isa_name, threads, VERSION)}.json"
-
-
-def _load(path):
-    payload = cache.read_entry(path) if path is not None else None
-    try:
-        found = json.loads(payload) if payload else None
-    except ValueError:
-        return None
-    return found if isinstance(found, dict) and found.get("version") == VERSION else None
 
 
 def measure(spec, isa_name, threads, budget):

@@ -17,7 +17,6 @@ its features and the ISA; later processes load it. ``CSO_CALIBRATE=0`` plans fro
 record alone. ``python -m cso calibration`` prints the record (``--again``: measure anew).
 """
 import argparse
-import json
 import os
 import platform
 import sys
@@ -74,30 +73,12 @@ def calibration(isa_name, again=False):
     """This host's calibration record for kernels of ``isa_name`` (a dict; see ``measure``):
     loaded from the persistent cache, else (or ``again``) measured and saved. Once per
     process and ISA."""
-    path = _record_path(isa_name)
-    found = None if again else _load(path)
+    path = cache.record_path("calibration", isa_name)
+    found = None if again else cache.load_record(path, VERSION)
     if found is None:
         found = measure(model_machine(isa_name), isa_name)
-        if path is not None:
-            cache.save_record(path, json.dumps(found, indent=1).encode())
+        cache.save_record(path, found)
     return found
-
-
-def _record_path(isa_name):
-    directory = cache.entry_dir()
-    if directory is None:
-        return None
-    key = cache.cpu_key(isa_name, "calibration", VERSION)
-    return directory / f"calibration-{key}.json"
-
-
-def _load(path):
-    payload = cache.read_entry(path) if path is not None else None
-    try:
-        found = json.loads(payload) if payload else None
-    except ValueError:
-        return None
-    return found if isinstance(found, dict) and found.get("version") == VERSION else None
 
 
 def measure(machine, isa_name):

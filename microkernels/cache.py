@@ -15,6 +15,7 @@ place, so processes filling the same entry at once each leave a whole file. A di
 cannot be written turns saving off with one warning; compiling still works.
 """
 import hashlib
+import json
 import os
 import pickle
 import sys
@@ -280,6 +281,24 @@ def save_object(path, data):
         _save(lambda: write_entry(path, bytes(data)))
 
 
-def save_record(path, payload):
-    """Save a measured record (not compiled code: not counted as an entry saved)."""
-    _save(lambda: write_entry(path, payload), event=None)
+def record_path(kind, *key):
+    """Where this CPU's measured record (a calibration, a tuning) of ``kind`` for ``key`` is
+    kept, or None when the cache is off."""
+    directory = entry_dir()
+    return None if directory is None else directory / f"{kind}-{cpu_key(kind, *key)}.json"
+
+
+def load_record(path, version):
+    """The JSON record at ``path`` when it is whole and of layout ``version``, else None."""
+    payload = read_entry(path) if path is not None else None
+    try:
+        found = json.loads(payload) if payload else None
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) and found.get("version") == version else None
+
+
+def save_record(path, record):
+    """Save a measured record as JSON (not compiled code: not counted as an entry saved)."""
+    if path is not None:
+        _save(lambda: write_entry(path, json.dumps(record, indent=1).encode()), event=None)

@@ -8,6 +8,7 @@ import pytest
 import csa
 import cso
 from cso import autotune
+from microkernels import cache
 from reference import conv2d_reference
 
 AVX2 = csa.Machine(vector_bytes=32, vector_registers=16, tuning=csa.tuning.AVX2)
@@ -75,7 +76,7 @@ def test_tuned_plans_run_correct_explained_saved_and_loaded(rng, tmp_path, monke
     # saved: the file holds the record; loading it gives the same
     [path] = tmp_path.rglob("tuned-*.json")
     assert json.loads(path.read_bytes()[32:]) == record
-    assert autotune._load(path) == record
+    assert cache.load_record(path, autotune.VERSION) == record
     # a Conv2d with tune=True runs the kept plan, correct, and says where it came from
     x = rng.standard_normal(spec.input_shape).astype(np.float32)
     w = rng.standard_normal(spec.weight_shape).astype(np.float32)

@@ -20,10 +20,10 @@ CHILD = r"""
 import json
 import cso
 from cso import calibration
-from microkernels import default_isa
+from microkernels import cache, default_isa
 isa = default_isa().name
 tuning = cso.host_machine().tuning
-print(json.dumps({"path": str(calibration._record_path(isa)), "record": calibration.calibration(isa),
+print(json.dumps({"path": str(cache.record_path("calibration", isa)), "record": calibration.calibration(isa),
                   "calibrated": tuning.calibration, "speeds": tuning.kernel_speeds}))
 """
 
