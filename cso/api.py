@@ -222,7 +222,7 @@ def warmup(convolutions, threads=None):
     (A ``Conv2d`` built with ``input_shape`` does the same for its own shape.)"""
     start = time.perf_counter()
     threads = get_num_threads() if threads is None else threads
-    for spec in map(_as_spec, convolutions):
+    for spec in (_as_spec(c, "warmup") for c in convolutions):
         t, b, left, right = spec.padding
         conv = Conv2d(np.zeros(spec.weight_shape, spec.dtype), None, spec.stride,
                       ((t, b), (left, right)), spec.dilation, spec.groups)
@@ -230,11 +230,11 @@ def warmup(convolutions, threads=None):
     return time.perf_counter() - start
 
 
-def _as_spec(spec):
-    """A ``csa.ConvSpec`` given as one or as its name."""
+def _as_spec(spec, caller):
+    """A ``csa.ConvSpec`` given as one or as its name (to ``caller``)."""
     if isinstance(spec, str):
         spec = csa.ConvSpec.parse(spec)
     if not isinstance(spec, csa.ConvSpec):
-        raise TypeError(f"convolutions must be csa.ConvSpec or their names, got "
+        raise TypeError(f"{caller}: convolutions must be csa.ConvSpec or their names, got "
                         f"{type(spec).__name__}")
     return spec

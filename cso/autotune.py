@@ -113,4 +113,4 @@ def tune(convolutions, isa=None, budget=BUDGET):
     from .threads import get_num_threads
     isa_name, threads = _check_isa(isa), get_num_threads()
     return [(spec, tuned(spec, isa_name, threads, budget))
-            for spec in map(_as_spec, convolutions)]
+            for spec in (_as_spec(c, "tune") for c in convolutions)]

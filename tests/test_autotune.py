@@ -98,5 +98,5 @@ def test_tune_arguments_are_checked():
         cso.Conv2d(w, tune=True, plan_overrides={"schedule": "IS"})
     with pytest.raises(TypeError, match="tune must be True or False"):
         cso.Conv2d(w, tune="yes")
-    with pytest.raises(TypeError, match="convolutions must be csa.ConvSpec"):
+    with pytest.raises(TypeError, match="tune: convolutions must be csa.ConvSpec"):
         cso.tune([3])
