@@ -18,7 +18,7 @@ import csa
 from microkernels import cache
 from microkernels.once import compiled_once
 
-from .calibration import calibration, enabled as calibrated
+from .calibration import _seconds, calibration, enabled as calibrated
 from .lowering import ALL_PHASES
 
 BUDGET = 1.0     # seconds of timed calls per convolution
@@ -70,7 +70,8 @@ def measure(spec, isa_name, threads, budget):
         packed, out = conv.packed_weight(prepared.plan.nf), np.empty(spec.output_shape, spec.dtype)
         runs.append(lambda p=prepared, packed=packed, out=out, bias=conv.bias:
                     p.run(x, packed, bias, out, ALL_PHASES, threads))
-    first = [_seconds(run, 1) for run in runs]   # compiles, then one call
+    for run in runs:   # compiles (or loads) each plan's code: not timed
+        run()
     first = [_seconds(run, 1) for run in runs]
     calls = [max(1, int(budget / ROUNDS / len(runs) / max(f, 1e-6))) for f in first]
     best = [float("inf")] * len(runs)
@@ -96,13 +97,6 @@ def choose(seconds):
 def _plain(overrides):
     """Overrides as JSON keeps them (tuples as lists), so that a loaded record compares equal."""
     return {k: list(v) if isinstance(v, tuple) else v for k, v in overrides.items()}
-
-
-def _seconds(run, calls):
-    start = time.perf_counter()
-    for _ in range(calls):
-        run()
-    return time.perf_counter() - start
 
 
 def tune(convolutions, isa=None, budget=BUDGET):

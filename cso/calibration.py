@@ -155,9 +155,10 @@ def _noop_part():
     return JitModule(NOOP_PART).address("noop")
 
 
-def _seconds(run):
+def _seconds(run, calls=1):
     start = time.perf_counter()
-    run()
+    for _ in range(calls):
+        run()
     return time.perf_counter() - start
 
 
