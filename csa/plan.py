@@ -37,32 +37,43 @@ def microtile(machine, itemsize):
 
 def filter_vector_tile(machine, itemsize, positions=49):
     """(windows, filters) when filters are the vector dimension: TILE_VECTORS filter vectors
-    by the window count (among those the model finds fastest) that pads the output plane's
-    ``positions`` least, 7 when it is among them (planes of real networks are multiples of
-    7: 7x7, 14x14, 28x28, 56x56). AVX-512: 7 x 32 floats; AVX2: 5 x 16 on a 7x7 plane, 4 x 16
-    on 14x14 and larger. A single-pixel plane is a matrix-vector product whose weights stream
-    through once: 1 window by up to four vectors (AVX-512: 1 x 64)."""
+    by a window count among those the model finds fastest: 7 when it is among them (planes of
+    real networks are multiples of 7: 7x7, 14x14, 28x28, 56x56), else the one that covers the
+    output plane's ``positions`` fastest (``fastest_windows``, the record's ``filter_windows``).
+    AVX-512: 7 x 32 floats; AVX2: 5 x 16 on a 7x7 plane, 6 x 16 on 14x14 and larger. A
+    single-pixel plane is a matrix-vector product whose weights stream through once: 1 window
+    by up to four vectors (AVX-512: 1 x 64)."""
     lanes, registers = machine.vector_bytes // itemsize, machine.vector_registers
     if positions == 1:
         return 1, max(1, min(4, (registers - 1) // 2)) * lanes
-    counts = machine.tuning.broadcast_counts(registers, TILE_VECTORS, FILTER_SLABS)
-    windows = 7 if 7 in counts else min(counts, key=lambda w: (ceil(positions / w) * w, -w))
+    tuning = machine.tuning
+    counts = tuning.broadcast_counts(registers, TILE_VECTORS, FILTER_SLABS)
+    windows = 7 if 7 in counts else fastest_windows(positions, counts, tuning.filter_windows)
     return windows, TILE_VECTORS * lanes
+
+
+def fastest_windows(positions, counts, measured):
+    """Of the window counts ``counts`` (the model's or calibration's fastest), the one whose
+    tiles cover ``positions`` windows fastest: padded positions over the relative speed the
+    record ``measured`` in loop nests ((windows, speed), ...; of the counts it lists, when it
+    lists any), ties to the larger count. The model finds a tile of 8 accumulators (AVX2's
+    4 x 16) as fast as one of 12; in a loop nest it is not (csa/TUNING.md)."""
+    speeds = {w: speed for w, speed in measured if w in counts} or counts
+    return min(speeds, key=lambda w: (ceil(positions / w) * w / speeds[w], -w))
 
 
 DIRECT_WASTE = 0.1   # padded work a direct plan may add (row-aligned tiles, filter tiles)
 
 
 def direct_windows(spec, machine):
-    """Windows per direct tile: of the window counts the record measured in loop nests
-    (``direct_windows``: relative speeds) that are among those the model (or calibration)
-    finds fastest, else of those, the one whose row-aligned tiles (a tile never spans two
-    output rows) cover Q fastest, positions over speed (ties: the larger). AVX-512: 56, 28,
-    112, 14 and 104 wide planes take 14, 7, 21 and 35 wide ones 7."""
+    """Windows per direct tile: of the window counts the model (or calibration) finds fastest,
+    the one whose row-aligned tiles (a tile never spans two output rows) cover Q fastest
+    (``fastest_windows``, the record's ``direct_windows``). AVX-512: 56, 28, 112, 14 and 104
+    wide planes take 14, 7, 21 and 35 wide ones 7; AVX2: 14 wide planes 5, 7 wide 4, the
+    others 6."""
     tuning = machine.tuning
     counts = tuning.broadcast_counts(machine.vector_registers, TILE_VECTORS, DIRECT_SLABS)
-    speeds = {w: speed for w, speed in tuning.direct_windows if w in counts} or counts
-    return min(speeds, key=lambda w: (ceil(spec.q / w) * w / speeds[w], -w))
+    return fastest_windows(spec.q, counts, tuning.direct_windows)
 
 
 CALIBRATION_PLANES = (7, 14, 28, 56, 112)   # output widths (square planes) of real networks

@@ -31,8 +31,10 @@ class Tuning:
     fma_pipes: int                # full-width vector FMAs issued a cycle
     loads_per_cycle: float        # vector loads and broadcasts the L1 sustains a cycle
     broadcast_operand: bool       # an FMA takes its broadcast from memory: no register for it
-    # (windows, relative speed) of direct tiles measured in loop nests; () = from the model
+    # (windows, relative speed) of filters-in-vectors tiles measured in loop nests, direct
+    # (windows broadcast from a slab) and packed; () = the model's tiles all equally fast
     direct_windows: tuple = ()
+    filter_windows: tuple = ()
     thread_min_flops: float = 3e6   # work a thread must get to pay for handing parts over
     depthwise_thread_min_flops: float = 0.5e6   # the same for a depthwise plan (about 10 us)
     direct_min_depth: int = 512     # C/groups*R*S a direct plan needs (shallower: C's tile costs)
@@ -92,7 +94,9 @@ AVX512 = Tuning(
     direct_windows=((14, 1.0), (7, 0.93)))
 AVX2 = Tuning(
     "avx2", "AMD Zen 3 EPYC (2 cores)", fma_latency=4, fma_pipes=2, loads_per_cycle=1.75,
-    broadcast_operand=False, thread_min_flops=1e6, depthwise_thread_min_flops=0.2e6)
+    broadcast_operand=False, direct_windows=((6, 1.0), (5, 0.97), (4, 0.90)),
+    filter_windows=((6, 1.0), (5, 0.98), (4, 0.96)), thread_min_flops=1e6,
+    depthwise_thread_min_flops=0.2e6)
 # no CPU measured: the usual FMA core (latency 4, two pipes) with SSE/NEON-width vectors
 GENERIC = Tuning("generic", "not measured: a typical core", fma_latency=4, fma_pipes=2,
                  loads_per_cycle=2.0, broadcast_operand=False)

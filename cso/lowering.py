@@ -27,7 +27,7 @@ GEOM_FIELDS = ("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q",
                "P", "groups", "Cg", "Kg", "nc", "k2", "k3", "is_input_stationary", "epilogue",
                "unpacked", "phases", "Hs", "Ws", "windows", "slots", "band", "Hb", "planes",
                "row_tiles", "nwin", "nf", "lanes", "slab", "direct", "filters_in_vectors",
-               "kernel", "transpose", "copy_rows", "copy_taps")
+               "kernel", "transpose", "copy_rows", "copy_taps", "slab_run")
 call_kernel = caller(ir_gen.FUNCTION_TYPE)
 call_transpose = caller(transpose.FUNCTION_TYPE)
 
@@ -44,7 +44,10 @@ def geometry(plan, kspec, epilogue_flags):
     s = plan.spec
     hs, ws = slab_shape(s)
     filters_in_vectors = plan.vector == "filters"
-    copy_rows, copy_taps = ((row_copier(kspec, plan.nwin), 0) if plan.slab
+    # a slab is filled in runs of the kernel's vector width (whole vectors stored: a direct
+    # tile's few windows made every store a masked one, microcoded on AMD), tiles per window
+    slab_run = kspec.nwin
+    copy_rows, copy_taps = ((row_copier(kspec, slab_run), 0) if plan.slab
                             else tile_copiers(kspec, plan.nwin, s.s, s.stride[1], s.dilation[1]))
     values = dict(Hs=hs, Ws=ws, windows=window_positions(s, plan.slab), slots=scratch_tiles(plan),
                   band=plan.band, Hb=slab_band_rows(s, plan.nwin, plan.band, plan.row_tiles),
@@ -59,7 +62,7 @@ def geometry(plan, kspec, epilogue_flags):
                   kernel=native_function(ir_gen.define_kernel, kspec).address,
                   transpose=(native_function(transpose.define_transpose, kspec).address
                              if filters_in_vectors else 0),
-                  copy_rows=copy_rows, copy_taps=copy_taps)
+                  copy_rows=copy_rows, copy_taps=copy_taps, slab_run=slab_run)
     return np.array([values[f] for f in GEOM_FIELDS], dtype=np.int64)
 
 
@@ -168,6 +171,7 @@ def conv_loop_nest(dtype):
         NWIN, NF, LANES, slab, direct, filters_in_vectors = (geom[28], geom[29], geom[30],
                                                              geom[31], geom[32], geom[33])
         ukernel, transpose_block, copy_rows, copy_taps = geom[34], geom[35], geom[36], geom[37]
+        slab_run = geom[38]             # width of the runs a slab is filled in
         packing, kernels, post = phases & PACK, phases & KERNEL, phases & POST
         N, C, K = x.shape[0], x.shape[1], out.shape[1]
         PQ = P * Q
@@ -218,7 +222,7 @@ def conv_loop_nest(dtype):
                         if slab and packing:
                             fill_slab(x, n, g * Cg + c0, nc, sh, sw, Hb, Ws, row0,
                                       min(Hb, Hs - row0), geom[6], geom[7], planes, scratch_addr,
-                                      NWIN, copy_rows)
+                                      slab_run, copy_rows)
                         for outer in range(outer_lo, outer_hi, outer_step):
                             for inner in range(inner_lo, inner_hi, inner_step):
                                 wb, fb = (outer, inner) if input_stationary else (inner, outer)

@@ -6,7 +6,8 @@ transposed (windows x filters) and must write it as NCHW (filters x windows).
 block (row i at ``src + i*lds`` elements; rows, cols <= lanes) and writes its transpose (row j at
 ``dst + j*ldd``), adding ``bias[j]`` (flag BIAS) and clamping at zero (flag RELU, NaN passes).
 The transpose is log2(lanes) rounds of two-source constant shuffles, each swapping one bit of
-the row index with the same bit of the lane index; loads and stores are masked to the block.
+the row index with the same bit of the lane index; a block smaller than lanes x lanes is
+loaded and stored masked, a whole one plainly.
 """
 from llvmlite import ir
 
@@ -22,11 +23,30 @@ def define_transpose(module, spec):
     return it."""
     fn = new_function(module, f"{spec.dtype}_transpose_{spec.lanes}x{spec.lanes}__{spec.isa}",
                       FUNCTION_TYPE, ARGS)
+    lanes = spec.lanes
+    src, lds, dst, ldd, rows, cols, bias, flags = fn.args
+    bld = ir.IRBuilder(fn.append_basic_block("entry"))
+    # a whole block (every block but a plane's or a band's last) moves with plain loads and
+    # stores: masked stores are microcoded on AMD cores (AVX2 ``vmaskmovps``)
+    full = ir.Constant(I64, lanes)
+    whole = bld.and_(bld.icmp_signed("==", rows, full), bld.icmp_signed("==", cols, full))
+    plain, part = fn.append_basic_block("whole"), fn.append_basic_block("part")
+    bld.cbranch(whole, plain, part)
+    for block, masked in ((plain, False), (part, True)):
+        bld.position_at_end(block)
+        _transpose(module, bld, spec, fn.args, masked)
+        bld.ret_void()
+    return fn
+
+
+def _transpose(module, bld, spec, args, masked):
+    """The block's loads, shuffles, epilogue and stores; ``masked``: to ``rows`` x ``cols``,
+    else the whole lanes x lanes block."""
     lanes, scalar = spec.lanes, SCALARS[spec.dtype]
     vec, mask_ty = ir.VectorType(scalar, lanes), ir.VectorType(ir.IntType(1), lanes)
     load, store = masked_access(module, vec)
-    src, lds, dst, ldd, rows, cols, bias, flags = fn.args
-    bld = ir.IRBuilder(fn.append_basic_block("entry"))
+    src, lds, dst, ldd, rows, cols, bias, flags = args
+    align = spec.np_dtype.itemsize
     zero = ir.Constant(vec, [0.0] * lanes)
     lane_ids = ir.Constant(ir.VectorType(I32, lanes), list(range(lanes)))
     row_mask, col_mask = (bld.icmp_signed("<", lane_ids,
@@ -35,8 +55,11 @@ def define_transpose(module, spec):
     # rows past ``rows`` are read as zeros (their loads fully masked); never stored
     data = []
     for i in range(lanes):
-        keep = bld.and_(col_mask, splat(bld, bld.icmp_signed("<", ir.Constant(I64, i), rows), mask_ty))
         ptr = bld.gep(src, [bld.mul(ir.Constant(I64, i), lds)], source_etype=scalar)
+        if not masked:
+            data.append(bld.load(ptr, typ=vec, align=align))
+            continue
+        keep = bld.and_(col_mask, splat(bld, bld.icmp_signed("<", ir.Constant(I64, i), rows), mask_ty))
         data.append(bld.call(load, [ptr, keep, zero]))
     h = 1
     while h < lanes:
@@ -61,7 +84,8 @@ def define_transpose(module, spec):
                               bld.gep(bias, [ir.Constant(I64, j)], source_etype=scalar), zero_slot)
         value = bld.fadd(data[j], splat(bld, bld.load(bias_ptr, typ=scalar), vec))
         value = bld.select(relu_on, bld.select(bld.fcmp_ordered("<", value, zero), zero, value), value)
-        keep = bld.and_(row_mask, splat(bld, exists, mask_ty))
-        bld.call(store, [value, bld.gep(dst, [bld.mul(ir.Constant(I64, j), ldd)], source_etype=scalar), keep])
-    bld.ret_void()
-    return fn
+        ptr = bld.gep(dst, [bld.mul(ir.Constant(I64, j), ldd)], source_etype=scalar)
+        if masked:
+            bld.call(store, [value, ptr, bld.and_(row_mask, splat(bld, exists, mask_ty))])
+        else:
+            bld.store(value, ptr, align=align)

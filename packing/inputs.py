@@ -89,14 +89,14 @@ def pack_input_tile(x, n, c_first, nc, p0, nwin_used, geom, dst_addr, nwin, copy
 
 
 @njit(nogil=True)
-def fill_slab(x, n, c_first, nc, sh, sw, Hb, Ws, row0, rows, pt, pl, planes, dst_addr, nwin,
+def fill_slab(x, n, c_first, nc, sh, sw, Hb, Ws, row0, rows, pt, pl, planes, dst_addr, run,
               copy_rows):
     """Channels c_first .. c_first+nc-1 of image ``n`` of the 4-D C-contiguous input ``x`` written
     at ``dst_addr`` as the slab a slab micro-kernel reads in place: per channel, sh*sw phase
     planes of Hb x Ws holding rows row0 .. row0+rows-1 (rows <= Hb) of the full planes, whose
     plane (a, b) row i column j holds the input at row sh*i + a - pt, column sw*j + b - pl, or
     zero outside it (see ``csa.plan.slab_shape``); only the planes in the bit mask ``planes``
-    (bit a*sw + b; -1: all) are filled. Each input value is read once per fill. ``nwin``-wide
+    (bit a*sw + b; -1: all) are filled. Each input value is read once per fill. ``run``-wide
     runs of a plane row move per call of the ``copy_rows`` at address ``copy_rows`` (see
     ``row_copier``), for all nc channels, or, when there are more rows than channels, down all
     the rows of a channel (a call costs about as much as a few vectors moved: 1 to 4 channels
@@ -114,11 +114,11 @@ def fill_slab(x, n, c_first, nc, sh, sw, Hb, Ws, row0, rows, pt, pl, planes, dst
             if planes != -1 and not planes >> (a * sw + b) & 1:
                 continue
             plane = dst_addr + (a * sw + b) * Hb * Ws * item
-            for j0 in range(0, Ws, nwin):
+            for j0 in range(0, Ws, run):
                 col = sw * j0 + b - pl                  # input column of lane 0
-                lo = min(nwin, max(0, (-col + sw - 1) // sw))   # lanes on input columns
-                hi = max(lo, min(nwin, (W - col + sw - 1) // sw))
-                j1 = min(nwin, Ws - j0)
+                lo = min(run, max(0, (-col + sw - 1) // sw))   # lanes on input columns
+                hi = max(lo, min(run, (W - col + sw - 1) // sw))
+                j1 = min(run, Ws - j0)
                 src = src_plane + (first * W + col) * item
                 dst = plane + j0 * item
                 if nc >= rows:   # one call per row, down the channels

@@ -317,14 +317,16 @@ def test_input_shape_at_load_packs_once_for_that_plan(rng):
 def test_one_loop_nest_serves_every_shape_and_micro_kernel(rng):
     """A loop nest is built per dtype, never per shape, micro-tile or orientation (the kernels
     are called through addresses): at most one new build here, if no earlier test built the
-    float32 one, across three micro-kernels."""
+    float32 one, across three micro-kernels (a windows-in-vectors tile of 16 x 6 is the kernel
+    of a filters-in-vectors 6 x 16 one: hence 16 x 5 here)."""
     from cso.lowering import conv_loop_nest
     wt = rng.standard_normal((5, 3, 3, 3)).astype(F32)
     built, kernels = conv_loop_nest.compiled(), set()
     for hw in (33, 34, 37, 40):   # wide enough for a slab at stride 2
         for dilation in (1, 2):
             x = rng.standard_normal((1 + hw % 2, 3, hw, hw + 1)).astype(F32)
-            for overrides in ({"vector": "windows", "slab": False}, {"vector": "filters"},
+            for overrides in ({"vector": "windows", "slab": False, "microtile_shape": (16, 5)},
+                              {"vector": "filters"},
                               {"vector": "windows", "slab": True, "microtile_shape": (16, 4)}):
                 conv = cso.Conv2d(wt, padding=hw % 3, stride=1 + hw % 2, dilation=dilation,
                                   plan_overrides=overrides)

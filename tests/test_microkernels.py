@@ -159,6 +159,38 @@ def test_broadcast_slab_kernel(spec, rng):
             check(spec, actual, expected, inside, k)
 
 
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+def test_transpose_block_every_size(spec, rng):
+    """The filters-in-vectors epilogue: every rows x cols block up to lanes x lanes (whole
+    blocks take the unmasked path) is written transposed, with bias and ReLU, and nothing
+    around it is touched or read (the source past the block is NaN: a read would show)."""
+    import ctypes
+    from microkernels.jit import native_function
+    from microkernels.transpose import define_transpose
+    lanes, dt = spec.lanes, spec.np_dtype
+    function = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p, ctypes.c_int64] * 2,
+                                ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)(
+        native_function(define_transpose, spec).address)
+    lds, ldd, guard = lanes + 3, lanes + 5, 7
+    for rows in range(1, lanes + 1):
+        for cols in range(1, lanes + 1):
+            for flags in (0, mk.BIAS | mk.RELU):
+                src = np.full(lanes * lds, np.nan, dt)
+                block = rng.standard_normal((rows, cols)).astype(dt)
+                for i in range(rows):
+                    src[i * lds:i * lds + cols] = block[i]
+                bias = rng.standard_normal(cols).astype(dt)
+                dst = np.full(2 * guard + lanes * ldd, SENTINEL, dt)
+                function(src.ctypes.data, lds, dst[guard:].ctypes.data, ldd, rows, cols,
+                         bias.ctypes.data, flags)
+                expected = np.full_like(dst, SENTINEL)
+                result = block.T + bias[:, None] if flags else block.T
+                for j in range(cols):
+                    at = guard + j * ldd
+                    expected[at:at + rows] = np.maximum(result[j], 0) if flags else result[j]
+                np.testing.assert_array_equal(dst, expected, err_msg=f"{rows} x {cols}")
+
+
 def test_relu_keeps_nan_and_clamps_negatives():
     spec = SPECS[0]
     k = 1
