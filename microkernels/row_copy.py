@@ -224,6 +224,8 @@ class _TapCopyBuilder(_RowCopyBuilder):
         out_lanes = [list(range(v * lanes, (v + 1) * lanes)) for v in range(vectors)]
         self.run_masks = [self._between(bld, ids, j0, j1) for ids in out_lanes]
         self.store_masks = [self._between(bld, ids, j0, end) for ids in out_lanes]
+        self.whole = bld.and_(bld.icmp_signed("==", j0, ir.Constant(I32, 0)),
+                              bld.icmp_signed("==", end, ir.Constant(I32, vectors * lanes)))
         done = self.fn.append_basic_block("done")
         case = bld.add(bld.mul(args["taps"], ir.Constant(I64, 8)), args["stride"])
         switch = bld.switch(case, done)
@@ -238,11 +240,12 @@ class _TapCopyBuilder(_RowCopyBuilder):
 
     def _rows(self, bld, args, taps, stride, done):
         """The loop over rows for a constant tap count and stride: load once, split into
-        phases, shuffle and store each tap."""
+        phases, shuffle and store each tap; whole vectors stored plainly when the run fills
+        every lane (as ``_RowCopyBuilder._rows``: masked stores are microcoded on AMD)."""
         lanes, vectors = self.lanes, self.vectors
         lane_ty = ir.VectorType(I32, lanes)
 
-        def row(bld, src, dst):
+        def row(bld, src, dst, store_masks):
             loaded = [bld.call(self.load, [bld.gep(src, [ir.Constant(I64, k * lanes)],
                                                    source_etype=self.scalar),
                                            self.load_masks[k], self.zero])
@@ -267,9 +270,17 @@ class _TapCopyBuilder(_RowCopyBuilder):
                     value = bld.shuffle_vector(phase[v], phase[v + 1], pick)
                     value = bld.select(self.run_masks[v], value, self.zero)
                     ptr = bld.gep(tap_dst, [ir.Constant(I64, v * lanes)], source_etype=self.scalar)
-                    bld.call(self.store, [value, ptr, self.store_masks[v]])
+                    if store_masks is None:
+                        bld.store(value, ptr, align=self.itemsize)
+                    else:
+                        bld.call(self.store, [value, ptr, store_masks[v]])
 
-        self._row_loop(bld, args, done, row)
+        plain, masked = self.fn.append_basic_block(), self.fn.append_basic_block()
+        bld.cbranch(self.whole, plain, masked)
+        for block, store_masks in ((plain, None), (masked, self.store_masks)):
+            bld.position_at_end(block)
+            self._row_loop(bld, args, done,
+                           lambda bld, src, dst, masks=store_masks: row(bld, src, dst, masks))
 
     def _phase(self, bld, loaded, stride, k, q):
         """Vector k of phase q (stride 2): lane l = element 2*(k*lanes + l) + q, one shuffle of

@@ -61,7 +61,9 @@ def pack_input_tile(x, n, c_first, nc, p0, nwin_used, geom, dst_addr, nwin, copy
     while j < nwin_used:
         oh, ow0 = (p0 + j) // Q, (p0 + j) % Q
         j1 = j + min(Q - ow0, nwin_used - j)
-        store_end = nwin if j1 == nwin_used else j1   # the last run also zeroes the tail
+        # the last run also zeroes the tail, the first stores whole vectors (unmasked) past
+        # its windows: the next runs overwrite those lanes
+        store_end = nwin if j1 == nwin_used or j == 0 else j1
         for r in range(R):
             ih = oh * sh - pt + r * dh
             row0 = ((n * C + c_first) * H + ih) * W   # row ih of channel c_first
