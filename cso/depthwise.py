@@ -11,7 +11,7 @@ slicing loop nest, the kernel and the row copies are called through their addres
 import numpy as np
 
 from csa.plan import slab_planes, slab_shape
-from microkernels import DepthwiseSpec, depthwise
+from microkernels import DepthwiseSpec, depthwise, row_copy
 from microkernels.cache import cached_njit
 from microkernels.jit import native_function
 from microkernels.numba_bridge import caller
@@ -57,8 +57,10 @@ def out_t_elements(plan):
 
 def scratch_elements(plan):
     """The slabs of one fill and a tail: the kernel's last vector reads up to a vector past
-    the last channel's slab, and its aligned loads (``microkernels.depthwise``) one more."""
-    return plan.nc * plan.channel_elements + 2 * plan.lanes
+    the last channel's slab, and its aligned loads (``microkernels.depthwise``) one more; then
+    the slack the filler's blended stores may rewrite (``row_copy.SCRATCH_SLACK``)."""
+    return (plan.nc * plan.channel_elements + 2 * plan.lanes
+            + row_copy.SCRATCH_SLACK // plan.spec.itemsize)
 
 
 def output_parts(plan):

@@ -13,7 +13,7 @@ from numba.np.numpy_support import from_dtype
 
 from csa.plan import (reads_input_unpacked, slab_band_rows, slab_planes, slab_shape,
                       window_positions, window_units)
-from microkernels import ACCUMULATE, KernelSpec, ir_gen, transpose
+from microkernels import ACCUMULATE, KernelSpec, ir_gen, row_copy, transpose
 from microkernels.cache import cached_njit
 from microkernels.jit import native_function
 from microkernels.numba_bridge import caller
@@ -81,13 +81,15 @@ def scratch_tiles(plan):
 def scratch_elements(plan):
     """The packed tiles, or a slab: one channel tile's padded planes, the rows of one output
     band (``csa.plan.slab_band_rows``), and a tail a row and a tile long (a band's last tile
-    reads up to a tile past its last window, its padding columns a row further)."""
+    reads up to a tile past its last window, its padding columns a row further); then the
+    slack the packers' blended stores may rewrite (``row_copy.SCRATCH_SLACK``)."""
     s = plan.spec
+    slack = row_copy.SCRATCH_SLACK // s.itemsize
     if plan.slab:
         ws = slab_shape(s)[1]
         hb = slab_band_rows(s, plan.nwin, plan.band, plan.row_tiles)
-        return plan.nc * s.stride[0] * s.stride[1] * hb * ws + ws + plan.nwin
-    return scratch_tiles(plan) * plan.nwin * plan.nc * s.r * s.s
+        return plan.nc * s.stride[0] * s.stride[1] * hb * ws + ws + plan.nwin + slack
+    return scratch_tiles(plan) * plan.nwin * plan.nc * s.r * s.s + slack
 
 
 def loop_nest_signature(dtype):

@@ -11,6 +11,11 @@ stride*width contiguous values, every stride-th kept by constant shuffles) or ma
 of the plane -- are never read, and ``src`` may point outside the input for them. A whole row
 of windows moves per vector instruction; no scalar loop runs per element.
 
+Destinations are a part's own scratch (packed tiles, slabs), never shared: a run that does not
+fill whole vectors is blended into them (read, its lanes replaced, written back), so its last
+vector may rewrite, unchanged, up to a vector past the run; the scratch has that much slack
+past its last row (``SCRATCH_SLACK`` bytes, see the loop nests' ``scratch_elements``).
+
 ``copy_taps`` (stride 1 or 2, no dilation) fills the rows of all S taps of a filter row at once
 from one read of each input row, by constant shuffles (see ``define_tap_copy``).
 """
@@ -23,6 +28,7 @@ I1 = ir.IntType(1)
 ARGS = ("dst", "dst_step", "src", "src_step", "count", "stride", "j0", "j1", "lo", "hi")
 FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, PTR, I64] + [I64] * 6)
 SAMPLED_STRIDES = 4  # strides up to this use contiguous loads + shuffles; larger ones gather
+SCRATCH_SLACK = 128  # bytes past a scratch's last row a blended run may rewrite (two zmm)
 
 
 def define_row_copy(module, spec, width):
@@ -42,7 +48,7 @@ class _RowCopyBuilder:
         self.scalar = SCALARS[spec.dtype]
         self.vec = ir.VectorType(self.scalar, self.lanes)
         self.zero = ir.Constant(self.vec, [0.0] * self.lanes)
-        self.load, self.store = masked_access(module, self.vec)
+        self.load = masked_access(module, self.vec)[0]
         self.itemsize = spec.np_dtype.itemsize
 
     def build(self):
@@ -91,12 +97,21 @@ class _RowCopyBuilder:
                 for v in vectors:
                     value = load_vector(bld, src, v, masks)
                     ptr = bld.gep(dst, [ir.Constant(I64, v * self.lanes)], source_etype=self.scalar)
-                    if store_mask is None:
-                        bld.store(value, ptr, align=self.itemsize)
-                    else:
-                        bld.call(self.store, [value, ptr, store_mask[v]])
+                    self._store(bld, value, ptr, None if store_mask is None else store_mask[v])
 
             self._row_loop(bld, args, done, row)
+
+    def _store(self, bld, value, ptr, mask):
+        """Store the vector ``value`` at ``ptr``: whole (``mask`` None), else blended into the
+        vector there (its lanes outside ``mask`` written back as read). A blend is a plain load
+        and store, where a masked store is microcoded on AMD cores (``vmaskmovps``: partial runs
+        kept 5x5 depthwise fills at 3 GB/s on Zen 3); it may rewrite up to a vector past a row,
+        which the callers' scratch is sized for (see the module docstring)."""
+        if mask is None:
+            bld.store(value, ptr, align=self.itemsize)
+            return
+        old = bld.load(ptr, typ=self.vec, align=self.itemsize)
+        bld.store(bld.select(mask, value, old), ptr, align=self.itemsize)
 
     def _row_loop(self, bld, args, done, row):
         """for i in range(count): ``row(bld, src + i*src_step, dst + i*dst_step)``, then
@@ -270,10 +285,7 @@ class _TapCopyBuilder(_RowCopyBuilder):
                     value = bld.shuffle_vector(phase[v], phase[v + 1], pick)
                     value = bld.select(self.run_masks[v], value, self.zero)
                     ptr = bld.gep(tap_dst, [ir.Constant(I64, v * lanes)], source_etype=self.scalar)
-                    if store_masks is None:
-                        bld.store(value, ptr, align=self.itemsize)
-                    else:
-                        bld.call(self.store, [value, ptr, store_masks[v]])
+                    self._store(bld, value, ptr, None if store_masks is None else store_masks[v])
 
         plain, masked = self.fn.append_basic_block(), self.fn.append_basic_block()
         bld.cbranch(self.whole, plain, masked)

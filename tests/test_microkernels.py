@@ -11,7 +11,7 @@ SENTINEL = 12345.0
 
 def host_specs():
     """The kernels plans choose on each ISA of this CPU: windows in vectors (nf filters
-    broadcast), filters in vectors (windows broadcast) on a 7x7 and a 14x14 plane."""
+    broadcast), filters in vectors (windows broadcast) on a 2x2, a 7x7 and a 14x14 plane."""
     specs = set()
     for isa in mk.supported_isas():
         for dtype, itemsize in (("f32", 4), ("f64", 8)):
@@ -20,7 +20,7 @@ def host_specs():
                                   tuning=csa.tuning.record(isa.name))
             nwin, nf = csa.microtile(machine, itemsize)
             specs.add(mk.KernelSpec(dtype, nf, nwin, isa.name))
-            for positions in (49, 196):
+            for positions in (4, 49, 196):
                 windows, filters = csa.filter_vector_tile(machine, itemsize, positions)
                 specs.add(mk.KernelSpec(dtype, windows, filters, isa.name))
     return sorted(specs, key=str)
