@@ -12,9 +12,10 @@ of the plane -- are never read, and ``src`` may point outside the input for them
 of windows moves per vector instruction; no scalar loop runs per element.
 
 Destinations are a part's own scratch (packed tiles, slabs), never shared: a run that does not
-fill whole vectors is blended into them (read, its lanes replaced, written back), so its last
-vector may rewrite, unchanged, up to a vector past the run; the scratch has that much slack
-past its last row (``SCRATCH_SLACK`` bytes, see the loop nests' ``scratch_elements``).
+fill whole vectors is blended into them (read, its lanes replaced, written back), so its
+vectors may rewrite, unchanged, up to a row's width (at most two vectors) past its end; the
+scratch has that much slack past its last row (``SCRATCH_SLACK`` bytes, see the loop nests'
+``scratch_elements``).
 
 ``copy_taps`` (stride 1 or 2, no dilation) fills the rows of all S taps of a filter row at once
 from one read of each input row, by constant shuffles (see ``define_tap_copy``).
