@@ -87,20 +87,28 @@ class _RowCopyBuilder:
         vectors = range(self.vectors)
         store_masks = [self._between(bld, [v * self.lanes + i for i in range(self.lanes)], j0, j1)
                        for v in vectors]
-        whole = bld.and_(bld.icmp_signed("==", j0, ir.Constant(I32, 0)),
-                         bld.icmp_signed("==", j1, ir.Constant(I32, self.vectors * self.lanes)))
-        plain, masked = self.fn.append_basic_block("whole"), self.fn.append_basic_block("part")
-        bld.cbranch(whole, plain, masked)
-        for block, store_mask in ((plain, None), (masked, store_masks)):
+        def row(bld, src, dst, store_masks):
+            for v in vectors:
+                value = load_vector(bld, src, v, masks)
+                ptr = bld.gep(dst, [ir.Constant(I64, v * self.lanes)], source_etype=self.scalar)
+                self._store(bld, value, ptr, store_masks and store_masks[v])
+
+        self._whole_or_blended(bld, args, done, self._whole(bld, j0, j1), store_masks, row)
+
+    def _whole(self, bld, first, end):
+        """Whether lanes [first, end) are every lane of the run's vectors."""
+        return bld.and_(bld.icmp_signed("==", first, ir.Constant(I32, 0)),
+                        bld.icmp_signed("==", end, ir.Constant(I32, self.vectors * self.lanes)))
+
+    def _whole_or_blended(self, bld, args, done, whole, store_masks, row):
+        """Two row loops (``_row_loop``) of ``row(bld, src, dst, store_masks)``: one storing
+        whole vectors (store_masks None) when ``whole``, else one blending by ``store_masks``."""
+        plain, part = self.fn.append_basic_block("whole"), self.fn.append_basic_block("part")
+        bld.cbranch(whole, plain, part)
+        for block, block_masks in ((plain, None), (part, store_masks)):
             bld.position_at_end(block)
-
-            def row(bld, src, dst, store_mask=store_mask):
-                for v in vectors:
-                    value = load_vector(bld, src, v, masks)
-                    ptr = bld.gep(dst, [ir.Constant(I64, v * self.lanes)], source_etype=self.scalar)
-                    self._store(bld, value, ptr, None if store_mask is None else store_mask[v])
-
-            self._row_loop(bld, args, done, row)
+            self._row_loop(bld, args, done,
+                           lambda bld, src, dst, m=block_masks: row(bld, src, dst, m))
 
     def _store(self, bld, value, ptr, mask):
         """Store the vector ``value`` at ``ptr``: whole (``mask`` None), else blended into the
@@ -240,8 +248,7 @@ class _TapCopyBuilder(_RowCopyBuilder):
         out_lanes = [list(range(v * lanes, (v + 1) * lanes)) for v in range(vectors)]
         self.run_masks = [self._between(bld, ids, j0, j1) for ids in out_lanes]
         self.store_masks = [self._between(bld, ids, j0, end) for ids in out_lanes]
-        self.whole = bld.and_(bld.icmp_signed("==", j0, ir.Constant(I32, 0)),
-                              bld.icmp_signed("==", end, ir.Constant(I32, vectors * lanes)))
+        self.whole = self._whole(bld, j0, end)
         done = self.fn.append_basic_block("done")
         case = bld.add(bld.mul(args["taps"], ir.Constant(I64, 8)), args["stride"])
         switch = bld.switch(case, done)
@@ -286,14 +293,9 @@ class _TapCopyBuilder(_RowCopyBuilder):
                     value = bld.shuffle_vector(phase[v], phase[v + 1], pick)
                     value = bld.select(self.run_masks[v], value, self.zero)
                     ptr = bld.gep(tap_dst, [ir.Constant(I64, v * lanes)], source_etype=self.scalar)
-                    self._store(bld, value, ptr, None if store_masks is None else store_masks[v])
+                    self._store(bld, value, ptr, store_masks and store_masks[v])
 
-        plain, masked = self.fn.append_basic_block(), self.fn.append_basic_block()
-        bld.cbranch(self.whole, plain, masked)
-        for block, store_masks in ((plain, None), (masked, self.store_masks)):
-            bld.position_at_end(block)
-            self._row_loop(bld, args, done,
-                           lambda bld, src, dst, masks=store_masks: row(bld, src, dst, masks))
+        self._whole_or_blended(bld, args, done, self.whole, self.store_masks, row)
 
     def _phase(self, bld, loaded, stride, k, q):
         """Vector k of phase q (stride 2): lane l = element 2*(k*lanes + l) + q, one shuffle of
