@@ -11,10 +11,14 @@ stride*width contiguous values, every stride-th kept by constant shuffles) or ma
 of the plane -- are never read, and ``src`` may point outside the input for them. A whole row
 of windows moves per vector instruction; no scalar loop runs per element.
 
-Destinations are a part's own scratch (packed tiles, slabs), never shared: a run that does not
-fill whole vectors is blended into them (read, its lanes replaced, written back), so its
-vectors may rewrite, unchanged, up to a row's width (at most two vectors) past its end; the
-scratch has that much slack past its last row (``SCRATCH_SLACK`` bytes, see the loop nests'
+Destinations are a part's own scratch (packed tiles, slabs), never shared. A row is stored
+exactly: its whole vectors plainly, a last vector that ends inside the row (rows of 5, 6, 7
+or 14 windows) as plain stores of its lanes halving in width; a run that covers part of a row
+is blended into it (read, its lanes replaced, written back). So no store writes past a row:
+rows narrower than a vector lie back to back in a packed tile, and a store overlapping the
+next row makes that row's blend load wait for it (store-to-load forwarding fails on a partial
+overlap: 6-wide rows packed 4x slower so on Zen 3). A blend reads up to a vector past its row;
+the scratch has that much slack past its last row (``SCRATCH_SLACK`` bytes, see the loop nests'
 ``scratch_elements``).
 
 ``copy_taps`` (stride 1 or 2, no dilation) fills the rows of all S taps of a filter row at once
@@ -29,7 +33,7 @@ I1 = ir.IntType(1)
 ARGS = ("dst", "dst_step", "src", "src_step", "count", "stride", "j0", "j1", "lo", "hi")
 FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, PTR, I64] + [I64] * 6)
 SAMPLED_STRIDES = 4  # strides up to this use contiguous loads + shuffles; larger ones gather
-SCRATCH_SLACK = 128  # bytes past a scratch's last row a blended run may rewrite (two zmm)
+SCRATCH_SLACK = 128  # bytes past a scratch's last row a blend may read (two zmm)
 
 
 def define_row_copy(module, spec, width):
@@ -80,7 +84,7 @@ class _RowCopyBuilder:
     def _rows(self, bld, args, done, masks, load_vector):
         """The loop over ``count`` rows: per vector, ``load_vector(bld, src_row, v, masks)``
         then a store of lanes [j0, j1); all masks computed before the loop. When [j0, j1)
-        is every lane, as for all but a row's last run, the loop stores whole vectors: masked
+        is the whole row, as for all but a row's last run, the loop stores plainly: masked
         stores are microcoded on AMD cores (AVX2 ``vmaskmovps``), and a slab fill made of
         them ran at 5.5 GB/s on Zen 3."""
         j0, j1 = self.bounds[:2]
@@ -91,14 +95,14 @@ class _RowCopyBuilder:
             for v in vectors:
                 value = load_vector(bld, src, v, masks)
                 ptr = bld.gep(dst, [ir.Constant(I64, v * self.lanes)], source_etype=self.scalar)
-                self._store(bld, value, ptr, store_masks and store_masks[v])
+                self._store(bld, value, ptr, store_masks and store_masks[v], v)
 
         self._whole_or_blended(bld, args, done, self._whole(bld, j0, j1), store_masks, row)
 
     def _whole(self, bld, first, end):
-        """Whether lanes [first, end) are every lane of the run's vectors."""
+        """Whether lanes [first, end) cover the whole row."""
         return bld.and_(bld.icmp_signed("==", first, ir.Constant(I32, 0)),
-                        bld.icmp_signed("==", end, ir.Constant(I32, self.vectors * self.lanes)))
+                        bld.icmp_signed(">=", end, ir.Constant(I32, self.width)))
 
     def _whole_or_blended(self, bld, args, done, whole, store_masks, row):
         """Two row loops (``_row_loop``) of ``row(bld, src, dst, store_masks)``: one storing
@@ -110,17 +114,31 @@ class _RowCopyBuilder:
             self._row_loop(bld, args, done,
                            lambda bld, src, dst, m=block_masks: row(bld, src, dst, m))
 
-    def _store(self, bld, value, ptr, mask):
-        """Store the vector ``value`` at ``ptr``: whole (``mask`` None), else blended into the
-        vector there (its lanes outside ``mask`` written back as read). A blend is a plain load
-        and store, where a masked store is microcoded on AMD cores (``vmaskmovps``: partial runs
-        kept 5x5 depthwise fills at 3 GB/s on Zen 3); it may rewrite up to a vector past a row,
-        which the callers' scratch is sized for (see the module docstring)."""
-        if mask is None:
+    def _store(self, bld, value, ptr, mask, v):
+        """Store vector ``v`` of a row, ``value``, at ``ptr``: whole (``mask`` None), else
+        blended into the vector there (its lanes outside ``mask`` written back as read). A
+        blend is a plain load and store, where a masked store is microcoded on AMD cores
+        (``vmaskmovps``: partial runs kept 5x5 depthwise fills at 3 GB/s on Zen 3). Only the
+        lanes inside the row are stored (see the module docstring)."""
+        if mask is not None:
+            old = bld.load(ptr, typ=self.vec, align=self.itemsize)
+            value = bld.select(mask, value, old)
+        inside = min(self.lanes, self.width - v * self.lanes)
+        if inside == self.lanes:
             bld.store(value, ptr, align=self.itemsize)
             return
-        old = bld.load(ptr, typ=self.vec, align=self.itemsize)
-        bld.store(bld.select(mask, value, old), ptr, align=self.itemsize)
+        first, size = 0, self.lanes // 2
+        while size:   # lanes [0, inside) as plain stores of halving width
+            if inside & size:
+                at = bld.gep(ptr, [ir.Constant(I64, first)], source_etype=self.scalar)
+                if size == 1:
+                    part = bld.extract_element(value, ir.Constant(I32, first))
+                else:
+                    part = bld.shuffle_vector(value, value, ir.Constant(
+                        ir.VectorType(I32, size), list(range(first, first + size))))
+                bld.store(part, at, align=self.itemsize)
+                first += size
+            size //= 2
 
     def _row_loop(self, bld, args, done, row):
         """for i in range(count): ``row(bld, src + i*src_step, dst + i*dst_step)``, then
@@ -293,7 +311,7 @@ class _TapCopyBuilder(_RowCopyBuilder):
                     value = bld.shuffle_vector(phase[v], phase[v + 1], pick)
                     value = bld.select(self.run_masks[v], value, self.zero)
                     ptr = bld.gep(tap_dst, [ir.Constant(I64, v * lanes)], source_etype=self.scalar)
-                    self._store(bld, value, ptr, store_masks and store_masks[v])
+                    self._store(bld, value, ptr, store_masks and store_masks[v], v)
 
         self._whole_or_blended(bld, args, done, self.whole, self.store_masks, row)
 
