@@ -113,10 +113,16 @@ def padded_work(spec, nwin, nf):
     return ceil(spec.p * spec.q / nwin) * nwin * ceil(spec.k_per_group / nf) * nf
 
 
-def choose_vector(spec, window_tile, filter_tile):
-    """Vectors along the windows unless tiles along the filters waste clearly fewer lanes
-    (small output planes: 7x7, 14x14, 1x1), which also costs a transposing pass at the end."""
+def choose_vector(spec, window_tile, filter_tile, tuning):
+    """Vectors along the windows unless tiles along the filters waste fewer lanes (small output
+    planes: 7x7, 14x14, 1x1) by more than their transposing pass costs: the pass over each
+    output costs as much as ``tuning.transpose_depth`` more rows of kernel depth, little
+    beside hundreds of channels, much beside a few dozen (0: lanes waste alone, with a 5%
+    margin)."""
     windows, filters = padded_work(spec, *window_tile), padded_work(spec, *filter_tile)
+    depth = spec.c_per_group * spec.r * spec.s
+    if tuning.transpose_depth:
+        return "filters" if filters * (1 + tuning.transpose_depth / depth) < windows else "windows"
     return "filters" if filters < 0.95 * windows else "windows"
 
 
@@ -464,15 +470,18 @@ def window_tiles(spec, nwin, slab, vector):
     return spec.p * row_tiles(spec, nwin, slab, vector) or ceil(window_positions(spec, slab) / nwin)
 
 
-def reads_input_unpacked(spec, vector="windows"):
+def reads_input_unpacked(spec, vector, tuning):
     """1x1, stride 1, no padding, windows in vectors: the NCHW input already is the C x (H*W)
     matrix whose rows the kernel loads as vectors, so full window tiles need no packing. Not
     when the plane's size in bytes is a multiple of half a page (32x32, 64x64 planes): a tile's
     rows, one per channel, would then share one or two L1 sets (measured 18-50% slower than
-    packed tiles; 16x16 planes, four sets, run as fast). Not with filters in vectors either: the
+    packed tiles; 16x16 planes, four sets, run as fast). Not with ``tuning.packed_1x1_filters``
+    filters or more either: every filter tile reuses a packed tile, whose contiguous rows then
+    beat rows a plane apart by more than the copy costs. Not with filters in vectors: the
     windows are broadcast, one input row (channel) per step, and packed they sit in L1
     (measured 3-18% faster, e.g. 1x1 2432->1600 on 7x7)."""
-    return (vector == "windows" and _plain_1x1(spec)
+    many_filters = tuning.packed_1x1_filters and spec.k_per_group >= tuning.packed_1x1_filters
+    return (vector == "windows" and _plain_1x1(spec) and not many_filters
             and PAGE // gcd(spec.h * spec.w * spec.itemsize, PAGE) >= 4)
 
 
@@ -656,7 +665,7 @@ def analyze_slicing(spec, machine=None, *, vector=None, microtile_shape=None, nc
         spec, tile[0], direct_channel_tile(spec, tile[1], machine.l2), "filters", machine.l3)
     if vector is None:
         vector = ("filters" if slab is not False and fits_direct else
-                  choose_vector(spec, tiles["windows"], tiles["filters"]))
+                  choose_vector(spec, tiles["windows"], tiles["filters"], machine.tuning))
     direct = vector == "filters" and (fits_direct if slab is None else slab)
     nwin, nf = microtile_shape or (direct_tile if direct else tiles[vector])
     if slab and not slab_fits(spec, nwin, vector):

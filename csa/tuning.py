@@ -38,6 +38,12 @@ class Tuning:
     thread_min_flops: float = 3e6   # work a thread must get to pay for handing parts over
     depthwise_thread_min_flops: float = 0.5e6   # the same for a depthwise plan (about 10 us)
     direct_min_depth: int = 512     # C/groups*R*S a direct plan needs (shallower: C's tile costs)
+    # the kernel depth (C/groups*R*S rows) whose FMAs the transposing pass of one output costs
+    # with filters in vectors (0: not measured, the lanes padding alone chooses the vectors)
+    transpose_depth: int = 0
+    # filters per group from which plain 1x1s pack their window tiles rather than read the
+    # input in place (0: never, in place wherever it does not alias L1 sets)
+    packed_1x1_filters: int = 0
     # measured on this host by a calibration: ((slab variant, vectors, broadcasts, fraction of
     # the FMA peak), ...), slab variants as KernelSpec names them ("" packed, "vector",
     # "broadcast"); and what the calibration measured on ("": not calibrated)
@@ -96,13 +102,16 @@ AVX2 = Tuning(
     "avx2", "AMD Zen 3 EPYC (2 cores)", fma_latency=4, fma_pipes=2, loads_per_cycle=1.75,
     broadcast_operand=False, direct_windows=((6, 1.0), (5, 0.97), (4, 0.90)),
     filter_windows=((6, 1.0), (5, 0.98), (4, 0.96)), thread_min_flops=1e6,
-    depthwise_thread_min_flops=0.2e6)
-# no CPU measured: the usual FMA core (latency 4, two pipes) with SSE/NEON-width vectors
+    depthwise_thread_min_flops=0.2e6, transpose_depth=16, packed_1x1_filters=256)
+# no CPU measured: the usual FMA core (latency 4, two pipes) with SSE/NEON-width vectors; the
+# transposing pass and 1x1 packing costs as the AVX2 core measured them
 GENERIC = Tuning("generic", "not measured: a typical core", fma_latency=4, fma_pipes=2,
-                 loads_per_cycle=2.0, broadcast_operand=False)
+                 loads_per_cycle=2.0, broadcast_operand=False, transpose_depth=16,
+                 packed_1x1_filters=256)
 NEON = Tuning("neon", "not measured (aarch64 runs here under emulation only): Neoverse/Apple "
               "cores have 2-4 FMA pipes of latency 4", fma_latency=4, fma_pipes=2,
-              loads_per_cycle=2.0, broadcast_operand=False)
+              loads_per_cycle=2.0, broadcast_operand=False, transpose_depth=16,
+              packed_1x1_filters=256)
 RECORDS = {t.isa: t for t in (AVX512, AVX2, GENERIC, NEON)}
 
 

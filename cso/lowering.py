@@ -49,6 +49,7 @@ def geometry(plan, kspec, epilogue_flags):
     slab_run = kspec.nwin
     copy_rows, copy_taps = ((row_copier(kspec, slab_run), 0) if plan.slab
                             else tile_copiers(kspec, plan.nwin, s.s, s.stride[1], s.dilation[1]))
+    unpacked = reads_input_unpacked(s, plan.vector, plan.machine.tuning)
     values = dict(Hs=hs, Ws=ws, windows=window_positions(s, plan.slab), slots=scratch_tiles(plan),
                   band=plan.band, Hb=slab_band_rows(s, plan.nwin, plan.band, plan.row_tiles),
                   planes=slab_planes(s), row_tiles=plan.row_tiles,
@@ -56,7 +57,7 @@ def geometry(plan, kspec, epilogue_flags):
                   pt=s.padding[0], pl=s.padding[2], Q=s.q, P=s.p, groups=s.groups,
                   Cg=s.c_per_group, Kg=s.k_per_group, nc=plan.nc, k2=plan.k2, k3=plan.k3,
                   is_input_stationary=int(plan.schedule == "IS"), epilogue=epilogue_flags,
-                  unpacked=int(reads_input_unpacked(s, plan.vector)), phases=ALL_PHASES,
+                  unpacked=int(unpacked), phases=ALL_PHASES,
                   nwin=plan.nwin, nf=plan.nf, lanes=kspec.lanes, slab=int(plan.slab),
                   direct=int(kspec.slab == "broadcast"), filters_in_vectors=int(filters_in_vectors),
                   kernel=native_function(ir_gen.define_kernel, kspec).address,

@@ -318,16 +318,39 @@ def test_parse_size():
 
 
 def test_unpacked_1x1_only_where_channel_rows_spread_over_l1_sets():
-    assert csa.plan.reads_input_unpacked(ConvSpec.parse("n1c64h56w56k256r1s1p0u1"))
-    assert csa.plan.reads_input_unpacked(ConvSpec.parse("n1c128h16w16k512r1s1p0u1"))   # 4 sets
+    def unpacked(name, vector="windows", tuning=csa.tuning.AVX512):
+        return csa.plan.reads_input_unpacked(ConvSpec.parse(name), vector, tuning)
+    assert unpacked("n1c64h56w56k256r1s1p0u1")
+    assert unpacked("n1c128h16w16k512r1s1p0u1")   # 4 sets
     for aliased in ("n1c256h64w64k512r1s1p0u1", "n1c256h32w32k256r1s1p0u1",
                     "n1c128h128w128k64r1s1p0u1"):
-        assert not csa.plan.reads_input_unpacked(ConvSpec.parse(aliased))
-    assert not csa.plan.reads_input_unpacked(ConvSpec.parse("n1c64h56w56k256r1s1p0u1"), "filters")
-    assert not csa.plan.reads_input_unpacked(ConvSpec.parse("n1c64h56w56k256r3s3p1u1"))
+        assert not unpacked(aliased)
+    assert not unpacked("n1c64h56w56k256r1s1p0u1", "filters")
+    assert not unpacked("n1c64h56w56k256r3s3p1u1")
+    # the AVX2 record packs from 256 filters: every filter tile reuses the packed tile
+    assert unpacked("n1c64h56w56k255r1s1p0u1", tuning=csa.tuning.AVX2)
+    assert not unpacked("n1c64h56w56k256r1s1p0u1", tuning=csa.tuning.AVX2)
     zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32,
                   tuning=csa.tuning.AVX512)
     assert not csa.analyze(ConvSpec.parse("n1c64h64w64k64r1s1p0u1"), zen).slab   # packed tiles
+
+
+def test_vectors_along_the_filters_where_they_waste_fewer_lanes_than_the_transpose_costs():
+    """14x14 1x1s (196 windows: 13 tiles of 16, 33 of 6): filters in vectors beside hundreds of
+    channels, windows in vectors beside a few dozen (their transposing pass costs as much as
+    16 channels more per output in the AVX2 record); 7x7 planes waste a third of 16-window
+    tiles. The AVX-512 record (no transpose cost measured) goes by the wasted lanes alone."""
+    zen3 = Machine(l1d=32 * 1024, l2=512 * 1024, l3=32 << 20, vector_bytes=32,
+                   vector_registers=16, tuning=csa.tuning.AVX2)
+    zen5 = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32,
+                   tuning=csa.tuning.AVX512)
+    def vector(name, machine=zen3):
+        return csa.analyze(ConvSpec.parse(name), machine).vector
+    assert vector("n1c512h14w14k512r1s1p0u1") == "filters"
+    assert vector("n1c64h14w14k512r1s1p0u1") == "windows"
+    assert vector("n1c64h14w14k512r1s1p0u1", zen5) == "filters"
+    assert vector("n1c768h7w7k384r1s1p0u1") == "filters"
+    assert vector("n1c256h56w56k64r1s1p0u1") == "windows"
 
 
 def test_slab_planes_the_taps_read():
