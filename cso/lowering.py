@@ -7,6 +7,8 @@ called through their addresses (``microkernels.numba_bridge``), so a model with 
 convolutions compiles it once. No Python runs per tile: packing and micro-kernel calls happen
 inside the numba-compiled function.
 """
+from dataclasses import replace
+
 import numpy as np
 from numba import njit, types
 from numba.np.numpy_support import from_dtype
@@ -27,7 +29,7 @@ GEOM_FIELDS = ("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q",
                "P", "groups", "Cg", "Kg", "nc", "k2", "k3", "is_input_stationary", "epilogue",
                "unpacked", "phases", "Hs", "Ws", "windows", "slots", "band", "Hb", "planes",
                "row_tiles", "nwin", "nf", "lanes", "slab", "direct", "filters_in_vectors",
-               "kernel", "transpose", "copy_rows", "copy_taps", "slab_run")
+               "kernel", "transpose", "copy_rows", "copy_taps", "slab_run", "tail_kernel")
 call_kernel = caller(ir_gen.FUNCTION_TYPE)
 call_transpose = caller(transpose.FUNCTION_TYPE)
 
@@ -63,8 +65,17 @@ def geometry(plan, kspec, epilogue_flags):
                   kernel=native_function(ir_gen.define_kernel, kspec).address,
                   transpose=(native_function(transpose.define_transpose, kspec).address
                              if filters_in_vectors else 0),
-                  copy_rows=copy_rows, copy_taps=copy_taps, slab_run=slab_run)
+                  copy_rows=copy_rows, copy_taps=copy_taps, slab_run=slab_run,
+                  tail_kernel=tail_kernel(plan, kspec))
     return np.array([values[f] for f in GEOM_FIELDS], dtype=np.int64)
+
+
+def tail_kernel(plan, kspec):
+    """The address of the kernel of a direct plan's last tile in each output row, when the row
+    does not divide into tiles: a tile of Q % nwin windows (28 = 4*6 + 4: 4 x 16 there, where
+    the row's tiles padded to 30 windows wasted 7% of the FMAs); else 0."""
+    tail = plan.spec.q % plan.nwin if plan.direct else 0
+    return native_function(ir_gen.define_kernel, replace(kspec, nf=tail)).address if tail else 0
 
 
 def scratch_tiles(plan):
@@ -175,6 +186,7 @@ def conv_loop_nest(dtype):
                                                              geom[31], geom[32], geom[33])
         ukernel, transpose_block, copy_rows, copy_taps = geom[34], geom[35], geom[36], geom[37]
         slab_run = geom[38]             # width of the runs a slab is filled in
+        tail_kernel = geom[39]          # a direct row's last tile when it is short (else 0)
         packing, kernels, post = phases & PACK, phases & KERNEL, phases & POST
         N, C, K = x.shape[0], x.shape[1], out.shape[1]
         PQ = P * Q
@@ -279,7 +291,9 @@ def conv_loop_nest(dtype):
                                     w_tile = w_base + ft * w_tile_bytes
                                     if filters_in_vectors:
                                         c_t = out_t_addr + ((c_at - p_lo) * K + g * Kg + f0) * item
-                                        call_kernel(ukernel, depth, w_tile, NF, in_addr, ld_in,
+                                        kernel = (tail_kernel if tail_kernel and nwin_used < NWIN
+                                                  else ukernel)
+                                        call_kernel(kernel, depth, w_tile, NF, in_addr, ld_in,
                                                     c_t, K, min(NF, Kg - f0), nwin_used,
                                                     bias_addr, flags, rows.ctypes.data, 0, 0, 0)
                                     else:
