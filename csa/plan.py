@@ -226,7 +226,9 @@ class SlicingPlan:
             f"tiles" if self.channel_tiles > 1 else " (one channel tile: no partial outputs)")
             + _forced(self, "band"))
         if self.slab:
+            tail = s.q % self.nwin
             why = (f"direct: windows broadcast from it, {self.row_tiles} tiles per output row"
+                   + (f", the last of {tail} windows by a {tail}-window kernel" if tail else "")
                    if self.direct else f"{self.filter_tiles} <= {SLAB_MAX_FILTER_TILES} filter "
                    "tiles per packed tile")
             lines.append(f"  input: a padded slab of {s.stride[0] * s.stride[1]} phase plane(s) per "

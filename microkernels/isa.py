@@ -20,6 +20,9 @@ class Isa:
     # itemsize -> LLVM intrinsic permuting the lanes of two vectors by a run-time index vector
     # (a vector at any element offset from two aligned loads), where the ISA has one
     two_source_permute: tuple = ()
+    # itemsize -> LLVM intrinsic permuting the lanes of one vector by a run-time index vector,
+    # where the ISA has one but no two-source permute (a two-source one serves as well)
+    one_source_permute: tuple = ()
     # (target triple, LLVM CPU, features) to compile its kernels on another host, for checking
     cross_target: tuple = ()
 
@@ -30,13 +33,21 @@ class Isa:
         """The two-source permute intrinsic's name for ``itemsize`` elements, or None."""
         return dict(self.two_source_permute).get(itemsize)
 
+    def lane_permute(self, itemsize):
+        """(intrinsic name, its source count) of a run-time permute of ``itemsize`` elements,
+        or None."""
+        if self.permute(itemsize):
+            return self.permute(itemsize), 2
+        name = dict(self.one_source_permute).get(itemsize)
+        return (name, 1) if name else None
+
 
 # Most capable first; "generic" needs nothing and is the always-working fallback: plain LLVM
 # vectors that any target lowers (to SSE, NEON, or scalar code).
 ISAS = {
     "avx512": Isa("avx512", 64, 32, ("avx512f", "avx512vl", "fma"),
                   ((4, "llvm.x86.avx512.vpermi2var.ps.512"), (8, "llvm.x86.avx512.vpermi2var.pd.512"))),
-    "avx2": Isa("avx2", 32, 16, ("avx2", "fma")),
+    "avx2": Isa("avx2", 32, 16, ("avx2", "fma"), one_source_permute=((4, "llvm.x86.avx2.permps"),)),
     "neon": Isa("neon", 16, 32, ("neon",), (),   # aarch64: 32 registers of 128 bits
                 ("aarch64-unknown-linux-gnu", "generic", "+neon")),
     "generic": Isa("generic", 16, 16, ()),
