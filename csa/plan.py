@@ -52,21 +52,14 @@ def filter_vector_tile(machine, itemsize, positions=49):
     return windows, TILE_VECTORS * lanes
 
 
-def fastest_windows(positions, counts, measured, tail_speed=None):
+def fastest_windows(positions, counts, measured):
     """Of the window counts ``counts`` (the model's or calibration's fastest), the one whose
-    tiles cover ``positions`` windows fastest: their windows over the relative speed the
+    tiles cover ``positions`` windows fastest: padded positions over the relative speed the
     record ``measured`` in loop nests ((windows, speed), ...; of the counts it lists, when it
     lists any), ties to the larger count. The model finds a tile of 8 accumulators (AVX2's
-    4 x 16) as fast as one of 12; in a loop nest it is not (csa/TUNING.md). A short last tile
-    is padded to a whole one, or, given ``tail_speed`` (its relative speed by windows), runs a
-    kernel of its own; ties then go to the count without one."""
+    4 x 16) as fast as one of 12; in a loop nest it is not (csa/TUNING.md)."""
     speeds = {w: speed for w, speed in measured if w in counts} or counts
-
-    def cost(w):
-        whole, rest = divmod(positions, w)
-        tail = (w / speeds[w] if tail_speed is None else rest / tail_speed(rest)) if rest else 0
-        return whole * w / speeds[w] + tail, rest > 0 and tail_speed is not None, -w
-    return min(speeds, key=cost)
+    return min(speeds, key=lambda w: (ceil(positions / w) * w / speeds[w], -w))
 
 
 DIRECT_WASTE = 0.1   # padded work a direct plan may add (row-aligned tiles, filter tiles)
@@ -75,18 +68,15 @@ DIRECT_WASTE = 0.1   # padded work a direct plan may add (row-aligned tiles, fil
 def direct_windows(spec, machine):
     """Windows per direct tile: of the window counts the model (or calibration) finds fastest,
     the one whose row-aligned tiles (a tile never spans two output rows) cover Q fastest
-    (``fastest_windows``, the record's ``direct_windows``), a row's short last tile run by a
-    kernel of its own (``cso.lowering.tail_kernel``) at the speed the record measured for its
-    windows, else the model's. AVX-512: 56, 28, 112, 14, 104, 35 and 21 wide planes take 14,
-    7 wide ones 7; AVX2: 14 wide planes 5, 7 wide 4, the others 6."""
+    (``fastest_windows``, the record's ``direct_windows``). AVX-512: 56, 28, 112, 14 and 104
+    wide planes take 14, 7, 21 and 35 wide ones 7; AVX2: 14 wide planes 5, 7 wide 4, the
+    others 6. A row's short last tile runs a kernel of its own (``cso.lowering.tail_kernel``);
+    the choice still counts it padded to a whole tile, as the records' speeds were measured
+    (counted at its own kernel's speed, 56 of timm's convolutions would change plans on
+    AVX-512, 8x8 to 35x35 planes, unmeasured there)."""
     tuning = machine.tuning
     counts = tuning.broadcast_counts(machine.vector_registers, TILE_VECTORS, DIRECT_SLABS)
-    measured = dict(tuning.direct_windows)
-
-    def tail_speed(windows):
-        return measured.get(windows) or tuning.kernel_efficiency(machine.vector_registers,
-                                                                 windows, TILE_VECTORS)
-    return fastest_windows(spec.q, counts, tuning.direct_windows, tail_speed)
+    return fastest_windows(spec.q, counts, tuning.direct_windows)
 
 
 CALIBRATION_PLANES = (7, 14, 28, 56, 112)   # output widths (square planes) of real networks
@@ -112,8 +102,8 @@ def use_direct(spec, nwin, nf, tuning):
     direct convolution MLAS runs on NCHWc): no window tile is packed. For stride-1
     convolutions a slab applies to (not unpadded 1x1s) with at least
     ``tuning.direct_min_depth`` rows per kernel call (shallower calls spend too much on C's
-    tile), whose row-aligned window tiles (a row's short last tile counted whole: its kernel
-    is slower per window) and filter tiles waste at most DIRECT_WASTE of the work. Stride 2 is left to the packed plans: its taps read R*S runs per channel from four
+    tile), whose row-aligned window tiles and filter tiles waste at most DIRECT_WASTE of the
+    work. Stride 2 is left to the packed plans: its taps read R*S runs per channel from four
     phase planes and overflow L1 (csa/TUNING.md has the measurements)."""
     padded = window_tiles(spec, nwin, True, "filters") * nwin * ceil(spec.k_per_group / nf) * nf
     return (spec.stride == (1, 1) and slab_fits(spec, nwin, "filters")
