@@ -20,11 +20,11 @@ class Isa:
     # itemsize -> LLVM intrinsic permuting the lanes of two vectors by a run-time index vector
     # (a vector at any element offset from two aligned loads), where the ISA has one
     two_source_permute: tuple = ()
+    # (target triple, LLVM CPU, features) to compile its kernels on another host, for checking
+    cross_target: tuple = ()
     # itemsize -> LLVM intrinsic permuting the lanes of one vector by a run-time index vector,
     # where the ISA has one but no two-source permute (a two-source one serves as well)
     one_source_permute: tuple = ()
-    # (target triple, LLVM CPU, features) to compile its kernels on another host, for checking
-    cross_target: tuple = ()
 
     def lanes(self, itemsize):
         return self.vector_bytes // itemsize

@@ -88,6 +88,7 @@ class _RowCopyBuilder:
         stores are microcoded on AMD cores (AVX2 ``vmaskmovps``), and a slab fill made of
         them ran at 5.5 GB/s on Zen 3."""
         j0, j1 = self.bounds[:2]
+        self.store_end = j1
         vectors = range(self.vectors)
         store_masks = [self._between(bld, [v * self.lanes + i for i in range(self.lanes)], j0, j1)
                        for v in vectors]
@@ -116,20 +117,41 @@ class _RowCopyBuilder:
 
     def _store(self, bld, value, ptr, mask, v):
         """Store vector ``v`` of a row, ``value``, at ``ptr``: whole (``mask`` None), else
-        blended into the vector there (its lanes outside ``mask`` written back as read). A
-        blend is a plain load and store, where a masked store is microcoded on AMD cores
-        (``vmaskmovps``: partial runs kept 5x5 depthwise fills at 3 GB/s on Zen 3). Only the
-        lanes inside the row are stored (see the module docstring)."""
-        if mask is not None:
-            old = bld.load(ptr, typ=self.vec, align=self.itemsize)
-            value = bld.select(mask, value, old)
+        blended into the vector there (its lanes outside ``mask`` written back as read) up to
+        the run's end (``store_end``), no further. A blend is a plain load and store, where a
+        masked store is microcoded on AMD cores (``vmaskmovps``: partial runs kept 5x5
+        depthwise fills at 3 GB/s on Zen 3). Only lanes inside the row are stored (see the
+        module docstring)."""
         inside = min(self.lanes, self.width - v * self.lanes)
-        if inside == self.lanes:
+        if mask is None:
+            self._store_lanes(bld, value, ptr, inside)
+            return
+        old = bld.load(ptr, typ=self.vec, align=self.itemsize)
+        value = bld.select(mask, value, old)
+        # lanes [0, end - v*lanes) of the vector, at most ``inside``: a case per count (the
+        # same for every row of the call); none when the run ends before the vector
+        count = bld.sub(self.store_end, ir.Constant(I32, v * self.lanes))
+        most = ir.Constant(I32, inside)
+        count = bld.select(bld.icmp_signed(">", count, most), most, count)
+        merge = self.fn.append_basic_block()
+        switch = bld.switch(count, merge)
+        for lanes in range(1, inside + 1):
+            block = self.fn.append_basic_block()
+            switch.add_case(ir.Constant(I32, lanes), block)
+            bld.position_at_end(block)
+            self._store_lanes(bld, value, ptr, lanes)
+            bld.branch(merge)
+        bld.position_at_end(merge)
+
+    def _store_lanes(self, bld, value, ptr, count):
+        """Lanes [0, count) of ``value`` at ``ptr``: one store when all, else plain stores of
+        halving width."""
+        if count == self.lanes:
             bld.store(value, ptr, align=self.itemsize)
             return
         first, size = 0, self.lanes // 2
-        while size:   # lanes [0, inside) as plain stores of halving width
-            if inside & size:
+        while size:
+            if count & size:
                 at = bld.gep(ptr, [ir.Constant(I64, first)], source_etype=self.scalar)
                 if size == 1:
                     part = bld.extract_element(value, ir.Constant(I32, first))
@@ -267,6 +289,7 @@ class _TapCopyBuilder(_RowCopyBuilder):
         self.run_masks = [self._between(bld, ids, j0, j1) for ids in out_lanes]
         self.store_masks = [self._between(bld, ids, j0, end) for ids in out_lanes]
         self.whole = self._whole(bld, j0, end)
+        self.store_end = end
         done = self.fn.append_basic_block("done")
         case = bld.add(bld.mul(args["taps"], ir.Constant(I64, 8)), args["stride"])
         switch = bld.switch(case, done)
