@@ -175,6 +175,23 @@ def test_direct_and_packed_tiles_identical(rng, name, dtype, overrides):
     assert_conv_close(results[0], x, wt, b, relu=True, **geometry)
 
 
+@pytest.mark.parametrize("q", [24, 28, 29])
+def test_direct_rows_end_in_a_tile_of_their_own(rng, q):
+    """A direct row that does not divide into tiles (28 = 4*6 + 4) runs its last tile with a
+    kernel of that many windows, and matches the reference with bias and ReLU; one that
+    divides (24) has no such kernel."""
+    from cso.lowering import tail_kernel
+    x = rng.standard_normal((1, 8, 5, q)).astype(np.float32)
+    wt = rng.standard_normal((20, 8, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(20).astype(np.float32)
+    conv = cso.Conv2d(wt, b, padding=1, activation="relu",
+                      plan_overrides=dict(vector="filters", slab=True, microtile_shape=(6, 16)))
+    plan = conv.plan_for(x.shape)
+    assert plan.direct and plan.row_tiles == -(-q // 6)
+    assert bool(tail_kernel(plan, conv.kernel_for(x.shape))) == (q % 6 != 0)
+    assert_conv_close(conv(x), x, wt, b, padding=(1, 1, 1, 1), relu=True)
+
+
 @pytest.mark.parametrize("vector", ["windows", "filters"])
 def test_odd_window_and_filter_counts_cover_every_edge(rng, vector):
     """Output planes of 1..2*Nwin+1 positions and 1..2*Nf+1 filters: every edge tile shape, in
