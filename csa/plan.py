@@ -219,8 +219,8 @@ class SlicingPlan:
             tail = s.q % self.nwin
             why = (f"direct: windows broadcast from it, {self.row_tiles} tiles per output row"
                    + (f", the last of {tail} windows by a {tail}-window kernel" if tail else "")
-                   if self.direct else f"{self.filter_tiles} <= {SLAB_MAX_FILTER_TILES} filter "
-                   "tiles per packed tile")
+                   if self.direct else f"{self.filter_tiles} <= "
+                   f"{self.machine.tuning.slab_max_filter_tiles} filter tiles per packed tile")
             lines.append(f"  input: a padded slab of {s.stride[0] * s.stride[1]} phase plane(s) per "
                          f"channel ({slab_band_rows(s, self.nwin, self.band, self.row_tiles)} rows "
                          f"of each per band), read in place ({why}){_forced(self, 'slab')}")
@@ -501,9 +501,6 @@ def _plain_1x1(spec):
     return (spec.r, spec.s, spec.stride, spec.padding) == (1, 1, (1, 1), (0, 0, 0, 0))
 
 
-SLAB_MAX_FILTER_TILES = 16
-
-
 def slab_footprint(spec, nwin, nc, line):
     """Bytes of a slab a window tile reads: per channel, one run of windows per filter row
     (stride 1: the S taps of a row share it, nwin + dw*(S-1) values) or per tap (other
@@ -518,15 +515,14 @@ def slab_footprint(spec, nwin, nc, line):
 def use_slab(spec, nwin, nf, nc, vector, machine):
     """Pad each channel tile into a slab once and let the kernel read it in place, instead of
     packing R*S shifted copies of every window tile, when few filter tiles share each packed
-    tile (at most SLAB_MAX_FILTER_TILES) and the slab rows a tile reads fit in L1 beside the
-    filter and output tiles. Measured on 19 stride-1 timm and ResNet convolutions (AVX-512, one
-    core): 8 or fewer filter tiles, the slab is 6-53% faster; 12-16, -2 to +4%; 32 or more,
-    1-9% slower: its rows, scattered over Nc planes, sit less well in L1 than a packed tile,
-    and its tiles straddle output rows, which costs split, masked stores. Stride 2: the 7x7
-    stem (3 channels) 22% faster; 3x3 over 32 channels, whose R*S runs per channel overflow
-    L1, 9% slower."""
+    tile (at most ``tuning.slab_max_filter_tiles``) and the slab rows a tile reads fit in L1
+    beside the filter and output tiles. Past that count the packing is shared by enough
+    filter tiles, and the slab costs more: its rows, scattered over Nc planes, sit less well in
+    L1 than a packed tile, its vector loads are unaligned, and its tiles straddle output rows,
+    which costs split, masked stores (csa/TUNING.md has the measurements)."""
     _, fw, fout = tile_footprints(spec, nwin, nf, nc)
-    return (slab_fits(spec, nwin, vector) and ceil(spec.k_per_group / nf) <= SLAB_MAX_FILTER_TILES
+    return (slab_fits(spec, nwin, vector)
+            and ceil(spec.k_per_group / nf) <= machine.tuning.slab_max_filter_tiles
             and slab_footprint(spec, nwin, nc, machine.line) + fw + fout <= CACHE_FILL * machine.l1d)
 
 

@@ -38,6 +38,8 @@ class Tuning:
     thread_min_flops: float = 3e6   # work a thread must get to pay for handing parts over
     depthwise_thread_min_flops: float = 0.5e6   # the same for a depthwise plan (about 10 us)
     direct_min_depth: int = 512     # C/groups*R*S a direct plan needs (shallower: C's tile costs)
+    slab_max_filter_tiles: int = 16  # windows in vectors read a slab when at most this many
+    # filter tiles share each window tile (more: packing the tile once is cheaper)
     # the kernel depth (C/groups*R*S rows) whose FMAs the transposing pass of one output costs
     # with filters in vectors (0: not measured, the lanes padding alone chooses the vectors)
     transpose_depth: int = 0
@@ -102,16 +104,17 @@ AVX2 = Tuning(
     "avx2", "AMD Zen 3 EPYC (2 cores)", fma_latency=4, fma_pipes=2, loads_per_cycle=1.75,
     broadcast_operand=False, direct_windows=((6, 1.0), (5, 0.97), (4, 0.90)),
     filter_windows=((6, 1.0), (5, 0.98), (4, 0.96)), thread_min_flops=1e6,
-    depthwise_thread_min_flops=0.2e6, transpose_depth=16, packed_1x1_filters=256)
+    depthwise_thread_min_flops=0.2e6, direct_min_depth=144, slab_max_filter_tiles=3,
+    transpose_depth=16, packed_1x1_filters=256)
 # no CPU measured: the usual FMA core (latency 4, two pipes) with SSE/NEON-width vectors; the
-# transposing pass and 1x1 packing costs as the AVX2 core measured them
+# plan constants as the AVX2 core measured them
 GENERIC = Tuning("generic", "not measured: a typical core", fma_latency=4, fma_pipes=2,
-                 loads_per_cycle=2.0, broadcast_operand=False, transpose_depth=16,
-                 packed_1x1_filters=256)
+                 loads_per_cycle=2.0, broadcast_operand=False, direct_min_depth=144,
+                 slab_max_filter_tiles=3, transpose_depth=16, packed_1x1_filters=256)
 NEON = Tuning("neon", "not measured (aarch64 runs here under emulation only): Neoverse/Apple "
               "cores have 2-4 FMA pipes of latency 4", fma_latency=4, fma_pipes=2,
-              loads_per_cycle=2.0, broadcast_operand=False, transpose_depth=16,
-              packed_1x1_filters=256)
+              loads_per_cycle=2.0, broadcast_operand=False, direct_min_depth=144,
+              slab_max_filter_tiles=3, transpose_depth=16, packed_1x1_filters=256)
 RECORDS = {t.isa: t for t in (AVX512, AVX2, GENERIC, NEON)}
 
 
