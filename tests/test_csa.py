@@ -335,6 +335,25 @@ def test_unpacked_1x1_only_where_channel_rows_spread_over_l1_sets():
     assert not csa.analyze(ConvSpec.parse("n1c64h64w64k64r1s1p0u1"), zen).slab   # packed tiles
 
 
+def test_direct_depth_and_slab_filter_tiles_come_from_the_record():
+    """The AVX2 record plans direct from a kernel depth (C*R*S) of 144 and reads a slab with
+    windows in vectors for at most 3 filter tiles; the AVX-512 record from 512 and 16."""
+    zen3 = Machine(l1d=32 * 1024, l2=512 * 1024, l3=32 << 20, vector_bytes=32,
+                   vector_registers=16, tuning=csa.tuning.AVX2)
+    zen5 = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32,
+                   tuning=csa.tuning.AVX512)
+    def plan(name, machine):
+        p = csa.analyze(ConvSpec.parse(name), machine)
+        return "direct" if p.direct else p.vector + (" slab" if p.slab else " packed")
+    assert plan("n1c16h112w112k32r3s3p1u1", zen3) == "direct"        # depth 144
+    assert plan("n1c16h112w112k32r3s3p1u1", zen5) == "windows slab"
+    assert plan("n1c3h224w224k64r3s3p1u1", zen3) == "windows packed"  # depth 27; 11 filter tiles
+    assert plan("n1c3h224w224k64r3s3p1u1", zen5) == "windows slab"    # 8 filter tiles
+    assert plan("n1c3h224w224k16r3s3p1u2", zen3) == "windows slab"    # 3 filter tiles
+    assert plan("n1c32h112w112k64r1s1p0u2", zen3) == "windows packed"
+    assert plan("n1c32h112w112k64r1s1p0u2", zen5) == "windows slab"
+
+
 def test_vectors_along_the_filters_where_they_waste_fewer_lanes_than_the_transpose_costs():
     """14x14 1x1s (196 windows: 13 tiles of 16, 33 of 6): filters in vectors beside hundreds of
     channels, windows in vectors beside a few dozen (their transposing pass costs as much as
