@@ -40,7 +40,7 @@ TRIAL_FLOPS = 2e8           # per timed run of a micro-kernel (about 2 ms at 100
 TRIALS = 5                  # best of: a calibration must not keep one disturbed run
 HANDOFF_CALLS, SLEEPS = 400, 12
 SLEEP_SECONDS = 0.01        # longer than the workers spin (cso.threads.SPIN_ROUNDS): they sleep
-NOOP_PART = "define void @noop(i64* %args) {\n  ret void\n}\n"
+NOOP_PART = "define void @noop(ptr %args, i64 %part) {\n  ret void\n}\n"
 
 
 def enabled():
@@ -134,19 +134,19 @@ def handoff():
     if available_cpus() < 2:
         return None
     noop = _noop_part()
-    one, two = np.zeros((1, 1), np.int64), np.zeros((2, 1), np.int64)
+    args = np.zeros(1, np.int64)
 
-    def median_us(args, threads, calls, pause=0.0):
+    def median_us(parts, threads, calls, pause=0.0):
         times = []
         for _ in range(calls):
             if pause:
                 time.sleep(pause)
-            times.append(_seconds(lambda: run_parts(noop, args, threads)))
+            times.append(_seconds(lambda: run_parts(noop, args, parts, threads)))
         return 1e6 * float(np.median(times))
 
-    base = median_us(one, 1, HANDOFF_CALLS)
-    awake = median_us(two, 2, HANDOFF_CALLS) - base
-    asleep = median_us(two, 2, SLEEPS, SLEEP_SECONDS) - base
+    base = median_us(1, 1, HANDOFF_CALLS)
+    awake = median_us(2, 2, HANDOFF_CALLS) - base
+    asleep = median_us(2, 2, SLEEPS, SLEEP_SECONDS) - base
     return {"awake": round(max(0.0, awake), 2), "asleep": round(max(0.0, asleep), 1)}
 
 

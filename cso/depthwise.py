@@ -9,17 +9,17 @@ slicing loop nest, the kernel and the row copies are called through their addres
 ``geom``: one loop nest per dtype.
 """
 import numpy as np
+from numba import njit
 
 from csa.plan import slab_planes, slab_shape
 from microkernels import DepthwiseSpec, depthwise, row_copy
-from microkernels.cache import cached_njit
 from microkernels.jit import native_function
 from microkernels.numba_bridge import caller
 from microkernels.once import compiled_once
 from microkernels.spec import short_dtype
 from packing import fill_slab, row_copier
 
-from .lowering import ALL_PHASES, KERNEL, PACK, loop_nest_signature, slab_rows
+from .lowering import ALL_PHASES, KERNEL, PACK, slab_rows
 
 GEOM_FIELDS = ("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q", "P", "M", "nc", "band", "Hb",
                "Hs", "Ws", "planes", "epilogue", "phases", "fill_width", "kernel", "copy_rows")
@@ -52,7 +52,13 @@ def kernel_spec(plan, isa):
 
 
 def loop_nest(plan):
-    return depthwise_loop_nest(np.dtype(plan.spec.dtype))
+    """The loop nest of ``plan`` (see ``depthwise_loop_nest``)."""
+    return depthwise_loop_nest
+
+
+def rows_elements(plan):
+    """The int64 tap offsets the kernel reads."""
+    return plan.spec.r * plan.spec.s
 
 
 def out_t_elements(plan):
@@ -75,13 +81,14 @@ def output_parts(plan):
 
 
 @compiled_once
-def depthwise_loop_nest(dtype):
-    """The compiled ``run(x, packed_w, bias, out, geom, part, scratch, out_t)`` for ``dtype``
-    arrays (the slicing loop nest's signature; ``out_t`` is unused), around the depthwise kernel
+def depthwise_loop_nest():
+    """The loop nest ``run(x, packed_w, bias, out, geom, part, scratch, out_t, rows)`` (the
+    slicing loop nest's signature; ``out_t`` is unused, ``rows`` holds the R*S tap offsets),
+    around the depthwise kernel
     ``geom`` names (``geometry``), computing the units part[0] .. part[1]-1; ``packed_w`` holds
     each output channel's R*S weights in a row (``packing.pack_filters`` with one filter per
     tile)."""
-    def run(x, packed_w, bias, out, geom, part, scratch, out_t):
+    def run(x, packed_w, bias, out, geom, part, scratch, out_t, offsets):
         R, S, sh, sw, dh, dw, pt, pl = (geom[0], geom[1], geom[2], geom[3], geom[4], geom[5],
                                         geom[6], geom[7])
         Q, P, M, nc_max, band, Hb = geom[8], geom[9], geom[10], geom[11], geom[12], geom[13]
@@ -90,7 +97,6 @@ def depthwise_loop_nest(dtype):
         C, K = x.shape[1], out.shape[1]
         taps = R * S
         item = x.itemsize
-        offsets = np.empty(taps, np.int64)   # its address taken at its uses (cso.lowering)
         slab_rows(offsets, 1, R, S, sh, sw, dh, dw, Hb, Ws)
         channel = sh * sw * Hb * Ws
         scratch[nc_max * channel:] = 0    # the tail the last vectors read past the slabs
@@ -118,5 +124,4 @@ def depthwise_loop_nest(dtype):
                                     positions, Ws, Q, bias_addr + k * item, epilogue)
             u += count
 
-    return cached_njit(run, loop_nest_signature(dtype), f"depthwise_loop_nest {dtype}",
-                       nogil=True)
+    return njit(nogil=True)(run)

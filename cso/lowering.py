@@ -10,13 +10,11 @@ inside the numba-compiled function.
 from dataclasses import replace
 
 import numpy as np
-from numba import njit, types
-from numba.np.numpy_support import from_dtype
+from numba import njit
 
 from csa.plan import (reads_input_unpacked, slab_band_rows, slab_planes, slab_shape,
                       window_positions, window_units)
 from microkernels import ACCUMULATE, KernelSpec, ir_gen, row_copy, transpose
-from microkernels.cache import cached_njit
 from microkernels.jit import native_function
 from microkernels.numba_bridge import caller
 from microkernels.once import compiled_once
@@ -104,16 +102,6 @@ def scratch_elements(plan):
     return scratch_tiles(plan) * plan.nwin * plan.nc * s.r * s.s + slack
 
 
-def loop_nest_signature(dtype):
-    """One explicit signature: inputs typed read-only (a writeable array converts to it), so
-    read-only, writeable, sliced or copied arguments never trigger another compilation."""
-    def array(ndim, dt=from_dtype(dtype), readonly=False):
-        return types.Array(dt, ndim, "C", readonly=readonly)
-    index = array(1, types.int64, readonly=True)
-    return types.void(array(4, readonly=True), array(1, readonly=True), array(1, readonly=True),
-                      array(4), index, index, array(1), array(1))
-
-
 def kernel_spec(plan, isa):
     """The micro-kernel a plan runs: windows x filters when windows are the vector dimension,
     else filters (vector) x windows (broadcast): KernelSpec's ``nwin`` is always its vector
@@ -147,9 +135,10 @@ def first_window(tile, row_tiles, Q, nwin):
 
 
 @compiled_once
-def conv_loop_nest(dtype):
-    """The compiled ``run(x, packed_w, bias, out, geom, part, scratch, out_t)`` for ``dtype``
-    arrays, around the micro-kernel ``geom`` names (``geometry``), computing the output part
+def conv_loop_nest():
+    """The loop nest ``run(x, packed_w, bias, out, geom, part, scratch, out_t, rows)`` (numba,
+    compiled for the arrays of the C entry that calls it: ``cso.prepared``), around the
+    micro-kernel ``geom`` names (``geometry``), computing the output part
     ``part`` = (first window tile, end window tile, first filter tile, end filter tile): window
     tiles numbered over all images (image n's tile t is n*T_in + t), filter tiles within each
     group. Parts share no output element and each
@@ -173,7 +162,7 @@ def conv_loop_nest(dtype):
 
     Output bands (``band`` window tiles): every channel tile of a band runs before the next
     band, so that the band's partial outputs stay in L2; the IS / WS blocks lie within a band."""
-    def run(x, packed_w, bias, out, geom, part, scratch, out_t):
+    def run(x, packed_w, bias, out, geom, part, scratch, out_t, rows):
         R, S = geom[0], geom[1]
         Q, P, G, Cg, Kg = geom[8], geom[9], geom[10], geom[11], geom[12]
         nc_max, k2, k3, input_stationary = geom[13], geom[14], geom[15], geom[16]
@@ -191,9 +180,7 @@ def conv_loop_nest(dtype):
         N, C, K = x.shape[0], x.shape[1], out.shape[1]
         PQ = P * Q
         sh, sw, dh, dw = geom[2], geom[3], geom[4], geom[5]
-        # numba frees an array after its last use: the kernel calls below take ``rows``'s
-        # address there, not from a variable set here (its memory went to other threads)
-        rows = np.empty(nc_max * R * S if slab else 0, np.int64)
+        # ``rows``: the slab kernel's row offsets (``rows_elements``), nothing allocated here
         if slab:
             slab_rows(rows, nc_max, R, S, sh, sw, dh, dw, Hb, Ws)
             scratch[nc_max * sh * sw * Hb * Ws:] = 0   # the tail the last tile reads past its end
@@ -316,12 +303,17 @@ def conv_loop_nest(dtype):
                                            min(LANES, p_hi - p0), min(LANES, k_hi - k0),
                                            bias_addr + k0 * item, epilogue)
 
-    return cached_njit(run, loop_nest_signature(dtype), f"conv_loop_nest {dtype}", nogil=True)
+    return njit(nogil=True)(run)
 
 
 def loop_nest(plan):
-    """The compiled loop nest of ``plan``."""
-    return conv_loop_nest(np.dtype(plan.spec.dtype))
+    """The loop nest of ``plan`` (see ``conv_loop_nest``)."""
+    return conv_loop_nest
+
+
+def rows_elements(plan):
+    """The int64 row offsets a slab kernel reads (one channel tile's), else none."""
+    return plan.nc * plan.spec.r * plan.spec.s if plan.slab else 0
 
 
 def out_t_elements(plan):

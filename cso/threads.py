@@ -92,18 +92,19 @@ def _pool_state(helpers):
     return address
 
 
-def run_parts(function, args, threads):
-    """Call the compiled ``void function(int64 *)`` (an address) once per row of ``args`` (a
-    C-contiguous 2-D int64 array), on this thread and up to min(rows, threads) - 1 pool
-    workers; return when every call has returned."""
-    if not (isinstance(args, np.ndarray) and args.ndim == 2 and args.dtype == np.int64
+def run_parts(function, args, parts, threads):
+    """Call the compiled ``void function(int64 *args, int64 part)`` (an address) for ``part`` =
+    0 .. ``parts`` - 1, ``args`` (a C-contiguous int64 array) shared by every call, on this
+    thread and up to min(parts, threads) - 1 pool workers; return when every call has
+    returned."""
+    if not (isinstance(args, np.ndarray) and args.dtype == np.int64
             and args.flags.c_contiguous):
-        raise TypeError("run_parts: args must be a C-contiguous 2-D int64 array")
-    if len(args) > MAX_PARTS:
-        raise ValueError(f"run_parts: at most {MAX_PARTS} parts, got {len(args)}")
-    helpers = max(0, min(len(args), threads) - 1)
-    compiled_pool().run(_pool_state(helpers), function, args.ctypes.data, args.strides[0],
-                        len(args), helpers, SPIN_ROUNDS)
+        raise TypeError("run_parts: args must be a C-contiguous int64 array")
+    if not 1 <= parts <= MAX_PARTS:
+        raise ValueError(f"run_parts: from 1 to {MAX_PARTS} parts, got {parts}")
+    helpers = max(0, min(parts, threads) - 1)
+    compiled_pool().run(_pool_state(helpers), function, args.ctypes.data, parts, helpers,
+                        SPIN_ROUNDS)
 
 
 def _forget_pool():

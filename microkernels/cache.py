@@ -1,5 +1,6 @@
-"""The persistent compilation cache: compiled loop nests (numba) and llvmlite modules saved on
-disk, so that a later process loads them instead of compiling again.
+"""The persistent compilation cache: the object code of compiled loop nests (numba) and
+llvmlite modules saved on disk, so that a later process loads it with llvmlite alone instead of
+compiling again.
 
 Where: the directory ``CSO_CACHE_DIR`` names, else the per-user cache directory
 ($XDG_CACHE_HOME/cso or ~/.cache/cso; ~/Library/Caches/cso on macOS; %LOCALAPPDATA%\\cso on
@@ -27,8 +28,6 @@ from pathlib import Path
 import llvmlite
 import llvmlite.binding as llvm
 import numba
-from numba.core import caching, sigutils
-from numba.core.ccallback import CFunc
 
 from .once import fork_safe_lock
 
@@ -143,142 +142,40 @@ def _save(write, event="saved"):
                       stacklevel=4)
 
 
-class _EntryFile(caching.IndexDataCacheFile):
-    """numba's index and data files for one entry, each guarded by a digest: a file that fails
-    it reads as missing."""
+def native_path(*key):
+    """Where the host's object code of the compiled code ``key`` names (its generator and
+    arguments: the directory is per source hash) is kept, or None when the cache is off."""
+    directory = entry_dir()
+    return None if directory is None else directory / f"{cpu_key(*key)}.o"
 
-    def _load_index(self):
-        payload = read_entry(Path(self._index_path))
-        if payload is None:
-            return {}
+
+def load_native(path):
+    """(symbol name, symbols it needs from the process, object code) saved at ``path``, or
+    None (compile it)."""
+    if path is None:
+        return None
+    payload, found = read_entry(path), None
+    if payload is not None:
         try:
-            version, stamp, overloads = pickle.loads(payload)
+            found = pickle.loads(payload)
         except Exception:
             _count("corrupt")
-            return {}
-        return overloads if (version, stamp) == (self._version, self._source_stamp) else {}
-
-    def _save_index(self, overloads):
-        write_entry(Path(self._index_path),
-                    pickle.dumps((self._version, self._source_stamp, overloads), protocol=-1))
-
-    def _load_data(self, name):
-        payload = read_entry(Path(self._data_path(name)))
-        if payload is None:
-            raise OSError(f"cache entry {name} missing or corrupt")   # load() reads: a miss
-        return pickle.loads(payload)
-
-    def _save_data(self, name, data):
-        write_entry(Path(self._data_path(name)), self._dump(data))
-
-
-class _Locator(caching._CacheLocator):
-    def __init__(self, py_func, path):
-        self._py_file = py_func.__code__.co_filename
-        self._path = str(path)
-
-    def ensure_cache_path(self):
-        os.makedirs(self._path, exist_ok=True)
-
-    def get_cache_path(self):
-        return self._path
-
-    def get_source_stamp(self):
-        return source_hash()
-
-    def get_disambiguator(self):
-        return ""
-
-    @classmethod
-    def from_function(cls, py_func, py_file):
-        return cls(py_func, entry_dir())
-
-
-class _Impl(caching.CompileResultCacheImpl):
-    _locator_classes = [_Locator]
-
-
-class _KeyedCache(caching.FunctionCache):
-    """numba's function cache keyed by ``key`` (what the function's closure was built from)
-    instead of a pickle of the closure, one index and data file per key and CPU."""
-    _impl_class = _Impl
-
-    def __init__(self, py_func, key, codegen):
-        self._key = key
-        super().__init__(py_func)
-        name = f"{py_func.__qualname__.replace('<locals>.', '')}-{_key_name(key, codegen.magic_tuple())}"
-        self._cache_file = _EntryFile(self._cache_path, name, source_hash())
-
-    def _index_key(self, sig, codegen):
-        return (sig, codegen.magic_tuple(), self._key)
-
-    def load_overload(self, sig, target_context):
-        try:
-            found = super().load_overload(sig, target_context)
-        except Exception:   # an entry that reads but does not rebuild: compile instead
-            _count("corrupt")
+        if not (isinstance(found, tuple) and len(found) == 3):
             found = None
-        _count("misses" if found is None else "hits")
-        return found
-
-    def save_overload(self, sig, data):
-        _save(lambda: super(_KeyedCache, self).save_overload(sig, data))
+    _count("misses" if found is None else "hits")
+    return found
 
 
-def _use_cache(compiled, py_func, key):
-    """Give numba's ``compiled`` (a dispatcher or a cfunc, not compiled yet) the keyed cache."""
-    if entry_dir() is not None:
-        from numba.core.registry import cpu_target
-        compiled._cache = _KeyedCache(py_func, key, cpu_target.target_context.codegen())
-
-
-def cached_njit(py_func, signature, key, **options):
-    """``numba.njit(signature, **options)(py_func)``, loaded from the cache when an entry for
-    ``key`` (a string naming everything ``py_func``'s closure was built from) is there, else
-    compiled and saved."""
-    dispatcher = numba.njit(**options)(py_func)
-    _use_cache(dispatcher, py_func, key)
-    dispatcher.compile(signature)
-    dispatcher.disable_compile()   # one signature: any other argument type is a bug
-    dispatcher.cache_key = key
-    return dispatcher
-
-
-def cached_cfunc(py_func, signature, key):
-    """``numba.cfunc(signature)(py_func)`` through the cache, as ``cached_njit``."""
-    function = CFunc(py_func, sigutils.normalize_signature(signature), {}, {})
-    _use_cache(function, py_func, key)
-    function.compile()
-    return function
-
-
-def object_path(ir_text):
-    """Where the host's object code of the llvmlite module ``ir_text`` is kept, or None when
-    the cache is off."""
-    directory = entry_dir()
-    if directory is None:
-        return None
-    return directory / f"{cpu_key(ir_text)}.o"
+def save_native(path, entry):
+    """Save ``entry`` (symbol name, symbols it needs, object code) at ``path``."""
+    if path is not None:
+        _save(lambda: write_entry(path, pickle.dumps(entry, protocol=-1)))
 
 
 def cpu_key(*parts):
     """A file name's key for ``parts`` on this CPU (its triple, name and features)."""
     return _key_name(*parts, (llvm.get_process_triple(), llvm.get_host_cpu_name(),
                               llvm.get_host_cpu_features().flatten()))
-
-
-def load_object(path):
-    """The object code saved at ``path`` (None: compile it)."""
-    if path is None:
-        return None
-    found = read_entry(path)
-    _count("misses" if found is None else "hits")
-    return found
-
-
-def save_object(path, data):
-    if path is not None:
-        _save(lambda: write_entry(path, bytes(data)))
 
 
 def record_path(kind, *key):

@@ -40,33 +40,39 @@ def optimize(module_ref, target_machine):
 
 
 class JitModule:
-    """LLVM IR text verified, optimised and compiled for the host by an MCJIT engine of its own
-    (with its own target machine, see above), or its object code loaded from the persistent
-    cache (``microkernels.cache``): ``.ir`` (optimised) and ``.asm`` (made on first use),
-    ``.address(name)`` and ``.function(name, restype, *argtypes)``, a ctypes function that keeps
-    this module alive."""
+    """Code for the host in an MCJIT engine of its own (with its own target machine, see
+    above): LLVM IR text verified, optimised and compiled (``object_code`` then holds the
+    result), or ``object_code`` saved from such a compilation and loaded as it is.
+    ``.address(name)``, ``.function(name, restype, *argtypes)`` (a ctypes function that keeps
+    this module alive), and ``.ir`` (optimised) and ``.asm``, made on first use from the IR text
+    (``source``: a function returning it, for a module loaded from its object code)."""
 
-    def __init__(self, ir_text):
-        self._ir_text = ir_text
+    def __init__(self, ir_text=None, object_code=None, source=None):
+        self._source = source or (lambda: ir_text)
         self._optimized = None
         with COMPILE_LOCK:
             self._target_machine = host_target_machine()
-            ref = llvm.parse_assembly(ir_text)
-            ref.verify()
-            path = cache.object_path(ir_text)
-            saved = cache.load_object(path)
-            if saved is None:
+            if object_code is None:
+                ref = llvm.parse_assembly(ir_text)
+                ref.verify()
                 optimize(ref, self._target_machine)
-            self._engine = llvm.create_mcjit_compiler(ref, self._target_machine)
-            self._engine.set_object_cache(lambda module, data: cache.save_object(path, data),
-                                          lambda module: saved)
-            self._engine.finalize_object()
+                compiled = []
+                self._engine = llvm.create_mcjit_compiler(ref, self._target_machine)
+                self._engine.set_object_cache(lambda module, data: compiled.append(bytes(data)))
+                self._engine.finalize_object()
+                object_code = compiled[0]
+            else:
+                empty = llvm.parse_assembly(f'target triple = "{llvm.get_process_triple()}"')
+                self._engine = llvm.create_mcjit_compiler(empty, self._target_machine)
+                self._engine.add_object_file(llvm.ObjectFileRef.from_data(object_code))
+                self._engine.finalize_object()
+            self.object_code = object_code
             _live.append(self)
 
     def _optimized_text(self, emit):
         with COMPILE_LOCK:
             if self._optimized is None:
-                self._optimized = llvm.parse_assembly(self._ir_text)
+                self._optimized = llvm.parse_assembly(self._source())
                 optimize(self._optimized, self._target_machine)
             return emit(self._optimized)
 
@@ -88,15 +94,30 @@ class JitModule:
 
 
 class NativeFunction:
-    """One generated function compiled for the host: ``.name``, ``.address`` and the
-    ``.module`` (a ``JitModule``) that owns its code."""
+    """The function ``define(module, *args)`` defines in a new module, compiled for the host:
+    ``.name``, ``.address`` and the ``.module`` (a ``JitModule``) that owns its code. Its
+    object code is kept in the persistent cache under the generator's name and ``args`` (the
+    cache's directory is per source hash, so the IR is only generated to compile it)."""
 
     def __init__(self, define, *args):
-        module = ir.Module(name=f"{define.__name__}{args}")
-        module.triple = llvm.get_process_triple()
-        self.name = define(module, *args).name
-        self.module = JitModule(str(module))
+        self._define, self._args = define, args
+        path = cache.native_path(define.__module__, define.__qualname__, *args)
+        saved = cache.load_native(path)
+        if saved is not None:
+            self.name, _, object_code = saved
+            self.module = JitModule(object_code=object_code, source=lambda: self._ir()[0])
+        else:
+            text, self.name = self._ir()
+            self.module = JitModule(text)
+            cache.save_native(path, (self.name, (), self.module.object_code))
         self.address = self.module.address(self.name)
+
+    def _ir(self):
+        """(the module's IR text, the defined function's name)"""
+        module = ir.Module(name=f"{self._define.__name__}{self._args}")
+        module.triple = llvm.get_process_triple()
+        name = self._define(module, *self._args).name
+        return str(module), name
 
 
 def cross_assembly(spec):

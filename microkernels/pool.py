@@ -1,20 +1,21 @@
 """The thread pool's compiled side (``cso.threads`` runs it): workers and callers that never
 hold the GIL while a call's parts run.
 
-A job is ``nparts`` calls ``fn(args + i * stride)`` of a C function ``void fn(int64 *)``. The
+A job is ``nparts`` calls ``fn(args, i)`` of a C function ``void fn(int64 *args, int64 part)``
+(the call's arguments are shared; each part finds its own from its number). The
 pool's state is one int64 array (``STATE_WORDS``, its hot words a cache line apart):
 
 - ``claim``: job number << 32 | parts << 16 | next part. Threads take a part with a
   compare-and-swap on it, so a part runs exactly once and a stale thread cannot take a part of
   a later job (the job number differs);
 - ``done``: parts finished, which the caller waits for; ``busy``: a caller owns the pool
-  (another caller meanwhile runs its parts itself); ``fn``, ``args``, ``stride``: the job;
+  (another caller meanwhile runs its parts itself); ``fn``, ``args``: the job;
   ``helpers``: how many workers (ranks 1..helpers) may take its parts;
 - ``wake`` (32-bit) and ``sleepers``: a worker that found nothing for ``spin`` polls sleeps on
   ``wake`` (a futex on Linux, else short sleeps); a caller bumps it and wakes the sleepers.
 
 ``pool_worker(state, spin, rank)`` never returns: a worker thread lives in it. ``pool_run(state,
-fn, args, stride, nparts, helpers, spin)`` runs a job on the caller and up to ``helpers``
+fn, args, nparts, helpers, spin)`` runs a job on the caller and up to ``helpers``
 workers, or on the caller alone when another caller owns the pool, and returns when every part
 has run. Both are called through ctypes, which releases the GIL for their whole run.
 """
@@ -23,14 +24,13 @@ import platform
 import sys
 from types import SimpleNamespace
 
-import llvmlite.binding as llvm
 from llvmlite import ir
 
-from .jit import JitModule
+from .jit import native_function
 from .once import compiled_once
 
 STATE_WORDS = 64
-CLAIM, DONE, BUSY, FN, ARGS, STRIDE, HELPERS, WAKE, SLEEPERS = 0, 8, 16, 24, 25, 26, 27, 32, 40
+CLAIM, DONE, BUSY, FN, ARGS, HELPERS, WAKE, SLEEPERS = 0, 8, 16, 24, 25, 27, 32, 40
 PART_BITS = 16   # parts per job < 2**16
 MAX_PARTS = (1 << PART_BITS) - 1
 # futex(2) numbers; elsewhere a sleeping worker polls every SLEEP_US microseconds
@@ -40,7 +40,7 @@ SLEEP_US = 100
 
 I1, I32, I64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
-PART_FN = ir.FunctionType(ir.VoidType(), [PTR])   # void fn(int64 *args)
+PART_FN = ir.FunctionType(ir.VoidType(), [PTR, I64])   # void fn(int64 *args, int64 part)
 
 
 def _futex_number(triple):
@@ -66,9 +66,9 @@ class _Builder(ir.IRBuilder):
     def add_word(self, state, index, value, order="seq_cst"):   # value's type: the word's
         return self.atomic_rmw("add", self.word(state, index), value, order)
 
-    def call_part(self, target, args):
-        """``target(args)``, both integer addresses."""
-        self.call(self.inttoptr(target, PART_FN.as_pointer()), [self.inttoptr(args, PTR)])
+    def call_part(self, target, args, part):
+        """``target(args, part)``, ``target`` and ``args`` integer addresses."""
+        self.call(self.inttoptr(target, PART_FN.as_pointer()), [self.inttoptr(args, PTR), part])
 
     def new_block(self, name):
         return self.function.append_basic_block(name)
@@ -97,9 +97,8 @@ def _define_run_one(module):
     bld.position_at_end(lost)
     bld.ret(ir.Constant(I1, 1))
     bld.position_at_end(won)   # the job's words were published before its claim word
-    args = bld.add(bld.load_word(state, ARGS, "monotonic"),
-                   bld.mul(part, bld.load_word(state, STRIDE, "monotonic")))
-    bld.call_part(bld.load_word(state, FN, "monotonic"), args)
+    bld.call_part(bld.load_word(state, FN, "monotonic"), bld.load_word(state, ARGS, "monotonic"),
+                  part)
     bld.add_word(state, DONE, ir.Constant(I64, 1), "release")
     bld.ret(ir.Constant(I1, 1))
     return fn
@@ -182,9 +181,9 @@ def _define_worker(module, triple, run_one, sleep):
 
 
 def _define_run(module, triple, run_one, wake_all):
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64, I64, I64, I64, I64]),
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64, I64, I64, I64]),
                      "pool_run")
-    state, target, args, stride, nparts, helpers, spin = fn.args
+    state, target, args, nparts, helpers, spin = fn.args
     bld = _Builder(fn.append_basic_block("entry"))
     names = ("alone", "alone_loop", "alone_body", "posted", "wake", "work", "wait", "yield",
              "finished", "return")
@@ -207,12 +206,12 @@ def _define_run(module, triple, run_one, wake_all):
     i.add_incoming(ir.Constant(I64, 0), entered)
     bld.cbranch(bld.icmp_unsigned("<", i, nparts), alone_body, done)
     bld.position_at_end(alone_body)
-    bld.call_part(target, bld.add(args, bld.mul(i, stride)))
+    bld.call_part(target, args, i)
     i.add_incoming(bld.add(i, ir.Constant(I64, 1)), alone_body)
     bld.branch(alone_loop)
 
     bld.position_at_end(posted)   # publish the job, then its claim word, then wake sleepers
-    for index, value in ((FN, target), (ARGS, args), (STRIDE, stride), (HELPERS, helpers),
+    for index, value in ((FN, target), (ARGS, args), (HELPERS, helpers),
                          (DONE, ir.Constant(I64, 0))):
         bld.store_word(value, state, index, "monotonic")
     number = bld.add(bld.lshr(bld.load_word(state, CLAIM, "monotonic"), ir.Constant(I64, 32)),
@@ -251,22 +250,21 @@ def _define_run(module, triple, run_one, wake_all):
     return fn
 
 
-def pool_module(triple):
-    module = ir.Module(name="pool")
-    module.triple = triple
+def define_pool(module):
+    """The pool's functions in ``module`` (whose triple chooses the sleep): ``pool_worker`` and
+    ``pool_run``, returned."""
+    triple = module.triple
     run_one = _define_run_one(module)
     sleep, wake_all = _define_sleep_and_wake(module, triple)
     _define_worker(module, triple, run_one, sleep)
-    _define_run(module, triple, run_one, wake_all)
-    return str(module)
+    return _define_run(module, triple, run_one, wake_all)
 
 
 @compiled_once
 def compiled_pool():
-    """``.worker(state, spin, rank)`` and ``.run(state, fn, args, stride, nparts, helpers,
-    spin)`` (ctypes, addresses as integers)."""
-    compiled = JitModule(pool_module(llvm.get_process_triple()))
+    """``.worker(state, spin, rank)`` and ``.run(state, fn, args, nparts, helpers, spin)``
+    (ctypes, addresses as integers)."""
+    compiled = native_function(define_pool).module
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     return SimpleNamespace(worker=compiled.function("pool_worker", None, ptr, i64, i64),
-                           run=compiled.function("pool_run", None, ptr, i64, i64, i64, i64, i64,
-                                                 i64))
+                           run=compiled.function("pool_run", None, ptr, i64, i64, i64, i64, i64))

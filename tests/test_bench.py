@@ -39,6 +39,11 @@ def test_bench_writes_a_checked_report(tmp_path):
     assert startup["layers"] == 8 and startup["empty"]["cache"]["misses"] > 0
     assert startup["warm"]["cache"]["misses"] == 0 and startup["warm"]["cache"]["hits"] > 0
     assert 0 < startup["warm"]["first_result_s"] <= startup["warm"]["all_s"]
+    assert startup["floor_s"] > 0   # import numpy, numba in a new process
+    split = startup["warm"]["split_s"]
+    assert set(split) == {"import numpy, cso", "machine and calibration record", "plan",
+                          "code loaded or compiled, filters packed", "first call"}
+    assert all(s >= 0 for s in split.values()) and sum(split.values()) <= startup["warm"]["all_s"]
     assert "warm cache: first result" in out
     memory = results["memory"]   # one large convolution's peak beyond its output
     assert memory["spec"] == "n1c256h112w112k256r3s3p1u1"

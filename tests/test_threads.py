@@ -158,22 +158,21 @@ def test_works_after_fork(rng, threads):
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
 
 
-@cfunc(types.void(types.CPointer(types.int64)))
-def _count_part(args):
-    """A part for ``run_parts``: after a busy loop of ``args[3]`` rounds, adds 1 to its own
-    counter ``args[2]`` of the ``args[1]`` at address ``args[0]``."""
+@cfunc(types.void(types.CPointer(types.int64), types.int64))
+def _count_part(args, part):
+    """A part for ``run_parts``: after a busy loop of 200 * (part % 3) rounds, adds 1 to its
+    own counter of the ``args[1]`` at address ``args[0]``."""
     counters = carray(address_as_pointer(args[0]), (args[1],), np.int64)
     spent = 0.0
-    for i in range(args[3]):
+    for i in range(200 * (part % 3)):
         spent += i * 1e-9
-    counters[args[2]] += 1 if spent >= 0 else 2   # uses the loop, which is then not dropped
+    counters[part] += 1 if spent >= 0 else 2   # uses the loop, which is then not dropped
 
 
 def _count_jobs(jobs, parts, threads, counters):
-    args = np.array([(counters.ctypes.data, parts, i, 200 * (i % 3)) for i in range(parts)],
-                    np.int64)
+    args = np.array([counters.ctypes.data, parts], np.int64)
     for _ in range(jobs):
-        run_parts(_count_part.address, args, threads)
+        run_parts(_count_part.address, args, parts, threads)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3, 5])
@@ -200,9 +199,11 @@ def test_run_parts_from_several_threads_at_once():
 
 def test_run_parts_checks_its_arguments():
     with pytest.raises(TypeError, match="args"):
-        run_parts(_count_part.address, [[0, 0, 0, 0]], 2)
+        run_parts(_count_part.address, [0, 0], 2, 2)
     with pytest.raises(TypeError, match="args"):
-        run_parts(_count_part.address, np.zeros((2, 4), np.int32), 2)
+        run_parts(_count_part.address, np.zeros(2, np.int32), 2, 2)
+    with pytest.raises(ValueError, match="parts"):
+        run_parts(_count_part.address, np.zeros(2, np.int64), 0, 2)
 
 
 def test_thread_split_rules():
