@@ -141,7 +141,7 @@ def handoff():
         for _ in range(calls):
             if pause:
                 time.sleep(pause)
-            times.append(_seconds(lambda: run_parts(noop, args, parts, threads)))
+            times.append(_seconds(lambda: run_parts(noop, args.ctypes.data, parts, threads)))
         return 1e6 * float(np.median(times))
 
     base = median_us(1, 1, HANDOFF_CALLS)

@@ -1,4 +1,5 @@
 """A plan bound to its compiled loop nest, and the C entry every call runs parts through."""
+import array
 import ctypes
 
 import numpy as np
@@ -6,6 +7,7 @@ import numpy as np
 from csa import DepthwisePlan
 from microkernels.numba_bridge import c_entry
 from microkernels.once import compiled_once
+from microkernels.pool import compiled_pool
 
 from . import depthwise
 from . import lowering as slicing
@@ -58,11 +60,14 @@ def part_entry(loop_nest, dtype):
     return c_entry(f"{loop_nest.__module__}.{loop_nest.__name__} {dtype}", build)
 
 
+_HEADER = object.__basicsize__          # PyArrayObject: the object header, then char *data
+_read_address = ctypes.c_size_t.from_address
+
+
 def _data_address(array):
-    """The address of ``array``'s data, read from the array object itself (PyArrayObject: the
-    object header, then ``char *data``, NumPy's C ABI): 0.2 us, against 1.4 us for
-    ``array.ctypes.data``, and a call reads nine."""
-    return ctypes.c_size_t.from_address(id(array) + object.__basicsize__).value
+    """The address of ``array``'s data, read from the array object itself (NumPy's C ABI):
+    0.2 us, against 1.4 us for ``array.ctypes.data``; a call reads five to seven."""
+    return _read_address(id(array) + _HEADER).value
 
 
 _probe = np.empty(3)
@@ -91,15 +96,24 @@ class Prepared:
         self.geom = lowering.geometry(plan, self.kernel, epilogue_flags)
         self.phases_at = lowering.GEOM_FIELDS.index("phases")
         self.parts = lowering.output_parts(plan)
+        self._template = None   # see _arguments
         self.scratch_elements = lowering.scratch_elements(plan)
         self.out_t_elements = lowering.out_t_elements(plan)
         self.rows_elements = lowering.rows_elements(plan)
+        # the workspaces a call allocates: (CALL_ARGS index, elements in all, dtype), those not
+        # empty (an empty one's address is a fixed empty array's)
+        dtype, count = np.dtype(plan.spec.dtype), len(self.parts)
+        self.workspaces = [(at, count * _row_length(count, elements, 64 // t.itemsize), t)
+                           for at, elements, t in ((SCRATCH_ARG, self.scratch_elements, dtype),
+                                                   (OUT_T_ARG, self.out_t_elements, dtype),
+                                                   (ROWS_ARG, self.rows_elements,
+                                                    np.dtype(np.int64)))
+                           if elements]
 
     def warm(self, threads):
         """Compile (or load) what a call with up to ``threads`` threads runs besides the loop
         nest: the pool when the plan has parts to share."""
         if len(self.parts) > 1 and threads > 1:
-            from microkernels.pool import compiled_pool
             compiled_pool()
 
     def run(self, x, packed_w, bias, out, phases=ALL_PHASES, threads=1):
@@ -109,29 +123,49 @@ class Prepared:
         threads, each with its own rows of the workspaces: concurrent calls share nothing.
         Fewer ``phases`` than all (PACK | KERNEL | POST) leave ``out`` undefined: they exist to
         time the phases apart."""
-        geom = self.geom
+        args = self._arguments(x, packed_w, bias, out)
         if phases != ALL_PHASES:
-            geom = geom.copy()
+            geom = self.geom.copy()
             geom[self.phases_at] = phases
-        parts = len(self.parts)
-        scratch = _rows(parts, self.scratch_elements, x.dtype)
-        out_t = _rows(parts, self.out_t_elements, x.dtype)
-        rows = _rows(parts, self.rows_elements, np.int64)
-        # bare addresses: every array they point into stays referenced here until the end
-        args = np.array((_data_address(x), *x.shape, _data_address(packed_w), packed_w.size,
-                         _data_address(bias), bias.size, _data_address(out), *out.shape,
-                         _data_address(geom), geom.size, _data_address(self.parts),
-                         _data_address(scratch), scratch.shape[1], _data_address(out_t),
-                         out_t.shape[1], _data_address(rows), rows.shape[1]), np.int64)
-        if parts == 1:
-            self.entry.call(_data_address(args), 0)
+            args[GEOM_ARG] = _data_address(geom)
+        held = [workspace(elements, dtype) for _, elements, dtype in self.workspaces]
+        for (at, _, _), space in zip(self.workspaces, held):
+            args[at] = _data_address(space)
+        # ``held`` and the arrays above stay referenced here until the call returns
+        if len(self.parts) == 1:
+            self.entry.call(args.buffer_info()[0], 0)
         else:
-            run_parts(self.entry.address, args, parts, threads)
+            run_parts(self.entry.address, args.buffer_info()[0], len(self.parts), threads)
+
+    def _arguments(self, x, packed_w, bias, out):
+        """A new ``CALL_ARGS`` vector for these arrays, but the workspaces' addresses: a copy
+        of the one made for the last call's weights and bias, when they are the same arrays
+        (kept referenced here, so that their addresses stay theirs) and the shapes the same."""
+        found, shapes = self._template, x.shape + out.shape
+        if (found is None or found[0] is not packed_w or found[1] is not bias
+                or found[2] != shapes):
+            per_line = {row: 64 // np.dtype(t).itemsize for row, t in
+                        ((SCRATCH_ARG, x.dtype), (OUT_T_ARG, x.dtype), (ROWS_ARG, np.int64))}
+            rows = {at: _row_length(len(self.parts), elements, per_line[at]) for at, elements in
+                    ((SCRATCH_ARG, self.scratch_elements), (OUT_T_ARG, self.out_t_elements),
+                     (ROWS_ARG, self.rows_elements))}
+            empty = {at: _data_address(_NONE[np.dtype(t)]) for at, t in
+                     ((SCRATCH_ARG, x.dtype), (OUT_T_ARG, x.dtype), (ROWS_ARG, np.int64))}
+            values = (0, *shapes[:4], _data_address(packed_w), packed_w.size,
+                      _data_address(bias), bias.size, 0, *shapes[4:], _data_address(self.geom),
+                      self.geom.size, _data_address(self.parts), empty[SCRATCH_ARG],
+                      rows[SCRATCH_ARG], empty[OUT_T_ARG], rows[OUT_T_ARG], empty[ROWS_ARG],
+                      rows[ROWS_ARG])
+            found = self._template = (packed_w, bias, shapes, array.array("q", values))
+        args = found[3][:]
+        args[X_ARG], args[OUT_ARG] = _data_address(x), _data_address(out)
+        return args
 
 
-def _rows(count, elements, dtype):
-    """``count`` rows of at least ``elements`` each, starting a cache line apart (exactly
-    ``elements`` for one row): one per part."""
-    per_line = 64 // np.dtype(dtype).itemsize
-    row = elements if count == 1 else -(-elements // per_line) * per_line
-    return workspace(count * row, dtype).reshape(count, row)
+def _row_length(count, elements, per_line):
+    """A part's row of a workspace: ``elements``, rounded up to whole cache lines when there
+    are several parts (so that parts never share a line)."""
+    return elements if count == 1 else -(-elements // per_line) * per_line
+
+
+_NONE = {np.dtype(t): np.empty(0, t) for t in (np.float32, np.float64, np.int64)}

@@ -94,17 +94,17 @@ def _pool_state(helpers):
 
 def run_parts(function, args, parts, threads):
     """Call the compiled ``void function(int64 *args, int64 part)`` (an address) for ``part`` =
-    0 .. ``parts`` - 1, ``args`` (a C-contiguous int64 array) shared by every call, on this
-    thread and up to min(parts, threads) - 1 pool workers; return when every call has
-    returned."""
-    if not (isinstance(args, np.ndarray) and args.dtype == np.int64
-            and args.flags.c_contiguous):
-        raise TypeError("run_parts: args must be a C-contiguous int64 array")
+    0 .. ``parts`` - 1, ``args`` (the address of their shared int64 arguments, kept alive by
+    the caller) the same for every call, on this thread and up to min(parts, threads) - 1 pool
+    workers; return when every call has returned."""
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (function, args, parts)):
+        raise TypeError(f"run_parts: function, args and parts must be ints (addresses and a "
+                        f"count), got {type(function).__name__}, {type(args).__name__}, "
+                        f"{type(parts).__name__}")
     if not 1 <= parts <= MAX_PARTS:
         raise ValueError(f"run_parts: from 1 to {MAX_PARTS} parts, got {parts}")
     helpers = max(0, min(parts, threads) - 1)
-    compiled_pool().run(_pool_state(helpers), function, args.ctypes.data, parts, helpers,
-                        SPIN_ROUNDS)
+    compiled_pool().run(_pool_state(helpers), function, args, parts, helpers, SPIN_ROUNDS)
 
 
 def _forget_pool():

@@ -1,10 +1,13 @@
-"""Call generated functions from numba-compiled code through their addresses.
+"""numba-compiled code and generated functions, both ways.
 
 Micro-kernels and packing helpers are compiled apart (``jit.native_function``: about 0.1 s each,
 their object code kept by the persistent cache); a compiled loop nest receives their addresses
 at run time, so one loop nest serves every micro-tile and is compiled once per dtype. Pointer
 arguments are passed as integer addresses (``arr.ctypes.data`` plus a byte offset), so one call
 site serves any array; addresses are the caller's responsibility, exactly as in C.
+
+The other way, ``c_entry`` keeps a numba-compiled C entry's object code in the same cache, and
+a later process loads it with llvmlite alone, without starting numba's compiler.
 """
 import builtins
 import ctypes

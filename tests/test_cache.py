@@ -172,3 +172,15 @@ def test_warmup_takes_specs_or_their_names_and_rejects_others():
         cso.warmup([(1, 4, 6, 6)])
     with pytest.raises(ValueError, match="canonical"):
         cso.warmup(["not a spec"])
+
+
+def test_saved_loop_nests_allocate_nothing(filled):
+    """A loaded C entry runs without numba's runtime set up (a warm process never starts
+    numba's compiler, which would): its code may name the runtime's functions on error paths,
+    but must never allocate through it."""
+    cache_dir, _ = filled
+    saved = [cache.load_native(path) for path in entries(cache_dir) if path.suffix == ".o"]
+    needs = [set(found[1]) for found in saved if found[1]]
+    assert len(needs) == 2   # the slicing and the depthwise loop nest
+    for names in needs:
+        assert not {n for n in names if n.startswith("NRT_MemInfo_alloc") or n == "NRT_Allocate"}

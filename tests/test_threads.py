@@ -172,7 +172,7 @@ def _count_part(args, part):
 def _count_jobs(jobs, parts, threads, counters):
     args = np.array([counters.ctypes.data, parts], np.int64)
     for _ in range(jobs):
-        run_parts(_count_part.address, args, parts, threads)
+        run_parts(_count_part.address, args.ctypes.data, parts, threads)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3, 5])
@@ -198,12 +198,14 @@ def test_run_parts_from_several_threads_at_once():
 
 
 def test_run_parts_checks_its_arguments():
+    args = np.zeros(2, np.int64)
     with pytest.raises(TypeError, match="args"):
-        run_parts(_count_part.address, [0, 0], 2, 2)
-    with pytest.raises(TypeError, match="args"):
-        run_parts(_count_part.address, np.zeros(2, np.int32), 2, 2)
-    with pytest.raises(ValueError, match="parts"):
-        run_parts(_count_part.address, np.zeros(2, np.int64), 0, 2)
+        run_parts(_count_part.address, args, 2, 2)
+    with pytest.raises(TypeError, match="parts"):
+        run_parts(_count_part.address, args.ctypes.data, 2.0, 2)
+    for parts in (0, 1 << 16):
+        with pytest.raises(ValueError, match="parts"):
+            run_parts(_count_part.address, args.ctypes.data, parts, 2)
 
 
 def test_thread_split_rules():
