@@ -100,15 +100,17 @@ class Prepared:
         self.scratch_elements = lowering.scratch_elements(plan)
         self.out_t_elements = lowering.out_t_elements(plan)
         self.rows_elements = lowering.rows_elements(plan)
-        # the workspaces a call allocates: (CALL_ARGS index, elements in all, dtype), those not
-        # empty (an empty one's address is a fixed empty array's)
+        # each workspace's row per part (CALL_ARGS index -> elements) and those a call
+        # allocates, not empty: (index, elements in all, dtype); an empty one's address is a
+        # fixed empty array's
         dtype, count = np.dtype(plan.spec.dtype), len(self.parts)
-        self.workspaces = [(at, count * _row_length(count, elements, 64 // t.itemsize), t)
-                           for at, elements, t in ((SCRATCH_ARG, self.scratch_elements, dtype),
-                                                   (OUT_T_ARG, self.out_t_elements, dtype),
-                                                   (ROWS_ARG, self.rows_elements,
-                                                    np.dtype(np.int64)))
-                           if elements]
+        sizes = ((SCRATCH_ARG, self.scratch_elements, dtype),
+                 (OUT_T_ARG, self.out_t_elements, dtype),
+                 (ROWS_ARG, self.rows_elements, np.dtype(np.int64)))
+        self.row_lengths = {at: _row_length(count, elements, 64 // t.itemsize)
+                            for at, elements, t in sizes}
+        self.workspaces = [(at, count * self.row_lengths[at], t)
+                           for at, elements, t in sizes if elements]
 
     def warm(self, threads):
         """Compile (or load) what a call with up to ``threads`` threads runs besides the loop
@@ -144,11 +146,7 @@ class Prepared:
         found, shapes = self._template, x.shape + out.shape
         if (found is None or found[0] is not packed_w or found[1] is not bias
                 or found[2] != shapes):
-            per_line = {row: 64 // np.dtype(t).itemsize for row, t in
-                        ((SCRATCH_ARG, x.dtype), (OUT_T_ARG, x.dtype), (ROWS_ARG, np.int64))}
-            rows = {at: _row_length(len(self.parts), elements, per_line[at]) for at, elements in
-                    ((SCRATCH_ARG, self.scratch_elements), (OUT_T_ARG, self.out_t_elements),
-                     (ROWS_ARG, self.rows_elements))}
+            rows = self.row_lengths
             empty = {at: _data_address(_NONE[np.dtype(t)]) for at, t in
                      ((SCRATCH_ARG, x.dtype), (OUT_T_ARG, x.dtype), (ROWS_ARG, np.int64))}
             values = (0, *shapes[:4], _data_address(packed_w), packed_w.size,
