@@ -2,24 +2,23 @@
 
 Work is cut into units, (image, channel, output band) triples in that order; a part is a run of
 units. Per unit the loop nest fills the channel's slab (its zero-padded stride phase planes,
-the band's rows: ``packing.slab_filler``), then calls the depthwise kernel once per filter of
+the band's rows: ``packing.inputs.define_fill_slab``), then calls the depthwise kernel once per filter of
 the channel (the channel multiplier), each writing one output plane band. When whole planes
 fit (one band), a fill holds up to ``nc`` channels, moved together row by row. As in the
 slicing loop nest, the kernel and the row copies are called through their addresses in
 ``geom``: one loop nest per dtype.
 """
 import numpy as np
-from numba import njit
 
 from csa.plan import slab_planes, slab_shape
 from microkernels import DepthwiseSpec, depthwise, row_copy
 from microkernels.jit import native_function
-from microkernels.numba_bridge import caller
-from microkernels.once import compiled_once
-from microkernels.spec import short_dtype
-from packing import fill_slab, row_copier
+from microkernels.spec import DTYPES, short_dtype
+from packing import row_copier
+from packing.inputs import define_fill_slab
 
-from .lowering import ALL_PHASES, KERNEL, PACK, slab_rows
+from .entry import EntryCode
+from .lowering import ALL_PHASES, KERNEL, PACK, define_slab_rows
 
 GEOM_FIELDS = ("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q", "P", "M", "nc", "band", "Hb",
                "Hs", "Ws", "planes", "epilogue", "phases", "fill_width", "kernel", "copy_rows")
@@ -28,7 +27,6 @@ GEOM_FIELDS = ("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q", "P", "M", "nc"
 # 165x165 at stride 2 filled in 2.43 ms with runs of 1 vector, 1.36 ms of 4; planes of 11
 # columns fill fastest in runs of 2, 185 us against 252 with 1 and 268 with 4; Zen 3)
 MAX_FILL_VECTORS = 4
-call_kernel = caller(depthwise.FUNCTION_TYPE)
 
 
 def geometry(plan, kspec, epilogue_flags):
@@ -52,8 +50,8 @@ def kernel_spec(plan, isa):
 
 
 def loop_nest(plan):
-    """The loop nest of ``plan`` (see ``depthwise_loop_nest``)."""
-    return depthwise_loop_nest
+    """The generator of ``plan``'s loop nest (see ``define_depthwise_loop_nest``)."""
+    return define_depthwise_loop_nest
 
 
 def rows_elements(plan):
@@ -80,48 +78,50 @@ def output_parts(plan):
     return np.array([(units * i // a, units * (i + 1) // a, 0, 0) for i in range(a)], np.int64)
 
 
-@compiled_once
-def depthwise_loop_nest():
-    """The loop nest ``run(x, packed_w, bias, out, geom, part, scratch, out_t, rows)`` (the
-    slicing loop nest's signature; ``out_t`` is unused, ``rows`` holds the R*S tap offsets),
-    around the depthwise kernel
-    ``geom`` names (``geometry``), computing the units part[0] .. part[1]-1; ``packed_w`` holds
-    each output channel's R*S weights in a row (``packing.pack_filters`` with one filter per
-    tile)."""
-    def run(x, packed_w, bias, out, geom, part, scratch, out_t, offsets):
-        R, S, sh, sw, dh, dw, pt, pl = (geom[0], geom[1], geom[2], geom[3], geom[4], geom[5],
-                                        geom[6], geom[7])
-        Q, P, M, nc_max, band, Hb = geom[8], geom[9], geom[10], geom[11], geom[12], geom[13]
-        Hs, Ws, planes, epilogue, phases = geom[14], geom[15], geom[16], geom[17], geom[18]
-        fill_width, ukernel, copy_rows = geom[19], geom[20], geom[21]
-        C, K = x.shape[1], out.shape[1]
-        taps = R * S
-        item = x.itemsize
-        slab_rows(offsets, 1, R, S, sh, sw, dh, dw, Hb, Ws)
-        channel = sh * sw * Hb * Ws
-        scratch[nc_max * channel:] = 0    # the tail the last vectors read past the slabs
-        bands = (P + band - 1) // band
-        w_addr, out_addr, bias_addr = packed_w.ctypes.data, out.ctypes.data, bias.ctypes.data
-        scratch_addr = scratch.ctypes.data
-        u = part[0]
-        while u < part[1]:
-            n, c, b = u // (C * bands), u // bands % C, u % bands
-            # channels of this fill: with whole planes, up to nc of this image in the part
-            count = min(nc_max, part[1] - u, C - c) if bands == 1 else 1
-            oh0 = b * band
-            rows = min(band, P - oh0)
-            if phases & PACK:
-                fill_slab(x, n, c, count, sh, sw, Hb, Ws, oh0, min(Hb, Hs - oh0), pt, pl,
-                          planes, scratch_addr, fill_width, copy_rows)
-            if phases & KERNEL:
-                positions = (rows - 1) * Ws + Q
-                for i in range(count):
-                    for j in range(M):
-                        k = (c + i) * M + j
-                        call_kernel(ukernel, taps, scratch_addr + i * channel * item,
-                                    offsets.ctypes.data, w_addr + k * taps * item,
-                                    out_addr + ((n * K + k) * P + oh0) * Q * item,
-                                    positions, Ws, Q, bias_addr + k * item, epilogue)
-            u += count
-
-    return njit(nogil=True)(run)
+def define_depthwise_loop_nest(module, dtype):
+    """The loop nest as the C entry ``depthwise_loop_nest_{dtype}(args, part)``
+    (``cso.entry``; ``out_t`` unused, ``rows`` holds the R*S tap offsets) around the depthwise
+    kernel ``geom`` names (``geometry``), computing the units part[0] .. part[1]-1;
+    ``weights`` holds each output channel's R*S weights in a row (``packing.pack_filters``
+    with one filter per tile)."""
+    code = EntryCode(module, f"depthwise_loop_nest_{dtype}", GEOM_FIELDS)
+    item = DTYPES[dtype].itemsize
+    R, S, sh, sw, dh, dw, pt, pl, Q, P, M, nc_max, band, Hb, Hs, Ws, planes, epilogue, phases = (
+        code.geom(*GEOM_FIELDS[:19]))
+    fill_width, ukernel, copy_rows = code.geom("fill_width", "kernel", "copy_rows")
+    x_addr, C, H, W = code.call_arg("x"), code.call_arg("c"), code.call_arg("h"), code.call_arg("w")
+    w_addr, bias_addr, out_addr = code.call_arg("weights"), code.call_arg("bias"), code.call_arg("out")
+    K = code.call_arg("out_k")
+    scratch_addr, offsets = code.workspace("scratch", item), code.workspace("rows", 8)
+    first, end = code.part_field(0), code.part_field(1)
+    taps = R * S
+    code.call(define_slab_rows(module), offsets, 1, R, S, sh, sw, dh, dw, Hb, Ws)
+    channel = sh * sw * Hb * Ws
+    # the tail the last vectors read past the slabs
+    code.zero(scratch_addr + nc_max * channel * item,
+              (code.call_arg("scratch_row") - nc_max * channel) * item)
+    bands = (P + band - 1) // band
+    u = code.var(first)
+    with code.while_(lambda: u < end):
+        n, c, b = u // (C * bands), u // bands % C, u % bands
+        # channels of this fill: with whole planes, up to nc of this image in the part
+        count = code.choose(bands == 1, code.min(nc_max, end - u, C - c), 1)
+        oh0 = b * band
+        rows = code.min(band, P - oh0)
+        with code.if_(phases & PACK):
+            code.call(define_fill_slab(module, dtype), x_addr, C, H, W, n, c, count, sh, sw, Hb,
+                      Ws, oh0, code.min(Hb, Hs - oh0), pt, pl, planes, scratch_addr, fill_width,
+                      copy_rows)
+        with code.if_(phases & KERNEL):
+            positions = (rows - 1) * Ws + Q
+            with code.range(0, count) as i:
+                with code.range(0, M) as j:
+                    k = (c + i) * M + j
+                    code.call((ukernel, depthwise.FUNCTION_TYPE), taps,
+                              scratch_addr + i * channel * item, offsets,
+                              w_addr + k * taps * item,
+                              out_addr + ((n * K + k) * P + oh0) * Q * item, positions, Ws, Q,
+                              bias_addr + k * item, epilogue)
+        u.set(u + count)
+    code.ret()
+    return code.function

@@ -1,24 +1,27 @@
 """Lowering: the compiled macro-kernel loop nest (IS and WS orders) around a micro-kernel.
 
-One loop nest is compiled per dtype: the micro-kernel (its tile, ISA, slab or packed input),
-the orientation (windows or filters in vectors), every shape, stride, padding, dilation,
-group count and tiling are run-time arguments (``geom``), the kernel and packing functions
-called through their addresses (``microkernels.numba_bridge``), so a model with many distinct
-convolutions compiles it once. No Python runs per tile: packing and micro-kernel calls happen
-inside the numba-compiled function.
+One loop nest is generated per dtype (``microkernels.loop_ir``) as the C entry every call runs
+its parts through (``cso.entry``): the micro-kernel (its tile, ISA, slab or packed input), the
+orientation (windows or filters in vectors), every shape, stride, padding, dilation, group
+count and tiling are run-time arguments (``geom``), the kernel and packing functions called
+through their addresses, so a model with many distinct convolutions compiles it once (0.3 s on
+Zen 3). No Python runs per tile: packing and micro-kernel calls happen inside the compiled
+function.
 """
 from dataclasses import replace
 
 import numpy as np
-from numba import njit
 
 from csa.plan import (reads_input_unpacked, slab_band_rows, slab_planes, slab_shape,
                       window_positions, window_units)
 from microkernels import ACCUMULATE, KernelSpec, ir_gen, row_copy, transpose
 from microkernels.jit import native_function
-from microkernels.numba_bridge import caller
-from microkernels.once import compiled_once
-from packing import fill_slab, pack_input_tile, row_copier, tile_copiers
+from microkernels.loop_ir import LoopCode
+from microkernels.spec import DTYPES
+from packing import row_copier, tile_copiers
+from packing.inputs import define_fill_slab, define_pack_input_tile
+
+from .entry import PART_WORDS, EntryCode
 
 # Layout of the int64 ``geom`` vector passed to the loop nest: the first nine entries are the
 # window geometry the input packer reads; the last ones the micro-tile (nwin windows x nf
@@ -28,8 +31,6 @@ GEOM_FIELDS = ("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q",
                "unpacked", "phases", "Hs", "Ws", "windows", "slots", "band", "Hb", "planes",
                "row_tiles", "nwin", "nf", "lanes", "slab", "direct", "filters_in_vectors",
                "kernel", "transpose", "copy_rows", "copy_taps", "slab_run", "tail_kernel")
-call_kernel = caller(ir_gen.FUNCTION_TYPE)
-call_transpose = caller(transpose.FUNCTION_TYPE)
 
 # The loop nest's phases (geom "phases"): a call runs all of them; the benchmark's time
 # breakdown runs some alone on the same tiles (ConvBench's packing / micro-kernel / post-conv).
@@ -112,38 +113,41 @@ def kernel_spec(plan, isa):
     return KernelSpec.for_dtype(plan.spec.dtype, broadcast, vector, isa, slab)
 
 
-@njit(nogil=True)
-def slab_rows(rows, nc, R, S, sh, sw, dh, dw, Hs, Ws):
-    """Offsets of the kernel's rows (c, r, s) on a slab of sh*sw phase planes of Hs x Ws per
-    channel: tap (r, s) reads plane (r*dh % sh, s*dw % sw) shifted by (r*dh // sh, s*dw // sw)."""
+def define_slab_rows(module):
+    """``slab_rows(rows, nc, R, S, sh, sw, dh, dw, Hs, Ws)`` in ``module`` (defined once):
+    the offsets of the kernel's rows (c, r, s) on a slab of sh*sw phase planes of Hs x Ws per
+    channel, written as int64 at address ``rows``: tap (r, s) reads plane (r*dh % sh,
+    s*dw % sw) shifted by (r*dh // sh, s*dw // sw)."""
+    if "slab_rows" in module.globals:
+        return module.globals["slab_rows"]
+    code = LoopCode(module, "slab_rows", ("rows", "nc", "R", "S", "sh", "sw", "dh", "dw", "Hs",
+                                          "Ws"), internal=True)
+    rows, nc, R, S, sh, sw, dh, dw, Hs, Ws = code.args(*code.arg_names)
     plane = Hs * Ws
-    for c in range(nc):
-        for r in range(R):
-            for s in range(S):
+    with code.range(0, nc) as c:
+        with code.range(0, R) as r:
+            with code.range(0, S) as s:
                 phase = (r * dh % sh) * sw + s * dw % sw
-                rows[(c * R + r) * S + s] = ((c * sh * sw + phase) * plane
-                                             + r * dh // sh * Ws + s * dw // sw)
+                code.store(rows, (c * R + r) * S + s,
+                           (c * sh * sw + phase) * plane + r * dh // sh * Ws + s * dw // sw)
+    code.ret()
+    return code.function
 
 
-@njit(nogil=True)
-def first_window(tile, row_tiles, Q, nwin):
+def first_window(code, tile, row_tiles, Q, nwin):
     """The output position (p = oh*Q + ow) of a window tile's first window: direct tiles lie
     ``row_tiles`` to an output row (``row_tiles`` > 0), other tiles back to back."""
-    if row_tiles:
-        return tile // row_tiles * Q + tile % row_tiles * nwin
-    return tile * nwin
+    return code.cond(row_tiles != 0, lambda: tile // row_tiles * Q + tile % row_tiles * nwin,
+                     lambda: tile * nwin)
 
 
-@compiled_once
-def conv_loop_nest():
-    """The loop nest ``run(x, packed_w, bias, out, geom, part, scratch, out_t, rows)`` (numba,
-    compiled for the arrays of the C entry that calls it: ``cso.prepared``), around the
-    micro-kernel ``geom`` names (``geometry``), computing the output part
+def define_conv_loop_nest(module, dtype):
+    """The loop nest as the C entry ``conv_loop_nest_{dtype}(args, part)`` (``cso.entry``)
+    around the micro-kernel ``geom`` names (``geometry``), computing the output part
     ``part`` = (first window tile, end window tile, first filter tile, end filter tile): window
     tiles numbered over all images (image n's tile t is n*T_in + t), filter tiles within each
-    group. Parts share no output element and each
-    element's channel tiles run in the same order whatever the part: parts run on several
-    threads give the same result as one.
+    group. Parts share no output element and each element's channel tiles run in the same
+    order whatever the part: parts run on several threads give the same result as one.
 
     With filters in vectors the kernel's vector operand is the filter tile and its
     broadcast operand the input tile; it accumulates one output band transposed (windows x K)
@@ -162,153 +166,173 @@ def conv_loop_nest():
 
     Output bands (``band`` window tiles): every channel tile of a band runs before the next
     band, so that the band's partial outputs stay in L2; the IS / WS blocks lie within a band."""
-    def run(x, packed_w, bias, out, geom, part, scratch, out_t, rows):
-        R, S = geom[0], geom[1]
-        Q, P, G, Cg, Kg = geom[8], geom[9], geom[10], geom[11], geom[12]
-        nc_max, k2, k3, input_stationary = geom[13], geom[14], geom[15], geom[16]
-        epilogue, unpacked, phases = geom[17], geom[18], geom[19]
-        Hs, Ws, windows, slots = geom[20], geom[21], geom[22], geom[23]   # slab planes (slab only)
-        band, Hb = geom[24], geom[25]   # window tiles per output band; slab rows a band holds
-        planes = geom[26]               # bit mask of the slab phase planes the taps read
-        row_tiles = geom[27]            # window tiles per output row (direct only)
-        NWIN, NF, LANES, slab, direct, filters_in_vectors = (geom[28], geom[29], geom[30],
-                                                             geom[31], geom[32], geom[33])
-        ukernel, transpose_block, copy_rows, copy_taps = geom[34], geom[35], geom[36], geom[37]
-        slab_run = geom[38]             # width of the runs a slab is filled in
-        tail_kernel = geom[39]          # a direct row's last tile when it is short (else 0)
-        packing, kernels, post = phases & PACK, phases & KERNEL, phases & POST
-        N, C, K = x.shape[0], x.shape[1], out.shape[1]
-        PQ = P * Q
-        sh, sw, dh, dw = geom[2], geom[3], geom[4], geom[5]
-        # ``rows``: the slab kernel's row offsets (``rows_elements``), nothing allocated here
-        if slab:
-            slab_rows(rows, nc_max, R, S, sh, sw, dh, dw, Hb, Ws)
-            scratch[nc_max * sh * sw * Hb * Ws:] = 0   # the tail the last tile reads past its end
-        t_in = P * row_tiles if direct else (windows + NWIN - 1) // NWIN
-        t_w = (Kg + NF - 1) // NF
-        item = x.itemsize
-        x_addr, w_addr, out_addr = x.ctypes.data, packed_w.ctypes.data, out.ctypes.data
-        bias_addr, scratch_addr = bias.ctypes.data, scratch.ctypes.data
-        out_t_addr = out_t.ctypes.data
-        # blocks: IS = K3 window tiles x K2 filter tiles; WS = K3 filter tiles x K2 window tiles
-        w_block, f_block = (k3, k2) if input_stationary else (k2, k3)
-        f_lo, f_hi = part[2], part[3]
-        for n in range(part[0] // t_in, min(N, (part[1] + t_in - 1) // t_in)):
-            out_base_n = out_addr + n * K * PQ * item
-            t_lo, t_hi = max(0, part[0] - n * t_in), min(t_in, part[1] - n * t_in)
-            # output bands: all channel tiles of a band's window tiles before the next band, so
-            # that its partial outputs stay in L2
-            for b0 in range(t_lo, t_hi, band):
-                b1 = min(t_hi, b0 + band)
-                # the band's first slab row, and first window (out_t holds the band's windows)
-                row0 = b0 // row_tiles if direct else b0 * NWIN // Ws if slab else 0
-                p_lo = first_window(b0, row_tiles, Q, NWIN)
-                if input_stationary:   # window blocks of the band, then filter blocks
-                    outer_lo, outer_hi, outer_step = b0, b1, w_block
-                    inner_lo, inner_hi, inner_step = f_lo, f_hi, f_block
-                else:                  # filter blocks, then window blocks of the band
-                    outer_lo, outer_hi, outer_step = f_lo, f_hi, f_block
-                    inner_lo, inner_hi, inner_step = b0, b1, w_block
-                for g in range(G):
-                    for c0 in range(0, Cg, nc_max):
-                        nc = min(nc_max, Cg - c0)
-                        flags = ACCUMULATE if c0 > 0 else 0
-                        if c0 + nc == Cg and not filters_in_vectors:
-                            flags |= epilogue
-                        depth = nc * R * S                   # rows of the packed tiles (kernel k)
-                        tile_bytes = depth * NWIN * item
-                        w_base = w_addr + (g * t_w * Cg + c0) * R * S * NF * item
-                        w_tile_bytes = Cg * R * S * NF * item   # stride between filter tiles
-                        out_base = out_addr + (n * K + g * Kg) * PQ * item
-                        x_base = x_addr + (n * C + g * Cg + c0) * PQ * item   # unpacked 1x1 only
-                        if slab and packing:
-                            fill_slab(x, n, g * Cg + c0, nc, sh, sw, Hb, Ws, row0,
-                                      min(Hb, Hs - row0), geom[6], geom[7], planes, scratch_addr,
-                                      slab_run, copy_rows)
-                        for outer in range(outer_lo, outer_hi, outer_step):
-                            for inner in range(inner_lo, inner_hi, inner_step):
-                                wb, fb = (outer, inner) if input_stationary else (inner, outer)
-                                wend, fend = min(b1, wb + w_block), min(f_hi, fb + f_block)
-                                # with filters in vectors the block's window tiles are packed
-                                # together before the filter tiles sweep them (WS), or before the
-                                # first filter block does (IS; K3 tiles stay packed)
-                                ahead = filters_in_vectors and (not input_stationary
-                                                                or inner == inner_lo)
-                                for wt in range(wb, wend if ahead and packing and not slab else wb):
-                                    p0 = wt * NWIN
-                                    if not unpacked or p0 + NWIN > PQ:
-                                        pack_input_tile(x, n, g * Cg + c0, nc, p0,
-                                                        min(NWIN, PQ - p0), geom,
-                                                        scratch_addr + (wt - wb) * tile_bytes,
-                                                        NWIN, copy_rows, copy_taps)
-                                # the vector operand's tile stays in L1 while the broadcast
-                                # operand's tiles stream past it: filter tiles innermost with
-                                # windows in vectors, window tiles innermost with filters in vectors
-                                nw, nfb = wend - wb, fend - fb
-                                for i in range(nw * nfb):
-                                    if filters_in_vectors:
-                                        ft, wt = fb + i // nw, wb + i % nw
-                                    else:
-                                        wt, ft = wb + i // nfb, fb + i % nfb
-                                    p0 = wt * NWIN
-                                    slot = wt - wb if slots > 1 else 0   # see scratch_tiles
-                                    in_addr, ld_in = scratch_addr + slot * tile_bytes, NWIN
-                                    # c_at: C's first window (slab: its output row, col0 on it)
-                                    nwin_used, c_at, col0 = min(NWIN, windows - p0), p0, 0
-                                    if direct:   # the tile's windows: part of one output row
-                                        oh, ow0 = wt // row_tiles, wt % row_tiles * NWIN
-                                        in_addr = scratch_addr + ((oh - row0) * Ws + ow0) * item
-                                        nwin_used, c_at = min(NWIN, Q - ow0), oh * Q + ow0
-                                    elif slab:
-                                        in_addr = scratch_addr + (p0 - row0 * Ws) * item
-                                        c_at = p0 // Ws * Q
-                                        col0 = p0 % Ws
-                                    elif unpacked and p0 + NWIN <= PQ:
-                                        in_addr, ld_in = x_base + p0 * item, PQ
-                                    elif (not filters_in_vectors and ft == fb and packing
-                                          and (inner == inner_lo or not input_stationary)):
-                                        # with windows in vectors a tile is packed right before
-                                        # the block's filter tiles use it, in turn (WS; still
-                                        # hot in L1), or on the first pass over the filter blocks (IS)
-                                        pack_input_tile(x, n, g * Cg + c0, nc, p0, nwin_used,
-                                                        geom, in_addr, NWIN, copy_rows, copy_taps)
-                                    if not kernels:
-                                        continue
-                                    f0 = ft * NF
-                                    w_tile = w_base + ft * w_tile_bytes
-                                    if filters_in_vectors:
-                                        c_t = out_t_addr + ((c_at - p_lo) * K + g * Kg + f0) * item
-                                        kernel = (tail_kernel if tail_kernel and nwin_used < NWIN
-                                                  else ukernel)
-                                        call_kernel(kernel, depth, w_tile, NF, in_addr, ld_in,
-                                                    c_t, K, min(NF, Kg - f0), nwin_used,
-                                                    bias_addr, flags, rows.ctypes.data, 0, 0, 0)
-                                    else:
-                                        call_kernel(ukernel, depth, in_addr, ld_in, w_tile, NF,
-                                                    out_base + (f0 * PQ + c_at) * item, PQ,
-                                                    nwin_used, min(NF, Kg - f0),
-                                                    bias_addr + (g * Kg + f0) * item, flags,
-                                                    rows.ctypes.data, col0, Ws, Ws - Q)
-                if filters_in_vectors and post:
-                    # the band's out[n, k, p] = out_t[p - p_lo, k] (+ bias[k], ReLU) while its
-                    # rows are hot in L2, one vector-square block at a time (the part's filters:
-                    # a plan splits the filters of one group only, in whole filter tiles)
-                    p_hi = first_window(b1, row_tiles, Q, NWIN) if b1 < t_in else PQ
-                    k_hi = min(K, f_hi * NF) if G == 1 else K
-                    for p0 in range(p_lo, p_hi, LANES):
-                        for k0 in range(f_lo * NF if G == 1 else 0, k_hi, LANES):
-                            call_transpose(transpose_block,
-                                           out_t_addr + ((p0 - p_lo) * K + k0) * item, K,
-                                           out_base_n + (k0 * PQ + p0) * item, PQ,
-                                           min(LANES, p_hi - p0), min(LANES, k_hi - k0),
-                                           bias_addr + k0 * item, epilogue)
+    code = EntryCode(module, f"conv_loop_nest_{dtype}", GEOM_FIELDS)
+    item = DTYPES[dtype].itemsize
+    pack = define_pack_input_tile(module, dtype)
+    R, S, sh, sw, dh, dw, pt, pl, Q, P = code.geom(*GEOM_FIELDS[:10])
+    G, Cg, Kg, nc_max, k2, k3 = code.geom("groups", "Cg", "Kg", "nc", "k2", "k3")
+    epilogue, phases = code.geom("epilogue", "phases")
+    Hs, Ws, windows, slots = code.geom("Hs", "Ws", "windows", "slots")  # slab planes: slab only
+    band, Hb = code.geom("band", "Hb")   # window tiles per output band; slab rows a band holds
+    planes = code.geom("planes")         # bit mask of the slab phase planes the taps read
+    row_tiles = code.geom("row_tiles")   # window tiles per output row (direct only)
+    NWIN, NF, LANES, slab_run = code.geom("nwin", "nf", "lanes", "slab_run")
+    ukernel, tail_kernel = code.geom("kernel", "tail_kernel")   # tail: a direct row's short tile
+    transpose_block, copy_rows, copy_taps = code.geom("transpose", "copy_rows", "copy_taps")
+    input_stationary, unpacked, slab, direct, filters_in_vectors = (
+        code.geom(f) != 0 for f in ("is_input_stationary", "unpacked", "slab", "direct",
+                                    "filters_in_vectors"))
+    packing, kernels, post = ((phases & phase) != 0 for phase in (PACK, KERNEL, POST))
+    x_addr, N, C, H, W = code.call_arg("x"), *(code.call_arg(d) for d in "nchw")
+    w_addr, bias_addr, out_addr = code.call_arg("weights"), code.call_arg("bias"), code.call_arg("out")
+    K = code.call_arg("out_k")
+    scratch_addr, out_t_addr = code.workspace("scratch", item), code.workspace("out_t", item)
+    rows_addr = code.workspace("rows", 8)
+    part = [code.part_field(i) for i in range(PART_WORDS)]
+    PQ = P * Q
+    # ``rows``: the slab kernel's row offsets (``rows_elements``); past the slab, the tail the
+    # last tile reads past its end zeroed
+    with code.if_(slab):
+        code.call(define_slab_rows(module), rows_addr, nc_max, R, S, sh, sw, dh, dw, Hb, Ws)
+        slab_end = nc_max * sh * sw * Hb * Ws
+        code.zero(scratch_addr + slab_end * item, (code.call_arg("scratch_row") - slab_end) * item)
+    t_in = code.cond(direct, lambda: P * row_tiles, lambda: (windows + NWIN - 1) // NWIN)
+    t_w = (Kg + NF - 1) // NF
+    # blocks: IS = K3 window tiles x K2 filter tiles; WS = K3 filter tiles x K2 window tiles
+    w_block, f_block = code.choose(input_stationary, k3, k2), code.choose(input_stationary, k2, k3)
+    f_lo, f_hi = part[2], part[3]
+    with code.range(part[0] // t_in, code.min(N, (part[1] + t_in - 1) // t_in)) as n:
+        out_base_n = out_addr + n * K * PQ * item
+        t_lo, t_hi = code.max(0, part[0] - n * t_in), code.min(t_in, part[1] - n * t_in)
+        # output bands: all channel tiles of a band's window tiles before the next band, so
+        # that its partial outputs stay in L2
+        with code.range(t_lo, t_hi, band) as b0:
+            b1 = code.min(t_hi, b0 + band)
+            # the band's first slab row, and first window (out_t holds the band's windows)
+            row0 = code.cond(direct, lambda: b0 // row_tiles,
+                             lambda: code.cond(slab, lambda: b0 * NWIN // Ws, lambda: 0))
+            p_lo = first_window(code, b0, row_tiles, Q, NWIN)
+            # IS: window blocks of the band, then filter blocks; WS: filter blocks, then window
+            # blocks of the band
+            outer_lo, outer_hi, outer_step, inner_lo, inner_hi, inner_step = (
+                code.choose(input_stationary, a, b) for a, b in
+                ((b0, f_lo), (b1, f_hi), (w_block, f_block), (f_lo, b0), (f_hi, b1),
+                 (f_block, w_block)))
+            with code.range(0, G) as g:
+                with code.range(0, Cg, nc_max) as c0:
+                    nc = code.min(nc_max, Cg - c0)
+                    flags = (code.choose(c0 > 0, ACCUMULATE, 0)
+                             | code.choose((c0 + nc == Cg) & ~filters_in_vectors, epilogue, 0))
+                    depth = nc * R * S                   # rows of the packed tiles (kernel k)
+                    tile_bytes = depth * NWIN * item
+                    w_base = w_addr + (g * t_w * Cg + c0) * R * S * NF * item
+                    w_tile_bytes = Cg * R * S * NF * item   # stride between filter tiles
+                    out_base = out_addr + (n * K + g * Kg) * PQ * item
+                    x_base = x_addr + (n * C + g * Cg + c0) * PQ * item   # unpacked 1x1 only
+                    window_args = (R, S, sh, sw, dh, dw, pt, pl, Q)
 
-    return njit(nogil=True)(run)
+                    def pack_tile(p0, nwin_used, dst):
+                        code.call(pack, x_addr, C, H, W, n, g * Cg + c0, nc, p0, nwin_used,
+                                  *window_args, dst, NWIN, copy_rows, copy_taps)
+
+                    with code.if_(slab & packing):
+                        code.call(define_fill_slab(module, dtype), x_addr, C, H, W, n,
+                                  g * Cg + c0, nc, sh, sw, Hb, Ws, row0,
+                                  code.min(Hb, Hs - row0), pt, pl, planes, scratch_addr,
+                                  slab_run, copy_rows)
+                    with code.range(outer_lo, outer_hi, outer_step) as outer:
+                        with code.range(inner_lo, inner_hi, inner_step) as inner:
+                            wb = code.choose(input_stationary, outer, inner)
+                            fb = code.choose(input_stationary, inner, outer)
+                            wend, fend = code.min(b1, wb + w_block), code.min(f_hi, fb + f_block)
+                            # with filters in vectors the block's window tiles are packed
+                            # together before the filter tiles sweep them (WS), or before the
+                            # first filter block does (IS; K3 tiles stay packed)
+                            ahead = filters_in_vectors & (~input_stationary | (inner == inner_lo))
+                            with code.if_(ahead & packing & ~slab):
+                                with code.range(wb, wend) as wt:
+                                    p0 = wt * NWIN
+                                    with code.if_(~unpacked | (p0 + NWIN > PQ)):
+                                        pack_tile(p0, code.min(NWIN, PQ - p0),
+                                                  scratch_addr + (wt - wb) * tile_bytes)
+                            # the vector operand's tile stays in L1 while the broadcast
+                            # operand's tiles stream past it: filter tiles innermost with
+                            # windows in vectors, window tiles innermost with filters in vectors
+                            nw, nfb = wend - wb, fend - fb
+                            with code.range(0, nw * nfb) as i:
+                                ft = code.choose(filters_in_vectors, fb + i // nw, fb + i % nfb)
+                                wt = code.choose(filters_in_vectors, wb + i % nw, wb + i // nfb)
+                                p0 = wt * NWIN
+                                slot = code.choose(slots > 1, wt - wb, 0)   # see scratch_tiles
+                                in_addr = code.var(scratch_addr + slot * tile_bytes)
+                                ld_in = code.var(NWIN)
+                                # c_at: C's first window (slab: its output row, col0 on it)
+                                nwin_used = code.var(code.min(NWIN, windows - p0))
+                                c_at, col0 = code.var(p0), code.var(0)
+                                in_place = ~direct & ~slab & unpacked & (p0 + NWIN <= PQ)
+                                with code.if_(direct):   # the tile's windows: part of one row
+                                    oh, ow0 = wt // row_tiles, wt % row_tiles * NWIN
+                                    in_addr.set(scratch_addr + ((oh - row0) * Ws + ow0) * item)
+                                    nwin_used.set(code.min(NWIN, Q - ow0))
+                                    c_at.set(oh * Q + ow0)
+                                with code.if_(slab & ~direct):
+                                    in_addr.set(scratch_addr + (p0 - row0 * Ws) * item)
+                                    c_at.set(p0 // Ws * Q)
+                                    col0.set(p0 % Ws)
+                                with code.if_(in_place):
+                                    in_addr.set(x_base + p0 * item)
+                                    ld_in.set(PQ)
+                                # with windows in vectors a tile is packed right before the
+                                # block's filter tiles use it, in turn (WS; still hot in L1),
+                                # or on the first pass over the filter blocks (IS)
+                                with code.if_(~direct & ~slab & ~in_place & ~filters_in_vectors
+                                              & (ft == fb) & packing
+                                              & ((inner == inner_lo) | ~input_stationary)):
+                                    pack_tile(p0, nwin_used, in_addr)
+                                f0 = ft * NF
+                                w_tile = w_base + ft * w_tile_bytes
+                                with code.if_(kernels):
+                                    with code.if_else(filters_in_vectors) as (transposed, plain):
+                                        with transposed:
+                                            kernel = code.choose(
+                                                (tail_kernel != 0) & (nwin_used < NWIN),
+                                                tail_kernel, ukernel)
+                                            code.call(
+                                                (kernel, ir_gen.FUNCTION_TYPE), depth, w_tile,
+                                                NF, in_addr, ld_in,
+                                                out_t_addr + ((c_at - p_lo) * K + g * Kg + f0) * item,
+                                                K, code.min(NF, Kg - f0), nwin_used, bias_addr,
+                                                flags, rows_addr, 0, 0, 0)
+                                        with plain:
+                                            code.call(
+                                                (ukernel, ir_gen.FUNCTION_TYPE), depth, in_addr,
+                                                ld_in, w_tile, NF,
+                                                out_base + (f0 * PQ + c_at) * item, PQ,
+                                                nwin_used, code.min(NF, Kg - f0),
+                                                bias_addr + (g * Kg + f0) * item, flags,
+                                                rows_addr, col0, Ws, Ws - Q)
+            with code.if_(filters_in_vectors & post):
+                # the band's out[n, k, p] = out_t[p - p_lo, k] (+ bias[k], ReLU) while its rows
+                # are hot in L2, one vector-square block at a time (the part's filters: a plan
+                # splits the filters of one group only, in whole filter tiles)
+                p_hi = code.cond(b1 < t_in, lambda: first_window(code, b1, row_tiles, Q, NWIN),
+                                 lambda: PQ)
+                k_lo = code.choose(G == 1, f_lo * NF, 0)
+                k_hi = code.choose(G == 1, code.min(K, f_hi * NF), K)
+                with code.range(p_lo, p_hi, LANES) as p0:
+                    with code.range(k_lo, k_hi, LANES) as k0:
+                        code.call((transpose_block, transpose.FUNCTION_TYPE),
+                                  out_t_addr + ((p0 - p_lo) * K + k0) * item, K,
+                                  out_base_n + (k0 * PQ + p0) * item, PQ,
+                                  code.min(LANES, p_hi - p0), code.min(LANES, k_hi - k0),
+                                  bias_addr + k0 * item, epilogue)
+    code.ret()
+    return code.function
 
 
 def loop_nest(plan):
-    """The loop nest of ``plan`` (see ``conv_loop_nest``)."""
-    return conv_loop_nest
+    """The generator of ``plan``'s loop nest (see ``define_conv_loop_nest``)."""
+    return define_conv_loop_nest
 
 
 def rows_elements(plan):

@@ -5,59 +5,39 @@ import ctypes
 import numpy as np
 
 from csa import DepthwisePlan
-from microkernels.numba_bridge import c_entry
+from microkernels.jit import native_function
 from microkernels.once import compiled_once
 from microkernels.pool import compiled_pool
+from microkernels.spec import short_dtype
 
 from . import depthwise
 from . import lowering as slicing
+from .entry import CALL_ARGS
 from .lowering import ALL_PHASES
 from .threads import run_parts
 
-# a call's arguments, one int64 word each, shared by its parts: what ``Prepared.run`` writes
-# and the C entry reads (``*_row``: elements from one part's workspace row to the next)
-CALL_ARGS = ("x", "n", "c", "h", "w", "weights", "weights_size", "bias", "bias_size",
-             "out", "out_n", "out_k", "out_p", "out_q", "geom", "geom_size", "parts",
-             "scratch", "scratch_row", "out_t", "out_t_row", "rows", "rows_row")
 X_ARG, W_ARG, BIAS_ARG, OUT_ARG, GEOM_ARG, PARTS_ARG, SCRATCH_ARG, OUT_T_ARG, ROWS_ARG = (
     CALL_ARGS.index(name)
     for name in ("x", "weights", "bias", "out", "geom", "parts", "scratch", "out_t", "rows"))
-PART_WORDS = 4   # a ``parts`` row: first window tile, end, first filter tile, end
+
+
+class PartEntry:
+    """A loop nest's C entry ``void run_part(int64 *args, int64 part)`` (``cso.entry``):
+    ``.address``, and ``.call(args_address, part)`` through ctypes, which releases the GIL for
+    the call. Every call runs through it: one part on the calling thread, several on the
+    pool's workers too."""
+
+    def __init__(self, native):
+        self.address = native.address
+        self.call = native.module.function(native.name, None, ctypes.c_void_p, ctypes.c_int64)
 
 
 @compiled_once
-def part_entry(loop_nest, dtype):
-    """``loop_nest`` (``slicing.conv_loop_nest`` or ``depthwise.depthwise_loop_nest``) for
-    ``dtype`` arrays as a C function ``void run_part(int64 *args, int64 part)``, ``args`` laid
-    out as ``CALL_ARGS``: part ``part`` of a call, on its rows of the workspaces. Every call
-    runs through it (one part on the calling thread, several on the pool's workers too), never
-    holding the GIL; compiled once, then loaded from the persistent cache by llvmlite alone."""
-    def build():
-        from numba import carray, cfunc, njit, types
-
-        from microkernels.numba_bridge import address_as_pointer as pointer
-
-        run, item = loop_nest(), dtype.itemsize
-
-        @njit(inline="always")
-        def rows_of(a, at, part, kind, size):   # the part's row of a workspace
-            return carray(pointer(a[at] + part * a[at + 1] * size), (a[at + 1],), kind)
-
-        def run_part(a, part):
-            x = carray(pointer(a[X_ARG]), (a[X_ARG + 1], a[X_ARG + 2], a[X_ARG + 3],
-                                           a[X_ARG + 4]), dtype)
-            out = carray(pointer(a[OUT_ARG]), (a[OUT_ARG + 1], a[OUT_ARG + 2], a[OUT_ARG + 3],
-                                               a[OUT_ARG + 4]), dtype)
-            run(x, carray(pointer(a[W_ARG]), (a[W_ARG + 1],), dtype),
-                carray(pointer(a[BIAS_ARG]), (a[BIAS_ARG + 1],), dtype), out,
-                carray(pointer(a[GEOM_ARG]), (a[GEOM_ARG + 1],), np.int64),
-                carray(pointer(a[PARTS_ARG] + part * PART_WORDS * 8), (PART_WORDS,), np.int64),
-                rows_of(a, SCRATCH_ARG, part, dtype, item), rows_of(a, OUT_T_ARG, part, dtype, item),
-                rows_of(a, ROWS_ARG, part, np.int64, 8))
-
-        return cfunc(types.void(types.CPointer(types.int64), types.int64))(run_part)
-
-    return c_entry(f"{loop_nest.__module__}.{loop_nest.__name__} {dtype}", build)
+def part_entry(define_loop_nest, dtype):
+    """The C entry ``define_loop_nest`` (``lowering.define_conv_loop_nest`` or
+    ``depthwise.define_depthwise_loop_nest``) generates for ``dtype``, compiled once (or
+    loaded from the persistent cache)."""
+    return PartEntry(native_function(define_loop_nest, short_dtype(dtype)))
 
 
 _HEADER = object.__basicsize__          # PyArrayObject: the object header, then char *data

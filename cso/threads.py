@@ -6,7 +6,7 @@ left, every part running the compiled loop nest on its own scratch. The pool is 
 (``microkernels.pool``): from the moment a call posts its parts until they are all done, no
 thread involved needs the GIL. It is shared by all calls: while one call owns it, a call from
 another Python thread runs its parts itself, so nothing waits on a worker that never comes.
-Workers are daemon threads living in compiled code: numba's threading layer is not used, and
+Workers are daemon threads living in compiled code (no threading layer of numba's), and
 after ``os.fork()`` the child starts with an empty pool (``microkernels.once`` makes the fork
 wait for a pool start under way).
 """

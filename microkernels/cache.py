@@ -1,11 +1,11 @@
-"""The persistent compilation cache: the object code of compiled loop nests (numba) and
-llvmlite modules saved on disk, so that a later process loads it with llvmlite alone instead of
-compiling again.
+"""The persistent compilation cache: the object code of every generated function (loop nests,
+kernels, packers, the pool) saved on disk, so that a later process loads it with llvmlite
+instead of compiling again.
 
 Where: the directory ``CSO_CACHE_DIR`` names, else the per-user cache directory
 ($XDG_CACHE_HOME/cso or ~/.cache/cso; ~/Library/Caches/cso on macOS; %LOCALAPPDATA%\\cso on
 Windows). ``CSO_CACHE_DIR=""`` turns the cache off. Entries live in a subdirectory named by
-what compiled code depends on: the versions of numba, llvmlite and Python and a hash of this
+what compiled code depends on: the versions of llvmlite and Python and a hash of this
 library's sources (stronger than its version number: an edited checkout never loads code
 compiled from other sources); each entry's key adds the CPU name and features.
 
@@ -27,7 +27,6 @@ from pathlib import Path
 
 import llvmlite
 import llvmlite.binding as llvm
-import numba
 
 from .once import fork_safe_lock
 
@@ -86,7 +85,7 @@ def entry_dir():
     if root is None:
         return None
     python = f"py{sys.version_info[0]}{sys.version_info[1]}"
-    return root / f"numba{numba.__version__}-llvmlite{llvmlite.__version__}-{python}-{source_hash()}"
+    return root / f"llvmlite{llvmlite.__version__}-{python}-{source_hash()}"
 
 
 def _key_name(*parts):
@@ -150,8 +149,7 @@ def native_path(*key):
 
 
 def load_native(path):
-    """(symbol name, symbols it needs from the process, object code) saved at ``path``, or
-    None (compile it)."""
+    """(symbol name, object code) saved at ``path``, or None (compile it)."""
     if path is None:
         return None
     payload, found = read_entry(path), None
@@ -160,14 +158,14 @@ def load_native(path):
             found = pickle.loads(payload)
         except Exception:
             _count("corrupt")
-        if not (isinstance(found, tuple) and len(found) == 3):
+        if not (isinstance(found, tuple) and len(found) == 2):
             found = None
     _count("misses" if found is None else "hits")
     return found
 
 
 def save_native(path, entry):
-    """Save ``entry`` (symbol name, symbols it needs, object code) at ``path``."""
+    """Save ``entry`` (symbol name, object code) at ``path``."""
     if path is not None:
         _save(lambda: write_entry(path, pickle.dumps(entry, protocol=-1)))
 

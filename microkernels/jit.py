@@ -1,9 +1,9 @@
 """JIT-compile generated functions for the host, each in a module of its own.
 
 The convolution loop nests call micro-kernels and packing helpers compiled here through their
-addresses (``native_function``, ``numba_bridge.caller``): a kernel compiles in about 0.1 s and
-its object code is kept by the persistent cache, while the numba-compiled loop nests stay
-generic over the micro-tile. ``compile(spec)`` wraps a kernel for calls from Python (tests,
+addresses (``native_function``): a kernel compiles in about 0.1 s and its object code is kept by
+the persistent cache, while the loop nests (compiled here too) stay generic over the
+micro-tile. ``compile(spec)`` wraps a kernel for calls from Python (tests,
 inspection, ``python -m microkernels.dump``). Each module owns its execution engine and target
 machine (sharing one target machine between engines crashed after the first engine was freed).
 Every LLVM call runs under the compile lock and no module is ever freed (``microkernels.once``):
@@ -104,12 +104,12 @@ class NativeFunction:
         path = cache.native_path(define.__module__, define.__qualname__, *args)
         saved = cache.load_native(path)
         if saved is not None:
-            self.name, _, object_code = saved
+            self.name, object_code = saved
             self.module = JitModule(object_code=object_code, source=lambda: self._ir()[0])
         else:
             text, self.name = self._ir()
             self.module = JitModule(text)
-            cache.save_native(path, (self.name, (), self.module.object_code))
+            cache.save_native(path, (self.name, self.module.object_code))
         self.address = self.module.address(self.name)
 
     def _ir(self):

@@ -3,8 +3,8 @@ leaves held.
 
 LLVM's global state is not thread-safe, and code whose address went into a compiled loop nest
 must never be freed. So everything that touches LLVM (llvmlite's parse, optimise, MCJIT and
-assembly; numba's compilations) runs under one re-entrant lock, numba's own compiler lock
-(``COMPILE_LOCK``: numba already compiles under it, so there is no second lock to order), and
+assembly) runs under one re-entrant lock, numba's own compiler lock (``COMPILE_LOCK``: the
+user's own numba code compiles under it too, so the two never touch LLVM at once), and
 ``compiled_once`` memoises a compiling function: the first caller of a key compiles while the
 others wait for its result, which is kept for the life of the process.
 

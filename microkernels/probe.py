@@ -7,12 +7,10 @@ import time
 import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
-from numba import njit
-
 from .ir_gen import ACCUMULATE, FUNCTION_TYPE, define_kernel, splat
 from .isa import default_isa
 from .jit import JitModule, native_function
-from .numba_bridge import caller
+from .loop_ir import LoopCode
 from .once import compiled_once
 
 FMA_CHAINS = 12            # independent accumulators: >= FMA latency x FMA pipes, so no stalls
@@ -159,19 +157,22 @@ def read_bandwidth(size, isa=None, trial_bytes=64e6):
     return passes * values.nbytes / seconds / 1e9
 
 
-call_kernel = caller(FUNCTION_TYPE)
+LOOP_ARGS = ("a", "b", "c", "bias", "rows", "calls", "kernel", "nwin", "nf", "shift_bytes")
 
 
-@njit(nogil=True)
-def _kernel_loop(a, b, c, bias, rows, calls, kernel, nwin, nf):
-    """``calls`` calls of the micro-kernel at address ``kernel``, as a loop nest makes them."""
-    for i in range(calls):
-        # A and B start SHIFT floats further each call, cycling over 4 offsets: the 4
+def _define_kernel_loop(module):
+    """``kernel_loop(LOOP_ARGS)``: ``calls`` calls of the micro-kernel at address ``kernel``,
+    as a loop nest makes them."""
+    code = LoopCode(module, "kernel_loop", LOOP_ARGS)
+    a, b, c, bias, rows, calls, kernel, nwin, nf, shift_bytes = code.args(*LOOP_ARGS)
+    with code.range(0, calls) as i:
+        # A and B start SHIFT elements further each call, cycling over 4 offsets: the 4
         # overlapping tiles together stay L1-resident
-        offset = (i & 3) * SHIFT * a.itemsize
-        call_kernel(kernel, UKERNEL_K, a.ctypes.data + offset, nwin, b.ctypes.data + offset, nf,
-                    c.ctypes.data, nwin, nwin, nf, bias.ctypes.data, ACCUMULATE,
-                    rows.ctypes.data, 0, nwin, 0)
+        offset = (i & 3) * shift_bytes
+        code.call((kernel, FUNCTION_TYPE), UKERNEL_K, a + offset, nwin, b + offset, nf, c, nwin,
+                  nwin, nf, bias, ACCUMULATE, rows, 0, nwin, 0)
+    code.ret()
+    return code.function
 
 
 def kernel_throughput(spec, calls=200_000, trials=3):
@@ -187,9 +188,13 @@ def kernel_throughput(spec, calls=200_000, trials=3):
                                                    spec.nwin)
     kernel = native_function(define_kernel, spec).address
 
-    def run(count):
-        _kernel_loop(a, b, c, bias, rows, count, kernel, spec.nwin, spec.nf)
+    loop = native_function(_define_kernel_loop)
+    loop = loop.module.function(loop.name, None, *[ctypes.c_int64] * len(LOOP_ARGS))
 
-    run(10)  # compile
+    def run(count):
+        loop(a.ctypes.data, b.ctypes.data, c.ctypes.data, bias.ctypes.data, rows.ctypes.data,
+             count, kernel, spec.nwin, spec.nf, SHIFT * a.itemsize)
+
+    run(10)  # warm
     seconds = _best_seconds(lambda: run(calls), trials)
     return 2 * UKERNEL_K * spec.nwin * spec.nf * calls / seconds / 1e9

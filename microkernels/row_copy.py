@@ -1,5 +1,5 @@
-"""Vector row copies for input packing, generated as LLVM IR and called by address from numba
-code (``packing`` drives them; the vector code lives here with the other generators).
+"""Vector row copies for input packing, generated as LLVM IR and called by address from the
+packers (``packing`` drives them; the vector code lives here with the other generators).
 
 ``copy_rows(dst, dst_step, src, src_step, count, stride, j0, j1, lo, hi)`` fills ``count``
 packed tile rows (``width`` values each, moved in vectors of the kernel's lanes; row i at ``dst + i*dst_step`` bytes, read from

@@ -1,6 +1,6 @@
 """Packing: filters once at load time, input tiles (or padded slabs) on the fly, with zero padding."""
 from .filters import pack_filters, packed_filters_shape, unpack_filters
-from .inputs import fill_slab, pack_input_tile, row_copier, tile_copiers
+from .inputs import pack_input_tile, row_copier, tile_copiers
 
 __all__ = ["pack_filters", "packed_filters_shape", "unpack_filters", "pack_input_tile",
-           "fill_slab", "row_copier", "tile_copiers"]
+           "row_copier", "tile_copiers"]

@@ -14,17 +14,22 @@ they are computed once for all channels; per (c, r, s) only two addresses change
 ``copy_taps`` serves (``tile_copiers``: strides up to 2, no dilation, 2 <= S <= its widest), it
 reads each input row of the run once and makes all S taps from it with shuffles.
 
-The row copies are generated functions (``microkernels.row_copy``) called through their
-addresses, so the packer compiles once per dtype, whatever the tile width.
+The packers are generated code (``microkernels.loop_ir``), functions of the loop nest's own
+module; the row copies are generated functions (``microkernels.row_copy``) they call through
+their addresses, so a packer compiles once per dtype, whatever the tile width.
 """
-from numba import njit
+import ctypes
 
 from microkernels import row_copy
 from microkernels.jit import native_function
-from microkernels.numba_bridge import caller
+from microkernels.loop_ir import LoopCode
+from microkernels.spec import DTYPES, short_dtype
 
-call_copy_rows = caller(row_copy.FUNCTION_TYPE)
-call_copy_taps = caller(row_copy.TAP_FUNCTION_TYPE)
+WINDOW_FIELDS = ("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q")   # a window's geometry
+PACK_ARGS = ("x", "C", "H", "W", "n", "c_first", "nc", "p0", "nwin_used", *WINDOW_FIELDS,
+             "dst", "nwin", "copy_rows", "copy_taps")
+FILL_ARGS = ("x", "C", "H", "W", "n", "c_first", "nc", "sh", "sw", "Hb", "Ws", "row0", "rows",
+             "pt", "pl", "planes", "dst", "run", "copy_rows")
 
 
 def row_copier(kspec, width):
@@ -43,100 +48,143 @@ def tile_copiers(kspec, nwin, width, stride, dilation):
             native_function(row_copy.define_tap_copy, kspec, nwin).address if taps else 0)
 
 
-@njit(nogil=True)
-def pack_input_tile(x, n, c_first, nc, p0, nwin_used, geom, dst_addr, nwin, copy_rows, copy_taps):
-    """Pack windows p0 .. p0+nwin_used-1 of image ``n``, channels c_first .. c_first+nc-1 of
-    the 4-D C-contiguous input ``x`` into the nc*R*S*nwin values at address ``dst_addr``
-    (``nwin``-window tiles), moving rows with the ``copy_rows(dst, dst_step, src, src_step,
-    count, stride, j0, j1, lo, hi)`` at address ``copy_rows`` and, unless ``copy_taps`` is 0,
-    whole filter rows with ``copy_taps(dst, dst_step, tap_step, src, src_step, count, taps,
-    stride, j0, j1, end, lo, hi)`` (see ``tile_copiers``); ``geom`` starts with (R, S,
-    stride_h, stride_w, dil_h, dil_w, pad_top, pad_left, Q)."""
-    R, S, sh, sw, dh, dw, pt, pl, Q = (geom[0], geom[1], geom[2], geom[3], geom[4], geom[5],
-                                       geom[6], geom[7], geom[8])
-    C, H, W = x.shape[1], x.shape[2], x.shape[3]
-    item = x.itemsize
-    x_addr = x.ctypes.data
-    j = 0
-    while j < nwin_used:
+def define_pack_input_tile(module, dtype, internal=True):
+    """``pack_input_tile(PACK_ARGS)`` for ``dtype`` ("f32", "f64") in ``module`` (defined
+    once): pack windows p0 .. p0+nwin_used-1 of image ``n``, channels c_first ..
+    c_first+nc-1 of the C x H x W images at address ``x`` into the nc*R*S*nwin values at
+    address ``dst`` (``nwin``-window tiles), moving rows with the ``copy_rows(dst, dst_step,
+    src, src_step, count, stride, j0, j1, lo, hi)`` at address ``copy_rows`` and, unless
+    ``copy_taps`` is 0, whole filter rows with ``copy_taps(dst, dst_step, tap_step, src,
+    src_step, count, taps, stride, j0, j1, end, lo, hi)`` (see ``tile_copiers``)."""
+    name = f"pack_input_tile_{dtype}"
+    if name in module.globals:
+        return module.globals[name]
+    code = LoopCode(module, name, PACK_ARGS, internal=internal)
+    item = DTYPES[dtype].itemsize
+    x, C, H, W, n, c_first, nc, p0, nwin_used = code.args(*PACK_ARGS[:9])
+    R, S, sh, sw, dh, dw, pt, pl, Q = code.args(*WINDOW_FIELDS)
+    dst, nwin, copy_rows, copy_taps = code.args("dst", "nwin", "copy_rows", "copy_taps")
+    j = code.var(0)
+    with code.while_(lambda: j < nwin_used):
         oh, ow0 = (p0 + j) // Q, (p0 + j) % Q
-        j1 = j + min(Q - ow0, nwin_used - j)
+        j1 = j + code.min(Q - ow0, nwin_used - j)
         # the last run also zeroes the tail, the first stores whole vectors (unmasked) past
         # its windows: the next runs overwrite those lanes
-        store_end = nwin if j1 == nwin_used or j == 0 else j1
-        for r in range(R):
+        store_end = code.choose((j1 == nwin_used) | (j == 0), nwin, j1)
+        with code.range(0, R) as r:
             ih = oh * sh - pt + r * dh
             row0 = ((n * C + c_first) * H + ih) * W   # row ih of channel c_first
-            if copy_taps:
-                col0 = (ow0 - j) * sw - pl              # input column lane 0 of tap 0 reads
-                lo, hi = (-col0, W - col0) if 0 <= ih < H else (0, 0)
-                call_copy_taps(copy_taps, dst_addr + r * S * nwin * item, R * S * nwin * item,
-                               nwin * item, x_addr + (row0 + col0) * item, H * W * item, nc, S,
-                               sw, j, j1, store_end, lo, hi)
-                continue
-            for s in range(S):
-                col0 = (ow0 - j) * sw - pl + s * dw    # input column lane 0 would read
-                lo, hi = j, j                           # lanes reading inside the row
-                if 0 <= ih < H:
-                    if col0 + j * sw >= 0 and col0 + (j1 - 1) * sw < W:
-                        hi = j1                             # interior run: no division
-                    else:
-                        lo = max(j, (-col0 + sw - 1) // sw)
-                        hi = max(lo, min(j1, (W - col0 + sw - 1) // sw))
-                # the same lanes in every channel: one call copies the tap for all nc
-                call_copy_rows(copy_rows, dst_addr + (r * S + s) * nwin * item,
-                               R * S * nwin * item, x_addr + (row0 + col0) * item, H * W * item,
-                               nc, sw, j, store_end, lo, hi)
-        j = j1
+            inside = (ih >= 0) & (ih < H)
+            with code.if_else(copy_taps != 0) as (taps, single):
+                with taps:
+                    col0 = (ow0 - j) * sw - pl              # input column lane 0 of tap 0 reads
+                    code.call((copy_taps, row_copy.TAP_FUNCTION_TYPE),
+                              dst + r * S * nwin * item, R * S * nwin * item, nwin * item,
+                              x + (row0 + col0) * item, H * W * item, nc, S, sw, j, j1,
+                              store_end, code.choose(inside, -col0, 0),
+                              code.choose(inside, W - col0, 0))
+                with single:
+                    with code.range(0, S) as s:
+                        _copy_tap(code, item, r, s, row0, inside, ow0, j, j1, store_end)
+        j.set(j1)
+    code.ret()
+    return code.function
 
 
-@njit(nogil=True)
-def fill_slab(x, n, c_first, nc, sh, sw, Hb, Ws, row0, rows, pt, pl, planes, dst_addr, run,
-              copy_rows):
-    """Channels c_first .. c_first+nc-1 of image ``n`` of the 4-D C-contiguous input ``x`` written
-    at ``dst_addr`` as the slab a slab micro-kernel reads in place: per channel, sh*sw phase
-    planes of Hb x Ws holding rows row0 .. row0+rows-1 (rows <= Hb) of the full planes, whose
-    plane (a, b) row i column j holds the input at row sh*i + a - pt, column sw*j + b - pl, or
-    zero outside it (see ``csa.plan.slab_shape``); only the planes in the bit mask ``planes``
-    (bit a*sw + b; -1: all) are filled. Each input value is read once per fill. ``run``-wide
-    runs of a plane row move per call of the ``copy_rows`` at address ``copy_rows`` (see
+def _copy_tap(code, item, r, s, row0, inside, ow0, j, j1, store_end):
+    """Tap (r, s) of the run of windows j .. j1-1 (``define_pack_input_tile``), for all nc
+    channels in one call: the same lanes in every channel."""
+    x, C, H, W, nc, R, S, sw, dw, pl, dst, nwin, copy_rows = code.args(
+        "x", "C", "H", "W", "nc", "R", "S", "sw", "dw", "pl", "dst", "nwin", "copy_rows")
+    col0 = (ow0 - j) * sw - pl + s * dw    # input column lane 0 would read
+    lo, hi = code.var(j), code.var(j)      # lanes reading inside the row
+    with code.if_(inside):
+        with code.if_else((col0 + j * sw >= 0) & (col0 + (j1 - 1) * sw < W)) as (interior, edge):
+            with interior:
+                hi.set(j1)                 # no division
+            with edge:
+                lo.set(code.max(j, (-col0 + sw - 1) // sw))
+                hi.set(code.max(lo, code.min(j1, (W - col0 + sw - 1) // sw)))
+    code.call((copy_rows, row_copy.FUNCTION_TYPE), dst + (r * S + s) * nwin * item,
+              R * S * nwin * item, x + (row0 + col0) * item, H * W * item, nc, sw, j,
+              store_end, lo, hi)
+
+
+def define_fill_slab(module, dtype, internal=True):
+    """``fill_slab(FILL_ARGS)`` for ``dtype`` in ``module`` (defined once): channels c_first
+    .. c_first+nc-1 of image ``n`` of the C x H x W images at address ``x`` written at address
+    ``dst`` as the slab a slab micro-kernel reads in place: per channel, sh*sw phase planes of
+    Hb x Ws holding rows row0 .. row0+rows-1 (rows <= Hb) of the full planes, whose plane
+    (a, b) row i column j holds the input at row sh*i + a - pt, column sw*j + b - pl, or zero
+    outside it (see ``csa.plan.slab_shape``); only the planes in the bit mask ``planes`` (bit
+    a*sw + b; -1: all) are filled. Each input value is read once per fill. ``run``-wide runs
+    of a plane row move per call of the ``copy_rows`` at address ``copy_rows`` (see
     ``row_copier``), for all nc channels, or, when there are more rows than channels, down all
     the rows of a channel (a call costs about as much as a few vectors moved: 1 to 4 channels
     of 128 x 128 planes filled 3-4x faster so)."""
-    C, H, W = x.shape[1], x.shape[2], x.shape[3]
-    item = x.itemsize
-    src_plane = x.ctypes.data + (n * C + c_first) * H * W * item
+    name = f"fill_slab_{dtype}"
+    if name in module.globals:
+        return module.globals[name]
+    code = LoopCode(module, name, FILL_ARGS, internal=internal)
+    item = DTYPES[dtype].itemsize
+    x, C, H, W, n, c_first, nc, sh, sw, Hb, Ws, row0, rows, pt, pl, planes, dst, run, _ = (
+        code.args(*FILL_ARGS))
+    src_plane = x + (n * C + c_first) * H * W * item
     channel_bytes = sh * sw * Hb * Ws * item
-    for a in range(sh):
+    with code.range(0, sh) as a:
         # the plane rows on input rows: i_lo <= i < i_hi (the others are zero padding)
         first = sh * row0 + a - pt                  # input row of plane row 0
-        i_lo = min(rows, max(0, (-first + sh - 1) // sh))
-        i_hi = max(i_lo, min(rows, (H - first + sh - 1) // sh))
-        for b in range(sw):
-            if planes != -1 and not planes >> (a * sw + b) & 1:
-                continue
-            plane = dst_addr + (a * sw + b) * Hb * Ws * item
-            for j0 in range(0, Ws, run):
-                col = sw * j0 + b - pl                  # input column of lane 0
-                lo = min(run, max(0, (-col + sw - 1) // sw))   # lanes on input columns
-                hi = max(lo, min(run, (W - col + sw - 1) // sw))
-                j1 = min(run, Ws - j0)
-                src = src_plane + (first * W + col) * item
-                dst = plane + j0 * item
-                if nc >= rows:   # one call per row, down the channels
-                    for i in range(rows):
-                        inside = i_lo <= i < i_hi
-                        call_copy_rows(copy_rows, dst + i * Ws * item, channel_bytes,
-                                       src + i * sh * W * item, H * W * item, nc, sw, 0, j1,
-                                       lo if inside else 0, hi if inside else 0)
-                    continue
-                for ch in range(nc):   # per channel, down the rows (padding rows zeroed)
-                    at = dst + ch * channel_bytes
-                    if i_lo:
-                        call_copy_rows(copy_rows, at, Ws * item, src, 0, i_lo, sw, 0, j1, 0, 0)
-                    call_copy_rows(copy_rows, at + i_lo * Ws * item, Ws * item,
-                                   src + (ch * H * W + i_lo * sh * W) * item, sh * W * item,
-                                   i_hi - i_lo, sw, 0, j1, lo, hi)
-                    if rows > i_hi:
-                        call_copy_rows(copy_rows, at + i_hi * Ws * item, Ws * item, src, 0,
-                                       rows - i_hi, sw, 0, j1, 0, 0)
+        i_lo = code.min(rows, code.max(0, (-first + sh - 1) // sh))
+        i_hi = code.max(i_lo, code.min(rows, (H - first + sh - 1) // sh))
+        with code.range(0, sw) as b:
+            with code.if_((planes == -1) | ((planes >> (a * sw + b)) & 1 != 0)):
+                plane = dst + (a * sw + b) * Hb * Ws * item
+                with code.range(0, Ws, run) as j0:
+                    col = sw * j0 + b - pl                  # input column of lane 0
+                    lo = code.min(run, code.max(0, (-col + sw - 1) // sw))   # lanes on input columns
+                    hi = code.max(lo, code.min(run, (W - col + sw - 1) // sw))
+                    row = dict(src=src_plane + (first * W + col) * item, dst=plane + j0 * item,
+                               j1=code.min(run, Ws - j0), lo=lo, hi=hi, i_lo=i_lo, i_hi=i_hi,
+                               channel_bytes=channel_bytes)
+                    with code.if_else(nc >= rows) as (across, down):
+                        with across:
+                            _fill_across_channels(code, item, **row)
+                        with down:
+                            _fill_down_rows(code, item, **row)
+    code.ret()
+    return code.function
+
+
+def _fill_across_channels(code, item, src, dst, j1, lo, hi, i_lo, i_hi, channel_bytes):
+    """One call per slab row, down the channels (``define_fill_slab``)."""
+    H, W, nc, sh, sw, Ws, rows, copy_rows = code.args("H", "W", "nc", "sh", "sw", "Ws", "rows",
+                                                      "copy_rows")
+    with code.range(0, rows) as i:
+        inside = (i >= i_lo) & (i < i_hi)
+        code.call((copy_rows, row_copy.FUNCTION_TYPE), dst + i * Ws * item, channel_bytes,
+                  src + i * sh * W * item, H * W * item, nc, sw, 0, j1,
+                  code.choose(inside, lo, 0), code.choose(inside, hi, 0))
+
+
+def _fill_down_rows(code, item, src, dst, j1, lo, hi, i_lo, i_hi, channel_bytes):
+    """Per channel, down the rows, the padding rows zeroed (``define_fill_slab``)."""
+    H, W, nc, sh, sw, Ws, rows, copy_rows = code.args("H", "W", "nc", "sh", "sw", "Ws", "rows",
+                                                      "copy_rows")
+    copy = (copy_rows, row_copy.FUNCTION_TYPE)
+    with code.range(0, nc) as ch:
+        at = dst + ch * channel_bytes
+        with code.if_(i_lo != 0):
+            code.call(copy, at, Ws * item, src, 0, i_lo, sw, 0, j1, 0, 0)
+        code.call(copy, at + i_lo * Ws * item, Ws * item, src + (ch * H * W + i_lo * sh * W) * item,
+                  sh * W * item, i_hi - i_lo, sw, 0, j1, lo, hi)
+        with code.if_(rows > i_hi):
+            code.call(copy, at + i_hi * Ws * item, Ws * item, src, 0, rows - i_hi, sw, 0, j1, 0, 0)
+
+
+def pack_input_tile(x, n, c_first, nc, p0, nwin_used, window, dst_addr, nwin, copy_rows, copy_taps):
+    """``define_pack_input_tile``'s packer called from Python (tests): ``x`` a 4-D
+    C-contiguous array, ``window`` its WINDOW_FIELDS, ``dst_addr`` the tile's address."""
+    packer = native_function(define_pack_input_tile, short_dtype(x.dtype), False)
+    function = packer.module.function(packer.name, None, *[ctypes.c_int64] * len(PACK_ARGS))
+    function(x.ctypes.data, *x.shape[1:], n, c_first, nc, p0, nwin_used,
+             *(int(v) for v in window[:len(WINDOW_FIELDS)]), dst_addr, nwin, copy_rows, copy_taps)

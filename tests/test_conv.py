@@ -336,9 +336,9 @@ def test_one_loop_nest_serves_every_shape_and_micro_kernel(rng):
     are called through addresses): at most one new build here, if no earlier test built the
     float32 one, across three micro-kernels (a windows-in-vectors tile of 16 x 6 is the kernel
     of a filters-in-vectors 6 x 16 one: hence 16 x 5 here)."""
-    from cso.lowering import conv_loop_nest
+    from cso.prepared import part_entry
     wt = rng.standard_normal((5, 3, 3, 3)).astype(F32)
-    built, kernels = conv_loop_nest.compiled(), set()
+    built, kernels = part_entry.compiled(), set()
     for hw in (33, 34, 37, 40):   # wide enough for a slab at stride 2
         for dilation in (1, 2):
             x = rng.standard_normal((1 + hw % 2, 3, hw, hw + 1)).astype(F32)
@@ -351,7 +351,7 @@ def test_one_loop_nest_serves_every_shape_and_micro_kernel(rng):
                 assert_conv_close(conv(x), x, wt, padding=(hw % 3,) * 4, stride=(1 + hw % 2,) * 2,
                                   dilation=(dilation,) * 2)
     assert len(kernels) >= 3
-    assert conv_loop_nest.compiled() - built <= 1
+    assert part_entry.compiled() - built <= 1
 
 
 @pytest.mark.parametrize("overrides", [{"slab": True}, {"slab": False, "schedule": "WS"},

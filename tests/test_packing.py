@@ -2,9 +2,10 @@
 import numpy as np
 import pytest
 
-from numba import cfunc
+from llvmlite import ir
 
 from microkernels import KernelSpec
+from microkernels.jit import native_function
 from microkernels.row_copy import TAP_FUNCTION_TYPE
 from packing import pack_filters, pack_input_tile, packed_filters_shape, tile_copiers, unpack_filters
 
@@ -90,13 +91,7 @@ def test_undilated_rows_of_stride_1_and_2_come_from_one_read(rng, stride, dil, S
     """The gather test passes by either path; here copy_taps stores nothing, so its rows stay
     NaN: every row when the packer should use it (strides 1-2, no dilation, S <= max_taps),
     none otherwise."""
-    signature = "void(" + ", ".join("voidptr" if t.is_pointer else "int64"
-                                     for t in TAP_FUNCTION_TYPE.args) + ")"
-
-    @cfunc(signature)
-    def no_taps(dst, dst_step, tap_step, src, src_step, count, taps, stride, j0, j1, end, lo, hi):
-        pass
-
+    no_taps = native_function(_define_no_taps)
     kernel = KernelSpec("f32", 8, 32, "avx512")
     copy_rows, copy_taps = tile_copiers(kernel, 32, S, stride[1], dil[1])
     assert bool(copy_taps) == taps_path
@@ -107,3 +102,10 @@ def test_undilated_rows_of_stride_1_and_2_come_from_one_read(rng, stride, dil, S
     pack_input_tile(x, 0, 0, 4, 0, 32, geom, dst.ctypes.data, 32, copy_rows,
                     no_taps.address if copy_taps else 0)
     assert np.isnan(dst).all() if taps_path else not np.isnan(dst).any()
+
+
+def _define_no_taps(module):
+    """A ``copy_taps`` that stores nothing."""
+    function = ir.Function(module, TAP_FUNCTION_TYPE, "no_taps")
+    ir.IRBuilder(function.append_basic_block()).ret_void()
+    return function

@@ -8,12 +8,11 @@ import threading
 
 import numpy as np
 import pytest
-from numba import carray, cfunc, types
+from numba import cfunc, types
 
 import csa
 import cso
 from cso.threads import run_parts
-from microkernels.numba_bridge import address_as_pointer
 from reference import conv2d_reference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -161,18 +160,16 @@ def test_works_after_fork(rng, threads):
 @cfunc(types.void(types.CPointer(types.int64), types.int64))
 def _count_part(args, part):
     """A part for ``run_parts``: after a busy loop of 200 * (part % 3) rounds, adds 1 to its
-    own counter of the ``args[1]`` at address ``args[0]``."""
-    counters = carray(address_as_pointer(args[0]), (args[1],), np.int64)
+    own counter, ``args[part]``."""
     spent = 0.0
     for i in range(200 * (part % 3)):
         spent += i * 1e-9
-    counters[part] += 1 if spent >= 0 else 2   # uses the loop, which is then not dropped
+    args[part] += 1 if spent >= 0 else 2   # uses the loop, which is then not dropped
 
 
 def _count_jobs(jobs, parts, threads, counters):
-    args = np.array([counters.ctypes.data, parts], np.int64)
     for _ in range(jobs):
-        run_parts(_count_part.address, args.ctypes.data, parts, threads)
+        run_parts(_count_part.address, counters.ctypes.data, parts, threads)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3, 5])

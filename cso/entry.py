@@ -1,0 +1,43 @@
+"""The C entry every call runs its parts through: ``void run_part(int64 *args, int64 part)``.
+
+A loop nest (``lowering``, ``depthwise``) is generated as this entry (``microkernels.loop_ir``):
+``args`` is one vector of int64 words laid out as ``CALL_ARGS``, written by
+``prepared.Prepared.run`` and shared by the call's parts; ``part`` picks the part's row of
+``parts`` and of each workspace. The loop nest's ``geom`` vector is read by field name.
+"""
+from microkernels.loop_ir import LoopCode
+
+# a call's arguments, one int64 word each: the arrays' addresses, with their shapes or sizes,
+# the workspaces' with a part's row length in elements (``*_row``)
+CALL_ARGS = ("x", "n", "c", "h", "w", "weights", "weights_size", "bias", "bias_size",
+             "out", "out_n", "out_k", "out_p", "out_q", "geom", "geom_size", "parts",
+             "scratch", "scratch_row", "out_t", "out_t_row", "rows", "rows_row")
+PART_WORDS = 4   # a ``parts`` row: first window tile (unit), end, first filter tile, end
+
+
+class EntryCode(LoopCode):
+    """The C entry ``name`` being generated: ``call_arg``, ``geom`` (by the names
+    ``geom_fields`` gives the vector's positions), ``part_field`` and ``workspace`` read the
+    call's arguments, once, at the entry."""
+
+    def __init__(self, module, name, geom_fields):
+        super().__init__(module, name, ("args", "part"), pointer_args=("args",))
+        self._fields = geom_fields
+        geom = self.call_arg("geom")
+        self._geom = {f: self.load(geom, i) for i, f in enumerate(geom_fields)}
+
+    def call_arg(self, name):
+        return self.load(self.arg("args"), CALL_ARGS.index(name))
+
+    def geom(self, *names):
+        """The ``geom`` fields ``names``: one value, or a list."""
+        values = [self._geom[n] for n in names]
+        return values[0] if len(names) == 1 else values
+
+    def part_field(self, index):
+        """Word ``index`` of this part's row of ``parts``."""
+        return self.load(self.call_arg("parts"), self.arg("part") * PART_WORDS + index)
+
+    def workspace(self, name, itemsize):
+        """The address of this part's row of workspace ``name``."""
+        return self.call_arg(name) + self.arg("part") * self.call_arg(name + "_row") * itemsize
