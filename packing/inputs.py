@@ -55,7 +55,8 @@ def define_pack_input_tile(module, dtype, internal=True):
     address ``dst`` (``nwin``-window tiles), moving rows with the ``copy_rows(dst, dst_step,
     src, src_step, count, stride, j0, j1, lo, hi)`` at address ``copy_rows`` and, unless
     ``copy_taps`` is 0, whole filter rows with ``copy_taps(dst, dst_step, tap_step, src,
-    src_step, count, taps, stride, j0, j1, end, lo, hi)`` (see ``tile_copiers``)."""
+    src_step, count, taps, stride, j0, j1, end, lo, hi)`` (see ``tile_copiers``). Not
+    ``internal``: a function of its own, for calls from Python (``pack_input_tile``)."""
     name = f"pack_input_tile_{dtype}"
     if name in module.globals:
         return module.globals[name]
@@ -110,7 +111,7 @@ def _copy_tap(code, item, r, s, row0, inside, ow0, j, j1, store_end):
               store_end, lo, hi)
 
 
-def define_fill_slab(module, dtype, internal=True):
+def define_fill_slab(module, dtype):
     """``fill_slab(FILL_ARGS)`` for ``dtype`` in ``module`` (defined once): channels c_first
     .. c_first+nc-1 of image ``n`` of the C x H x W images at address ``x`` written at address
     ``dst`` as the slab a slab micro-kernel reads in place: per channel, sh*sw phase planes of
@@ -125,7 +126,7 @@ def define_fill_slab(module, dtype, internal=True):
     name = f"fill_slab_{dtype}"
     if name in module.globals:
         return module.globals[name]
-    code = LoopCode(module, name, FILL_ARGS, internal=internal)
+    code = LoopCode(module, name, FILL_ARGS, internal=True)
     item = DTYPES[dtype].itemsize
     x, C, H, W, n, c_first, nc, sh, sw, Hb, Ws, row0, rows, pt, pl, planes, dst, run, _ = (
         code.args(*FILL_ARGS))
