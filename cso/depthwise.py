@@ -2,10 +2,10 @@
 
 Work is cut into units, (image, channel, output band) triples in that order; a part is a run of
 units. Per unit the loop nest fills the channel's slab (its zero-padded stride phase planes,
-the band's rows: ``packing.inputs.define_fill_slab``), then calls the depthwise kernel once per filter of
-the channel (the channel multiplier), each writing one output plane band. When whole planes
-fit (one band), a fill holds up to ``nc`` channels, moved together row by row. As in the
-slicing loop nest, the kernel and the row copies are called through their addresses in
+the band's rows: ``packing.inputs.define_fill_slab``), then calls the depthwise kernel once per
+filter of the channel (the channel multiplier), each writing one output plane band. When whole
+planes fit (one band), a fill holds up to ``nc`` channels, moved together row by row. As in
+the slicing loop nest, the kernel and the row copies are called through their addresses in
 ``geom``: one loop nest per dtype.
 """
 import numpy as np
@@ -89,9 +89,8 @@ def define_depthwise_loop_nest(module, dtype):
     R, S, sh, sw, dh, dw, pt, pl, Q, P, M, nc_max, band, Hb, Hs, Ws, planes, epilogue, phases = (
         code.geom(*GEOM_FIELDS[:19]))
     fill_width, ukernel, copy_rows = code.geom("fill_width", "kernel", "copy_rows")
-    x_addr, C, H, W = code.call_arg("x"), code.call_arg("c"), code.call_arg("h"), code.call_arg("w")
-    w_addr, bias_addr, out_addr = code.call_arg("weights"), code.call_arg("bias"), code.call_arg("out")
-    K = code.call_arg("out_k")
+    x_addr, C, H, W, w_addr, bias_addr, out_addr, K = (
+        code.call_arg(a) for a in ("x", "c", "h", "w", "weights", "bias", "out", "out_k"))
     scratch_addr, offsets = code.workspace("scratch", item), code.workspace("rows", 8)
     first, end = code.part_field(0), code.part_field(1)
     taps = R * S

@@ -7,10 +7,9 @@ A loop nest (``lowering``, ``depthwise``) is generated as this entry (``microker
 """
 from microkernels.loop_ir import LoopCode
 
-# a call's arguments, one int64 word each: the arrays' addresses, with their shapes or sizes,
-# the workspaces' with a part's row length in elements (``*_row``)
-CALL_ARGS = ("x", "n", "c", "h", "w", "weights", "weights_size", "bias", "bias_size",
-             "out", "out_n", "out_k", "out_p", "out_q", "geom", "geom_size", "parts",
+# a call's arguments, one int64 word each: the arrays' addresses, the input's shape and the
+# output's channels, the workspaces' with a part's row length in elements (``*_row``)
+CALL_ARGS = ("x", "n", "c", "h", "w", "weights", "bias", "out", "out_k", "geom", "parts",
              "scratch", "scratch_row", "out_t", "out_t_row", "rows", "rows_row")
 PART_WORDS = 4   # a ``parts`` row: first window tile (unit), end, first filter tile, end
 
@@ -22,7 +21,6 @@ class EntryCode(LoopCode):
 
     def __init__(self, module, name, geom_fields):
         super().__init__(module, name, ("args", "part"), pointer_args=("args",))
-        self._fields = geom_fields
         geom = self.call_arg("geom")
         self._geom = {f: self.load(geom, i) for i, f in enumerate(geom_fields)}
 

@@ -183,9 +183,8 @@ def define_conv_loop_nest(module, dtype):
         code.geom(f) != 0 for f in ("is_input_stationary", "unpacked", "slab", "direct",
                                     "filters_in_vectors"))
     packing, kernels, post = ((phases & phase) != 0 for phase in (PACK, KERNEL, POST))
-    x_addr, N, C, H, W = code.call_arg("x"), *(code.call_arg(d) for d in "nchw")
-    w_addr, bias_addr, out_addr = code.call_arg("weights"), code.call_arg("bias"), code.call_arg("out")
-    K = code.call_arg("out_k")
+    x_addr, N, C, H, W, w_addr, bias_addr, out_addr, K = (
+        code.call_arg(a) for a in ("x", "n", "c", "h", "w", "weights", "bias", "out", "out_k"))
     scratch_addr, out_t_addr = code.workspace("scratch", item), code.workspace("out_t", item)
     rows_addr = code.workspace("rows", 8)
     part = [code.part_field(i) for i in range(PART_WORDS)]
@@ -195,7 +194,8 @@ def define_conv_loop_nest(module, dtype):
     with code.if_(slab):
         code.call(define_slab_rows(module), rows_addr, nc_max, R, S, sh, sw, dh, dw, Hb, Ws)
         slab_end = nc_max * sh * sw * Hb * Ws
-        code.zero(scratch_addr + slab_end * item, (code.call_arg("scratch_row") - slab_end) * item)
+        code.zero(scratch_addr + slab_end * item,
+                  (code.call_arg("scratch_row") - slab_end) * item)
     t_in = code.cond(direct, lambda: P * row_tiles, lambda: (windows + NWIN - 1) // NWIN)
     t_w = (Kg + NF - 1) // NF
     # blocks: IS = K3 window tiles x K2 filter tiles; WS = K3 filter tiles x K2 window tiles
@@ -297,12 +297,12 @@ def define_conv_loop_nest(module, dtype):
                                             kernel = code.choose(
                                                 (tail_kernel != 0) & (nwin_used < NWIN),
                                                 tail_kernel, ukernel)
+                                            c_t = out_t_addr + ((c_at - p_lo) * K + g * Kg
+                                                                + f0) * item
                                             code.call(
                                                 (kernel, ir_gen.FUNCTION_TYPE), depth, w_tile,
-                                                NF, in_addr, ld_in,
-                                                out_t_addr + ((c_at - p_lo) * K + g * Kg + f0) * item,
-                                                K, code.min(NF, Kg - f0), nwin_used, bias_addr,
-                                                flags, rows_addr, 0, 0, 0)
+                                                NF, in_addr, ld_in, c_t, K, code.min(NF, Kg - f0),
+                                                nwin_used, bias_addr, flags, rows_addr, 0, 0, 0)
                                         with plain:
                                             code.call(
                                                 (ukernel, ir_gen.FUNCTION_TYPE), depth, in_addr,

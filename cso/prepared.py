@@ -126,15 +126,16 @@ class Prepared:
         found, shapes = self._template, x.shape + out.shape
         if (found is None or found[0] is not packed_w or found[1] is not bias
                 or found[2] != shapes):
-            rows = self.row_lengths
-            empty = {at: _data_address(_NONE[np.dtype(t)]) for at, t in
-                     ((SCRATCH_ARG, x.dtype), (OUT_T_ARG, x.dtype), (ROWS_ARG, np.int64))}
-            values = (0, *shapes[:4], _data_address(packed_w), packed_w.size,
-                      _data_address(bias), bias.size, 0, *shapes[4:], _data_address(self.geom),
-                      self.geom.size, _data_address(self.parts), empty[SCRATCH_ARG],
-                      rows[SCRATCH_ARG], empty[OUT_T_ARG], rows[OUT_T_ARG], empty[ROWS_ARG],
-                      rows[ROWS_ARG])
-            found = self._template = (packed_w, bias, shapes, array.array("q", values))
+            rows, none = self.row_lengths, {t: _data_address(a) for t, a in _NONE.items()}
+            values = dict(x=0, n=x.shape[0], c=x.shape[1], h=x.shape[2], w=x.shape[3],
+                          weights=_data_address(packed_w), bias=_data_address(bias), out=0,
+                          out_k=out.shape[1], geom=_data_address(self.geom),
+                          parts=_data_address(self.parts), scratch=none[x.dtype],
+                          scratch_row=rows[SCRATCH_ARG], out_t=none[x.dtype],
+                          out_t_row=rows[OUT_T_ARG], rows=none[np.dtype(np.int64)],
+                          rows_row=rows[ROWS_ARG])
+            found = self._template = (packed_w, bias, shapes,
+                                      array.array("q", (values[a] for a in CALL_ARGS)))
         args = found[3][:]
         args[X_ARG], args[OUT_ARG] = _data_address(x), _data_address(out)
         return args

@@ -142,7 +142,8 @@ def define_fill_slab(module, dtype):
                 plane = dst + (a * sw + b) * Hb * Ws * item
                 with code.range(0, Ws, run) as j0:
                     col = sw * j0 + b - pl                  # input column of lane 0
-                    lo = code.min(run, code.max(0, (-col + sw - 1) // sw))   # lanes on input columns
+                    # the lanes on input columns
+                    lo = code.min(run, code.max(0, (-col + sw - 1) // sw))
                     hi = code.max(lo, code.min(run, (W - col + sw - 1) // sw))
                     row = dict(src=src_plane + (first * W + col) * item, dst=plane + j0 * item,
                                j1=code.min(run, Ws - j0), lo=lo, hi=hi, i_lo=i_lo, i_hi=i_hi,
