@@ -2,9 +2,11 @@
 and the plans autotuning times besides the model's."""
 from dataclasses import replace
 
+from .blocking import SCHEDULES
 from .depthwise import DEPTHWISE_OVERRIDES, analyze_depthwise
-from .plan import (FILTER_SLABS, SCHEDULES, SLICING_OVERRIDES, TILE_VECTORS, WINDOW_SLABS,
-                   DIRECT_SLABS, SlicingPlan, analyze_slicing, check_overrides)
+from .register_blocking import DIRECT_SLABS, FILTER_SLABS, TILE_VECTORS, WINDOW_SLABS
+from .overrides import SLICING_OVERRIDES, check_overrides
+from .slicing import SlicingPlan, analyze_slicing
 
 TUNE_CANDIDATES = 8   # plans autotuning times per convolution, the model's included
 

@@ -4,7 +4,7 @@ A depthwise convolution (C/groups = 1, K/groups = M filters per channel, the cha
 multiplier) has nothing for an outer-product tile to reuse: each output value takes R*S
 multiply-adds from one channel, so it is bound by moving data, not by arithmetic. The plan
 pads each channel into a slab (zero-padded, split into stride phases, see
-``csa.plan.slab_shape``) that stays in L1 while the depthwise micro-kernel reads it R*S times
+``csa.layout.slab_shape``) that stays in L1 while the depthwise micro-kernel reads it R*S times
 along its virtual rows, once per filter of the channel: whole planes for several channels at
 once when they fit, else bands of output rows of one channel.
 """
@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from math import ceil
 
 from .machine import Machine
-from .plan import _forced, slab_shape
+from .layout import slab_planes, slab_shape
+from .overrides import forced_note
 
 DEPTHWISE_OVERRIDES = ("vectors", "nc", "band", "split")
 SLAB_FILL = 0.5       # share of L1 the slabs of one fill may take (the rest: output lines,
@@ -59,7 +60,15 @@ class DepthwisePlan:
         return self.spec.n * self.spec.c * self.bands
 
     @property
-    def slab_rows(self):
+    def slab_shape(self):
+        return slab_shape(self.spec)
+
+    @property
+    def slab_planes(self):
+        return slab_planes(self.spec)
+
+    @property
+    def band_rows(self):
         """Rows of each phase plane one band's slab holds."""
         spec = self.spec
         halo = (spec.r - 1) * spec.dilation[0] // spec.stride[0]
@@ -67,13 +76,13 @@ class DepthwisePlan:
 
     @property
     def channel_elements(self):
-        """Elements of one channel's slab: its stride phase planes of slab_rows x Ws."""
-        (sh, sw), ws = self.spec.stride, slab_shape(self.spec)[1]
-        return sh * sw * self.slab_rows * ws
+        """Elements of one channel's slab: its stride phase planes of band_rows x Ws."""
+        (sh, sw), ws = self.spec.stride, self.slab_shape[1]
+        return sh * sw * self.band_rows * ws
 
     def explain(self):
         s, m = self.spec, self.machine
-        hs, ws = slab_shape(s)
+        hs, ws = self.slab_shape
         ds = s.itemsize
         fill = self.nc * self.channel_elements * ds
         lines = [
@@ -82,12 +91,12 @@ class DepthwisePlan:
             f"  machine: {m}",
             f"  kernel: blocks of {self.vectors} vectors of {self.lanes} lanes along the virtual "
             f"rows of a slab ({s.stride[0] * s.stride[1]} phase plane(s) of {hs} x {ws} per "
-            f"channel){_forced(self, 'vectors')}",
-            f"  fill: {self.nc} channel(s) x {self.slab_rows} slab rows ({self.band} output rows "
+            f"channel){forced_note(self, 'vectors')}",
+            f"  fill: {self.nc} channel(s) x {self.band_rows} slab rows ({self.band} output rows "
             f"of {s.p}, {self.bands} band(s)) = {fill} B vs {SLAB_FILL}*L1 = "
-            f"{int(SLAB_FILL * m.l1d)}{_forced(self, 'nc', 'band')}",
+            f"{int(SLAB_FILL * m.l1d)}{forced_note(self, 'nc', 'band')}",
             f"  threads: {self.threads}, the {self.units} (image, channel, band) units in "
-            f"{self.split[0]} part(s){_forced(self, 'split')}",
+            f"{self.split[0]} part(s){forced_note(self, 'split')}",
             f"  plan: {self.origin or 'from the model'}",
         ]
         return "\n".join(lines)

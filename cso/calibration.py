@@ -4,8 +4,8 @@ The first plan made for a kernel ISA on a CPU measures, in about 1-2 s:
 
 - the FMA peak (independent chains) and the FMA latency (one chain): their ratio is the FMAs
   a tile must keep in flight (latency x pipes), which the register-blocking model uses;
-- the speed of each candidate micro-tile in each kernel variant (``csa.plan.
-  calibration_candidates``: the tiles the rules pick from the model and their neighbours), as
+- the speed of each candidate micro-tile in each kernel variant
+  (``csa.register_blocking.calibration_candidates``: the tiles the rules pick from the model and their neighbours), as
   a fraction of that peak: the rules then choose only among tiles measured fast;
 - the read bandwidth of each cache level and of memory, and the cost of handing parts to the
   pool's workers, awake (back-to-back calls) and asleep: shown beside the plans, for reading
@@ -62,7 +62,7 @@ def calibrated_machine(isa_name):
     if not enabled():
         return machine
     found = calibration(isa_name)
-    speeds = [(slab, csa.plan.TILE_VECTORS, int(b), speed)
+    speeds = [(slab, csa.register_blocking.TILE_VECTORS, int(b), speed)
               for slab, tiles in found["kernels"].items() for b, speed in tiles.items()]
     return machine.with_(tuning=machine.tuning.calibrated(
         found["fma_in_flight"], sorted(speeds), f"{found['cpu']}, calibrated {found['date']}"))
@@ -91,8 +91,8 @@ def measure(machine, isa_name):
     peak, _ = probe.fma_peak(1 << 24, isa)
     chain, _ = probe.fma_peak(1 << 22, isa, chains=1)
     kernels = {}
-    for slab, counts in csa.plan.calibration_candidates(machine).items():
-        kernels[slab] = {b: round(_tile_gflops(KernelSpec("f32", b, csa.plan.TILE_VECTORS
+    for slab, counts in csa.register_blocking.calibration_candidates(machine).items():
+        kernels[slab] = {b: round(_tile_gflops(KernelSpec("f32", b, csa.register_blocking.TILE_VECTORS
                                                           * isa.lanes(4), isa_name, slab))
                                   / peak, 3) for b in counts}
     return {
@@ -172,7 +172,7 @@ def describe(record):
         f"{record['cpu']}, {record['isa']}: measured {record['date']} in {record['seconds']} s",
         f"FMA peak {record['fma_gflops']} GFLOP/s on one core; {record['fma_in_flight']} "
         "independent FMAs reach it (latency x pipes)",
-        f"micro-tiles of {csa.plan.TILE_VECTORS} vectors by b broadcasts, % of that peak: "
+        f"micro-tiles of {csa.register_blocking.TILE_VECTORS} vectors by b broadcasts, % of that peak: "
         f"{tiles}",
         "read bandwidth GB/s: " + ", ".join(f"{k} {v}" for k, v in record["read_gbs"].items()),
         "hand-off of a second part: " + ("one CPU" if handoff_us is None else

@@ -10,18 +10,17 @@ the slicing loop nest, the kernel and the row copies are called through their ad
 """
 import numpy as np
 
-from csa.plan import slab_planes, slab_shape
 from microkernels import DepthwiseSpec, depthwise, row_copy
 from microkernels.jit import native_function
 from microkernels.spec import DTYPES, short_dtype
 from packing import row_copier
 from packing.inputs import define_fill_slab
 
-from .entry import EntryCode
-from .lowering import ALL_PHASES, KERNEL, PACK, define_slab_rows
+from .entry import EntryCode, Geom
+from .lowering import ALL_PHASES, KERNEL, PACK, define_slab_offsets
 
-GEOM_FIELDS = ("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q", "P", "M", "nc", "band", "Hb",
-               "Hs", "Ws", "planes", "epilogue", "phases", "fill_width", "kernel", "copy_rows")
+GEOM = Geom("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q", "P", "M", "nc", "band", "Hb", "Hs",
+            "Ws", "planes", "epilogue", "phases", "fill_width", "kernel", "copy_rows")
 # vectors per row run the slab filler moves at once: a slab row's width, up to this many (a
 # call per run and channel costs more than its few vectors on small planes: 3x3 96 channels of
 # 165x165 at stride 2 filled in 2.43 ms with runs of 1 vector, 1.36 ms of 4; planes of 11
@@ -33,16 +32,15 @@ def geometry(plan, kspec, epilogue_flags):
     """The ``geom`` vector for ``plan`` around depthwise kernel ``kspec``, compiling the
     functions it calls on first use."""
     s = plan.spec
-    hs, ws = slab_shape(s)
+    hs, ws = plan.slab_shape
     fill_width = kspec.lanes * min(MAX_FILL_VECTORS, -(-ws // kspec.lanes))
-    values = dict(R=s.r, S=s.s, sh=s.stride[0], sw=s.stride[1], dh=s.dilation[0],
-                  dw=s.dilation[1], pt=s.padding[0], pl=s.padding[2], Q=s.q, P=s.p,
-                  M=s.k_per_group, nc=plan.nc, band=plan.band, Hb=plan.slab_rows, Hs=hs, Ws=ws,
-                  planes=slab_planes(s), epilogue=epilogue_flags, phases=ALL_PHASES,
-                  fill_width=fill_width,
-                  kernel=native_function(depthwise.define_depthwise, kspec).address,
-                  copy_rows=row_copier(kspec, fill_width))
-    return np.array([values[f] for f in GEOM_FIELDS], dtype=np.int64)
+    return GEOM.pack(
+        R=s.r, S=s.s, sh=s.stride[0], sw=s.stride[1], dh=s.dilation[0], dw=s.dilation[1],
+        pt=s.padding[0], pl=s.padding[2], Q=s.q, P=s.p, M=s.k_per_group, nc=plan.nc,
+        band=plan.band, Hb=plan.band_rows, Hs=hs, Ws=ws, planes=plan.slab_planes,
+        epilogue=epilogue_flags, phases=ALL_PHASES, fill_width=fill_width,
+        kernel=native_function(depthwise.define_depthwise, kspec).address,
+        copy_rows=row_copier(kspec, fill_width))
 
 
 def kernel_spec(plan, isa):
@@ -84,17 +82,19 @@ def define_depthwise_loop_nest(module, dtype):
     kernel ``geom`` names (``geometry``), computing the units part[0] .. part[1]-1;
     ``weights`` holds each output channel's R*S weights in a row (``packing.pack_filters``
     with one filter per tile)."""
-    code = EntryCode(module, f"depthwise_loop_nest_{dtype}", GEOM_FIELDS)
+    code = EntryCode(module, f"depthwise_loop_nest_{dtype}", GEOM)
     item = DTYPES[dtype].itemsize
-    R, S, sh, sw, dh, dw, pt, pl, Q, P, M, nc_max, band, Hb, Hs, Ws, planes, epilogue, phases = (
-        code.geom(*GEOM_FIELDS[:19]))
+    R, S, sh, sw, dh, dw, pt, pl, Q, P = code.geom("R", "S", "sh", "sw", "dh", "dw", "pt", "pl",
+                                                   "Q", "P")
+    M, nc_max, band, Hb, Hs, Ws, planes = code.geom("M", "nc", "band", "Hb", "Hs", "Ws", "planes")
+    epilogue, phases = code.geom("epilogue", "phases")
     fill_width, ukernel, copy_rows = code.geom("fill_width", "kernel", "copy_rows")
     x_addr, C, H, W, w_addr, bias_addr, out_addr, K = (
         code.call_arg(a) for a in ("x", "c", "h", "w", "weights", "bias", "out", "out_k"))
     scratch_addr, offsets = code.workspace("scratch", item), code.workspace("rows", 8)
     first, end = code.part_field(0), code.part_field(1)
     taps = R * S
-    code.call(define_slab_rows(module), offsets, 1, R, S, sh, sw, dh, dw, Hb, Ws)
+    code.call(define_slab_offsets(module), offsets, 1, R, S, sh, sw, dh, dw, Hb, Ws)
     channel = sh * sw * Hb * Ws
     # the tail the last vectors read past the slabs
     code.zero(scratch_addr + nc_max * channel * item,

@@ -5,6 +5,8 @@ A loop nest (``lowering``, ``depthwise``) is generated as this entry (``microker
 ``prepared.Prepared.run`` and shared by the call's parts; ``part`` picks the part's row of
 ``parts`` and of each workspace. The loop nest's ``geom`` vector is read by field name.
 """
+import numpy as np
+
 from microkernels.loop_ir import LoopCode
 
 # a call's arguments, one int64 word each: the arrays' addresses, the input's shape and the
@@ -14,15 +16,36 @@ CALL_ARGS = ("x", "n", "c", "h", "w", "weights", "bias", "out", "out_k", "geom",
 PART_WORDS = 4   # a ``parts`` row: first window tile (unit), end, first filter tile, end
 
 
-class EntryCode(LoopCode):
-    """The C entry ``name`` being generated: ``call_arg``, ``geom`` (by the names
-    ``geom_fields`` gives the vector's positions), ``part_field`` and ``workspace`` read the
-    call's arguments, once, at the entry."""
+class Geom:
+    """The named int64 fields of a loop nest's ``geom`` vector, the one place their order is
+    fixed: ``pack`` writes the vector by name, ``EntryCode.geom`` reads it by name."""
 
-    def __init__(self, module, name, geom_fields):
+    def __init__(self, *fields):
+        if len(set(fields)) != len(fields):
+            raise ValueError(f"geom fields repeat: {fields}")
+        self.fields = fields
+
+    def index(self, name):
+        return self.fields.index(name)
+
+    def pack(self, **values):
+        """The vector of ``values``, one per field (ValueError naming the fields missing or
+        unknown; OverflowError for a value int64 cannot hold)."""
+        missing, unknown = set(self.fields) - set(values), set(values) - set(self.fields)
+        if missing or unknown:
+            raise ValueError(f"geom: missing fields {sorted(missing)}, unknown {sorted(unknown)}")
+        return np.array([int(values[f]) for f in self.fields], dtype=np.int64)
+
+
+class EntryCode(LoopCode):
+    """The C entry ``name`` being generated: ``call_arg``, ``geom`` (the fields of ``layout``,
+    a ``Geom``, by name), ``part_field`` and ``workspace`` read the call's arguments, once, at
+    the entry."""
+
+    def __init__(self, module, name, layout):
         super().__init__(module, name, ("args", "part"), pointer_args=("args",))
         geom = self.call_arg("geom")
-        self._geom = {f: self.load(geom, i) for i, f in enumerate(geom_fields)}
+        self._geom = {f: self.load(geom, i) for i, f in enumerate(layout.fields)}
 
     def call_arg(self, name):
         return self.load(self.arg("args"), CALL_ARGS.index(name))

@@ -12,8 +12,6 @@ from dataclasses import replace
 
 import numpy as np
 
-from csa.plan import (reads_input_unpacked, slab_band_rows, slab_planes, slab_shape,
-                      window_positions, window_units)
 from microkernels import ACCUMULATE, KernelSpec, ir_gen, row_copy, transpose
 from microkernels.jit import native_function
 from microkernels.loop_ir import LoopCode
@@ -21,16 +19,15 @@ from microkernels.spec import DTYPES
 from packing import row_copier, tile_copiers
 from packing.inputs import define_fill_slab, define_pack_input_tile
 
-from .entry import PART_WORDS, EntryCode
+from .entry import PART_WORDS, EntryCode, Geom
 
-# Layout of the int64 ``geom`` vector passed to the loop nest: the first nine entries are the
-# window geometry the input packer reads; the last ones the micro-tile (nwin windows x nf
-# filters), its kind and the addresses of the functions the loop nest calls.
-GEOM_FIELDS = ("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q",
-               "P", "groups", "Cg", "Kg", "nc", "k2", "k3", "is_input_stationary", "epilogue",
-               "unpacked", "phases", "Hs", "Ws", "windows", "slots", "band", "Hb", "planes",
-               "row_tiles", "nwin", "nf", "lanes", "slab", "direct", "filters_in_vectors",
-               "kernel", "transpose", "copy_rows", "copy_taps", "slab_run", "tail_kernel")
+# the loop nest's ``geom``: the convolution's shape, the plan's tiling and the geometry it
+# implies, and the addresses of the functions the loop nest calls
+GEOM = Geom("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q", "P", "groups", "Cg", "Kg", "nc",
+            "k2", "k3", "is_input_stationary", "epilogue", "unpacked", "phases", "Hs", "Ws",
+            "windows", "slots", "band", "Hb", "planes", "row_tiles", "nwin", "nf", "lanes",
+            "slab", "direct", "filters_in_vectors", "kernel", "transpose", "copy_rows",
+            "copy_taps", "fill_width", "tail_kernel")
 
 # The loop nest's phases (geom "phases"): a call runs all of them; the benchmark's time
 # breakdown runs some alone on the same tiles (ConvBench's packing / micro-kernel / post-conv).
@@ -43,30 +40,28 @@ def geometry(plan, kspec, epilogue_flags):
     compiling the functions it calls on first use; ``epilogue_flags`` (BIAS | RELU) apply on
     the last channel tile (with filters in vectors, in the transposing pass)."""
     s = plan.spec
-    hs, ws = slab_shape(s)
+    hs, ws = plan.slab_shape
     filters_in_vectors = plan.vector == "filters"
     # a slab is filled in runs of the kernel's vector width (whole vectors stored: a direct
     # tile's few windows made every store a masked one, microcoded on AMD), tiles per window
-    slab_run = kspec.nwin
-    copy_rows, copy_taps = ((row_copier(kspec, slab_run), 0) if plan.slab
+    fill_width = kspec.nwin
+    copy_rows, copy_taps = ((row_copier(kspec, fill_width), 0) if plan.slab
                             else tile_copiers(kspec, plan.nwin, s.s, s.stride[1], s.dilation[1]))
-    unpacked = reads_input_unpacked(s, plan.vector, plan.machine.tuning)
-    values = dict(Hs=hs, Ws=ws, windows=window_positions(s, plan.slab), slots=scratch_tiles(plan),
-                  band=plan.band, Hb=slab_band_rows(s, plan.nwin, plan.band, plan.row_tiles),
-                  planes=slab_planes(s), row_tiles=plan.row_tiles,
-                  R=s.r, S=s.s, sh=s.stride[0], sw=s.stride[1], dh=s.dilation[0], dw=s.dilation[1],
-                  pt=s.padding[0], pl=s.padding[2], Q=s.q, P=s.p, groups=s.groups,
-                  Cg=s.c_per_group, Kg=s.k_per_group, nc=plan.nc, k2=plan.k2, k3=plan.k3,
-                  is_input_stationary=int(plan.schedule == "IS"), epilogue=epilogue_flags,
-                  unpacked=int(unpacked), phases=ALL_PHASES,
-                  nwin=plan.nwin, nf=plan.nf, lanes=kspec.lanes, slab=int(plan.slab),
-                  direct=int(kspec.slab == "broadcast"), filters_in_vectors=int(filters_in_vectors),
-                  kernel=native_function(ir_gen.define_kernel, kspec).address,
-                  transpose=(native_function(transpose.define_transpose, kspec).address
-                             if filters_in_vectors else 0),
-                  copy_rows=copy_rows, copy_taps=copy_taps, slab_run=slab_run,
-                  tail_kernel=tail_kernel(plan, kspec))
-    return np.array([values[f] for f in GEOM_FIELDS], dtype=np.int64)
+    return GEOM.pack(
+        R=s.r, S=s.s, sh=s.stride[0], sw=s.stride[1], dh=s.dilation[0], dw=s.dilation[1],
+        pt=s.padding[0], pl=s.padding[2], Q=s.q, P=s.p, groups=s.groups, Cg=s.c_per_group,
+        Kg=s.k_per_group, nc=plan.nc, k2=plan.k2, k3=plan.k3,
+        is_input_stationary=plan.schedule == "IS", epilogue=epilogue_flags,
+        unpacked=plan.reads_input_unpacked, phases=ALL_PHASES, Hs=hs, Ws=ws,
+        windows=plan.window_positions, slots=scratch_tiles(plan), band=plan.band,
+        Hb=plan.band_rows, planes=plan.slab_planes, row_tiles=plan.row_tiles, nwin=plan.nwin,
+        nf=plan.nf, lanes=kspec.lanes, slab=plan.slab, direct=plan.direct,
+        filters_in_vectors=filters_in_vectors,
+        kernel=native_function(ir_gen.define_kernel, kspec).address,
+        transpose=(native_function(transpose.define_transpose, kspec).address
+                   if filters_in_vectors else 0),
+        copy_rows=copy_rows, copy_taps=copy_taps, fill_width=fill_width,
+        tail_kernel=tail_kernel(plan, kspec))
 
 
 def tail_kernel(plan, kspec):
@@ -90,16 +85,14 @@ def scratch_tiles(plan):
 
 
 def scratch_elements(plan):
-    """The packed tiles, or a slab: one channel tile's padded planes, the rows of one output
-    band (``csa.plan.slab_band_rows``), and a tail a row and a tile long (a band's last tile
-    reads up to a tile past its last window, its padding columns a row further); then the
-    slack the packers' blended stores may rewrite (``row_copy.SCRATCH_SLACK``)."""
+    """The packed tiles, or a slab: one band's (``plan.band_buffers``) and a tail a row and a
+    tile long (a band's last tile reads up to a tile past its last window, its padding columns
+    a row further); then the slack the packers' blended stores may rewrite
+    (``row_copy.SCRATCH_SLACK``)."""
     s = plan.spec
     slack = row_copy.SCRATCH_SLACK // s.itemsize
     if plan.slab:
-        ws = slab_shape(s)[1]
-        hb = slab_band_rows(s, plan.nwin, plan.band, plan.row_tiles)
-        return plan.nc * s.stride[0] * s.stride[1] * hb * ws + ws + plan.nwin + slack
+        return plan.band_buffers[0] + plan.slab_shape[1] + plan.nwin + slack
     return scratch_tiles(plan) * plan.nwin * plan.nc * s.r * s.s + slack
 
 
@@ -113,14 +106,14 @@ def kernel_spec(plan, isa):
     return KernelSpec.for_dtype(plan.spec.dtype, broadcast, vector, isa, slab)
 
 
-def define_slab_rows(module):
-    """``slab_rows(rows, nc, R, S, sh, sw, dh, dw, Hs, Ws)`` in ``module`` (defined once):
+def define_slab_offsets(module):
+    """``slab_offsets(rows, nc, R, S, sh, sw, dh, dw, Hs, Ws)`` in ``module`` (defined once):
     the offsets of the kernel's rows (c, r, s) on a slab of sh*sw phase planes of Hs x Ws per
     channel, written as int64 at address ``rows``: tap (r, s) reads plane (r*dh % sh,
     s*dw % sw) shifted by (r*dh // sh, s*dw // sw)."""
-    if "slab_rows" in module.globals:
-        return module.globals["slab_rows"]
-    code = LoopCode(module, "slab_rows", ("rows", "nc", "R", "S", "sh", "sw", "dh", "dw", "Hs",
+    if "slab_offsets" in module.globals:
+        return module.globals["slab_offsets"]
+    code = LoopCode(module, "slab_offsets", ("rows", "nc", "R", "S", "sh", "sw", "dh", "dw", "Hs",
                                           "Ws"), internal=True)
     rows, nc, R, S, sh, sw, dh, dw, Hs, Ws = code.args(*code.arg_names)
     plane = Hs * Ws
@@ -156,9 +149,9 @@ def define_conv_loop_nest(module, dtype):
 
     A slab kernel packs no tiles: per output band, each channel tile's rows that the band reads
     are copied once, zero-padded and split into stride phases, into ``scratch`` (planes of
-    Hb x Ws, see ``csa.plan.slab_shape`` and ``slab_band_rows``); the output rows lie on the
+    Hb x Ws, see ``csa.layout.slab_shape`` and ``slab_band_rows``); the output rows lie on the
     Hs x Ws phase planes (the last Ws - Q columns padding), and the kernel reads its row
-    (c, r, s) in place at the offset ``slab_rows`` gives from the band's first slab row. With
+    (c, r, s) in place at the offset ``slab_offsets`` gives from the band's first slab row. With
     windows in vectors a window tile is NWIN consecutive positions on the planes (straddling
     rows); in a direct plan (filters in vectors, a ``"broadcast"`` slab kernel) it is at most
     NWIN consecutive windows of one output row, ``row_tiles`` tiles to a row, each window
@@ -166,17 +159,18 @@ def define_conv_loop_nest(module, dtype):
 
     Output bands (``band`` window tiles): every channel tile of a band runs before the next
     band, so that the band's partial outputs stay in L2; the IS / WS blocks lie within a band."""
-    code = EntryCode(module, f"conv_loop_nest_{dtype}", GEOM_FIELDS)
+    code = EntryCode(module, f"conv_loop_nest_{dtype}", GEOM)
     item = DTYPES[dtype].itemsize
     pack = define_pack_input_tile(module, dtype)
-    R, S, sh, sw, dh, dw, pt, pl, Q, P = code.geom(*GEOM_FIELDS[:10])
+    R, S, sh, sw, dh, dw, pt, pl, Q, P = code.geom("R", "S", "sh", "sw", "dh", "dw", "pt", "pl",
+                                                   "Q", "P")
     G, Cg, Kg, nc_max, k2, k3 = code.geom("groups", "Cg", "Kg", "nc", "k2", "k3")
     epilogue, phases = code.geom("epilogue", "phases")
     Hs, Ws, windows, slots = code.geom("Hs", "Ws", "windows", "slots")  # slab planes: slab only
     band, Hb = code.geom("band", "Hb")   # window tiles per output band; slab rows a band holds
     planes = code.geom("planes")         # bit mask of the slab phase planes the taps read
     row_tiles = code.geom("row_tiles")   # window tiles per output row (direct only)
-    NWIN, NF, LANES, slab_run = code.geom("nwin", "nf", "lanes", "slab_run")
+    NWIN, NF, LANES, fill_width = code.geom("nwin", "nf", "lanes", "fill_width")
     ukernel, tail_kernel = code.geom("kernel", "tail_kernel")   # tail: a direct row's short tile
     transpose_block, copy_rows, copy_taps = code.geom("transpose", "copy_rows", "copy_taps")
     input_stationary, unpacked, slab, direct, filters_in_vectors = (
@@ -192,7 +186,7 @@ def define_conv_loop_nest(module, dtype):
     # ``rows``: the slab kernel's row offsets (``rows_elements``); past the slab, the tail the
     # last tile reads past its end zeroed
     with code.if_(slab):
-        code.call(define_slab_rows(module), rows_addr, nc_max, R, S, sh, sw, dh, dw, Hb, Ws)
+        code.call(define_slab_offsets(module), rows_addr, nc_max, R, S, sh, sw, dh, dw, Hb, Ws)
         slab_end = nc_max * sh * sw * Hb * Ws
         code.zero(scratch_addr + slab_end * item,
                   (code.call_arg("scratch_row") - slab_end) * item)
@@ -239,7 +233,7 @@ def define_conv_loop_nest(module, dtype):
                         code.call(define_fill_slab(module, dtype), x_addr, C, H, W, n,
                                   g * Cg + c0, nc, sh, sw, Hb, Ws, row0,
                                   code.min(Hb, Hs - row0), pt, pl, planes, scratch_addr,
-                                  slab_run, copy_rows)
+                                  fill_width, copy_rows)
                     with code.range(outer_lo, outer_hi, outer_step) as outer:
                         with code.range(inner_lo, inner_hi, inner_step) as inner:
                             wb = code.choose(input_stationary, outer, inner)
@@ -341,18 +335,15 @@ def rows_elements(plan):
 
 
 def out_t_elements(plan):
-    """With filters in vectors, the transposed output of one band (at most band*Nwin windows
-    of K filters), else none."""
-    spec = plan.spec
-    return min(spec.p * spec.q, plan.band * plan.nwin) * spec.k if plan.vector == "filters" else 0
+    """With filters in vectors, the transposed output of one band, else none."""
+    return plan.band_buffers[1]
 
 
 def output_parts(plan):
     """The plan's output parts (``split``: window parts x filter parts) as the loop nest's
     ``part`` vectors: window tiles over all images in near-equal runs of whole units (output
     rows for a direct plan, else tiles), filter tiles in near-equal runs."""
-    spec = plan.spec
-    units = window_units(spec, plan.nwin, plan.slab, plan.vector)
+    units = plan.window_units
     per_unit = plan.row_tiles or 1
     a, b = plan.split
     return np.array([(units * i // a * per_unit, units * (i + 1) // a * per_unit,

@@ -74,7 +74,7 @@ class Prepared:
         self.kernel = lowering.kernel_spec(plan, isa)
         self.entry = part_entry(lowering.loop_nest(plan), np.dtype(plan.spec.dtype))
         self.geom = lowering.geometry(plan, self.kernel, epilogue_flags)
-        self.phases_at = lowering.GEOM_FIELDS.index("phases")
+        self.phases_at = lowering.GEOM.index("phases")
         self.parts = lowering.output_parts(plan)
         self._template = None   # see _arguments
         self.scratch_elements = lowering.scratch_elements(plan)

@@ -117,7 +117,7 @@ def define_fill_slab(module, dtype):
     ``dst`` as the slab a slab micro-kernel reads in place: per channel, sh*sw phase planes of
     Hb x Ws holding rows row0 .. row0+rows-1 (rows <= Hb) of the full planes, whose plane
     (a, b) row i column j holds the input at row sh*i + a - pt, column sw*j + b - pl, or zero
-    outside it (see ``csa.plan.slab_shape``); only the planes in the bit mask ``planes`` (bit
+    outside it (see ``csa.layout.slab_shape``); only the planes in the bit mask ``planes`` (bit
     a*sw + b; -1: all) are filled. Each input value is read once per fill. ``run``-wide runs
     of a plane row move per call of the ``copy_rows`` at address ``copy_rows`` (see
     ``row_copier``), for all nc channels, or, when there are more rows than channels, down all

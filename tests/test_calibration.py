@@ -48,7 +48,7 @@ def test_the_record_holds_plausible_measurements(first):
     assert record["isa"] == default_isa().name and record["version"] == calibration.VERSION
     assert 1 < record["fma_gflops"] < 10_000 and 1 <= record["fma_in_flight"] <= 64
     machine = calibration.model_machine(record["isa"])
-    candidates = csa.plan.calibration_candidates(machine)
+    candidates = csa.register_blocking.calibration_candidates(machine)
     assert {slab: sorted(int(b) for b in speeds) for slab, speeds in record["kernels"].items()} \
         == candidates
     for speeds in record["kernels"].values():
@@ -70,7 +70,7 @@ def test_plans_read_the_record(first):
     measured = {(slab, int(b), s) for slab, by_b in record["kernels"].items()
                 for b, s in by_b.items()}
     assert {(slab, b, s) for slab, vectors, b, s in found["speeds"]} == measured
-    assert all(vectors == csa.plan.TILE_VECTORS for _, vectors, _, _ in found["speeds"])
+    assert all(vectors == csa.register_blocking.TILE_VECTORS for _, vectors, _, _ in found["speeds"])
 
 
 def test_a_later_process_loads_the_record(first):

@@ -376,7 +376,7 @@ def test_unpadded_1x1_reads_its_input_in_place_with_windows_in_vectors(rng, vect
     """Windows in vectors: full window tiles of an unpadded stride-1 1x1 are the input rows
     themselves (no packing; the plane's last partial tile is packed). With filters in vectors
     the broadcast windows are packed. Both match the reference, on several images."""
-    from cso.lowering import GEOM_FIELDS
+    from cso.lowering import GEOM
     x = rng.standard_normal((3, 20, 9, 11)).astype(np.float32)     # 99 windows: 3 full tiles + 3
     w = rng.standard_normal((24, 20, 1, 1)).astype(np.float32)
     b = rng.standard_normal(24).astype(np.float32)
@@ -384,4 +384,4 @@ def test_unpadded_1x1_reads_its_input_in_place_with_windows_in_vectors(rng, vect
     out = conv(x)
     assert_conv_close(out, x, w, b, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1)
     prepared = conv._prepared(x.shape, x.dtype, cso.get_num_threads())
-    assert prepared.geom[GEOM_FIELDS.index("unpacked")] == (vector == "windows")
+    assert prepared.geom[GEOM.index("unpacked")] == (vector == "windows")

@@ -51,21 +51,21 @@ def test_register_blocking_per_orientation():
     # direct: the window counts and relative speeds each record measured in loop nests
     for q, avx512, avx2 in ((56, 14, 6), (28, 14, 6), (14, 14, 5), (7, 7, 4), (35, 7, 6)):
         spec = ConvSpec(1, 64, q, q, 64, 3, 3, padding=(1, 1, 1, 1))
-        assert csa.plan.direct_windows(spec, AVX512) == avx512, q
-        assert csa.plan.direct_windows(spec, AVX2) == avx2, q
+        assert csa.register_blocking.direct_windows(spec, AVX512) == avx512, q
+        assert csa.register_blocking.direct_windows(spec, AVX2) == avx2, q
 
 
 def calibrated(machine, speeds, fma_in_flight=8):
     """``machine`` as a calibration measuring ``speeds`` {slab: {broadcasts: fraction}} makes it."""
-    measured = [(slab, csa.plan.TILE_VECTORS, b, e) for slab, by_b in speeds.items()
+    measured = [(slab, csa.register_blocking.TILE_VECTORS, b, e) for slab, by_b in speeds.items()
                 for b, e in by_b.items()]
     return machine.with_(tuning=machine.tuning.calibrated(fma_in_flight, measured, "test CPU"))
 
 
 def test_calibration_candidates_are_the_rules_picks_and_their_neighbours():
-    assert csa.plan.calibration_candidates(AVX2) == {"": [4, 5, 6], "vector": [5, 6],
+    assert csa.register_blocking.calibration_candidates(AVX2) == {"": [4, 5, 6], "vector": [5, 6],
                                                      "broadcast": [3, 4, 5, 6]}
-    assert csa.plan.calibration_candidates(AVX512) == {"": [6, 7, 8, 9], "vector": [7, 8, 9],
+    assert csa.register_blocking.calibration_candidates(AVX512) == {"": [6, 7, 8, 9], "vector": [7, 8, 9],
                                                        "broadcast": [6, 7, 8, 13, 14, 15]}
 
 
@@ -76,7 +76,7 @@ def test_calibration_confirming_the_model_changes_no_tile():
     assert csa.filter_vector_tile(agree, 4, 49) == (5, 16)
     assert csa.filter_vector_tile(agree, 4, 196) == (6, 16)
     spec = ConvSpec(1, 64, 56, 56, 64, 3, 3, padding=(1, 1, 1, 1))
-    assert csa.plan.direct_windows(spec, agree) == 6
+    assert csa.register_blocking.direct_windows(spec, agree) == 6
     assert agree.tuning.calibration == "test CPU" and "test CPU" in str(agree)
 
 
@@ -319,7 +319,7 @@ def test_parse_size():
 
 def test_unpacked_1x1_only_where_channel_rows_spread_over_l1_sets():
     def unpacked(name, vector="windows", tuning=csa.tuning.AVX512):
-        return csa.plan.reads_input_unpacked(ConvSpec.parse(name), vector, tuning)
+        return csa.variants.reads_input_unpacked(ConvSpec.parse(name), vector, tuning)
     assert unpacked("n1c64h56w56k256r1s1p0u1")
     assert unpacked("n1c128h16w16k512r1s1p0u1")   # 4 sets
     for aliased in ("n1c256h64w64k512r1s1p0u1", "n1c256h32w32k256r1s1p0u1",
@@ -373,13 +373,13 @@ def test_vectors_along_the_filters_where_they_waste_fewer_lanes_than_the_transpo
 
 
 def test_slab_planes_the_taps_read():
-    assert csa.plan.slab_planes(ConvSpec.parse("n1c8h20w20k8r3s3p1u2")) == 0b1111
-    assert csa.plan.slab_planes(ConvSpec.parse("n1c8h20w20k8r1s1p0u2")) == 0b0001
-    assert csa.plan.slab_planes(ConvSpec.parse("n1c8h20w20k8r3s3p1u1")) == 0b1
+    assert csa.layout.slab_planes(ConvSpec.parse("n1c8h20w20k8r3s3p1u2")) == 0b1111
+    assert csa.layout.slab_planes(ConvSpec.parse("n1c8h20w20k8r1s1p0u2")) == 0b0001
+    assert csa.layout.slab_planes(ConvSpec.parse("n1c8h20w20k8r3s3p1u1")) == 0b1
     # stride (1, 2), 1 x 3 filter dilated by 2 along the width: columns 0, 2, 4 are all even
     dilated = ConvSpec(1, 8, 20, 20, 8, 1, 3, stride=(1, 2), dilation=(1, 2))
-    assert csa.plan.slab_planes(dilated) == 0b01
-    assert csa.plan.slab_planes(ConvSpec.parse("n1c3h224w224k8r16s16p0u16")) == -1   # 256 planes
+    assert csa.layout.slab_planes(dilated) == 0b01
+    assert csa.layout.slab_planes(ConvSpec.parse("n1c3h224w224k8r16s16p0u16")) == -1   # 256 planes
 
 
 def test_direct_where_it_applies():

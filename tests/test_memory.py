@@ -35,7 +35,7 @@ def workspace_bytes(conv, shape, threads):
 @pytest.mark.parametrize("name", sorted(LARGE))
 def test_workspace_is_bounded_by_the_tiles(name, threads):
     """Planned, not run: each part's workspace is its slab or transposed output band, within
-    its thread's share of L3, and its packed tiles, within it too (``csa.plan.blocking``),
+    its thread's share of L3, and its packed tiles, within it too (``csa.blocking.blocking``),
     whatever the plane."""
     shape, weight_shape, kwargs = LARGE[name]
     conv = cso.Conv2d(np.ones(weight_shape, np.float32), **kwargs)

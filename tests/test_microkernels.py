@@ -280,7 +280,7 @@ def test_neon_kernels_compile_for_aarch64(dtype, itemsize, suffix):
     neon = csa.Machine(vector_bytes=16, vector_registers=32, tuning=csa.tuning.NEON)
     nwin, nf = csa.microtile(neon, itemsize)
     windows, filters = csa.filter_vector_tile(neon, itemsize, 49)
-    direct = csa.plan.direct_windows(csa.ConvSpec(1, 64, 56, 56, 64, 3, 3), neon)
+    direct = csa.register_blocking.direct_windows(csa.ConvSpec(1, 64, 56, 56, 64, 3, 3), neon)
     specs = [mk.KernelSpec(dtype, nf, nwin, "neon"), mk.KernelSpec(dtype, nf, nwin, "neon", "vector"),
              mk.KernelSpec(dtype, windows, filters, "neon"),
              mk.KernelSpec(dtype, direct, filters, "neon", "broadcast")]

@@ -1,0 +1,148 @@
+"""Cache blocking and its cost model: the channel tile Nc (L1), the K2 / K3 blocks of tiles
+(L2 / L3) of each schedule, and the cache-line loads each costs.
+
+Symbols (after SConv, Ferrari et al., ACM TACO 2023): C_g = channels per group, K_g = filters per
+group, R x S filter, P x Q output, ds bytes per element, micro-tile Nwin windows x Nf filters.
+Footprints of packed tiles: |IN| = Nwin*R*S*Nc*ds, |W| = Nf*R*S*Nc*ds, |OUT| = Nwin*Nf*ds.
+"""
+from math import ceil
+
+SCHEDULES = ("IS", "WS")
+CACHE_FILL = 0.9  # fraction of each cache level a tile set may occupy
+OUTPUT_BAND_FILL = 0.25  # share of L2 a band's partial outputs may take (the rest: filters,
+                         # slab rows or packed tiles, the input streaming in; measured best)
+
+
+def tile_footprints(spec, nwin, nf, nc):
+    ds, rs = spec.itemsize, spec.r * spec.s
+    return nwin * rs * nc * ds, nf * rs * nc * ds, nwin * nf * ds
+
+
+def channel_tile(spec, nwin, nf, l1d):
+    """Nc: the fewest channel tiles with Nc*(Nwin+Nf)*R*S*ds + Nwin*Nf*ds <= 0.9*L1 (at least 1
+    channel each), split evenly: a short last tile would cost a whole pass over the partial
+    outputs for a few channels (32 channels as 30 + 2 measured 2% slower than 16 + 16)."""
+    ds, rs = spec.itemsize, spec.r * spec.s
+    room = CACHE_FILL * l1d - nwin * nf * ds
+    return _even_channel_tile(spec, room // ((nwin + nf) * rs * ds))
+
+
+def _even_channel_tile(spec, largest):
+    """The channels of the fewest tiles of at most ``largest`` (at least 1), split evenly."""
+    largest = int(min(spec.c_per_group, max(1, largest)))
+    return ceil(spec.c_per_group / ceil(spec.c_per_group / largest))
+
+
+DIRECT_FILTER_FILL = 0.25   # share of L2 a direct plan's filter tile may take
+
+
+def direct_channel_tile(spec, nf, l2):
+    """Nc of a direct plan: its filter tile streams from L2 (the windows' slab rows, a few
+    hundred bytes per channel, sit in L1), so the fewest channel tiles with
+    Nf*R*S*Nc*ds <= DIRECT_FILTER_FILL*L2, split evenly. Measured on 3x3 256->256 at 56x56 and
+    512->512 at 28x28: Nc from 64 to 256 within 2%; fewer channel tiles read the partial
+    outputs less often."""
+    filter_row = nf * spec.r * spec.s * spec.itemsize   # one channel's share of the tile
+    return _even_channel_tile(spec, DIRECT_FILTER_FILL * l2 // filter_row)
+
+
+def blocking(stationary, streamed, out, streamed_tiles, resident_tiles, machine):
+    """K2 streamed tiles kept in L2 beside one stationary tile, K3 stationary tiles kept in L3
+    beside them: the largest values satisfying (for IS; WS swaps inputs and filters)
+        |IN| + K2*(|W| + |OUT|) <= 0.9*L2,   K3*|IN| + K2*|W| + K2*K3*|OUT| <= 0.9*L3,
+    solved directly rather than by halving, and clamped to [1, tiles]."""
+    k2 = (CACHE_FILL * machine.l2 - stationary) // (streamed + out)
+    k2 = int(min(streamed_tiles, max(1, k2)))
+    k3 = (CACHE_FILL * machine.l3 - k2 * streamed) // (stationary + k2 * out)
+    k3 = int(min(resident_tiles, max(1, k3)))
+    return k2, k3
+
+
+def schedule_costs(spec, machine, nwin, nf, nc, k2, k3, schedule, vector="windows", band=None):
+    """Cache-line loads per level, weighted by latency (streamed L2: bandwidth), for one whole
+    convolution.
+
+    Stationary tiles (inputs for IS with windows in vectors; filters for WS, and for IS with
+    filters in vectors, whose innermost loop walks window tiles past the filter tile) are re-read
+    from L1 by every micro-kernel call after the first of each streamed block, which brings them
+    from L3. Streamed tiles are read by every call except the first of each resident block,
+    which brings them from L3; the rest come from L2 when their block fits there (a streamed
+    tile is read in sequence, so those reads cost bandwidth, ``stream_l2``), else from L3.
+    Compulsory traffic reads the input and filters from memory once. Input packing writes
+    packed tiles once per pass over the filters (IS packs once; WS re-packs once per block of K3
+    filter tiles; a slab's refill of each band's halo rows is not counted). Partial outputs are
+    re-read once per extra channel tile: from L2 when an output band (``band`` window tiles,
+    default all) fits its share of it, else from L3 when the output fits there, else from
+    memory (the blocks lie within a band, so every band reloads its stationary or streamed
+    filter tiles from L3: the terms above count that).
+
+    Output streams: a micro-kernel call writes a tile's rows of C. IS with windows in vectors
+    goes down the rows of its K2 filter tiles in turn; more than OUTPUT_STREAMS rows at least a
+    page apart measured up to 29% slower than WS (prefetchers and TLB), so then every output
+    line written costs an L3 latency more. With filters in vectors consecutive calls write
+    consecutive windows' rows of the transposed output.
+    """
+    line, ds, rs = machine.line, spec.itemsize, spec.r * spec.s
+    images = spec.n * spec.groups
+    t_in = ceil(spec.p * spec.q / nwin)
+    t_w = ceil(spec.k_per_group / nf)
+    t_c = ceil(spec.c_per_group / nc)
+    in_lines = nwin * rs * spec.c_per_group * ds / line   # one window tile over all channel tiles
+    w_lines = nf * rs * spec.c_per_group * ds / line      # one filter tile over all channel tiles
+    calls = t_in * t_w
+    packs = 1 if schedule == "IS" else ceil(t_w / k3)
+    if schedule == "IS" and vector == "windows":
+        stat, strm, t_stat, t_strm = in_lines, w_lines, t_in, t_w
+        strm_block, stat_block = k2, k3
+    else:
+        # filter-stationary terms: IS with filters in vectors keeps the filter tile in L1 while
+        # its K3 window tiles stream past (from L3 when they overflow L2). WS with windows in
+        # vectors runs filter tiles innermost too (lowering), but its K2 window block is modelled
+        # filter-stationary, an approximation measured to pick within 3% of the faster
+        # schedule on 92 of 100 timm convolutions (python -m bench --schedules)
+        stat, strm, t_stat, t_strm = w_lines, in_lines, t_w, t_in
+        strm_block, stat_block = (k2, k3) if schedule == "WS" else (k3, k2)
+    stat_from_l3 = t_stat * ceil(t_strm / strm_block) * stat
+    strm_from_l3 = ceil(t_stat / stat_block) * t_strm * strm
+    strm_in_l2 = strm_block * strm * line / t_c <= CACHE_FILL * machine.l2   # one channel tile's
+    out_lines = spec.k_per_group * spec.p * spec.q * ds / line
+    band = band or t_in
+    out_latency = (machine.latency_l2 if band_fits_l2(spec, nwin, band, machine) else
+                   machine.latency_l3 if out_lines * line * images <= machine.l3 else
+                   machine.latency_mem)
+    raw_in_lines = spec.c_per_group * spec.h * spec.w * ds / line
+    terms = {
+        "stationary L1": (calls * stat - stat_from_l3) * machine.latency_l1,
+        "stationary L3": stat_from_l3 * machine.latency_l3,
+        "streamed L2": (calls * strm - strm_from_l3) * (machine.stream_l2 if strm_in_l2 else
+                                                          machine.latency_l3),
+        "streamed L3": strm_from_l3 * machine.latency_l3,
+        "compulsory mem": (raw_in_lines + t_w * w_lines) * machine.latency_mem,
+        "input packing": packs * (raw_in_lines * machine.latency_l3 + t_in * in_lines * machine.latency_l2),
+        "partial outputs": (t_c - 1) * out_lines * out_latency,
+        "output streams": t_c * out_lines * machine.latency_l3 * _scattered_output(
+            spec, nwin, nf, k2, schedule, vector, machine),
+    }
+    terms = {k: v * images for k, v in terms.items()}
+    terms["total"] = sum(terms.values())
+    return terms
+
+
+def band_fits_l2(spec, nwin, band, machine):
+    """A band's partial outputs (``band`` window tiles x K_g filters) fit the share of L2
+    ``bands.output_band`` sizes them for."""
+    share = OUTPUT_BAND_FILL * CACHE_FILL * machine.l2
+    return band * nwin * spec.k_per_group * spec.itemsize <= share
+
+
+OUTPUT_STREAMS = 16  # output rows written in turn that the hardware still follows
+PAGE = 4096
+
+
+def _scattered_output(spec, nwin, nf, k2, schedule, vector, machine):
+    """1 when the calls of a block write more than OUTPUT_STREAMS C rows a page or more apart
+    (see schedule_costs), else 0."""
+    if vector == "filters":
+        return 0   # consecutive calls write consecutive windows' rows of the transposed output
+    rows = k2 * nf if schedule == "IS" else nf
+    return int(rows > OUTPUT_STREAMS and spec.p * spec.q * spec.itemsize >= PAGE)

@@ -1,0 +1,71 @@
+"""Tile and slab geometry: where a plan's window tiles lie (packed, on a padded slab's stride
+phase planes, or row-aligned for a direct plan), and what a band of them reads. Pure functions of
+the spec and the tile: the planner uses them before a plan exists, the plans expose them as
+properties (``SlicingPlan.slab_shape``, ...) for the lowering."""
+from math import ceil
+
+
+def slab_shape(spec):
+    """(Hs, Ws) of a slab's phase planes. A slab holds each channel's zero-padded input split
+    into stride_h*stride_w phase planes (plane (a, b) = padded rows a, a+sh, ..., columns b,
+    b+sw, ...), so that tap (r, s) of every window is the window's own position on plane
+    (r*dh % sh, s*dw % sw), shifted by (r*dh // sh, s*dw // sw): a stride-1 read for any stride.
+    Its output rows are Ws wide, of which the last dw*(S-1) // sw are padding."""
+    (sh, sw), (dh, dw) = spec.stride, spec.dilation
+    return spec.p + dh * (spec.r - 1) // sh, spec.q + dw * (spec.s - 1) // sw
+
+
+def slab_planes(spec):
+    """Bit mask of the phase planes (bit a*sw + b for plane (a, b)) some tap reads: all of them
+    for a 3x3 stride 2, only plane (0, 0) for a 1x1 stride 2, whose other planes are not filled.
+    -1 (all) when there are more planes than bits (strides of 8 x 8 and more: patch embeddings)."""
+    (sh, sw), (dh, dw) = spec.stride, spec.dilation
+    if sh * sw > 62:
+        return -1
+    return sum({1 << (r * dh % sh * sw + s * dw % sw)
+                for r in range(spec.r) for s in range(spec.s)})
+
+
+def window_positions(spec, slab):
+    """Window positions the tiles cover: P*Q, or on a slab's phase planes every position of
+    the first P-1 virtual rows (Ws wide, padding columns included) and Q of the last."""
+    if not slab:
+        return spec.p * spec.q
+    return (spec.p - 1) * slab_shape(spec)[1] + spec.q
+
+
+def row_tiles(spec, nwin, slab, vector):
+    """Window tiles per output row of a direct plan, whose tiles never span two rows (each
+    broadcast window is a column of the transposed output); 0 for other plans."""
+    return ceil(spec.q / nwin) if slab and vector == "filters" else 0
+
+
+def window_tiles(spec, nwin, slab, vector):
+    """Window tiles per image and group: P rows of row_tiles for a direct plan, else the
+    window positions cut into tiles of ``nwin``."""
+    return spec.p * row_tiles(spec, nwin, slab, vector) or ceil(window_positions(spec, slab) / nwin)
+
+
+def window_units(spec, nwin, slab, vector):
+    """What a window split hands out, over all images: output rows for a direct plan (a slab
+    band starts on a row), else window tiles."""
+    per_image = spec.p if row_tiles(spec, nwin, slab, vector) else window_tiles(spec, nwin, slab,
+                                                                                 vector)
+    return spec.n * per_image
+
+
+def plain_1x1(spec):
+    return (spec.r, spec.s, spec.stride, spec.padding) == (1, 1, (1, 1), (0, 0, 0, 0))
+
+
+def slab_band_rows(spec, nwin, band, row_tiles=0):
+    """Rows of each phase plane a band of ``band`` slab tiles reads: the virtual rows its
+    windows span, starting anywhere in a row (for a direct plan: the output rows of ``band``
+    tiles of ``row_tiles`` per row, starting on a row when ``band`` is whole rows), and the
+    filter's reach below them."""
+    hs, ws = slab_shape(spec)
+    if row_tiles:
+        spans = (band - 1 + (row_tiles - 1 if band % row_tiles else 0)) // row_tiles + 1
+    else:
+        spans = (band * nwin + ws - 2) // ws + 1
+    return min(hs, spans + hs - spec.p)

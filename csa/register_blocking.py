@@ -1,0 +1,84 @@
+"""Register blocking: the micro-tile (windows x filters per kernel call) and its orientation's
+tile shapes, chosen among the tiles the register-blocking model (``csa.tuning``) or the host's
+calibration finds fastest."""
+from math import ceil
+
+from .spec import ConvSpec
+
+
+TILE_VECTORS = 2   # vector rows of a tile: two (little lane waste on small planes; a third
+                   # adds no speed where two reach the peak)
+# the kernel variants (KernelSpec slab modes) each orientation runs: windows in vectors packed
+# or from a slab, filters in vectors packed, direct (windows broadcast from a slab)
+WINDOW_SLABS, FILTER_SLABS, DIRECT_SLABS = ("", "vector"), ("",), ("broadcast",)
+
+
+def microtile(machine, itemsize):
+    """(Nwin, Nf) with windows in vectors: TILE_VECTORS vectors of windows by Nf filters, Nf
+    among the counts the register-blocking model (``csa.tuning``) finds fastest for the
+    machine's core: the largest multiple of 8 among them when there is one (filter counts in
+    real networks are multiples of 8: no padded rows), else the largest (fewest loads per FMA).
+    AVX-512: 8 x 32 floats; AVX2: 6 x 16."""
+    counts = machine.tuning.broadcast_counts(machine.vector_registers, TILE_VECTORS,
+                                             WINDOW_SLABS)
+    nf = max((b for b in counts if b % 8 == 0), default=max(counts))
+    return TILE_VECTORS * machine.vector_bytes // itemsize, nf
+
+
+def filter_vector_tile(machine, itemsize, positions=49):
+    """(windows, filters) when filters are the vector dimension: TILE_VECTORS filter vectors
+    by a window count among those the model finds fastest: 7 when it is among them (planes of
+    real networks are multiples of 7: 7x7, 14x14, 28x28, 56x56), else the one that covers the
+    output plane's ``positions`` fastest (``fastest_windows``, the record's ``filter_windows``).
+    AVX-512: 7 x 32 floats; AVX2: 5 x 16 on a 7x7 plane, 6 x 16 on 14x14 and larger. A
+    single-pixel plane is a matrix-vector product whose weights stream through once: 1 window
+    by up to four vectors (AVX-512: 1 x 64)."""
+    lanes, registers = machine.vector_bytes // itemsize, machine.vector_registers
+    if positions == 1:
+        return 1, max(1, min(4, (registers - 1) // 2)) * lanes
+    tuning = machine.tuning
+    counts = tuning.broadcast_counts(registers, TILE_VECTORS, FILTER_SLABS)
+    windows = 7 if 7 in counts else fastest_windows(positions, counts, tuning.filter_windows)
+    return windows, TILE_VECTORS * lanes
+
+
+def fastest_windows(positions, counts, measured):
+    """Of the window counts ``counts`` (the model's or calibration's fastest), the one whose
+    tiles cover ``positions`` windows fastest: padded positions over the relative speed the
+    record ``measured`` in loop nests ((windows, speed), ...; of the counts it lists, when it
+    lists any), ties to the larger count. The model finds a tile of 8 accumulators (AVX2's
+    4 x 16) as fast as one of 12; in a loop nest it is not (csa/TUNING.md)."""
+    speeds = {w: speed for w, speed in measured if w in counts} or counts
+    return min(speeds, key=lambda w: (ceil(positions / w) * w / speeds[w], -w))
+
+
+def direct_windows(spec, machine):
+    """Windows per direct tile: of the window counts the model (or calibration) finds fastest,
+    the one whose row-aligned tiles (a tile never spans two output rows) cover Q fastest
+    (``fastest_windows``, the record's ``direct_windows``). AVX-512: 56, 28, 112, 14 and 104
+    wide planes take 14, 7, 21 and 35 wide ones 7; AVX2: 14 wide planes 5, 7 wide 4, the
+    others 6. A row's short last tile runs a kernel of its own (``cso.lowering.tail_kernel``);
+    the choice still counts it padded to a whole tile, as the records' speeds were measured
+    (counted at its own kernel's speed, 56 of timm's convolutions would change plans on
+    AVX-512, 8x8 to 35x35 planes, unmeasured there)."""
+    tuning = machine.tuning
+    counts = tuning.broadcast_counts(machine.vector_registers, TILE_VECTORS, DIRECT_SLABS)
+    return fastest_windows(spec.q, counts, tuning.direct_windows)
+
+
+CALIBRATION_PLANES = (7, 14, 28, 56, 112)   # output widths (square planes) of real networks
+
+
+def calibration_candidates(machine):
+    """{slab variant: broadcast counts} a host calibration measures (float32, TILE_VECTORS
+    rows): the counts the rules pick from the model for the usual planes, and their
+    neighbours that fit the registers, so that a calibration can confirm or overturn them."""
+    planes = [ConvSpec.parse(f"n1c64h{q}w{q}k64r3s3p1u1") for q in CALIBRATION_PLANES]
+    picks = {"": {filter_vector_tile(machine, 4, s.p * s.q)[0] for s in planes},
+             "vector": {microtile(machine, 4)[1]},
+             "broadcast": {direct_windows(s, machine) for s in planes}}
+    picks[""] |= picks["vector"]   # windows in vectors runs packed tiles too
+    fits = machine.tuning.kernel_efficiency
+    return {slab: sorted({b for p in chosen for b in (p - 1, p, p + 1)
+                          if b > 0 and fits(machine.vector_registers, b, TILE_VECTORS) > 0})
+            for slab, chosen in picks.items()}

@@ -1,0 +1,251 @@
+"""The slicing plan: a convolution's micro-tile, channel tile, blocking, schedule, bands and
+thread split (``analyze_slicing``, the rules of the modules it imports), and what it implies
+for the lowering (its properties)."""
+from dataclasses import dataclass, field
+from math import ceil
+
+from .bands import band_buffers, output_band, slab_within, workspace_band_cap
+from .blocking import (CACHE_FILL, DIRECT_FILTER_FILL, OUTPUT_BAND_FILL, SCHEDULES, band_fits_l2,
+                       blocking, channel_tile, direct_channel_tile, schedule_costs,
+                       tile_footprints)
+from .layout import (row_tiles, slab_band_rows, slab_planes, slab_shape, window_positions,
+                     window_tiles, window_units)
+from .machine import Machine
+from .register_blocking import TILE_VECTORS, direct_windows, filter_vector_tile, microtile
+from .overrides import SLICING_OVERRIDES, check_overrides, forced_note
+from .thread_split import thread_split
+from .variants import choose_vector, reads_input_unpacked, slab_fits, use_direct, use_slab
+
+@dataclass(frozen=True)
+class SlicingPlan:
+    spec: object
+    machine: Machine
+    nwin: int
+    nf: int
+    nc: int
+    k2: int
+    k3: int
+    schedule: str
+    vector: str                             # "windows" or "filters" (see choose_vector)
+    slab: bool                              # input read in place from a padded slab (see use_slab)
+    band: int                               # window tiles per output band (see output_band)
+    costs: dict = field(compare=False)      # schedule -> {term: cycles}
+    forced: tuple = ()                      # names of the values set by an override
+    split: tuple = (1, 1)                   # output parts run in parallel: (windows, filters)
+    origin: str = field(default="", compare=False)   # where it came from when not the model
+
+    @property
+    def threads(self):
+        """Threads the plan runs on: one per output part (see thread_split)."""
+        return self.split[0] * self.split[1]
+
+    @property
+    def direct(self):
+        """Filters in vectors, windows broadcast in place from a slab (see use_direct)."""
+        return self.slab and self.vector == "filters"
+
+    @property
+    def row_tiles(self):
+        return row_tiles(self.spec, self.nwin, self.slab, self.vector)
+
+    @property
+    def window_tiles(self):
+        return window_tiles(self.spec, self.nwin, self.slab, self.vector)
+
+    @property
+    def filter_tiles(self):
+        return ceil(self.spec.k_per_group / self.nf)
+
+    @property
+    def channel_tiles(self):
+        return ceil(self.spec.c_per_group / self.nc)
+
+    # the geometry the plan implies, for the lowering (see ``csa.layout``)
+    @property
+    def slab_shape(self):
+        return slab_shape(self.spec)
+
+    @property
+    def slab_planes(self):
+        return slab_planes(self.spec)
+
+    @property
+    def band_rows(self):
+        """Rows of each slab phase plane a band reads."""
+        return slab_band_rows(self.spec, self.nwin, self.band, self.row_tiles)
+
+    @property
+    def window_positions(self):
+        return window_positions(self.spec, self.slab)
+
+    @property
+    def window_units(self):
+        """What a window split hands out (output rows of a direct plan, else window tiles)."""
+        return window_units(self.spec, self.nwin, self.slab, self.vector)
+
+    @property
+    def reads_input_unpacked(self):
+        return reads_input_unpacked(self.spec, self.vector, self.machine.tuning)
+
+    @property
+    def band_buffers(self):
+        """(slab, transposed output) elements of one band (``csa.bands.band_buffers``)."""
+        return band_buffers(self.spec, self.nwin, self.nc, self.band, self.slab, self.vector,
+                            self.row_tiles)
+
+    def footprints(self):
+        return tile_footprints(self.spec, self.nwin, self.nf, self.nc)
+
+    def explain(self):
+        s, m = self.spec, self.machine
+        fin, fw, fout = self.footprints()
+        ds, rs = s.itemsize, s.r * s.s
+        nc_rule = ("all C/groups channels fit:" if self.nc == s.c_per_group else
+                   f"C/groups split evenly into the fewest tiles ({self.channel_tiles}) with"
+                   if "nc" not in self.forced else "forced; the rule is")
+        lines = [
+            f"SlicingPlan for {s} ({s.flops / 1e9:.3f} GFLOP)",
+            f"  machine: {m}",
+            f"  micro-tile: {self.nwin} windows x {self.nf} filters, vectors along the {self.vector} "
+            f"(from {m.vector_registers} registers of {m.vector_bytes // ds} lanes; computes "
+            f"{self.window_tiles * self.nwin * self.filter_tiles * self.nf} outputs for "
+            f"{s.p * s.q * s.k_per_group}){forced_note(self, 'microtile_shape', 'vector')}",
+            (f"  Nc = {self.nc}: {nc_rule} Nf*R*S*Nc*ds <= {DIRECT_FILTER_FILL}*L2: "
+             f"{fw} vs {int(DIRECT_FILTER_FILL * m.l2)}" if self.direct else
+             f"  Nc = {self.nc}: {nc_rule} Nc*(Nwin+Nf)*R*S*ds + Nwin*Nf*ds <= {CACHE_FILL}*L1: "
+             f"{self.nc}*{self.nwin + self.nf}*{rs}*{ds} + {fout} = "
+             f"{self.nc * (self.nwin + self.nf) * rs * ds + fout} vs {int(CACHE_FILL * m.l1d)}")
+            + forced_note(self, 'nc'),
+            f"  tiles: {self.window_tiles} window x {self.filter_tiles} filter x "
+            f"{self.channel_tiles} channel (per image and group); |IN|={fin} B |W|={fw} B |OUT|={fout} B",
+        ]
+        if self.schedule == "IS":
+            lines.append(f"  IS: K2 = {self.k2} filter tiles in L2 (|IN| + K2*(|W|+|OUT|) <= "
+                         f"{CACHE_FILL}*L2), K3 = {self.k3} window tiles in L3 (K3*|IN| + K2*|W| + "
+                         f"K2*K3*|OUT| <= {CACHE_FILL}*L3){forced_note(self, 'k2', 'k3')}")
+        else:
+            lines.append(f"  WS: K2 = {self.k2} window tiles in L2 (|W| + K2*(|IN|+|OUT|) <= "
+                         f"{CACHE_FILL}*L2), K3 = {self.k3} filter tiles in L3 (K3*|W| + K2*|IN| + "
+                         f"K2*K3*|OUT| <= {CACHE_FILL}*L3){forced_note(self, 'k2', 'k3')}")
+        bands = ceil(self.window_tiles / self.band)
+        block = self.band * self.nwin * s.k_per_group * ds
+        where = "fit" if band_fits_l2(s, self.nwin, self.band, m) else "overflow"
+        lines.append(f"  output bands: {bands} of {self.band} window tiles" + (
+            f", whose partial outputs ({self.band}*{self.nwin}*{s.k_per_group}*{ds} = {block} B) "
+            f"{where} {OUTPUT_BAND_FILL}*{CACHE_FILL}*L2 between the {self.channel_tiles} channel "
+            f"tiles" if self.channel_tiles > 1 else " (one channel tile: no partial outputs)")
+            + forced_note(self, "band"))
+        if self.slab:
+            tail = s.q % self.nwin
+            why = (f"direct: windows broadcast from it, {self.row_tiles} tiles per output row"
+                   + (f", the last of {tail} windows by a {tail}-window kernel" if tail else "")
+                   if self.direct else f"{self.filter_tiles} <= "
+                   f"{self.machine.tuning.slab_max_filter_tiles} filter tiles per packed tile")
+            lines.append(f"  input: a padded slab of {s.stride[0] * s.stride[1]} phase plane(s) per "
+                         f"channel ({self.band_rows} rows "
+                         f"of each per band), read in place ({why}){forced_note(self, 'slab')}")
+        else:
+            lines.append(f"  input: packed tiles (R*S shifted copies per channel){forced_note(self, 'slab')}")
+        lines.append("  cost model (cache-line loads x latency, streamed L2 x bandwidth, cycles):")
+        for name in SCHEDULES:
+            terms = self.costs[name]
+            detail = ", ".join(f"{k} {v:.3g}" for k, v in terms.items() if k != "total")
+            lines.append(f"    {name}: total {terms['total']:.4g}  ({detail})")
+        why = "forced by override" if "schedule" in self.forced else "cheaper"
+        lines.append(f"  schedule: {self.schedule} ({why})")
+        lines.append(f"  threads: {self.threads}, the output split into {self.split[0]} part(s) of "
+                     f"the {self.window_units} {'output rows' if self.direct else 'window tiles'} (all images) "
+                     f"x {self.split[1]} of the {self.filter_tiles} filter tiles; L3 counted as "
+                     f"{m.per_thread(self.threads).l3 // 1024} KiB per thread"
+                     + forced_note(self, "split"))
+        lines.append(f"  plan: {self.origin or 'from the model'}")
+        return "\n".join(lines)
+
+    def compute_bound(self, peak_gflops):
+        """Seconds the plan's tiles (edge padding included) take at its micro-kernel's
+        calibrated (else modelled) fraction of a ``peak_gflops`` core, on each of its threads:
+        the model's prediction, which leaves memory out."""
+        s, m = self.spec, self.machine
+        lanes = m.vector_bytes // s.itemsize
+        broadcasts, vectors = ((self.nwin, self.nf // lanes) if self.vector == "filters"
+                               else (self.nf, self.nwin // lanes))
+        variant = ("broadcast" if self.direct else "vector" if self.slab else "",)
+        speed = (m.tuning.measured_speeds(vectors, variant).get(broadcasts)
+                 or m.tuning.kernel_efficiency(m.vector_registers, broadcasts, vectors))
+        flops = (2 * s.n * s.groups * self.window_tiles * self.nwin * self.filter_tiles * self.nf
+                 * s.c_per_group * s.r * s.s)
+        return flops / (max(speed, 0.05) * peak_gflops * 1e9 * self.threads)
+
+
+def analyze_slicing(spec, machine=None, *, vector=None, microtile_shape=None, nc=None, k2=None,
+                    k3=None, schedule=None, slab=None, band=None, split=None, threads=1):
+    """The slicing plan of ``spec`` for ``machine`` (default: ``Machine.host()``) and up to
+    ``threads`` threads. Keyword overrides force a value (tests and what-if analysis; ``microtile_shape`` is
+    (windows, filters) per tile in the plan's vector orientation, ``split`` the output parts,
+    whatever ``threads``); the rest is derived by the rules above. Only the blocking and the
+    schedule depend on ``threads`` (through each thread's share of L3), never the channel tiles
+    or kernels: the result is the same for any thread count."""
+    machine = machine or Machine.host()
+    given = check_overrides(vector=vector, microtile_shape=microtile_shape, nc=nc, k2=k2, k3=k3,
+                            schedule=schedule, slab=slab, band=band, split=split)
+    forced = tuple(given)
+    vector, microtile_shape, nc, k2, k3, schedule, slab, band, split = (
+        given.get(name) for name in SLICING_OVERRIDES)
+    tiles = {"windows": microtile(machine, spec.itemsize),
+             "filters": filter_vector_tile(machine, spec.itemsize, spec.p * spec.q)}
+    direct_tile = (direct_windows(spec, machine),
+                   TILE_VECTORS * machine.vector_bytes // spec.itemsize)
+    tile = microtile_shape or direct_tile
+    fits_direct = use_direct(spec, *tile, machine.tuning) and slab_within(
+        spec, tile[0], direct_channel_tile(spec, tile[1], machine.l2), "filters", machine.l3)
+    if vector is None:
+        vector = ("filters" if slab is not False and fits_direct else
+                  choose_vector(spec, tiles["windows"], tiles["filters"], machine.tuning))
+    direct = vector == "filters" and (fits_direct if slab is None else slab)
+    nwin, nf = microtile_shape or (direct_tile if direct else tiles[vector])
+    if slab and not slab_fits(spec, nwin, vector):
+        raise ValueError(f"slab override: {spec} is an unpadded stride-1 1x1, or needs slab rows "
+                         f"of at least {nwin} columns with windows in vectors "
+                         f"(has {slab_shape(spec)[1]})")
+    if nc:
+        nc = min(nc, spec.c_per_group)
+    else:
+        nc = (direct_channel_tile(spec, nf, machine.l2) if direct else
+              channel_tile(spec, nwin, nf, machine.l1d))
+    if vector == "filters":
+        slab = direct
+    elif slab is None:
+        slab = use_slab(spec, nwin, nf, nc, vector, machine) and slab_within(spec, nwin, nc,
+                                                                             vector, machine.l3)
+    fin, fw, fout = tile_footprints(spec, nwin, nf, nc)
+    per_row = row_tiles(spec, nwin, slab, vector)
+    t_in, t_w = window_tiles(spec, nwin, slab, vector), ceil(spec.k_per_group / nf)
+    # filter parts of grouped filters-in-vectors plans would transpose a group's filters apart
+    units = window_units(spec, nwin, slab, vector)
+    splittable = spec.groups == 1 or vector == "windows"
+    if split:
+        split = (min(split[0], units), min(split[1], t_w) if splittable else 1)
+    else:
+        split = thread_split(spec, units, t_w, threads, splittable,
+                             machine.tuning.thread_min_flops)
+    plan_machine, machine = machine, machine.per_thread(split[0] * split[1])
+
+    def costed(band):
+        blocks = {"IS": blocking(fin, fw, fout, t_w, band, machine),
+                  "WS": blocking(fw, fin, fout, band, t_w, machine)}
+        costs = {name: schedule_costs(spec, machine, nwin, nf, nc, *blocks[name], name, vector,
+                                      band) for name in SCHEDULES}
+        chosen = schedule or min(SCHEDULES, key=lambda name: costs[name]["total"])
+        return band, blocks, costs, chosen
+
+    # output bands where the model finds the partial outputs they keep in L2 worth the filters
+    # they read again (one band on a tie); a direct plan is always banded (see output_band)
+    banded = output_band(spec, nwin, nc, t_in, vector, machine, per_row)
+    cap = workspace_band_cap(spec, nwin, nc, slab, vector, t_in, machine.l3, per_row)
+    bands = ([min(band, t_in)] if band else [min(banded, cap)] if per_row else
+             sorted({min(t_in, cap), min(banded, cap)}, reverse=True))
+    band, blocks, costs, chosen = min((costed(b) for b in bands),
+                                      key=lambda option: option[2][option[3]]["total"])
+    b2, b3 = blocks[chosen]
+    return SlicingPlan(spec, plan_machine, nwin, nf, nc, k2 or b2, k3 or b3, chosen, vector, slab,
+                       band, costs, forced, split)

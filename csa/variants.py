@@ -1,0 +1,88 @@
+"""The kernel variant a convolution runs: vectors along the windows or the filters, window
+tiles packed, read in place from a padded slab, or broadcast from it (direct), or the input read
+unpacked (plain 1x1s)."""
+from math import ceil, gcd
+
+from .blocking import CACHE_FILL, PAGE, tile_footprints
+from .layout import plain_1x1, slab_shape, window_tiles
+
+DIRECT_WASTE = 0.1   # padded work a direct plan may add (row-aligned tiles, filter tiles)
+
+
+def use_direct(spec, nwin, nf, tuning):
+    """Filters in vectors and the input windows broadcast in place from a padded slab (the
+    direct convolution MLAS runs on NCHWc): no window tile is packed. For stride-1
+    convolutions a slab applies to (not unpadded 1x1s) with at least
+    ``tuning.direct_min_depth`` rows per kernel call (shallower calls spend too much on C's
+    tile), whose row-aligned window tiles and filter tiles waste at most DIRECT_WASTE of the
+    work. Stride 2 is left to the packed plans: its taps read R*S runs per channel from four
+    phase planes and overflow L1 (csa/TUNING.md has the measurements)."""
+    padded = window_tiles(spec, nwin, True, "filters") * nwin * ceil(spec.k_per_group / nf) * nf
+    return (spec.stride == (1, 1) and slab_fits(spec, nwin, "filters")
+            and spec.c_per_group * spec.r * spec.s >= tuning.direct_min_depth
+            and padded <= (1 + DIRECT_WASTE) * spec.p * spec.q * spec.k_per_group)
+
+
+def padded_work(spec, nwin, nf):
+    """Output elements the tiles compute, edge padding included (per image and group)."""
+    return ceil(spec.p * spec.q / nwin) * nwin * ceil(spec.k_per_group / nf) * nf
+
+
+def choose_vector(spec, window_tile, filter_tile, tuning):
+    """Vectors along the windows unless tiles along the filters waste fewer lanes (small output
+    planes: 7x7, 14x14, 1x1) by more than their transposing pass costs: the pass over each
+    output costs as much as ``tuning.transpose_depth`` more rows of kernel depth, little
+    beside hundreds of channels, much beside a few dozen (0: lanes waste alone, with a 5%
+    margin)."""
+    windows, filters = padded_work(spec, *window_tile), padded_work(spec, *filter_tile)
+    depth = spec.c_per_group * spec.r * spec.s
+    if tuning.transpose_depth:
+        return "filters" if filters * (1 + tuning.transpose_depth / depth) < windows else "windows"
+    return "filters" if filters < 0.95 * windows else "windows"
+
+
+def reads_input_unpacked(spec, vector, tuning):
+    """1x1, stride 1, no padding, windows in vectors: the NCHW input already is the C x (H*W)
+    matrix whose rows the kernel loads as vectors, so full window tiles need no packing. Not
+    when the plane's size in bytes is a multiple of half a page (32x32, 64x64 planes): a tile's
+    rows, one per channel, would then share one or two L1 sets (measured 18-50% slower than
+    packed tiles; 16x16 planes, four sets, run as fast). Not with ``tuning.packed_1x1_filters``
+    filters or more either: every filter tile reuses a packed tile, whose contiguous rows then
+    beat rows a plane apart by more than the copy costs. Not with filters in vectors: the
+    windows are broadcast, one input row (channel) per step, and packed they sit in L1
+    (measured 3-18% faster, e.g. 1x1 2432->1600 on 7x7)."""
+    many_filters = tuning.packed_1x1_filters and spec.k_per_group >= tuning.packed_1x1_filters
+    return (vector == "windows" and plain_1x1(spec) and not many_filters
+            and PAGE // gcd(spec.h * spec.w * spec.itemsize, PAGE) >= 4)
+
+
+def slab_fits(spec, nwin, vector):
+    """A slab applies except to unpadded stride-1 1x1s (their slab would be a plain copy of the
+    input, which their tiles read in place or pack, see reads_input_unpacked); with windows in
+    vectors only when its rows are at least a tile wide (so a tile spans at most two rows)."""
+    return not plain_1x1(spec) and (vector == "filters" or slab_shape(spec)[1] >= nwin)
+
+
+def slab_footprint(spec, nwin, nc, line):
+    """Bytes of a slab a window tile reads: per channel, one run of windows per filter row
+    (stride 1: the S taps of a row share it, nwin + dw*(S-1) values) or per tap (other
+    strides: taps fall on different phase planes), each a line longer when unaligned and
+    doubled when the tile straddles two slab rows (a fraction nwin/Ws of tiles)."""
+    sw, dw = spec.stride[1], spec.dilation[1]
+    runs, values = (spec.r, nwin + dw * (spec.s - 1)) if sw == 1 else (spec.r * spec.s, nwin)
+    straddle = 1 + nwin / slab_shape(spec)[1]
+    return nc * runs * straddle * (values * spec.itemsize + line)
+
+
+def use_slab(spec, nwin, nf, nc, vector, machine):
+    """Pad each channel tile into a slab once and let the kernel read it in place, instead of
+    packing R*S shifted copies of every window tile, when few filter tiles share each packed
+    tile (at most ``tuning.slab_max_filter_tiles``) and the slab rows a tile reads fit in L1
+    beside the filter and output tiles. Past that count the packing is shared by enough
+    filter tiles, and the slab costs more: its rows, scattered over Nc planes, sit less well in
+    L1 than a packed tile, its vector loads are unaligned, and its tiles straddle output rows,
+    which costs split, masked stores (csa/TUNING.md has the measurements)."""
+    _, fw, fout = tile_footprints(spec, nwin, nf, nc)
+    return (slab_fits(spec, nwin, vector)
+            and ceil(spec.k_per_group / nf) <= machine.tuning.slab_max_filter_tiles
+            and slab_footprint(spec, nwin, nc, machine.line) + fw + fout <= CACHE_FILL * machine.l1d)
