@@ -107,9 +107,9 @@ def _blocks(facts, peak, results, engines, figures, mean, startup, memory):
 
 def _plan_text(plan):
     if plan["kind"] == "depthwise":
-        return (f"depthwise, {plan['vectors']}-vector blocks, {plan['nc']} channel(s) per fill, "
+        return (f"depthwise, {plan['block_vectors']}-vector blocks, {plan['nc']} channel(s) per fill, "
                 f"bands of {plan['band']} rows")
-    return f"{plan['schedule']}, {plan['vector']} in vectors, {plan['input']}"
+    return f"{plan['schedule']}, {plan['vectors_along']} in vectors, {plan['input']}"
 
 
 def _shares(parts):

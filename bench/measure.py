@@ -86,8 +86,8 @@ def measure_conv(spec, engines, repeat, threads=1):
 
 def plan_facts(plan):
     if isinstance(plan, csa.DepthwisePlan):
-        return {"kind": "depthwise", "vectors": plan.vectors, "nc": plan.nc, "band": plan.band}
-    return {"kind": "slicing", "schedule": plan.schedule, "vector": plan.vector,
+        return {"kind": "depthwise", "block_vectors": plan.block_vectors, "nc": plan.nc, "band": plan.band}
+    return {"kind": "slicing", "schedule": plan.schedule, "vectors_along": plan.vectors_along,
             "input": "slab" if plan.slab else "packed tiles", "microtile": [plan.nwin, plan.nf],
             "nc": plan.nc, "k2": plan.k2, "k3": plan.k3, "tuned": bool(plan.origin)}
 

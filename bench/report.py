@@ -20,10 +20,10 @@ from microkernels.probe import UKERNEL_K, fma_peak, kernel_throughput
 NOMINAL_PEAK_GFLOPS = 117  # per core: the design document's figure for its reference machine
 # a convolution planned in each micro-kernel orientation (the overrides make sure of it)
 ORIENTATIONS = (
-    ("windows in vectors", "n1c64h56w56k64r3s3p1u1", {"vector": "windows", "slab": False}),
-    ("windows in vectors, slab", "n1c64h56w56k64r3s3p1u1", {"vector": "windows", "slab": True}),
-    ("filters in vectors", "n1c512h7w7k512r3s3p1u1", {"vector": "filters", "slab": False}),
-    ("direct", "n1c256h56w56k256r3s3p1u1", {"vector": "filters", "slab": True}),
+    ("windows in vectors", "n1c64h56w56k64r3s3p1u1", {"vectors_along": "windows", "slab": False}),
+    ("windows in vectors, slab", "n1c64h56w56k64r3s3p1u1", {"vectors_along": "windows", "slab": True}),
+    ("filters in vectors", "n1c512h7w7k512r3s3p1u1", {"vectors_along": "filters", "slab": False}),
+    ("direct", "n1c256h56w56k256r3s3p1u1", {"vectors_along": "filters", "slab": True}),
 )
 
 

@@ -1,26 +1,21 @@
 """CSA: Convolution Slicing Analysis. Pure Python: no numba, no llvmlite, no arrays.
 
 ``analyze`` is the one decision point: a convolution (``ConvSpec``) and a machine (``Machine``,
-with its ISA's tuning record) in, a plan out (``SlicingPlan`` or ``DepthwisePlan``), which
+with its ISA's tuning record) in, a plan out (``SlicingPlan`` or ``DepthwisePlan``) that
 carries every choice and the geometry they imply; the lowering (``cso``) only executes it.
+The rules live in one module per loop around the micro-kernel: ``register_blocking`` (the
+micro-tile), ``variants`` (orientation, slab or packed), ``blocking`` (channel tile, K2/K3 and
+the cost model), ``bands``, ``thread_split``; ``layout`` is the geometry they share.
 """
 from . import tuning
-from .analysis import TUNE_CANDIDATES, analyze, tuning_candidates, uses_depthwise
-from .blocking import SCHEDULES, channel_tile, direct_channel_tile
-from .depthwise import DepthwisePlan, analyze_depthwise, is_depthwise, moved_bytes
-from .layout import window_units
+from .analysis import TUNE_CANDIDATES, analyze, filters_per_tile, tuning_candidates
+from .depthwise import DepthwisePlan, is_depthwise, moved_bytes
 from .machine import Machine, parse_size, read_sysfs_caches
-from .register_blocking import filter_vector_tile, microtile
-from .overrides import OVERRIDES, VECTORS, check_overrides
-from .slicing import SlicingPlan, analyze_slicing
+from .overrides import OVERRIDES, check_overrides
+from .slicing import SlicingPlan
 from .spec import ConvSpec
-from .thread_split import thread_split
 from .tuning import Tuning
-from .variants import choose_vector, padded_work, use_direct
 
-__all__ = ["TUNE_CANDIDATES", "analyze", "tuning_candidates", "uses_depthwise", "SCHEDULES",
-           "channel_tile", "direct_channel_tile", "DepthwisePlan", "analyze_depthwise",
-           "is_depthwise", "moved_bytes", "window_units", "Machine", "parse_size",
-           "read_sysfs_caches", "filter_vector_tile", "microtile", "OVERRIDES", "VECTORS",
-           "check_overrides", "SlicingPlan", "analyze_slicing", "ConvSpec", "thread_split",
-           "Tuning", "tuning", "choose_vector", "padded_work", "use_direct"]
+__all__ = ["ConvSpec", "Machine", "Tuning", "tuning", "analyze", "SlicingPlan", "DepthwisePlan",
+           "OVERRIDES", "check_overrides", "filters_per_tile", "tuning_candidates",
+           "TUNE_CANDIDATES", "is_depthwise", "moved_bytes", "parse_size", "read_sysfs_caches"]

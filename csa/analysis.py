@@ -1,42 +1,36 @@
 """CSA's entry point: a depthwise plan for one input channel per group, else a slicing plan;
 and the plans autotuning times besides the model's."""
 from dataclasses import replace
+from typing import Optional, Union
 
 from .blocking import SCHEDULES
-from .depthwise import DEPTHWISE_OVERRIDES, analyze_depthwise
-from .register_blocking import DIRECT_SLABS, FILTER_SLABS, TILE_VECTORS, WINDOW_SLABS
-from .overrides import SLICING_OVERRIDES, check_overrides
+from .depthwise import DepthwisePlan, analyze_depthwise
+from .machine import Machine
+from .spec import ConvSpec
+from .register_blocking import (DIRECT_VARIANTS, FILTER_VARIANTS, TILE_VECTORS, WINDOW_VARIANTS,
+                                microtile)
+from .overrides import check_overrides
 from .slicing import SlicingPlan, analyze_slicing
 
 TUNE_CANDIDATES = 8   # plans autotuning times per convolution, the model's included
 
 
-def uses_depthwise(c_per_group, overrides):
-    """Whether convolutions with ``c_per_group`` input channels per group get a depthwise plan
-    (C/groups = 1, unless the override ``depthwise`` is False), given normalised
-    ``overrides``; ValueError when an override does not apply to that plan."""
-    depthwise = overrides.get("depthwise", c_per_group == 1)
-    if depthwise and c_per_group != 1:
-        raise ValueError(f"depthwise override: {c_per_group} channels per group, a depthwise "
-                         "plan needs 1")
-    allowed = DEPTHWISE_OVERRIDES if depthwise else SLICING_OVERRIDES
-    other = sorted(set(overrides) - set(allowed) - {"depthwise"})
-    if other:
-        raise ValueError(f"plan overrides {other} do not apply to a "
-                         + ("depthwise plan; depthwise=False plans it as a grouped convolution"
-                            if depthwise else "slicing plan"))
-    return depthwise
-
-
-def analyze(spec, machine=None, *, threads=1, **overrides):
+def analyze(spec: ConvSpec, machine: Optional[Machine] = None, *, threads: int = 1,
+            **overrides) -> Union[SlicingPlan, DepthwisePlan]:
     """Plan ``spec`` for ``machine`` (default: ``Machine.host()``) and up to ``threads``
-    threads: ``analyze_depthwise`` when C/groups = 1 (unless ``depthwise=False``), else
-    ``analyze_slicing``. Keyword overrides (``csa.OVERRIDES``) force a value of either plan;
-    one the chosen plan does not have raises ValueError."""
-    given = check_overrides(**overrides)
-    run = analyze_depthwise if uses_depthwise(spec.c_per_group, given) else analyze_slicing
+    threads: a ``DepthwisePlan`` when C/groups = 1 (unless ``depthwise=False``), else a
+    ``SlicingPlan``. Keyword overrides (``csa.OVERRIDES``) force a value of either plan;
+    one the chosen plan does not have raises ValueError (see ``check_overrides``)."""
+    depthwise, given = check_overrides(spec.c_per_group, **overrides)
     given.pop("depthwise", None)
-    return run(spec, machine, threads=threads, **given)
+    run = analyze_depthwise if depthwise else analyze_slicing
+    return run(spec, machine or Machine.host(), threads, given)
+
+
+def filters_per_tile(machine, itemsize, depthwise):
+    """The filter tile of the plans most convolutions get (windows in vectors; a depthwise
+    plan's one filter a row), to pack filters before the input's shape is known."""
+    return DepthwisePlan.nf if depthwise else microtile(machine, itemsize)[1]
 
 
 def tuning_candidates(spec, machine=None, threads=1, limit=TUNE_CANDIDATES):
@@ -48,16 +42,16 @@ def tuning_candidates(spec, machine=None, threads=1, limit=TUNE_CANDIDATES):
     model = analyze(spec, machine, threads=threads)
     options = [{}]
     if isinstance(model, SlicingPlan):
-        options += [{"vector": "windows", "slab": False}, {"vector": "windows", "slab": True},
-                    {"vector": "filters", "slab": False}, {"vector": "filters", "slab": True}]
+        options += [{"vectors_along": "windows", "slab": False}, {"vectors_along": "windows", "slab": True},
+                    {"vectors_along": "filters", "slab": False}, {"vectors_along": "filters", "slab": True}]
         options.append({"schedule": next(s for s in SCHEDULES if s != model.schedule)})
-        slabs = (DIRECT_SLABS if model.direct else FILTER_SLABS if model.vector == "filters"
-                 else WINDOW_SLABS)
+        variants = (DIRECT_VARIANTS if model.direct else FILTER_VARIANTS if model.vectors_along == "filters"
+                 else WINDOW_VARIANTS)
         lanes = TILE_VECTORS * model.machine.vector_bytes // spec.itemsize
         for b in sorted(model.machine.tuning.broadcast_counts(model.machine.vector_registers,
-                                                              TILE_VECTORS, slabs), reverse=True):
-            shape = (b, lanes) if model.vector == "filters" else (lanes, b)
-            options.append({"vector": model.vector, "slab": model.slab, "microtile_shape": shape})
+                                                              TILE_VECTORS, variants), reverse=True):
+            shape = (b, lanes) if model.vectors_along == "filters" else (lanes, b)
+            options.append({"vectors_along": model.vectors_along, "slab": model.slab, "microtile_shape": shape})
     if threads > 1:
         options += [{"split": (1, 1)}, {"split": (threads, 1)}, {"split": (1, threads)}]
     found = []

@@ -7,7 +7,7 @@ from .layout import row_tiles as tiles_per_row, slab_band_rows, slab_shape
 DIRECT_MIN_BAND = 32     # window tiles per band of a direct plan, at least
 
 
-def output_band(spec, nwin, nc, window_tiles, vector, machine, row_tiles=0):
+def output_band(spec, nwin, nc, window_tiles, vectors_along, machine, row_tiles=0):
     """Window tiles per output band: the loop nest runs the channel tiles band by band, so that
     a band's partial outputs (its window tiles x K_g filters) stay in L2 from one channel tile
     to the next instead of going to L3 and back, at the price of reading the filters again for
@@ -22,7 +22,7 @@ def output_band(spec, nwin, nc, window_tiles, vector, machine, row_tiles=0):
     in whole output rows (``row_tiles`` window tiles each), and of at least DIRECT_MIN_BAND
     tiles, since a band reads every filter tile from L3 again (3x3 512->512 at 28x28: bands of
     8 tiles 4% slower than of 28 or 56)."""
-    if not row_tiles and (vector == "filters" or nc >= spec.c_per_group):
+    if not row_tiles and (vectors_along == "filters" or nc >= spec.c_per_group):
         return window_tiles
     per_tile = nwin * spec.k_per_group * spec.itemsize
     band = int(max(1, OUTPUT_BAND_FILL * CACHE_FILL * machine.l2 // per_tile))
@@ -32,7 +32,7 @@ def output_band(spec, nwin, nc, window_tiles, vector, machine, row_tiles=0):
     return min(window_tiles, band)
 
 
-def band_buffers(spec, nwin, nc, band, slab, vector, row_tiles=0):
+def band_buffers(spec, nwin, nc, band, slab, vectors_along, row_tiles=0):
     """(slab, transposed output) elements a band needs beside its tiles: the slab of its rows
     (``nc`` channels' phase planes), and with filters in vectors its transposed output (the
     band's windows x K)."""
@@ -41,17 +41,17 @@ def band_buffers(spec, nwin, nc, band, slab, vector, row_tiles=0):
         sh, sw = spec.stride
         slab_elements = (nc * sh * sw * slab_band_rows(spec, nwin, band, row_tiles)
                          * slab_shape(spec)[1])
-    if vector == "filters":
+    if vectors_along == "filters":
         out_t_elements = min(spec.p * spec.q, band * nwin) * spec.k
     return slab_elements, out_t_elements
 
 
-def band_workspace(spec, nwin, nc, band, slab, vector, row_tiles=0):
+def band_workspace(spec, nwin, nc, band, slab, vectors_along, row_tiles=0):
     """Bytes of ``band_buffers``."""
-    return sum(band_buffers(spec, nwin, nc, band, slab, vector, row_tiles)) * spec.itemsize
+    return sum(band_buffers(spec, nwin, nc, band, slab, vectors_along, row_tiles)) * spec.itemsize
 
 
-def workspace_band_cap(spec, nwin, nc, slab, vector, window_tiles, budget, row_tiles=0):
+def workspace_band_cap(spec, nwin, nc, slab, vectors_along, window_tiles, budget, row_tiles=0):
     """The most window tiles a band may hold for ``band_workspace`` to stay within ``budget``
     bytes (a thread's share of L3: larger bands would not stay in cache anyway), so that a
     call's workspace is bounded by its tiles, not by the input size; at least one tile (direct:
@@ -60,16 +60,16 @@ def workspace_band_cap(spec, nwin, nc, slab, vector, window_tiles, budget, row_t
     lo, hi = 1, -(-window_tiles // step)
     while lo < hi:   # the workspace grows with the band: the largest count within the budget
         mid = (lo + hi + 1) // 2
-        if band_workspace(spec, nwin, nc, mid * step, slab, vector, row_tiles) <= budget:
+        if band_workspace(spec, nwin, nc, mid * step, slab, vectors_along, row_tiles) <= budget:
             lo = mid
         else:
             hi = mid - 1
     return min(window_tiles, lo * step)
 
 
-def slab_within(spec, nwin, nc, vector, budget):
+def slab_within(spec, nwin, nc, vectors_along, budget):
     """The slab of the smallest band (one window tile, or one output row of a direct plan)
     fits ``budget`` bytes: not so for planes of hundreds of thousands of columns, whose
     tiles are packed instead."""
-    per_row = tiles_per_row(spec, nwin, True, vector)
+    per_row = tiles_per_row(spec, nwin, True, vectors_along)
     return band_workspace(spec, nwin, nc, per_row or 1, True, "windows", per_row) <= budget

@@ -58,7 +58,7 @@ def blocking(stationary, streamed, out, streamed_tiles, resident_tiles, machine)
     return k2, k3
 
 
-def schedule_costs(spec, machine, nwin, nf, nc, k2, k3, schedule, vector="windows", band=None):
+def schedule_costs(spec, machine, nwin, nf, nc, k2, k3, schedule, vectors_along="windows", band=None):
     """Cache-line loads per level, weighted by latency (streamed L2: bandwidth), for one whole
     convolution.
 
@@ -91,7 +91,7 @@ def schedule_costs(spec, machine, nwin, nf, nc, k2, k3, schedule, vector="window
     w_lines = nf * rs * spec.c_per_group * ds / line      # one filter tile over all channel tiles
     calls = t_in * t_w
     packs = 1 if schedule == "IS" else ceil(t_w / k3)
-    if schedule == "IS" and vector == "windows":
+    if schedule == "IS" and vectors_along == "windows":
         stat, strm, t_stat, t_strm = in_lines, w_lines, t_in, t_w
         strm_block, stat_block = k2, k3
     else:
@@ -121,7 +121,7 @@ def schedule_costs(spec, machine, nwin, nf, nc, k2, k3, schedule, vector="window
         "input packing": packs * (raw_in_lines * machine.latency_l3 + t_in * in_lines * machine.latency_l2),
         "partial outputs": (t_c - 1) * out_lines * out_latency,
         "output streams": t_c * out_lines * machine.latency_l3 * _scattered_output(
-            spec, nwin, nf, k2, schedule, vector, machine),
+            spec, nwin, nf, k2, schedule, vectors_along, machine),
     }
     terms = {k: v * images for k, v in terms.items()}
     terms["total"] = sum(terms.values())
@@ -139,10 +139,10 @@ OUTPUT_STREAMS = 16  # output rows written in turn that the hardware still follo
 PAGE = 4096
 
 
-def _scattered_output(spec, nwin, nf, k2, schedule, vector, machine):
+def _scattered_output(spec, nwin, nf, k2, schedule, vectors_along, machine):
     """1 when the calls of a block write more than OUTPUT_STREAMS C rows a page or more apart
     (see schedule_costs), else 0."""
-    if vector == "filters":
+    if vectors_along == "filters":
         return 0   # consecutive calls write consecutive windows' rows of the transposed output
     rows = k2 * nf if schedule == "IS" else nf
     return int(rows > OUTPUT_STREAMS and spec.p * spec.q * spec.itemsize >= PAGE)

@@ -13,9 +13,8 @@ from math import ceil
 
 from .machine import Machine
 from .layout import slab_planes, slab_shape
-from .overrides import forced_note
+from .overrides import DEPTHWISE_OVERRIDES, forced_note
 
-DEPTHWISE_OVERRIDES = ("vectors", "nc", "band", "split")
 SLAB_FILL = 0.5       # share of L1 the slabs of one fill may take (the rest: output lines,
                       # the input streaming in)
 MAX_FILL_CHANNELS = 64
@@ -25,7 +24,7 @@ def is_depthwise(spec):
     return spec.c_per_group == 1
 
 
-def block_vectors(vector_registers):
+def default_block_vectors(vector_registers):
     """Accumulators of the depthwise kernel: a block of that many vectors per tap, each an FMA
     whose load the next taps do not wait for. Half the registers, at most 8 (AVX-512: blocks of
     4, 8, 12 and 16 vectors measured within 5% of each other; the kernel is bound by its loads)."""
@@ -36,7 +35,7 @@ def block_vectors(vector_registers):
 class DepthwisePlan:
     spec: object
     machine: Machine
-    vectors: int         # vectors per kernel block
+    block_vectors: int   # vectors (accumulators) per kernel block
     lanes: int
     nc: int              # channels one slab fill holds (whole planes), else 1
     band: int            # output rows per band (P: whole planes)
@@ -89,9 +88,9 @@ class DepthwisePlan:
             f"DepthwisePlan for {s} ({s.flops / 1e9:.4f} GFLOP, {s.k_per_group} filter(s) per "
             f"channel)",
             f"  machine: {m}",
-            f"  kernel: blocks of {self.vectors} vectors of {self.lanes} lanes along the virtual "
+            f"  kernel: blocks of {self.block_vectors} vectors of {self.lanes} lanes along the virtual "
             f"rows of a slab ({s.stride[0] * s.stride[1]} phase plane(s) of {hs} x {ws} per "
-            f"channel){forced_note(self, 'vectors')}",
+            f"channel){forced_note(self, 'block_vectors')}",
             f"  fill: {self.nc} channel(s) x {self.band_rows} slab rows ({self.band} output rows "
             f"of {s.p}, {self.bands} band(s)) = {fill} B vs {SLAB_FILL}*L1 = "
             f"{int(SLAB_FILL * m.l1d)}{forced_note(self, 'nc', 'band')}",
@@ -112,15 +111,12 @@ def moved_bytes(spec):
     return spec.itemsize * (n * c * spec.h * spec.w + n * k * spec.p * spec.q + k * spec.r * spec.s)
 
 
-def analyze_depthwise(spec, machine=None, *, threads=1, vectors=None, nc=None, band=None,
-                      split=None):
+def analyze_depthwise(spec, machine, threads, overrides):
     """The DepthwisePlan of ``spec`` (C/groups = 1) for ``machine`` and up to ``threads``
-    threads; keyword overrides force a value, as for ``csa.analyze``."""
-    machine = machine or Machine.host()
-    forced = tuple(name for name, v in (("vectors", vectors), ("nc", nc), ("band", band),
-                                        ("split", split)) if v is not None)
+    threads; ``overrides`` (as ``check_overrides`` returns them) force a value."""
+    block_vectors, nc, band, split = (overrides.get(name) for name in DEPTHWISE_OVERRIDES)
     lanes = machine.vector_bytes // spec.itemsize
-    vectors = vectors or block_vectors(machine.vector_registers)
+    block_vectors = block_vectors or default_block_vectors(machine.vector_registers)
     (sh, sw), ws = spec.stride, slab_shape(spec)[1]
     budget = SLAB_FILL * machine.l1d // spec.itemsize
     whole = sh * sw * slab_shape(spec)[0] * ws            # one channel's whole slab
@@ -137,5 +133,6 @@ def analyze_depthwise(spec, machine=None, *, threads=1, vectors=None, nc=None, b
     else:
         parts = max(1, min(threads, int(spec.flops // machine.tuning.depthwise_thread_min_flops),
                            units))
-    return DepthwisePlan(spec, machine, vectors, lanes, nc, band, (parts, 1), forced)
+    return DepthwisePlan(spec, machine, block_vectors, lanes, nc, band, (parts, 1),
+                         tuple(overrides))
 

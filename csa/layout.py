@@ -34,23 +34,23 @@ def window_positions(spec, slab):
     return (spec.p - 1) * slab_shape(spec)[1] + spec.q
 
 
-def row_tiles(spec, nwin, slab, vector):
+def row_tiles(spec, nwin, slab, vectors_along):
     """Window tiles per output row of a direct plan, whose tiles never span two rows (each
     broadcast window is a column of the transposed output); 0 for other plans."""
-    return ceil(spec.q / nwin) if slab and vector == "filters" else 0
+    return ceil(spec.q / nwin) if slab and vectors_along == "filters" else 0
 
 
-def window_tiles(spec, nwin, slab, vector):
+def window_tiles(spec, nwin, slab, vectors_along):
     """Window tiles per image and group: P rows of row_tiles for a direct plan, else the
     window positions cut into tiles of ``nwin``."""
-    return spec.p * row_tiles(spec, nwin, slab, vector) or ceil(window_positions(spec, slab) / nwin)
+    return spec.p * row_tiles(spec, nwin, slab, vectors_along) or ceil(window_positions(spec, slab) / nwin)
 
 
-def window_units(spec, nwin, slab, vector):
+def window_units(spec, nwin, slab, vectors_along):
     """What a window split hands out, over all images: output rows for a direct plan (a slab
     band starts on a row), else window tiles."""
-    per_image = spec.p if row_tiles(spec, nwin, slab, vector) else window_tiles(spec, nwin, slab,
-                                                                                 vector)
+    per_image = spec.p if row_tiles(spec, nwin, slab, vectors_along) else window_tiles(spec, nwin, slab,
+                                                                                 vectors_along)
     return spec.n * per_image
 
 

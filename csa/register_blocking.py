@@ -8,9 +8,9 @@ from .spec import ConvSpec
 
 TILE_VECTORS = 2   # vector rows of a tile: two (little lane waste on small planes; a third
                    # adds no speed where two reach the peak)
-# the kernel variants (KernelSpec slab modes) each orientation runs: windows in vectors packed
-# or from a slab, filters in vectors packed, direct (windows broadcast from a slab)
-WINDOW_SLABS, FILTER_SLABS, DIRECT_SLABS = ("", "vector"), ("",), ("broadcast",)
+# the kernel variants (KernelSpec.variant) each orientation runs: windows in vectors packed or
+# read from a slab, filters in vectors packed, direct (windows broadcast from a slab)
+WINDOW_VARIANTS, FILTER_VARIANTS, DIRECT_VARIANTS = ("packed", "slab"), ("packed",), ("direct",)
 
 
 def microtile(machine, itemsize):
@@ -20,7 +20,7 @@ def microtile(machine, itemsize):
     real networks are multiples of 8: no padded rows), else the largest (fewest loads per FMA).
     AVX-512: 8 x 32 floats; AVX2: 6 x 16."""
     counts = machine.tuning.broadcast_counts(machine.vector_registers, TILE_VECTORS,
-                                             WINDOW_SLABS)
+                                             WINDOW_VARIANTS)
     nf = max((b for b in counts if b % 8 == 0), default=max(counts))
     return TILE_VECTORS * machine.vector_bytes // itemsize, nf
 
@@ -37,7 +37,7 @@ def filter_vector_tile(machine, itemsize, positions=49):
     if positions == 1:
         return 1, max(1, min(4, (registers - 1) // 2)) * lanes
     tuning = machine.tuning
-    counts = tuning.broadcast_counts(registers, TILE_VECTORS, FILTER_SLABS)
+    counts = tuning.broadcast_counts(registers, TILE_VECTORS, FILTER_VARIANTS)
     windows = 7 if 7 in counts else fastest_windows(positions, counts, tuning.filter_windows)
     return windows, TILE_VECTORS * lanes
 
@@ -62,7 +62,7 @@ def direct_windows(spec, machine):
     (counted at its own kernel's speed, 56 of timm's convolutions would change plans on
     AVX-512, 8x8 to 35x35 planes, unmeasured there)."""
     tuning = machine.tuning
-    counts = tuning.broadcast_counts(machine.vector_registers, TILE_VECTORS, DIRECT_SLABS)
+    counts = tuning.broadcast_counts(machine.vector_registers, TILE_VECTORS, DIRECT_VARIANTS)
     return fastest_windows(spec.q, counts, tuning.direct_windows)
 
 
@@ -70,15 +70,15 @@ CALIBRATION_PLANES = (7, 14, 28, 56, 112)   # output widths (square planes) of r
 
 
 def calibration_candidates(machine):
-    """{slab variant: broadcast counts} a host calibration measures (float32, TILE_VECTORS
+    """{kernel variant: broadcast counts} a host calibration measures (float32, TILE_VECTORS
     rows): the counts the rules pick from the model for the usual planes, and their
     neighbours that fit the registers, so that a calibration can confirm or overturn them."""
     planes = [ConvSpec.parse(f"n1c64h{q}w{q}k64r3s3p1u1") for q in CALIBRATION_PLANES]
-    picks = {"": {filter_vector_tile(machine, 4, s.p * s.q)[0] for s in planes},
-             "vector": {microtile(machine, 4)[1]},
-             "broadcast": {direct_windows(s, machine) for s in planes}}
-    picks[""] |= picks["vector"]   # windows in vectors runs packed tiles too
+    picks = {"packed": {filter_vector_tile(machine, 4, s.p * s.q)[0] for s in planes},
+             "slab": {microtile(machine, 4)[1]},
+             "direct": {direct_windows(s, machine) for s in planes}}
+    picks["packed"] |= picks["slab"]   # windows in vectors runs packed tiles too
     fits = machine.tuning.kernel_efficiency
-    return {slab: sorted({b for p in chosen for b in (p - 1, p, p + 1)
-                          if b > 0 and fits(machine.vector_registers, b, TILE_VECTORS) > 0})
-            for slab, chosen in picks.items()}
+    return {variant: sorted({b for p in chosen for b in (p - 1, p, p + 1)
+                             if b > 0 and fits(machine.vector_registers, b, TILE_VECTORS) > 0})
+            for variant, chosen in picks.items()}

@@ -12,7 +12,7 @@ from .layout import (row_tiles, slab_band_rows, slab_planes, slab_shape, window_
                      window_tiles, window_units)
 from .machine import Machine
 from .register_blocking import TILE_VECTORS, direct_windows, filter_vector_tile, microtile
-from .overrides import SLICING_OVERRIDES, check_overrides, forced_note
+from .overrides import SLICING_OVERRIDES, forced_note
 from .thread_split import thread_split
 from .variants import choose_vector, reads_input_unpacked, slab_fits, use_direct, use_slab
 
@@ -26,7 +26,7 @@ class SlicingPlan:
     k2: int
     k3: int
     schedule: str
-    vector: str                             # "windows" or "filters" (see choose_vector)
+    vectors_along: str                             # "windows" or "filters" (see choose_vector)
     slab: bool                              # input read in place from a padded slab (see use_slab)
     band: int                               # window tiles per output band (see output_band)
     costs: dict = field(compare=False)      # schedule -> {term: cycles}
@@ -42,15 +42,21 @@ class SlicingPlan:
     @property
     def direct(self):
         """Filters in vectors, windows broadcast in place from a slab (see use_direct)."""
-        return self.slab and self.vector == "filters"
+        return self.slab and self.vectors_along == "filters"
+
+    @property
+    def variant(self):
+        """The kernel variant (``KernelSpec.variant``): "direct", "slab" (windows in vectors
+        read in place from a slab) or "packed"."""
+        return "direct" if self.direct else "slab" if self.slab else "packed"
 
     @property
     def row_tiles(self):
-        return row_tiles(self.spec, self.nwin, self.slab, self.vector)
+        return row_tiles(self.spec, self.nwin, self.slab, self.vectors_along)
 
     @property
     def window_tiles(self):
-        return window_tiles(self.spec, self.nwin, self.slab, self.vector)
+        return window_tiles(self.spec, self.nwin, self.slab, self.vectors_along)
 
     @property
     def filter_tiles(self):
@@ -81,16 +87,16 @@ class SlicingPlan:
     @property
     def window_units(self):
         """What a window split hands out (output rows of a direct plan, else window tiles)."""
-        return window_units(self.spec, self.nwin, self.slab, self.vector)
+        return window_units(self.spec, self.nwin, self.slab, self.vectors_along)
 
     @property
     def reads_input_unpacked(self):
-        return reads_input_unpacked(self.spec, self.vector, self.machine.tuning)
+        return reads_input_unpacked(self.spec, self.vectors_along, self.machine.tuning)
 
     @property
     def band_buffers(self):
         """(slab, transposed output) elements of one band (``csa.bands.band_buffers``)."""
-        return band_buffers(self.spec, self.nwin, self.nc, self.band, self.slab, self.vector,
+        return band_buffers(self.spec, self.nwin, self.nc, self.band, self.slab, self.vectors_along,
                             self.row_tiles)
 
     def footprints(self):
@@ -106,10 +112,10 @@ class SlicingPlan:
         lines = [
             f"SlicingPlan for {s} ({s.flops / 1e9:.3f} GFLOP)",
             f"  machine: {m}",
-            f"  micro-tile: {self.nwin} windows x {self.nf} filters, vectors along the {self.vector} "
+            f"  micro-tile: {self.nwin} windows x {self.nf} filters, vectors along the {self.vectors_along} "
             f"(from {m.vector_registers} registers of {m.vector_bytes // ds} lanes; computes "
             f"{self.window_tiles * self.nwin * self.filter_tiles * self.nf} outputs for "
-            f"{s.p * s.q * s.k_per_group}){forced_note(self, 'microtile_shape', 'vector')}",
+            f"{s.p * s.q * s.k_per_group}){forced_note(self, 'microtile_shape', 'vectors_along')}",
             (f"  Nc = {self.nc}: {nc_rule} Nf*R*S*Nc*ds <= {DIRECT_FILTER_FILL}*L2: "
              f"{fw} vs {int(DIRECT_FILTER_FILL * m.l2)}" if self.direct else
              f"  Nc = {self.nc}: {nc_rule} Nc*(Nwin+Nf)*R*S*ds + Nwin*Nf*ds <= {CACHE_FILL}*L1: "
@@ -167,30 +173,24 @@ class SlicingPlan:
         the model's prediction, which leaves memory out."""
         s, m = self.spec, self.machine
         lanes = m.vector_bytes // s.itemsize
-        broadcasts, vectors = ((self.nwin, self.nf // lanes) if self.vector == "filters"
+        broadcasts, vectors = ((self.nwin, self.nf // lanes) if self.vectors_along == "filters"
                                else (self.nf, self.nwin // lanes))
-        variant = ("broadcast" if self.direct else "vector" if self.slab else "",)
-        speed = (m.tuning.measured_speeds(vectors, variant).get(broadcasts)
+        speed = (m.tuning.measured_speeds(vectors, (self.variant,)).get(broadcasts)
                  or m.tuning.kernel_efficiency(m.vector_registers, broadcasts, vectors))
         flops = (2 * s.n * s.groups * self.window_tiles * self.nwin * self.filter_tiles * self.nf
                  * s.c_per_group * s.r * s.s)
         return flops / (max(speed, 0.05) * peak_gflops * 1e9 * self.threads)
 
 
-def analyze_slicing(spec, machine=None, *, vector=None, microtile_shape=None, nc=None, k2=None,
-                    k3=None, schedule=None, slab=None, band=None, split=None, threads=1):
-    """The slicing plan of ``spec`` for ``machine`` (default: ``Machine.host()``) and up to
-    ``threads`` threads. Keyword overrides force a value (tests and what-if analysis; ``microtile_shape`` is
-    (windows, filters) per tile in the plan's vector orientation, ``split`` the output parts,
-    whatever ``threads``); the rest is derived by the rules above. Only the blocking and the
-    schedule depend on ``threads`` (through each thread's share of L3), never the channel tiles
-    or kernels: the result is the same for any thread count."""
-    machine = machine or Machine.host()
-    given = check_overrides(vector=vector, microtile_shape=microtile_shape, nc=nc, k2=k2, k3=k3,
-                            schedule=schedule, slab=slab, band=band, split=split)
-    forced = tuple(given)
-    vector, microtile_shape, nc, k2, k3, schedule, slab, band, split = (
-        given.get(name) for name in SLICING_OVERRIDES)
+def analyze_slicing(spec, machine, threads, overrides):
+    """The slicing plan of ``spec`` for ``machine`` and up to ``threads`` threads (see
+    ``csa.analyze``). ``overrides`` (as ``check_overrides`` returns them) force a value:
+    ``microtile_shape`` is (windows, filters) per tile in the plan's orientation, ``split`` the
+    output parts, whatever ``threads``; the rest is derived by the rules. Only the blocking and
+    the schedule depend on ``threads`` (through each thread's share of L3), never the channel
+    tiles or kernels: the result is the same for any thread count."""
+    vectors_along, microtile_shape, nc, k2, k3, schedule, slab, band, split = (
+        overrides.get(name) for name in SLICING_OVERRIDES)
     tiles = {"windows": microtile(machine, spec.itemsize),
              "filters": filter_vector_tile(machine, spec.itemsize, spec.p * spec.q)}
     direct_tile = (direct_windows(spec, machine),
@@ -198,12 +198,12 @@ def analyze_slicing(spec, machine=None, *, vector=None, microtile_shape=None, nc
     tile = microtile_shape or direct_tile
     fits_direct = use_direct(spec, *tile, machine.tuning) and slab_within(
         spec, tile[0], direct_channel_tile(spec, tile[1], machine.l2), "filters", machine.l3)
-    if vector is None:
-        vector = ("filters" if slab is not False and fits_direct else
+    if vectors_along is None:
+        vectors_along = ("filters" if slab is not False and fits_direct else
                   choose_vector(spec, tiles["windows"], tiles["filters"], machine.tuning))
-    direct = vector == "filters" and (fits_direct if slab is None else slab)
-    nwin, nf = microtile_shape or (direct_tile if direct else tiles[vector])
-    if slab and not slab_fits(spec, nwin, vector):
+    direct = vectors_along == "filters" and (fits_direct if slab is None else slab)
+    nwin, nf = microtile_shape or (direct_tile if direct else tiles[vectors_along])
+    if slab and not slab_fits(spec, nwin, vectors_along):
         raise ValueError(f"slab override: {spec} is an unpadded stride-1 1x1, or needs slab rows "
                          f"of at least {nwin} columns with windows in vectors "
                          f"(has {slab_shape(spec)[1]})")
@@ -212,17 +212,17 @@ def analyze_slicing(spec, machine=None, *, vector=None, microtile_shape=None, nc
     else:
         nc = (direct_channel_tile(spec, nf, machine.l2) if direct else
               channel_tile(spec, nwin, nf, machine.l1d))
-    if vector == "filters":
+    if vectors_along == "filters":
         slab = direct
     elif slab is None:
-        slab = use_slab(spec, nwin, nf, nc, vector, machine) and slab_within(spec, nwin, nc,
-                                                                             vector, machine.l3)
+        slab = use_slab(spec, nwin, nf, nc, vectors_along, machine) and slab_within(spec, nwin, nc,
+                                                                             vectors_along, machine.l3)
     fin, fw, fout = tile_footprints(spec, nwin, nf, nc)
-    per_row = row_tiles(spec, nwin, slab, vector)
-    t_in, t_w = window_tiles(spec, nwin, slab, vector), ceil(spec.k_per_group / nf)
+    per_row = row_tiles(spec, nwin, slab, vectors_along)
+    t_in, t_w = window_tiles(spec, nwin, slab, vectors_along), ceil(spec.k_per_group / nf)
     # filter parts of grouped filters-in-vectors plans would transpose a group's filters apart
-    units = window_units(spec, nwin, slab, vector)
-    splittable = spec.groups == 1 or vector == "windows"
+    units = window_units(spec, nwin, slab, vectors_along)
+    splittable = spec.groups == 1 or vectors_along == "windows"
     if split:
         split = (min(split[0], units), min(split[1], t_w) if splittable else 1)
     else:
@@ -233,19 +233,19 @@ def analyze_slicing(spec, machine=None, *, vector=None, microtile_shape=None, nc
     def costed(band):
         blocks = {"IS": blocking(fin, fw, fout, t_w, band, machine),
                   "WS": blocking(fw, fin, fout, band, t_w, machine)}
-        costs = {name: schedule_costs(spec, machine, nwin, nf, nc, *blocks[name], name, vector,
+        costs = {name: schedule_costs(spec, machine, nwin, nf, nc, *blocks[name], name, vectors_along,
                                       band) for name in SCHEDULES}
         chosen = schedule or min(SCHEDULES, key=lambda name: costs[name]["total"])
         return band, blocks, costs, chosen
 
     # output bands where the model finds the partial outputs they keep in L2 worth the filters
     # they read again (one band on a tie); a direct plan is always banded (see output_band)
-    banded = output_band(spec, nwin, nc, t_in, vector, machine, per_row)
-    cap = workspace_band_cap(spec, nwin, nc, slab, vector, t_in, machine.l3, per_row)
+    banded = output_band(spec, nwin, nc, t_in, vectors_along, machine, per_row)
+    cap = workspace_band_cap(spec, nwin, nc, slab, vectors_along, t_in, machine.l3, per_row)
     bands = ([min(band, t_in)] if band else [min(banded, cap)] if per_row else
              sorted({min(t_in, cap), min(banded, cap)}, reverse=True))
     band, blocks, costs, chosen = min((costed(b) for b in bands),
                                       key=lambda option: option[2][option[3]]["total"])
     b2, b3 = blocks[chosen]
-    return SlicingPlan(spec, plan_machine, nwin, nf, nc, k2 or b2, k3 or b3, chosen, vector, slab,
-                       band, costs, forced, split)
+    return SlicingPlan(spec, plan_machine, nwin, nf, nc, k2 or b2, k3 or b3, chosen, vectors_along, slab,
+                       band, costs, tuple(overrides), split)

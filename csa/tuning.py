@@ -46,9 +46,9 @@ class Tuning:
     # filters per group from which plain 1x1s pack their window tiles rather than read the
     # input in place (0: never, in place wherever it does not alias L1 sets)
     packed_1x1_filters: int = 0
-    # measured on this host by a calibration: ((slab variant, vectors, broadcasts, fraction of
-    # the FMA peak), ...), slab variants as KernelSpec names them ("" packed, "vector",
-    # "broadcast"); and what the calibration measured on ("": not calibrated)
+    # measured on this host by a calibration: ((kernel variant, vectors, broadcasts, fraction
+    # of the FMA peak), ...), variants as KernelSpec names them ("packed", "slab", "direct");
+    # and what the calibration measured on ("": not calibrated)
     kernel_speeds: tuple = ()
     calibration: str = ""
 
@@ -62,31 +62,31 @@ class Tuning:
         loads = self.loads_per_cycle * accumulators / (self.fma_pipes * (broadcasts + vectors))
         return min(1.0, latency, loads)
 
-    def broadcast_counts(self, registers, vectors, slabs=("",)):
+    def broadcast_counts(self, registers, vectors, variants=("packed",)):
         """{broadcasts: efficiency} of the tiles with ``vectors`` vector rows that reach the
         best efficiency any of them reaches (ties: the plan rules choose), for kernels of every
-        slab variant in ``slabs``. Calibrated: of the tiles measured within MEASURED_TOLERANCE
+        kernel variant in ``variants``. Calibrated: of the tiles measured within MEASURED_TOLERANCE
         of the best (a tile's speed: its slowest variant's), those the model finds fastest too,
         else all of them."""
         speeds = {b: self.kernel_efficiency(registers, b, vectors) for b in range(1, registers)}
         best = max(speeds.values())
         modelled = {b: e for b, e in speeds.items() if best > 0 and e >= best - 1e-9}
-        measured = self.measured_speeds(vectors, slabs)
+        measured = self.measured_speeds(vectors, variants)
         if not measured:
             return modelled
         fastest = max(measured.values())
         fast = {b: e for b, e in measured.items() if e >= (1 - MEASURED_TOLERANCE) * fastest}
         return {b: e for b, e in modelled.items() if b in fast} or fast
 
-    def measured_speeds(self, vectors, slabs):
+    def measured_speeds(self, vectors, variants):
         """{broadcasts: fraction of the peak} of the tiles of ``vectors`` rows a calibration
-        measured in every variant of ``slabs`` (the slowest variant's)."""
+        measured in every one of ``variants`` (the slowest variant's)."""
         found = {}
-        for slab, v, b, speed in self.kernel_speeds:
-            if v == vectors and slab in slabs:
-                found.setdefault(b, {})[slab] = speed
-        return {b: min(by_slab.values()) for b, by_slab in found.items()
-                if len(by_slab) == len(slabs)}
+        for variant, v, b, speed in self.kernel_speeds:
+            if v == vectors and variant in variants:
+                found.setdefault(b, {})[variant] = speed
+        return {b: min(by_variant.values()) for b, by_variant in found.items()
+                if len(by_variant) == len(variants)}
 
     def calibrated(self, fma_in_flight, kernel_speeds, host):
         """This record corrected by a calibration on ``host``: ``fma_in_flight`` independent

@@ -41,7 +41,7 @@ def choose_vector(spec, window_tile, filter_tile, tuning):
     return "filters" if filters < 0.95 * windows else "windows"
 
 
-def reads_input_unpacked(spec, vector, tuning):
+def reads_input_unpacked(spec, vectors_along, tuning):
     """1x1, stride 1, no padding, windows in vectors: the NCHW input already is the C x (H*W)
     matrix whose rows the kernel loads as vectors, so full window tiles need no packing. Not
     when the plane's size in bytes is a multiple of half a page (32x32, 64x64 planes): a tile's
@@ -52,15 +52,15 @@ def reads_input_unpacked(spec, vector, tuning):
     windows are broadcast, one input row (channel) per step, and packed they sit in L1
     (measured 3-18% faster, e.g. 1x1 2432->1600 on 7x7)."""
     many_filters = tuning.packed_1x1_filters and spec.k_per_group >= tuning.packed_1x1_filters
-    return (vector == "windows" and plain_1x1(spec) and not many_filters
+    return (vectors_along == "windows" and plain_1x1(spec) and not many_filters
             and PAGE // gcd(spec.h * spec.w * spec.itemsize, PAGE) >= 4)
 
 
-def slab_fits(spec, nwin, vector):
+def slab_fits(spec, nwin, vectors_along):
     """A slab applies except to unpadded stride-1 1x1s (their slab would be a plain copy of the
     input, which their tiles read in place or pack, see reads_input_unpacked); with windows in
     vectors only when its rows are at least a tile wide (so a tile spans at most two rows)."""
-    return not plain_1x1(spec) and (vector == "filters" or slab_shape(spec)[1] >= nwin)
+    return not plain_1x1(spec) and (vectors_along == "filters" or slab_shape(spec)[1] >= nwin)
 
 
 def slab_footprint(spec, nwin, nc, line):
@@ -74,7 +74,7 @@ def slab_footprint(spec, nwin, nc, line):
     return nc * runs * straddle * (values * spec.itemsize + line)
 
 
-def use_slab(spec, nwin, nf, nc, vector, machine):
+def use_slab(spec, nwin, nf, nc, vectors_along, machine):
     """Pad each channel tile into a slab once and let the kernel read it in place, instead of
     packing R*S shifted copies of every window tile, when few filter tiles share each packed
     tile (at most ``tuning.slab_max_filter_tiles``) and the slab rows a tile reads fit in L1
@@ -83,6 +83,6 @@ def use_slab(spec, nwin, nf, nc, vector, machine):
     L1 than a packed tile, its vector loads are unaligned, and its tiles straddle output rows,
     which costs split, masked stores (csa/TUNING.md has the measurements)."""
     _, fw, fout = tile_footprints(spec, nwin, nf, nc)
-    return (slab_fits(spec, nwin, vector)
+    return (slab_fits(spec, nwin, vectors_along)
             and ceil(spec.k_per_group / nf) <= machine.tuning.slab_max_filter_tiles
             and slab_footprint(spec, nwin, nc, machine.line) + fw + fout <= CACHE_FILL * machine.l1d)

@@ -3,13 +3,18 @@
 Semantics are PyTorch's ``torch.nn.functional.conv2d``: cross-correlation, NCHW input, OIHW
 weights, zero padding, output in the input's dtype.
 """
+from __future__ import annotations
+
 import time
+from collections.abc import Iterable
 from functools import lru_cache
+from typing import Literal, Optional, Union
 
 import numpy as np
 
 import csa
-from microkernels import BIAS, RELU, default_isa, get_isa, supported_isas
+from microkernels import (BIAS, RELU, DepthwiseSpec, KernelSpec, default_isa, get_isa,
+                          supported_isas)
 from microkernels.once import fork_safe_lock
 from packing import pack_filters, unpack_filters
 
@@ -20,12 +25,18 @@ from .lowering import ALL_PHASES
 from .prepared import Prepared
 from .threads import get_num_threads
 
+IntPair = Union[int, tuple[int, int]]
+# an int, (h, w), ((top, bottom), (left, right)), 'valid' or 'same'
+Padding = Union[int, tuple[int, int], tuple[tuple[int, int], tuple[int, int]], str]
+Plan = Union[csa.SlicingPlan, csa.DepthwisePlan]
+Shape = tuple[int, ...]
+
 PREPARED_SHAPES = 64  # input shapes a Conv2d keeps prepared
 _tables = fork_safe_lock()   # guards every Conv2d's tables of packed filters and prepared shapes
 
 
 @lru_cache(maxsize=None)
-def host_machine(isa_name=None):
+def host_machine(isa_name: Optional[str] = None) -> csa.Machine:
     """The machine CSA plans for: the host's caches, the vector facts of the kernel ISA and its
     tuning record as this host's calibration corrects it (``cso.calibration``)."""
     return calibrated_machine(isa_name or default_isa().name)
@@ -51,17 +62,20 @@ class Conv2d:
     runs it on any input with the right channel count. ``input_shape``, when the input size is
     known at load time, packs the filters for that shape's plan (else for the usual
     orientation; another orientation repacks once on first use). ``plan_overrides`` forces CSA
-    choices (``vector`` 'windows'/'filters', ``microtile_shape``, ``nc``, ``k2``, ``k3``,
-    ``schedule`` 'IS'/'WS', ``slab`` True/False, ``band`` window tiles per output band) and
-    ``isa`` picks a micro-kernel ISA other than the host's best; both exist for tests and
+    choices (``csa.OVERRIDES``: ``vectors_along`` 'windows'/'filters', ``microtile_shape``,
+    ``nc``, ``k2``, ``k3``, ``schedule`` 'IS'/'WS', ``slab`` True/False, ``band`` window tiles
+    per output band, ``split``; a depthwise plan's ``block_vectors``, ``nc``, ``band``,
+    ``split``; ``depthwise`` False) and ``isa`` picks a micro-kernel ISA other than the host's best; both exist for tests and
     experiments. ``tune=True`` times CSA's best-ranked plans for each new input shape (and
     thread count) and runs the fastest (``cso.autotune``: about a second per shape, once per
     machine). Everything compiled and tuned is kept in the persistent cache (``CSO_CACHE_DIR``,
     see ``microkernels.cache``): a later process loads it."""
 
-    def __init__(self, weight, bias=None, stride=1, padding=0, dilation=1, groups=1,
-                 activation=None, *, input_shape=None, plan_overrides=None, isa=None,
-                 tune=False):
+    def __init__(self, weight: np.ndarray, bias: Optional[np.ndarray] = None,
+                 stride: IntPair = 1, padding: Padding = 0, dilation: IntPair = 1,
+                 groups: int = 1, activation: Optional[Literal["relu"]] = None, *,
+                 input_shape: Optional[Shape] = None, plan_overrides: Optional[dict] = None,
+                 isa: Optional[str] = None, tune: bool = False) -> None:
         if not isinstance(tune, bool):
             raise TypeError(f"tune must be True or False, got {tune!r}")
         if tune and plan_overrides:
@@ -75,8 +89,7 @@ class Conv2d:
         self.activation = args.check_activation(activation)
         self.isa = _check_isa(isa)
         try:
-            overrides = csa.check_overrides(**(plan_overrides or {}))
-            depthwise = csa.uses_depthwise(weight.shape[1], overrides)
+            depthwise, overrides = csa.check_overrides(weight.shape[1], **(plan_overrides or {}))
         except (TypeError, ValueError) as err:
             raise type(err)(f"plan_overrides: {err}") from None
         self.overrides = tuple(sorted(overrides.items()))
@@ -84,9 +97,8 @@ class Conv2d:
         self.weight_shape = weight.shape
         self.bias = np.empty(0, self.dtype) if bias is None else np.array(bias, copy=True)
         self._by_shape = {}
-        if input_shape is None:   # a depthwise plan's one filter a row, else windows in vectors
-            machine = host_machine(self.isa)
-            nf = 1 if depthwise else csa.microtile(machine, self.dtype.itemsize)[1]
+        if input_shape is None:
+            nf = csa.filters_per_tile(host_machine(self.isa), self.dtype.itemsize, depthwise)
         else:   # compile (or load) now what calls on that shape run
             threads = get_num_threads()
             prepared = self._prepared(tuple(input_shape), self.dtype, threads)
@@ -94,7 +106,7 @@ class Conv2d:
             nf = prepared.plan.nf
         self._packed = {nf: pack_filters(weight, nf, self.groups)}
 
-    def packed_weight(self, nf):
+    def packed_weight(self, nf: int) -> np.ndarray:
         """The filters packed in tiles of ``nf`` (packed once per tile size)."""
         found = self._packed.get(nf)
         if found is None:
@@ -105,13 +117,14 @@ class Conv2d:
                 found = self._packed.setdefault(nf, found)
         return found
 
-    def spec_for(self, shape, dtype=None):
+    def spec_for(self, shape: Shape, dtype: Optional[np.dtype] = None) -> csa.ConvSpec:
         """The ConvSpec of an input of ``shape`` (N, C, H, W) or (C, H, W)."""
         return args.conv_spec(shape, np.dtype(dtype or self.dtype), self.weight_shape, self.dtype,
                               self.stride, self.padding, self.dilation, self.groups)
 
-    def plan_for(self, shape):
-        """The SlicingPlan used for inputs of ``shape`` (N, C, H, W) or (C, H, W)."""
+    def plan_for(self, shape: Shape) -> Plan:
+        """The plan (``csa.SlicingPlan``, or ``csa.DepthwisePlan`` for one input channel per
+        group) that runs inputs of ``shape`` (N, C, H, W) or (C, H, W)."""
         return self._prepared(tuple(shape), self.dtype, get_num_threads()).plan
 
     def _prepared(self, shape, dtype, threads):
@@ -140,13 +153,14 @@ class Conv2d:
         if not self.tune:
             return _plan(spec, self.isa, self.overrides, threads)
         record = autotune.tuned(spec, self.isa, threads)
-        overrides = tuple(sorted(csa.check_overrides(**record["overrides"]).items()))
+        _, given = csa.check_overrides(spec.c_per_group, **record["overrides"])
+        overrides = tuple(sorted(given.items()))
         return autotune.tuned_plan(_plan(spec, self.isa, overrides, threads), record)
 
-    def __call__(self, x, out=None):
+    def __call__(self, x: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
         return self._call(x, out, ALL_PHASES)
 
-    def call_phases(self, x, phases):
+    def call_phases(self, x: np.ndarray, phases: int) -> np.ndarray:
         """Run only ``phases`` (``cso.lowering`` PACK | KERNEL | POST) of the loop nest on ``x``
         and return the output, whose values are then undefined: the benchmark's time breakdown
         times the phases apart this way, on the very tiles a call uses."""
@@ -174,8 +188,9 @@ class Conv2d:
             out[...] = result.reshape(out.shape)
         return out
 
-    def kernel_for(self, shape):
-        """The KernelSpec that runs inputs of ``shape``."""
+    def kernel_for(self, shape: Shape) -> Union[KernelSpec, DepthwiseSpec]:
+        """The micro-kernel (``KernelSpec``, or ``DepthwiseSpec``) that runs inputs of
+        ``shape``."""
         return self._prepared(tuple(shape), self.dtype, get_num_threads()).kernel
 
     def __repr__(self):
@@ -196,8 +211,10 @@ def _output(shape, dtype):
                           f"{shape} and data type {np.dtype(dtype)}") from None
 
 
-def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, activation=None,
-           out=None):
+def conv2d(x: np.ndarray, weight: np.ndarray, bias: Optional[np.ndarray] = None,
+           stride: IntPair = 1, padding: Padding = 0, dilation: IntPair = 1, groups: int = 1,
+           activation: Optional[Literal["relu"]] = None,
+           out: Optional[np.ndarray] = None) -> np.ndarray:
     """2-D convolution of ``x`` (N, C, H, W) or (C, H, W) with ``weight`` (K, C/groups, R, S).
 
     ``stride``, ``dilation``: int or (h, w). ``padding``: int, (h, w), ((top, bottom), (left,
@@ -214,7 +231,8 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, acti
                   input_shape=x.shape)(x, out=out)
 
 
-def warmup(convolutions, threads=None):
+def warmup(convolutions: Iterable[Union[csa.ConvSpec, str]],
+           threads: Optional[int] = None) -> float:
     """Compile, or load from the persistent cache, everything the ``convolutions`` need, so
     that their first calls run at full speed: ``convolutions`` is an iterable of
     ``csa.ConvSpec`` or their names (``str(spec)``, e.g. ``"n1c64h56w56k64r3s3p1u1"``), planned

@@ -26,6 +26,7 @@ import llvmlite.binding as llvm
 import numpy as np
 
 import csa
+from csa.register_blocking import TILE_VECTORS, calibration_candidates
 from microkernels import KernelSpec, get_isa
 from microkernels import cache
 from microkernels.jit import JitModule
@@ -35,7 +36,7 @@ from microkernels import probe
 from .threads import available_cpus, run_parts
 
 ENV_VAR = "CSO_CALIBRATE"
-VERSION = 1                 # of the record's layout: a record of another version is measured anew
+VERSION = 2                 # of the record's layout: a record of another version is measured anew
 TRIAL_FLOPS = 2e8           # per timed run of a micro-kernel (about 2 ms at 100 GFLOP/s)
 TRIALS = 5                  # best of: a calibration must not keep one disturbed run
 HANDOFF_CALLS, SLEEPS = 400, 12
@@ -62,8 +63,8 @@ def calibrated_machine(isa_name):
     if not enabled():
         return machine
     found = calibration(isa_name)
-    speeds = [(slab, csa.register_blocking.TILE_VECTORS, int(b), speed)
-              for slab, tiles in found["kernels"].items() for b, speed in tiles.items()]
+    speeds = [(variant, TILE_VECTORS, int(b), speed)
+              for variant, tiles in found["kernels"].items() for b, speed in tiles.items()]
     return machine.with_(tuning=machine.tuning.calibrated(
         found["fma_in_flight"], sorted(speeds), f"{found['cpu']}, calibrated {found['date']}"))
 
@@ -91,10 +92,11 @@ def measure(machine, isa_name):
     peak, _ = probe.fma_peak(1 << 24, isa)
     chain, _ = probe.fma_peak(1 << 22, isa, chains=1)
     kernels = {}
-    for slab, counts in csa.register_blocking.calibration_candidates(machine).items():
-        kernels[slab] = {b: round(_tile_gflops(KernelSpec("f32", b, csa.register_blocking.TILE_VECTORS
-                                                          * isa.lanes(4), isa_name, slab))
-                                  / peak, 3) for b in counts}
+    for variant, counts in calibration_candidates(machine).items():
+        kernel = {"packed": "", "slab": "vector", "direct": "broadcast"}[variant]  # TEMP merge
+        kernels[variant] = {b: round(_tile_gflops(KernelSpec("f32", b, TILE_VECTORS * isa.lanes(4),
+                                                             isa_name, kernel)) / peak, 3)
+                            for b in counts}
     return {
         "version": VERSION, "cpu": cpu_name(), "isa": isa_name,
         "date": time.strftime("%Y-%m-%d"), "fma_gflops": round(peak, 1),
@@ -164,16 +166,15 @@ def _seconds(run, calls=1):
 
 def describe(record):
     """The record as lines of text."""
-    tiles = "; ".join(f"{slab or 'packed'}: " + ", ".join(f"{b} {100 * speed:.0f}%"
-                                                          for b, speed in counts.items())
-                      for slab, counts in record["kernels"].items())
+    tiles = "; ".join(f"{variant}: " + ", ".join(f"{b} {100 * speed:.0f}%"
+                                                 for b, speed in counts.items())
+                      for variant, counts in record["kernels"].items())
     handoff_us = record["handoff_us"]
     return [
         f"{record['cpu']}, {record['isa']}: measured {record['date']} in {record['seconds']} s",
         f"FMA peak {record['fma_gflops']} GFLOP/s on one core; {record['fma_in_flight']} "
         "independent FMAs reach it (latency x pipes)",
-        f"micro-tiles of {csa.register_blocking.TILE_VECTORS} vectors by b broadcasts, % of that peak: "
-        f"{tiles}",
+        f"micro-tiles of {TILE_VECTORS} vectors by b broadcasts, % of that peak: {tiles}",
         "read bandwidth GB/s: " + ", ".join(f"{k} {v}" for k, v in record["read_gbs"].items()),
         "hand-off of a second part: " + ("one CPU" if handoff_us is None else
                                          f"{handoff_us['awake']} us to awake workers, "

@@ -44,7 +44,7 @@ def geometry(plan, kspec, epilogue_flags):
 
 
 def kernel_spec(plan, isa):
-    return DepthwiseSpec(short_dtype(plan.spec.dtype), plan.vectors, isa)
+    return DepthwiseSpec(short_dtype(plan.spec.dtype), plan.block_vectors, isa)
 
 
 def loop_nest(plan):

@@ -41,7 +41,7 @@ def geometry(plan, kspec, epilogue_flags):
     the last channel tile (with filters in vectors, in the transposing pass)."""
     s = plan.spec
     hs, ws = plan.slab_shape
-    filters_in_vectors = plan.vector == "filters"
+    filters_in_vectors = plan.vectors_along == "filters"
     # a slab is filled in runs of the kernel's vector width (whole vectors stored: a direct
     # tile's few windows made every store a masked one, microcoded on AMD), tiles per window
     fill_width = kspec.nwin
@@ -79,7 +79,7 @@ def scratch_tiles(plan):
     ahead) K2 for WS, K3 for IS; none for a slab."""
     if plan.slab:
         return 0
-    if plan.vector == "windows" and (plan.schedule == "WS" or plan.filter_tiles <= plan.k2):
+    if plan.vectors_along == "windows" and (plan.schedule == "WS" or plan.filter_tiles <= plan.k2):
         return 1
     return plan.k3 if plan.schedule == "IS" else plan.k2
 
@@ -101,7 +101,7 @@ def kernel_spec(plan, isa):
     else filters (vector) x windows (broadcast): KernelSpec's ``nwin`` is always its vector
     width and ``nf`` its broadcast count. A slab plan's kernel reads its windows in place, as
     vectors or (direct) as broadcasts."""
-    vector, broadcast = (plan.nwin, plan.nf) if plan.vector == "windows" else (plan.nf, plan.nwin)
+    vector, broadcast = (plan.nwin, plan.nf) if plan.vectors_along == "windows" else (plan.nf, plan.nwin)
     slab = ("broadcast" if plan.direct else "vector") if plan.slab else ""
     return KernelSpec.for_dtype(plan.spec.dtype, broadcast, vector, isa, slab)
 

@@ -47,7 +47,7 @@ LAYERS = [
     ((1, 16, 14, 14), (24, 16, 3, 3), np.float64, dict(padding=1)),
     ((1, 12, 16, 16), (16, 12, 3, 3), np.float32, dict(padding=2, dilation=2)),
     ((1, 64, 7, 9), (96, 64, 3, 3), np.float32,
-     dict(padding=1, plan_overrides={"vector": "filters"})),
+     dict(padding=1, plan_overrides={"vectors_along": "filters"})),
 ]
 # what --fork-while compile's caller compiles while the others are in the cache (fork
 # children compute layer 0)

@@ -22,7 +22,7 @@ def test_candidates_start_with_the_model_and_differ():
         plans = [plan for _, plan in found]
         assert 4 <= len(plans) <= csa.TUNE_CANDIDATES
         assert all(a != b for i, a in enumerate(plans) for b in plans[i + 1:])
-        kinds = {(p.vector, p.slab) for p in plans}
+        kinds = {(p.vectors_along, p.slab) for p in plans}
         assert {("windows", False), ("windows", True), ("filters", True)} <= kinds
         assert {p.schedule for p in plans} == {"IS", "WS"}
         if threads == 2:

@@ -72,7 +72,7 @@ def test_every_supported_isa(rng, isa, dtype):
 
 @pytest.mark.parametrize("overrides", [
     dict(nc=1), dict(nc=7), dict(nc=3, k2=1, k3=1), dict(k2=2, k3=3), dict(k2=1), dict(k3=2),
-    dict(vector="filters"), dict(vector="filters", nc=5, k2=1, k3=2), dict(nc=3, band=1),
+    dict(vectors_along="filters"), dict(vectors_along="filters", nc=5, k2=1, k3=2), dict(nc=3, band=1),
     dict(nc=2, band=2, k2=3, k3=2),
 ])
 @pytest.mark.parametrize("name", ["many_tiles", "grouped", "stride_hw"])
@@ -123,7 +123,7 @@ def test_slab_and_packed_tiles_identical(rng, name, dtype, overrides):
         for schedule in ("IS", "WS"):
             conv = cso.Conv2d(wt, b, geometry["stride"], ((t, bo), (left, right)), geometry["dilation"],
                               geometry["groups"], activation="relu",
-                              plan_overrides=dict(overrides, vector="windows", slab=slab,
+                              plan_overrides=dict(overrides, vectors_along="windows", slab=slab,
                                                   schedule=schedule))
             assert conv.plan_for(x.shape).slab == slab
             assert conv.kernel_for(x.shape).slab == ("vector" if slab else "")
@@ -160,7 +160,7 @@ def test_direct_and_packed_tiles_identical(rng, name, dtype, overrides):
     results, nc = [], None
     for slab in (True, False):
         for schedule in ("IS", "WS"):
-            forced = dict(overrides, vector="filters", slab=slab, schedule=schedule)
+            forced = dict(overrides, vectors_along="filters", slab=slab, schedule=schedule)
             if nc:   # the same channel tiles: the same sums in the same order
                 forced["nc"] = nc
             conv = cso.Conv2d(wt, b, geometry["stride"], ((t, bo), (left, right)), geometry["dilation"],
@@ -185,7 +185,7 @@ def test_direct_rows_end_in_a_tile_of_their_own(rng, q):
     wt = rng.standard_normal((20, 8, 3, 3)).astype(np.float32)
     b = rng.standard_normal(20).astype(np.float32)
     conv = cso.Conv2d(wt, b, padding=1, activation="relu",
-                      plan_overrides=dict(vector="filters", slab=True, microtile_shape=(6, 16)))
+                      plan_overrides=dict(vectors_along="filters", slab=True, microtile_shape=(6, 16)))
     plan = conv.plan_for(x.shape)
     assert plan.direct and plan.row_tiles == -(-q // 6)
     assert bool(tail_kernel(plan, conv.kernel_for(x.shape))) == (q % 6 != 0)
@@ -196,15 +196,15 @@ def test_direct_rows_end_in_a_tile_of_their_own(rng, q):
 def test_odd_window_and_filter_counts_cover_every_edge(rng, vector):
     """Output planes of 1..2*Nwin+1 positions and 1..2*Nf+1 filters: every edge tile shape, in
     both orientations (with bias and ReLU, which the filters-in-vectors path applies last)."""
-    probe = cso.Conv2d(np.zeros((1, 2, 1, 1), F32), plan_overrides={"vector": vector}).plan_for((1, 2, 8, 8))
+    probe = cso.Conv2d(np.zeros((1, 2, 1, 1), F32), plan_overrides={"vectors_along": vector}).plan_for((1, 2, 8, 8))
     nwin, nf = probe.nwin, probe.nf
     for q in sorted({1, nwin - 1, nwin, nwin + 1, 2 * nwin + 1} - {0}):
         for k in sorted({1, nf - 1, nf, nf + 1, 2 * nf + 1}):
             x = rng.standard_normal((1, 3, 1, q + 2)).astype(F32)
             wt = rng.standard_normal((k, 3, 1, 3)).astype(F32)
             b = rng.standard_normal(k).astype(F32)
-            conv = cso.Conv2d(wt, b, activation="relu", plan_overrides={"vector": vector})
-            assert conv.plan_for(x.shape).vector == vector
+            conv = cso.Conv2d(wt, b, activation="relu", plan_overrides={"vectors_along": vector})
+            assert conv.plan_for(x.shape).vectors_along == vector
             assert_conv_close(conv(x), x, wt, b, relu=True)
 
 
@@ -320,12 +320,12 @@ def test_input_shape_at_load_packs_once_for_that_plan(rng):
     wt = rng.standard_normal((64, 16, 3, 3)).astype(F32)
     known = cso.Conv2d(wt, padding=1, input_shape=x.shape)
     plan = known.plan_for(x.shape)
-    assert plan.vector == "filters" and list(known._packed) == [plan.nf]
+    assert plan.vectors_along == "filters" and list(known._packed) == [plan.nf]
     assert_conv_close(known(x), x, wt, padding=(1, 1, 1, 1))
     assert list(known._packed) == [plan.nf]
     later = cso.Conv2d(wt, padding=1)
     np.testing.assert_array_equal(later(x), known(x))
-    at_load = csa.microtile(cso.host_machine(), 4)[1]
+    at_load = csa.register_blocking.microtile(cso.host_machine(), 4)[1]
     assert sorted(later._packed) == sorted({at_load, plan.nf})
     with pytest.raises(ValueError, match="channels"):
         cso.Conv2d(wt, input_shape=(1, 3, 7, 7))
@@ -342,9 +342,9 @@ def test_one_loop_nest_serves_every_shape_and_micro_kernel(rng):
     for hw in (33, 34, 37, 40):   # wide enough for a slab at stride 2
         for dilation in (1, 2):
             x = rng.standard_normal((1 + hw % 2, 3, hw, hw + 1)).astype(F32)
-            for overrides in ({"vector": "windows", "slab": False, "microtile_shape": (16, 5)},
-                              {"vector": "filters"},
-                              {"vector": "windows", "slab": True, "microtile_shape": (16, 4)}):
+            for overrides in ({"vectors_along": "windows", "slab": False, "microtile_shape": (16, 5)},
+                              {"vectors_along": "filters"},
+                              {"vectors_along": "windows", "slab": True, "microtile_shape": (16, 4)}):
                 conv = cso.Conv2d(wt, padding=hw % 3, stride=1 + hw % 2, dilation=dilation,
                                   plan_overrides=overrides)
                 kernels.add(conv.kernel_for(x.shape))
@@ -355,7 +355,7 @@ def test_one_loop_nest_serves_every_shape_and_micro_kernel(rng):
 
 
 @pytest.mark.parametrize("overrides", [{"slab": True}, {"slab": False, "schedule": "WS"},
-                                       {"vector": "filters"}])
+                                       {"vectors_along": "filters"}])
 def test_phases_alone_run_the_same_tiles(rng, overrides):
     """The benchmark's time breakdown runs loop-nest phases alone: all of them is exactly a
     call; packing only or post-conv only run without touching anything else."""
@@ -380,7 +380,7 @@ def test_unpadded_1x1_reads_its_input_in_place_with_windows_in_vectors(rng, vect
     x = rng.standard_normal((3, 20, 9, 11)).astype(np.float32)     # 99 windows: 3 full tiles + 3
     w = rng.standard_normal((24, 20, 1, 1)).astype(np.float32)
     b = rng.standard_normal(24).astype(np.float32)
-    conv = cso.Conv2d(w, b, plan_overrides={"vector": vector, "nc": 7})
+    conv = cso.Conv2d(w, b, plan_overrides={"vectors_along": vector, "nc": 7})
     out = conv(x)
     assert_conv_close(out, x, w, b, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1)
     prepared = conv._prepared(x.shape, x.dtype, cso.get_num_threads())

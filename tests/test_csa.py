@@ -35,19 +35,19 @@ def test_kernel_model_against_measured_avx2_kernels():
 
 
 def test_register_blocking_per_orientation():
-    assert csa.microtile(AVX512, 4) == (32, 8)    # float32: 8 of the 4..15 that fit divide real K
-    assert csa.microtile(AVX512, 8) == (16, 8)    # float64
-    assert csa.microtile(AVX2, 4) == (16, 6)      # 4..6 fit: the fewest loads per FMA
-    assert csa.microtile(AVX2, 8) == (8, 6)
+    assert csa.register_blocking.microtile(AVX512, 4) == (32, 8)    # float32: 8 of the 4..15 that fit divide real K
+    assert csa.register_blocking.microtile(AVX512, 8) == (16, 8)    # float64
+    assert csa.register_blocking.microtile(AVX2, 4) == (16, 6)      # 4..6 fit: the fewest loads per FMA
+    assert csa.register_blocking.microtile(AVX2, 8) == (8, 6)
     # filters in vectors: 7 windows where they fit two vectors, else the count that covers the
     # plane fastest at the speeds the record measured in loop nests; one window of four
     # vectors on a single-pixel plane
-    assert csa.filter_vector_tile(AVX512, 4, 49) == (7, 32)
-    assert csa.filter_vector_tile(AVX512, 4, 1) == (1, 64)
-    assert csa.filter_vector_tile(AVX2, 4, 49) == (5, 16)     # 50 positions, against 52 and 54
-    assert csa.filter_vector_tile(AVX2, 4, 196) == (6, 16)    # 198 at 1.0 against 196 at 0.96
-    assert csa.filter_vector_tile(AVX2, 4, 4) == (4, 16)
-    assert csa.filter_vector_tile(AVX2, 4, 1) == (1, 32)
+    assert csa.register_blocking.filter_vector_tile(AVX512, 4, 49) == (7, 32)
+    assert csa.register_blocking.filter_vector_tile(AVX512, 4, 1) == (1, 64)
+    assert csa.register_blocking.filter_vector_tile(AVX2, 4, 49) == (5, 16)     # 50 positions, against 52 and 54
+    assert csa.register_blocking.filter_vector_tile(AVX2, 4, 196) == (6, 16)    # 198 at 1.0 against 196 at 0.96
+    assert csa.register_blocking.filter_vector_tile(AVX2, 4, 4) == (4, 16)
+    assert csa.register_blocking.filter_vector_tile(AVX2, 4, 1) == (1, 32)
     # direct: the window counts and relative speeds each record measured in loop nests
     for q, avx512, avx2 in ((56, 14, 6), (28, 14, 6), (14, 14, 5), (7, 7, 4), (35, 7, 6)):
         spec = ConvSpec(1, 64, q, q, 64, 3, 3, padding=(1, 1, 1, 1))
@@ -56,25 +56,25 @@ def test_register_blocking_per_orientation():
 
 
 def calibrated(machine, speeds, fma_in_flight=8):
-    """``machine`` as a calibration measuring ``speeds`` {slab: {broadcasts: fraction}} makes it."""
-    measured = [(slab, csa.register_blocking.TILE_VECTORS, b, e) for slab, by_b in speeds.items()
+    """``machine`` as a calibration measuring ``speeds`` {variant: {broadcasts: fraction}} makes it."""
+    measured = [(variant, csa.register_blocking.TILE_VECTORS, b, e) for variant, by_b in speeds.items()
                 for b, e in by_b.items()]
     return machine.with_(tuning=machine.tuning.calibrated(fma_in_flight, measured, "test CPU"))
 
 
 def test_calibration_candidates_are_the_rules_picks_and_their_neighbours():
-    assert csa.register_blocking.calibration_candidates(AVX2) == {"": [4, 5, 6], "vector": [5, 6],
-                                                     "broadcast": [3, 4, 5, 6]}
-    assert csa.register_blocking.calibration_candidates(AVX512) == {"": [6, 7, 8, 9], "vector": [7, 8, 9],
-                                                       "broadcast": [6, 7, 8, 13, 14, 15]}
+    assert csa.register_blocking.calibration_candidates(AVX2) == {"packed": [4, 5, 6], "slab": [5, 6],
+                                                     "direct": [3, 4, 5, 6]}
+    assert csa.register_blocking.calibration_candidates(AVX512) == {"packed": [6, 7, 8, 9], "slab": [7, 8, 9],
+                                                       "direct": [6, 7, 8, 13, 14, 15]}
 
 
 def test_calibration_confirming_the_model_changes_no_tile():
-    agree = calibrated(AVX2, {"": {3: 0.75, 4: 0.97, 5: 0.98, 6: 0.99}, "vector": {5: 0.96, 6: 0.97},
-                              "broadcast": {3: 0.7, 4: 0.98, 5: 0.93, 6: 0.98}})
-    assert csa.microtile(agree, 4) == (16, 6)
-    assert csa.filter_vector_tile(agree, 4, 49) == (5, 16)
-    assert csa.filter_vector_tile(agree, 4, 196) == (6, 16)
+    agree = calibrated(AVX2, {"packed": {3: 0.75, 4: 0.97, 5: 0.98, 6: 0.99}, "slab": {5: 0.96, 6: 0.97},
+                              "direct": {3: 0.7, 4: 0.98, 5: 0.93, 6: 0.98}})
+    assert csa.register_blocking.microtile(agree, 4) == (16, 6)
+    assert csa.register_blocking.filter_vector_tile(agree, 4, 49) == (5, 16)
+    assert csa.register_blocking.filter_vector_tile(agree, 4, 196) == (6, 16)
     spec = ConvSpec(1, 64, 56, 56, 64, 3, 3, padding=(1, 1, 1, 1))
     assert csa.register_blocking.direct_windows(spec, agree) == 6
     assert agree.tuning.calibration == "test CPU" and "test CPU" in str(agree)
@@ -83,26 +83,26 @@ def test_calibration_confirming_the_model_changes_no_tile():
 def test_calibration_overturns_tiles_measured_slow():
     # a core where six broadcasts stall (say, fewer rename registers): five, within the noise
     # of the best, wherever the model would have taken six
-    slow6 = calibrated(AVX2, {"": {3: 0.75, 4: 0.97, 5: 0.98, 6: 0.80}, "vector": {5: 0.96, 6: 0.7},
-                              "broadcast": {3: 0.7, 4: 0.98, 5: 0.97, 6: 0.81}})
-    assert csa.microtile(slow6, 4) == (16, 5)
+    slow6 = calibrated(AVX2, {"packed": {3: 0.75, 4: 0.97, 5: 0.98, 6: 0.80}, "slab": {5: 0.96, 6: 0.7},
+                              "direct": {3: 0.7, 4: 0.98, 5: 0.97, 6: 0.81}})
+    assert csa.register_blocking.microtile(slow6, 4) == (16, 5)
     assert csa.tuning.MEASURED_TOLERANCE < 1 - 0.8 / 0.97
     # a tile slow in one variant is slow for the orientation that runs both
-    assert csa.microtile(calibrated(AVX2, {"": {5: 0.98, 6: 0.98}, "vector": {5: 0.97, 6: 0.6}}),
+    assert csa.register_blocking.microtile(calibrated(AVX2, {"packed": {5: 0.98, 6: 0.98}, "slab": {5: 0.97, 6: 0.6}}),
                          4) == (16, 5)
     # a core that needs fewer FMAs in flight (ymm FMAs at half rate): three broadcasts measured
     # as fast as four, and the model, told so, agrees; with no loop-nest speeds for that core
     # (the record's are Zen 3's, which lists no 3), a 3x3 plane takes three windows
-    half = calibrated(AVX2, {"": {3: 0.97, 4: 0.98, 5: 0.98, 6: 0.97}}, fma_in_flight=4)
+    half = calibrated(AVX2, {"packed": {3: 0.97, 4: 0.98, 5: 0.98, 6: 0.97}}, fma_in_flight=4)
     assert set(half.tuning.broadcast_counts(16, 2)) == {3, 4, 5, 6}
     unmeasured = half.with_(tuning=dataclasses.replace(half.tuning, filter_windows=()))
-    assert csa.filter_vector_tile(unmeasured, 4, 3 * 3) == (3, 16)
+    assert csa.register_blocking.filter_vector_tile(unmeasured, 4, 3 * 3) == (3, 16)
     assert csa.tuning.AVX2.broadcast_counts(16, 2) == {4: 1.0, 5: 1.0, 6: 1.0}
     # tiles the model rejects are taken when every tile it prefers measured slow
-    odd = calibrated(AVX2, {"": {3: 0.95, 4: 0.6, 5: 0.6, 6: 0.6}})
-    assert csa.filter_vector_tile(odd, 4, 196) == (3, 16)
+    odd = calibrated(AVX2, {"packed": {3: 0.95, 4: 0.6, 5: 0.6, 6: 0.6}})
+    assert csa.register_blocking.filter_vector_tile(odd, 4, 196) == (3, 16)
     # variants not measured plan from the model
-    assert csa.microtile(odd, 4) == (16, 6)
+    assert csa.register_blocking.microtile(odd, 4) == (16, 6)
 
 
 def test_plan_hand_computed_input_stationary():
@@ -142,19 +142,19 @@ def test_blocking_clamps_to_tile_counts_and_at_least_one():
 def test_channel_tile_never_exceeds_channels_per_group():
     spec = ConvSpec(1, 32, 8, 8, 32, 1, 1, groups=8)
     assert csa.analyze(spec, SMALL, microtile_shape=TILE).nc == 4
-    assert csa.channel_tile(spec, 32, 14, 48 * 1024) == 4
+    assert csa.blocking.channel_tile(spec, 32, 14, 48 * 1024) == 4
 
 
 def test_output_bands_where_they_pay():
     zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32,
                   tuning=csa.tuning.AVX512)
     # 0.25*0.9*1 MiB // (32*128*4) = 14 window tiles: 6.4 MB of partial outputs kept in L2
-    big_output = csa.analyze(ConvSpec.parse("n1c128h112w112k128r3s3p1u1"), zen, vector="windows")
+    big_output = csa.analyze(ConvSpec.parse("n1c128h112w112k128r3s3p1u1"), zen, vectors_along="windows")
     assert big_output.band == 14 and "29 of 14 window tiles" in big_output.explain()
     # 9.4 MB of filters read again per band for 1.6 MB of output: one band
-    big_filters = csa.analyze(ConvSpec.parse("n1c512h28w28k512r3s3p1u1"), zen, vector="windows")
+    big_filters = csa.analyze(ConvSpec.parse("n1c512h28w28k512r3s3p1u1"), zen, vectors_along="windows")
     assert big_filters.band == big_filters.window_tiles
-    one_channel_tile = csa.analyze(ConvSpec.parse("n1c3h224w224k64r7s7p3u2"), zen, vector="windows")
+    one_channel_tile = csa.analyze(ConvSpec.parse("n1c3h224w224k64r7s7p3u2"), zen, vectors_along="windows")
     assert one_channel_tile.band == one_channel_tile.window_tiles
     assert "no partial outputs" in one_channel_tile.explain()
 
@@ -165,8 +165,8 @@ def test_channel_tiles_split_evenly():
     # 30 channels of a 32 x 8 tile fit L1: (0.9*49152 - 1024) // (40*9*4) = 30
     for c, nc in ((30, 30), (32, 16), (64, 22), (256, 29), (31, 16)):
         spec = ConvSpec(1, c, 28, 28, 64, 3, 3, padding=(1,) * 4)
-        assert csa.channel_tile(spec, 32, 8, zen.l1d) == nc
-        assert csa.analyze(spec, zen, vector="windows").channel_tiles == -(-c // 30)
+        assert csa.blocking.channel_tile(spec, 32, 8, zen.l1d) == nc
+        assert csa.analyze(spec, zen, vectors_along="windows").channel_tiles == -(-c // 30)
 
 
 def test_float64_roughly_halves_the_channel_tile():
@@ -195,10 +195,10 @@ def test_filters_become_the_vector_dimension_on_small_planes():
     for hw, k, expected in ((7, 512, "filters"), (14, 256, "filters"), (1, 1984, "filters"),
                             (56, 64, "windows"), (28, 128, "windows"), (16, 64, "windows")):
         plan = csa.analyze(ConvSpec(1, 64, hw, hw, k, 1, 1), machine)
-        assert plan.vector == expected, (hw, k)
+        assert plan.vectors_along == expected, (hw, k)
     # 7x7: 49 windows fill 7 tiles of 7 exactly, against 2 tiles of 32 (64 lanes)
-    assert csa.padded_work(ConvSpec(1, 8, 7, 7, 64, 1, 1), 7, 32) == 49 * 64
-    assert csa.padded_work(ConvSpec(1, 8, 7, 7, 64, 1, 1), 32, 8) == 64 * 64
+    assert csa.variants.padded_work(ConvSpec(1, 8, 7, 7, 64, 1, 1), 7, 32) == 49 * 64
+    assert csa.variants.padded_work(ConvSpec(1, 8, 7, 7, 64, 1, 1), 32, 8) == 64 * 64
     assert (csa.analyze(ConvSpec(1, 64, 1, 1, 1984, 1, 1), machine).nwin,
             csa.analyze(ConvSpec(1, 64, 1, 1, 1984, 1, 1), machine).nf) == (1, 64)
     assert "vectors along the filters" in csa.analyze(ConvSpec(1, 8, 7, 7, 64, 1, 1), machine).explain()
@@ -211,13 +211,13 @@ def test_output_streams_term_follows_the_inner_loop():
     zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32,
                   tuning=csa.tuning.AVX512)
     plan = csa.analyze(ConvSpec.parse("n1c3h331w331k96r3s3p0u2"), zen,   # measured: WS 29% faster
-                       vector="windows")
+                       vectors_along="windows")
     assert plan.costs["IS"]["output streams"] > 0 and plan.costs["WS"]["output streams"] == 0
     assert plan.schedule == "WS"
     small_rows = csa.analyze(ConvSpec.parse("n1c64h28w28k128r3s3p1u1"), zen)  # rows 3 KiB apart
     assert all(t["output streams"] == 0 for t in small_rows.costs.values())
     transposed = csa.analyze(ConvSpec.parse("n1c2432h7w7k1600r1s1p0u1"), zen)
-    assert transposed.vector == "filters"
+    assert transposed.vectors_along == "filters"
     assert all(t["output streams"] == 0 for t in transposed.costs.values())
 
 
@@ -237,7 +237,7 @@ def test_slab_where_it_applies_and_pays():
                   tuning=csa.tuning.AVX512)
 
     def plan(name, **overrides):
-        return csa.analyze(ConvSpec.parse(name), zen, vector="windows", **overrides)
+        return csa.analyze(ConvSpec.parse(name), zen, vectors_along="windows", **overrides)
 
     few_filters = plan("n1c64h56w56k64r3s3p1u1")                # 8 filter tiles
     assert few_filters.slab and "slab" in few_filters.explain()
@@ -318,8 +318,8 @@ def test_parse_size():
 
 
 def test_unpacked_1x1_only_where_channel_rows_spread_over_l1_sets():
-    def unpacked(name, vector="windows", tuning=csa.tuning.AVX512):
-        return csa.variants.reads_input_unpacked(ConvSpec.parse(name), vector, tuning)
+    def unpacked(name, vectors_along="windows", tuning=csa.tuning.AVX512):
+        return csa.variants.reads_input_unpacked(ConvSpec.parse(name), vectors_along, tuning)
     assert unpacked("n1c64h56w56k256r1s1p0u1")
     assert unpacked("n1c128h16w16k512r1s1p0u1")   # 4 sets
     for aliased in ("n1c256h64w64k512r1s1p0u1", "n1c256h32w32k256r1s1p0u1",
@@ -344,7 +344,7 @@ def test_direct_depth_and_slab_filter_tiles_come_from_the_record():
                    tuning=csa.tuning.AVX512)
     def plan(name, machine):
         p = csa.analyze(ConvSpec.parse(name), machine)
-        return "direct" if p.direct else p.vector + (" slab" if p.slab else " packed")
+        return "direct" if p.direct else p.vectors_along + (" slab" if p.slab else " packed")
     assert plan("n1c16h112w112k32r3s3p1u1", zen3) == "direct"        # depth 144
     assert plan("n1c16h112w112k32r3s3p1u1", zen5) == "windows slab"
     assert plan("n1c3h224w224k64r3s3p1u1", zen3) == "windows packed"  # depth 27; 11 filter tiles
@@ -364,7 +364,7 @@ def test_vectors_along_the_filters_where_they_waste_fewer_lanes_than_the_transpo
     zen5 = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32,
                    tuning=csa.tuning.AVX512)
     def vector(name, machine=zen3):
-        return csa.analyze(ConvSpec.parse(name), machine).vector
+        return csa.analyze(ConvSpec.parse(name), machine).vectors_along
     assert vector("n1c512h14w14k512r1s1p0u1") == "filters"
     assert vector("n1c64h14w14k512r1s1p0u1") == "windows"
     assert vector("n1c64h14w14k512r1s1p0u1", zen5) == "filters"
@@ -390,7 +390,7 @@ def test_direct_where_it_applies():
     zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32,
                   tuning=csa.tuning.AVX512)
     plan = csa.analyze(ConvSpec.parse("n1c256h56w56k256r3s3p1u1"), zen)
-    assert plan.direct and (plan.vector, plan.nwin, plan.nf, plan.row_tiles) == ("filters", 14, 32, 4)
+    assert plan.direct and (plan.vectors_along, plan.nwin, plan.nf, plan.row_tiles) == ("filters", 14, 32, 4)
     assert plan.nc == 128   # 32*9*256*4 B > 0.25*L2 >= 32*9*128*4 B
     assert plan.band % plan.row_tiles == 0 and "direct" in plan.explain()
     assert plan.window_tiles == 56 * 4
@@ -405,6 +405,6 @@ def test_direct_where_it_applies():
                  "n1c256h28w28k40r3s3p1u1"):    # 40 filters in tiles of 32
         assert not csa.analyze(ConvSpec.parse(name), zen).direct, name
     strided = ConvSpec.parse("n1c64h224w224k128r3s3p1u2")
-    assert csa.analyze(strided, zen, vector="filters", slab=True).direct
+    assert csa.analyze(strided, zen, vectors_along="filters", slab=True).direct
     assert not csa.analyze(ConvSpec.parse("n1c256h56w56k256r3s3p1u1"), zen, slab=False).direct
-    assert csa.direct_channel_tile(ConvSpec.parse("n1c512h28w28k512r3s3p1u1"), 32, zen.l2) == 171
+    assert csa.blocking.direct_channel_tile(ConvSpec.parse("n1c512h28w28k512r3s3p1u1"), 32, zen.l2) == 171

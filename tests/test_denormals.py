@@ -11,8 +11,8 @@ TINY = {np.float32: 1e-39, np.float64: 1e-309}   # below the smallest normal num
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("weight_shape,groups,overrides", [
-    ((16, 8, 3, 3), 1, {"slab": False}), ((16, 8, 3, 3), 1, {"slab": True, "vector": "windows"}),
-    ((16, 8, 3, 3), 1, {"vector": "filters"}), ((16, 8, 1, 1), 1, {}), ((8, 1, 3, 3), 8, {})])
+    ((16, 8, 3, 3), 1, {"slab": False}), ((16, 8, 3, 3), 1, {"slab": True, "vectors_along": "windows"}),
+    ((16, 8, 3, 3), 1, {"vectors_along": "filters"}), ((16, 8, 1, 1), 1, {}), ((8, 1, 3, 3), 8, {})])
 def test_subnormal_inputs_are_computed_not_flushed(rng, dtype, weight_shape, groups, overrides):
     x = (rng.standard_normal((1, 8, 20, 40)) * TINY[dtype]).astype(dtype)
     assert np.all(np.abs(x[x != 0]) < np.finfo(dtype).smallest_normal)

@@ -117,8 +117,8 @@ def test_row_widths_around_the_vector(rng, isa, dtype):
             assert_conv_close(conv(x), x, wt, None, padding=(1, 1, 1, 1), groups=2)
 
 
-@pytest.mark.parametrize("overrides", [{"band": 1}, {"band": 3, "vectors": 1}, {"nc": 1},
-                                       {"nc": 4, "vectors": 2}, {"vectors": 5}])
+@pytest.mark.parametrize("overrides", [{"band": 1}, {"band": 3, "block_vectors": 1}, {"nc": 1},
+                                       {"nc": 4, "block_vectors": 2}, {"block_vectors": 5}])
 def test_forced_tilings(rng, overrides):
     for name in ("stride2", "multiplier3_s2", "tiny_many", "big_plane_bands"):
         geometry = GEOMETRIES[name]
@@ -205,8 +205,8 @@ def test_override_errors():
         csa.analyze(depthwise, ZEN, schedule="IS")
     with pytest.raises(ValueError, match="2 channels per group, a depthwise plan needs 1"):
         csa.analyze(grouped, ZEN, depthwise=True)
-    with pytest.raises(ValueError, match=r"\['vectors'\] do not apply to a slicing plan"):
-        csa.analyze(grouped, ZEN, vectors=4)
+    with pytest.raises(ValueError, match=r"\['block_vectors'\] do not apply to a slicing plan"):
+        csa.analyze(grouped, ZEN, block_vectors=4)
     with pytest.raises(TypeError, match="depthwise override must be True or False"):
         csa.analyze(depthwise, ZEN, depthwise=1)
     with pytest.raises(ValueError, match="plan_overrides:.*depthwise plan"):

@@ -147,7 +147,7 @@ def test_plan_overrides_and_isa_are_checked():
     with pytest.raises(TypeError, match="plan_overrides"):
         cso.Conv2d(W, plan_overrides={"bogus": 1})
     # valid alone, but not for the kernel (windows a multiple of the vector) or the shape
-    for bad in ({"microtile_shape": (5, 8), "vector": "windows", "slab": False},
-                {"slab": True, "vector": "windows"}):
+    for bad in ({"microtile_shape": (5, 8), "vectors_along": "windows", "slab": False},
+                {"slab": True, "vectors_along": "windows"}):
         with pytest.raises(ValueError, match=r"plan_overrides .* for input of shape"):
             cso.Conv2d(W, plan_overrides=bad)(np.ones((1, W.shape[1], 5, 5), W.dtype))

@@ -18,9 +18,9 @@ LARGE = {
     "wide_rows": ((1, 3, 4, 2_000_000), (8, 3, 3, 3), dict(padding=1)),
     "resnet_like_112": ((1, 256, 112, 112), (256, 256, 3, 3), dict(padding=1)),
     "filters_in_vectors_forced": ((1, 16, 1000, 1000), (64, 16, 3, 3),
-                                  dict(padding=1, plan_overrides={"vector": "filters"})),
+                                  dict(padding=1, plan_overrides={"vectors_along": "filters"})),
     "direct_forced": ((1, 16, 1000, 1000), (64, 16, 3, 3),
-                      dict(padding=1, plan_overrides={"vector": "filters", "slab": True})),
+                      dict(padding=1, plan_overrides={"vectors_along": "filters", "slab": True})),
     "depthwise": ((1, 16, 2000, 2000), (16, 1, 3, 3), dict(padding=1, groups=16)),
 }
 

@@ -18,10 +18,10 @@ def host_specs():
             machine = csa.Machine(vector_bytes=isa.vector_bytes,
                                   vector_registers=isa.vector_registers,
                                   tuning=csa.tuning.record(isa.name))
-            nwin, nf = csa.microtile(machine, itemsize)
+            nwin, nf = csa.register_blocking.microtile(machine, itemsize)
             specs.add(mk.KernelSpec(dtype, nf, nwin, isa.name))
             for positions in (4, 49, 196):
-                windows, filters = csa.filter_vector_tile(machine, itemsize, positions)
+                windows, filters = csa.register_blocking.filter_vector_tile(machine, itemsize, positions)
                 specs.add(mk.KernelSpec(dtype, windows, filters, isa.name))
     return sorted(specs, key=str)
 
@@ -278,8 +278,8 @@ def test_neon_kernels_compile_for_aarch64(dtype, itemsize, suffix):
     import re
     from microkernels.jit import cross_assembly
     neon = csa.Machine(vector_bytes=16, vector_registers=32, tuning=csa.tuning.NEON)
-    nwin, nf = csa.microtile(neon, itemsize)
-    windows, filters = csa.filter_vector_tile(neon, itemsize, 49)
+    nwin, nf = csa.register_blocking.microtile(neon, itemsize)
+    windows, filters = csa.register_blocking.filter_vector_tile(neon, itemsize, 49)
     direct = csa.register_blocking.direct_windows(csa.ConvSpec(1, 64, 56, 56, 64, 3, 3), neon)
     specs = [mk.KernelSpec(dtype, nf, nwin, "neon"), mk.KernelSpec(dtype, nf, nwin, "neon", "vector"),
              mk.KernelSpec(dtype, windows, filters, "neon"),

@@ -9,13 +9,13 @@ from reference import assert_conv_close
 
 
 SLICING_OVERRIDES = [{}, {"schedule": "IS"}, {"schedule": "WS"}, {"nc": 2, "k2": 1, "k3": 2},
-                     {"vector": "windows"}, {"vector": "filters"},
-                     {"vector": "filters", "schedule": "WS", "nc": 3, "k2": 2},
-                     {"vector": "windows", "nc": 1, "band": 1},
-                     {"vector": "windows", "nc": 2, "band": 2, "k2": 1}]
-DEPTHWISE_OVERRIDES = [{}, {"vectors": 1}, {"vectors": 3}, {"nc": 1, "band": 1},
-                       {"band": 2, "vectors": 2}, {"nc": 3}, {"split": (3, 1)},
-                       {"depthwise": False}, {"depthwise": False, "vector": "filters"}]
+                     {"vectors_along": "windows"}, {"vectors_along": "filters"},
+                     {"vectors_along": "filters", "schedule": "WS", "nc": 3, "k2": 2},
+                     {"vectors_along": "windows", "nc": 1, "band": 1},
+                     {"vectors_along": "windows", "nc": 2, "band": 2, "k2": 1}]
+DEPTHWISE_OVERRIDES = [{}, {"block_vectors": 1}, {"block_vectors": 3}, {"nc": 1, "band": 1},
+                       {"band": 2, "block_vectors": 2}, {"nc": 3}, {"split": (3, 1)},
+                       {"depthwise": False}, {"depthwise": False, "vectors_along": "filters"}]
 
 
 @st.composite

@@ -36,12 +36,12 @@ CASES = {
     "slab": (1, 3, 30, 31, 20, 5, 5, 1, 2, 1, {"slab": True}),
     "stride2_batch": (3, 16, 9, 9, 40, 3, 3, 2, 1, 1, {}),
     "direct_small_plane": (2, 512, 7, 7, 96, 3, 3, 1, 1, 1, {}),
-    "direct_bands": (1, 64, 28, 30, 64, 3, 3, 1, 1, 1, {"vector": "filters", "slab": True,
+    "direct_bands": (1, 64, 28, 30, 64, 3, 3, 1, 1, 1, {"vectors_along": "filters", "slab": True,
                                                         "band": 5}),
     "pointwise_batch": (2, 32, 14, 14, 48, 1, 1, 1, 0, 1, {}),
-    "filters_in_vectors": (1, 8, 7, 7, 96, 1, 1, 1, 0, 1, {"vector": "filters"}),
+    "filters_in_vectors": (1, 8, 7, 7, 96, 1, 1, 1, 0, 1, {"vectors_along": "filters"}),
     "grouped": (2, 12, 11, 13, 24, 3, 3, 1, 1, 3, {}),
-    "grouped_filters_in_vectors": (1, 12, 11, 13, 24, 3, 3, 1, 1, 3, {"vector": "filters"}),
+    "grouped_filters_in_vectors": (1, 12, 11, 13, 24, 3, 3, 1, 1, 3, {"vectors_along": "filters"}),
     "is_schedule": (1, 40, 15, 15, 100, 3, 3, 1, 1, 1, {"schedule": "IS", "k2": 1, "k3": 2}),
 }
 SPLITS = [(2, 1), (1, 2), (3, 1), (2, 2), (1, 3), (7, 5)]
@@ -68,7 +68,7 @@ def test_split_output_is_bit_identical(rng, threads, name, dtype):
             got = conv(x)
             plan = conv.plan_for(x.shape)
             assert np.array_equal(got, one), (split, count, plan.split)
-    if groups > 1 and overrides.get("vector") == "filters":
+    if groups > 1 and overrides.get("vectors_along") == "filters":
         assert plan.split[1] == 1   # its filters are transposed per group: never split
 
 
@@ -230,8 +230,8 @@ def test_threads_change_no_reduction_choice(name):
     one = csa.analyze(spec, ZEN, threads=1)
     for count in (2, 4, 16, 64):
         plan = csa.analyze(spec, ZEN, threads=count)
-        assert (plan.nc, plan.nwin, plan.nf, plan.vector, plan.slab) == (
-            one.nc, one.nwin, one.nf, one.vector, one.slab)
+        assert (plan.nc, plan.nwin, plan.nf, plan.vectors_along, plan.slab) == (
+            one.nc, one.nwin, one.nf, one.vectors_along, one.slab)
         assert plan.threads <= count
     assert ZEN.per_thread(4).l3 == ZEN.l3 // 4 and ZEN.per_thread(64).l3 == ZEN.l3 // 16
     assert "threads:" in csa.analyze(spec, ZEN, threads=4).explain()
