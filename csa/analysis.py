@@ -42,16 +42,17 @@ def tuning_candidates(spec, machine=None, threads=1, limit=TUNE_CANDIDATES):
     model = analyze(spec, machine, threads=threads)
     options = [{}]
     if isinstance(model, SlicingPlan):
-        options += [{"vectors_along": "windows", "slab": False}, {"vectors_along": "windows", "slab": True},
-                    {"vectors_along": "filters", "slab": False}, {"vectors_along": "filters", "slab": True}]
+        options += [{"vectors_along": along, "slab": slab}
+                    for along in ("windows", "filters") for slab in (False, True)]
         options.append({"schedule": next(s for s in SCHEDULES if s != model.schedule)})
-        variants = (DIRECT_VARIANTS if model.direct else FILTER_VARIANTS if model.vectors_along == "filters"
-                 else WINDOW_VARIANTS)
+        filters = model.vectors_along == "filters"
+        variants = (DIRECT_VARIANTS if model.direct else FILTER_VARIANTS if filters
+                    else WINDOW_VARIANTS)
         lanes = TILE_VECTORS * model.machine.vector_bytes // spec.itemsize
         for b in sorted(model.machine.tuning.broadcast_counts(model.machine.vector_registers,
                                                               TILE_VECTORS, variants), reverse=True):
-            shape = (b, lanes) if model.vectors_along == "filters" else (lanes, b)
-            options.append({"vectors_along": model.vectors_along, "slab": model.slab, "microtile_shape": shape})
+            options.append({"vectors_along": model.vectors_along, "slab": model.slab,
+                            "microtile_shape": (b, lanes) if filters else (lanes, b)})
     if threads > 1:
         options += [{"split": (1, 1)}, {"split": (threads, 1)}, {"split": (1, threads)}]
     found = []

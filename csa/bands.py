@@ -11,17 +11,14 @@ def output_band(spec, nwin, nc, window_tiles, vectors_along, machine, row_tiles=
     """Window tiles per output band: the loop nest runs the channel tiles band by band, so that
     a band's partial outputs (its window tiles x K_g filters) stay in L2 from one channel tile
     to the next instead of going to L3 and back, at the price of reading the filters again for
-    every band (``analyze`` keeps bands where the cost model finds them cheaper). Measured on
-    3x3 128->128 at 112x112 (5 channel tiles, 6.4 MB of output): 5% faster; on 3x3 512->512 at
-    28x28 (9.4 MB of filters for 1.6 MB of output) 3% slower, which the model rejects. One band
+    every band (``analyze`` keeps bands where the cost model finds them cheaper). One band
     when there is a single channel tile, and with filters in vectors on packed tiles (small
     planes, whose transposed output is accumulated apart).
 
     A direct plan is banded even with one channel tile, since each band transposes its own
-    output while hot in L2 (3x3 128->128 at 112x112: 4% of the time as one band, 3% in bands),
-    in whole output rows (``row_tiles`` window tiles each), and of at least DIRECT_MIN_BAND
-    tiles, since a band reads every filter tile from L3 again (3x3 512->512 at 28x28: bands of
-    8 tiles 4% slower than of 28 or 56)."""
+    output while hot in L2, in whole output rows (``row_tiles`` window tiles each), and of at
+    least DIRECT_MIN_BAND tiles, since a band reads every filter tile from L3 again
+    (csa/TUNING.md, "Plan rules")."""
     if not row_tiles and (vectors_along == "filters" or nc >= spec.c_per_group):
         return window_tiles
     per_tile = nwin * spec.k_per_group * spec.itemsize

@@ -10,7 +10,7 @@ from math import ceil
 SCHEDULES = ("IS", "WS")
 CACHE_FILL = 0.9  # fraction of each cache level a tile set may occupy
 OUTPUT_BAND_FILL = 0.25  # share of L2 a band's partial outputs may take (the rest: filters,
-                         # slab rows or packed tiles, the input streaming in; measured best)
+                         # slab rows or packed tiles, the input streaming in)
 
 
 def tile_footprints(spec, nwin, nf, nc):
@@ -21,7 +21,7 @@ def tile_footprints(spec, nwin, nf, nc):
 def channel_tile(spec, nwin, nf, l1d):
     """Nc: the fewest channel tiles with Nc*(Nwin+Nf)*R*S*ds + Nwin*Nf*ds <= 0.9*L1 (at least 1
     channel each), split evenly: a short last tile would cost a whole pass over the partial
-    outputs for a few channels (32 channels as 30 + 2 measured 2% slower than 16 + 16)."""
+    outputs for a few channels (csa/TUNING.md, "Plan rules")."""
     ds, rs = spec.itemsize, spec.r * spec.s
     room = CACHE_FILL * l1d - nwin * nf * ds
     return _even_channel_tile(spec, room // ((nwin + nf) * rs * ds))
@@ -39,9 +39,8 @@ DIRECT_FILTER_FILL = 0.25   # share of L2 a direct plan's filter tile may take
 def direct_channel_tile(spec, nf, l2):
     """Nc of a direct plan: its filter tile streams from L2 (the windows' slab rows, a few
     hundred bytes per channel, sit in L1), so the fewest channel tiles with
-    Nf*R*S*Nc*ds <= DIRECT_FILTER_FILL*L2, split evenly. Measured on 3x3 256->256 at 56x56 and
-    512->512 at 28x28: Nc from 64 to 256 within 2%; fewer channel tiles read the partial
-    outputs less often."""
+    Nf*R*S*Nc*ds <= DIRECT_FILTER_FILL*L2, split evenly: fewer channel tiles read the partial
+    outputs less often, and the speed hardly depends on Nc there (csa/TUNING.md)."""
     filter_row = nf * spec.r * spec.s * spec.itemsize   # one channel's share of the tile
     return _even_channel_tile(spec, DIRECT_FILTER_FILL * l2 // filter_row)
 
@@ -58,7 +57,8 @@ def blocking(stationary, streamed, out, streamed_tiles, resident_tiles, machine)
     return k2, k3
 
 
-def schedule_costs(spec, machine, nwin, nf, nc, k2, k3, schedule, vectors_along="windows", band=None):
+def schedule_costs(spec, machine, nwin, nf, nc, k2, k3, schedule, vectors_along="windows",
+                   band=None):
     """Cache-line loads per level, weighted by latency (streamed L2: bandwidth), for one whole
     convolution.
 
@@ -78,8 +78,8 @@ def schedule_costs(spec, machine, nwin, nf, nc, k2, k3, schedule, vectors_along=
 
     Output streams: a micro-kernel call writes a tile's rows of C. IS with windows in vectors
     goes down the rows of its K2 filter tiles in turn; more than OUTPUT_STREAMS rows at least a
-    page apart measured up to 29% slower than WS (prefetchers and TLB), so then every output
-    line written costs an L3 latency more. With filters in vectors consecutive calls write
+    page apart outrun the prefetchers and the TLB (csa/TUNING.md), so then every output line
+    written costs an L3 latency more. With filters in vectors consecutive calls write
     consecutive windows' rows of the transposed output.
     """
     line, ds, rs = machine.line, spec.itemsize, spec.r * spec.s
@@ -98,8 +98,8 @@ def schedule_costs(spec, machine, nwin, nf, nc, k2, k3, schedule, vectors_along=
         # filter-stationary terms: IS with filters in vectors keeps the filter tile in L1 while
         # its K3 window tiles stream past (from L3 when they overflow L2). WS with windows in
         # vectors runs filter tiles innermost too (lowering), but its K2 window block is modelled
-        # filter-stationary, an approximation measured to pick within 3% of the faster
-        # schedule on 92 of 100 timm convolutions (python -m bench --schedules)
+        # filter-stationary, an approximation checked with python -m bench --schedules
+        # (csa/TUNING.md)
         stat, strm, t_stat, t_strm = w_lines, in_lines, t_w, t_in
         strm_block, stat_block = (k2, k3) if schedule == "WS" else (k3, k2)
     stat_from_l3 = t_stat * ceil(t_strm / strm_block) * stat

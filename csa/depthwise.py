@@ -26,8 +26,8 @@ def is_depthwise(spec):
 
 def default_block_vectors(vector_registers):
     """Accumulators of the depthwise kernel: a block of that many vectors per tap, each an FMA
-    whose load the next taps do not wait for. Half the registers, at most 8 (AVX-512: blocks of
-    4, 8, 12 and 16 vectors measured within 5% of each other; the kernel is bound by its loads)."""
+    whose load the next taps do not wait for. Half the registers, at most 8: the kernel is
+    bound by its loads, and larger blocks are no faster (csa/TUNING.md)."""
     return max(1, min(8, vector_registers // 2))
 
 

@@ -43,15 +43,16 @@ def row_tiles(spec, nwin, slab, vectors_along):
 def window_tiles(spec, nwin, slab, vectors_along):
     """Window tiles per image and group: P rows of row_tiles for a direct plan, else the
     window positions cut into tiles of ``nwin``."""
-    return spec.p * row_tiles(spec, nwin, slab, vectors_along) or ceil(window_positions(spec, slab) / nwin)
+    return (spec.p * row_tiles(spec, nwin, slab, vectors_along)
+            or ceil(window_positions(spec, slab) / nwin))
 
 
 def window_units(spec, nwin, slab, vectors_along):
     """What a window split hands out, over all images: output rows for a direct plan (a slab
     band starts on a row), else window tiles."""
-    per_image = spec.p if row_tiles(spec, nwin, slab, vectors_along) else window_tiles(spec, nwin, slab,
-                                                                                 vectors_along)
-    return spec.n * per_image
+    if row_tiles(spec, nwin, slab, vectors_along):
+        return spec.n * spec.p
+    return spec.n * window_tiles(spec, nwin, slab, vectors_along)
 
 
 def plain_1x1(spec):

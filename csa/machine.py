@@ -28,8 +28,8 @@ class Machine:
     latency_l3: float = 50.0
     latency_mem: float = 250.0
     # A tile read in sequence from L2 is prefetched: it costs bandwidth (about 16 B a cycle
-    # sustained), not a latency per line. Measured: with latency weights CSA over-charged IS
-    # for filters in vectors and picked WS where IS was up to 21% faster.
+    # sustained), not a latency per line (with latency weights the model picked the wrong
+    # schedule: csa/TUNING.md)
     stream_l2: float = 4.0
     source: str = "defaults"
     tuning: Tuning = GENERIC   # the kernel ISA's tuning record (csa.tuning)

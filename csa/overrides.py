@@ -14,7 +14,8 @@ OVERRIDES = tuple(dict.fromkeys(SLICING_OVERRIDES + DEPTHWISE_OVERRIDES + ("dept
 
 
 def check_overrides(c_per_group, **overrides):
-    """(depthwise, overrides normalised: plain ints and tuples, None = unset dropped) for a convolution of ``c_per_group`` input channels per group, which
+    """(depthwise, overrides normalised: plain ints and tuples, None = unset dropped) for a
+    convolution of ``c_per_group`` input channels per group, which
     gets a depthwise plan when it is 1, unless ``depthwise=False``. Raises TypeError for an
     unknown name or a value of the wrong type, ValueError for a bad value or one the plan does
     not have."""

@@ -59,8 +59,7 @@ def direct_windows(spec, machine):
     wide planes take 14, 7, 21 and 35 wide ones 7; AVX2: 14 wide planes 5, 7 wide 4, the
     others 6. A row's short last tile runs a kernel of its own (``cso.lowering.tail_kernel``);
     the choice still counts it padded to a whole tile, as the records' speeds were measured
-    (counted at its own kernel's speed, 56 of timm's convolutions would change plans on
-    AVX-512, 8x8 to 35x35 planes, unmeasured there)."""
+    (csa/TUNING.md)."""
     tuning = machine.tuning
     counts = tuning.broadcast_counts(machine.vector_registers, TILE_VECTORS, DIRECT_VARIANTS)
     return fastest_windows(spec.q, counts, tuning.direct_windows)

@@ -112,7 +112,8 @@ class SlicingPlan:
         lines = [
             f"SlicingPlan for {s} ({s.flops / 1e9:.3f} GFLOP)",
             f"  machine: {m}",
-            f"  micro-tile: {self.nwin} windows x {self.nf} filters, vectors along the {self.vectors_along} "
+            f"  micro-tile: {self.nwin} windows x {self.nf} filters, vectors along the "
+            f"{self.vectors_along} "
             f"(from {m.vector_registers} registers of {m.vector_bytes // ds} lanes; computes "
             f"{self.window_tiles * self.nwin * self.filter_tiles * self.nf} outputs for "
             f"{s.p * s.q * s.k_per_group}){forced_note(self, 'microtile_shape', 'vectors_along')}",
@@ -215,8 +216,8 @@ def analyze_slicing(spec, machine, threads, overrides):
     if vectors_along == "filters":
         slab = direct
     elif slab is None:
-        slab = use_slab(spec, nwin, nf, nc, vectors_along, machine) and slab_within(spec, nwin, nc,
-                                                                             vectors_along, machine.l3)
+        slab = (use_slab(spec, nwin, nf, nc, vectors_along, machine)
+                and slab_within(spec, nwin, nc, vectors_along, machine.l3))
     fin, fw, fout = tile_footprints(spec, nwin, nf, nc)
     per_row = row_tiles(spec, nwin, slab, vectors_along)
     t_in, t_w = window_tiles(spec, nwin, slab, vectors_along), ceil(spec.k_per_group / nf)
@@ -233,8 +234,8 @@ def analyze_slicing(spec, machine, threads, overrides):
     def costed(band):
         blocks = {"IS": blocking(fin, fw, fout, t_w, band, machine),
                   "WS": blocking(fw, fin, fout, band, t_w, machine)}
-        costs = {name: schedule_costs(spec, machine, nwin, nf, nc, *blocks[name], name, vectors_along,
-                                      band) for name in SCHEDULES}
+        costs = {name: schedule_costs(spec, machine, nwin, nf, nc, *blocks[name], name,
+                                      vectors_along, band) for name in SCHEDULES}
         chosen = schedule or min(SCHEDULES, key=lambda name: costs[name]["total"])
         return band, blocks, costs, chosen
 
@@ -247,5 +248,5 @@ def analyze_slicing(spec, machine, threads, overrides):
     band, blocks, costs, chosen = min((costed(b) for b in bands),
                                       key=lambda option: option[2][option[3]]["total"])
     b2, b3 = blocks[chosen]
-    return SlicingPlan(spec, plan_machine, nwin, nf, nc, k2 or b2, k3 or b3, chosen, vectors_along, slab,
-                       band, costs, tuple(overrides), split)
+    return SlicingPlan(spec, plan_machine, nwin, nf, nc, k2 or b2, k3 or b3, chosen,
+                       vectors_along, slab, band, costs, tuple(overrides), split)

@@ -45,12 +45,11 @@ def reads_input_unpacked(spec, vectors_along, tuning):
     """1x1, stride 1, no padding, windows in vectors: the NCHW input already is the C x (H*W)
     matrix whose rows the kernel loads as vectors, so full window tiles need no packing. Not
     when the plane's size in bytes is a multiple of half a page (32x32, 64x64 planes): a tile's
-    rows, one per channel, would then share one or two L1 sets (measured 18-50% slower than
-    packed tiles; 16x16 planes, four sets, run as fast). Not with ``tuning.packed_1x1_filters``
-    filters or more either: every filter tile reuses a packed tile, whose contiguous rows then
-    beat rows a plane apart by more than the copy costs. Not with filters in vectors: the
-    windows are broadcast, one input row (channel) per step, and packed they sit in L1
-    (measured 3-18% faster, e.g. 1x1 2432->1600 on 7x7)."""
+    rows, one per channel, would then share one or two L1 sets (16x16 planes, four sets, run
+    as fast as packed tiles). Not with ``tuning.packed_1x1_filters`` filters or more either:
+    every filter tile reuses a packed tile, whose contiguous rows then beat rows a plane apart
+    by more than the copy costs. Not with filters in vectors: the windows are broadcast, one
+    input row (channel) per step, and packed they sit in L1 (csa/TUNING.md, "Plan rules")."""
     many_filters = tuning.packed_1x1_filters and spec.k_per_group >= tuning.packed_1x1_filters
     return (vectors_along == "windows" and plain_1x1(spec) and not many_filters
             and PAGE // gcd(spec.h * spec.w * spec.itemsize, PAGE) >= 4)

@@ -22,9 +22,7 @@ from .lowering import ALL_PHASES, KERNEL, PACK, define_slab_offsets
 GEOM = Geom("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q", "P", "M", "nc", "band", "Hb", "Hs",
             "Ws", "planes", "epilogue", "phases", "fill_width", "kernel", "copy_rows")
 # vectors per row run the slab filler moves at once: a slab row's width, up to this many (a
-# call per run and channel costs more than its few vectors on small planes: 3x3 96 channels of
-# 165x165 at stride 2 filled in 2.43 ms with runs of 1 vector, 1.36 ms of 4; planes of 11
-# columns fill fastest in runs of 2, 185 us against 252 with 1 and 268 with 4; Zen 3)
+# call per run and channel costs more than its few vectors on small planes; csa/TUNING.md)
 MAX_FILL_VECTORS = 4
 
 

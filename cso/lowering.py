@@ -66,8 +66,8 @@ def geometry(plan, kspec, epilogue_flags):
 
 def tail_kernel(plan, kspec):
     """The address of the kernel of a direct plan's last tile in each output row, when the row
-    does not divide into tiles: a tile of Q % nwin windows (28 = 4*6 + 4: 4 x 16 there, where
-    the row's tiles padded to 30 windows wasted 7% of the FMAs); else 0."""
+    does not divide into tiles: a tile of Q % nwin windows, so that the row's last tile does
+    not pad the FMAs of a whole one (csa/TUNING.md); else 0."""
     tail = plan.spec.q % plan.nwin if plan.direct else 0
     return native_function(ir_gen.define_kernel, replace(kspec, nf=tail)).address if tail else 0
 

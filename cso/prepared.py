@@ -87,7 +87,7 @@ class Prepared:
         sizes = ((SCRATCH_ARG, self.scratch_elements, dtype),
                  (OUT_T_ARG, self.out_t_elements, dtype),
                  (ROWS_ARG, self.rows_elements, np.dtype(np.int64)))
-        self.row_lengths = {at: _row_length(count, elements, 64 // t.itemsize)
+        self.row_lengths = {at: _row_length(count, elements, plan.machine.line // t.itemsize)
                             for at, elements, t in sizes}
         self.workspaces = [(at, count * self.row_lengths[at], t)
                            for at, elements, t in sizes if elements]
