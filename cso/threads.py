@@ -3,7 +3,7 @@
 A convolution's plan splits its output into parts (``csa`` decides how many are worth it); the
 calling thread and up to ``get_num_threads() - 1`` pool workers each claim parts until none is
 left, every part running the compiled loop nest on its own scratch. The pool is compiled code
-(``microkernels.pool``): from the moment a call posts its parts until they are all done, no
+(``cso.pool``): from the moment a call posts its parts until they are all done, no
 thread involved needs the GIL. It is shared by all calls: while one call owns it, a call from
 another Python thread runs its parts itself, so nothing waits on a worker that never comes.
 Workers are daemon threads living in compiled code (no threading layer of numba's), and
@@ -16,7 +16,8 @@ import threading
 import numpy as np
 
 from microkernels.once import fork_safe_lock
-from microkernels.pool import MAX_PARTS, STATE_WORDS, compiled_pool
+
+from .pool import MAX_PARTS, STATE_WORDS, compiled_pool
 
 ENV_VAR = "CSO_NUM_THREADS"
 # polls (about 27 ns each) a worker spins for the next job before it sleeps, and a caller for
