@@ -9,7 +9,8 @@ import csa
 import cso
 from cso import autotune
 from microkernels import cache
-from reference import conv2d_reference
+
+from .reference import conv2d_reference
 
 AVX2 = csa.Machine(vector_bytes=32, vector_registers=16, tuning=csa.tuning.AVX2)
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from microkernels import cache
-from reference import conv2d_reference
 
-ROOT = Path(__file__).resolve().parent.parent
+from .children import CHILD_CWD
+from .reference import conv2d_reference
 
 # A slicing convolution split over two threads (its loop nest, the pool) and a depthwise one
 # (its own loop nest), each checked against the reference; prints the cache's events as JSON,
@@ -42,7 +42,7 @@ def run_child(cache_dir, out, wait=True):
     # no calibration: its kernels are compiled by the first process only (the second loads
     # its record instead), and its record has tests of its own (test_calibration)
     env = dict(os.environ, CSO_CACHE_DIR=str(cache_dir), CSO_CALIBRATE="0")
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(out)], cwd=ROOT, env=env,
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(out)], cwd=CHILD_CWD, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return finish(proc, out) if wait else proc
 

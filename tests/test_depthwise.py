@@ -10,7 +10,8 @@ import cso
 from microkernels import BIAS, RELU, DepthwiseSpec, supported_isas
 from microkernels.depthwise import define_depthwise
 from microkernels.jit import native_function
-from reference import assert_conv_close, conv2d_reference
+
+from .reference import assert_conv_close, conv2d_reference
 
 F32, F64 = np.float32, np.float64
 ISAS = [isa.name for isa in supported_isas()]

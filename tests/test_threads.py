@@ -13,9 +13,10 @@ from numba import cfunc, types
 import csa
 import cso
 from cso.threads import run_parts
-from reference import conv2d_reference
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from .children import CHILD_CWD
+from .reference import conv2d_reference
+
 ZEN = csa.Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, l3_cpus=16, vector_bytes=64,
                   vector_registers=32,
               tuning=csa.tuning.AVX512)
@@ -99,7 +100,7 @@ def _threads_in_child(env_value):
     if env_value is not None:
         env["CSO_NUM_THREADS"] = env_value
     return subprocess.run([sys.executable, "-c", "import cso; print(cso.get_num_threads())"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+                          cwd=CHILD_CWD, env=env, capture_output=True, text=True, timeout=120)
 
 
 def test_thread_count_default_and_environment():
