@@ -10,9 +10,8 @@ import cso
 from cso import autotune
 from microkernels import cache
 
+from .machines import AVX2
 from .reference import conv2d_reference
-
-AVX2 = csa.Machine(vector_bytes=32, vector_registers=16, tuning=csa.tuning.AVX2)
 
 
 def test_candidates_start_with_the_model_and_differ():
