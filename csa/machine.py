@@ -1,6 +1,7 @@
 """Machine facts CSA plans with: cache sizes, line size, vector registers, access latencies."""
 import os
 from dataclasses import dataclass, replace
+from typing import Any
 
 from .tuning import GENERIC, Tuning
 
@@ -35,26 +36,27 @@ class Machine:
     tuning: Tuning = GENERIC   # the kernel ISA's tuning record (csa.tuning)
 
     @classmethod
-    def host(cls, cpu=None, **overrides):
+    def host(cls, cpu: int | None = None, **overrides: Any) -> "Machine":
         """Caches of the core this process runs on, read from Linux sysfs (index*/level, type,
         size, coherency_line_size); ``FALLBACK`` values where unavailable. ``overrides`` set any
         field, e.g. the vector facts of the ISA the kernels are compiled for."""
         if cpu is None:
             cpu = min(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
         found = read_sysfs_caches(_SYSFS.format(cpu=cpu))
-        facts = dict(FALLBACK, **found, source="sysfs" if found else "fallback (no sysfs)")
+        facts: dict[str, Any] = dict(FALLBACK, **found,
+                                     source="sysfs" if found else "fallback (no sysfs)")
         return cls(**facts).with_(**overrides)
 
-    def with_(self, **changes):
+    def with_(self, **changes: Any) -> "Machine":
         return replace(self, **changes)
 
-    def per_thread(self, threads):
+    def per_thread(self, threads: int) -> "Machine":
         """The caches one of ``threads`` threads may count on: its own core's L1 and L2, and its
         share of the L3 it runs under (``threads`` spread over L3s of ``l3_cpus`` CPUs each)."""
         sharing = max(1, min(threads, self.l3_cpus))
         return self.with_(l3=self.l3 // sharing) if sharing > 1 else self
 
-    def __str__(self):
+    def __str__(self) -> str:
         return (f"L1d {self.l1d // 1024} KiB, L2 {self.l2 // 1024} KiB, L3 {self.l3 // 1024} KiB "
                 f"(shared by {self.l3_cpus} CPUs), line {self.line} B, {self.vector_registers} x {self.vector_bytes * 8}-bit vector "
                 f"registers ({self.source}), {self.tuning.isa} tuning record"
@@ -62,10 +64,10 @@ class Machine:
                    if self.tuning.calibration else ""))
 
 
-def read_sysfs_caches(path):
+def read_sysfs_caches(path: str) -> dict[str, int]:
     """{'l1d', 'l2', 'l3', 'line', 'l3_cpus'} as found under ``path`` (a sysfs cache directory);
     {} if absent."""
-    found = {}
+    found: dict[str, int] = {}
     try:
         entries = sorted(e for e in os.listdir(path) if e.startswith("index"))
     except OSError:
@@ -90,7 +92,7 @@ def read_sysfs_caches(path):
     return found
 
 
-def count_cpus(cpu_list):
+def count_cpus(cpu_list: str) -> int:
     """CPUs in a Linux CPU list: '0-1' -> 2, '0,2,4-7' -> 6."""
     count = 0
     for part in cpu_list.split(","):
@@ -99,12 +101,12 @@ def count_cpus(cpu_list):
     return count
 
 
-def _read(path, entry, name):
+def _read(path: str, entry: str, name: str) -> str:
     with open(os.path.join(path, entry, name)) as f:
         return f.read().strip()
 
 
-def parse_size(text):
+def parse_size(text: str) -> int:
     """'48K' -> 49152, '1024K', '32M', '512' (bytes)."""
     units = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
     text = text.strip().upper()

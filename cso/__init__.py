@@ -2,7 +2,11 @@
 from .api import Conv2d, conv2d, host_machine, warmup
 from .autotune import tune
 from .threads import get_num_threads, set_num_threads
+from microkernels import cache
 
 __all__ = ["Conv2d", "conv2d", "host_machine", "get_num_threads", "set_num_threads", "tune",
            "warmup"]
 __version__ = "0.1.0"
+
+# cso's loop nests, pool and records are made by its code from csa's plans
+cache.include_sources(__name__, "csa")

@@ -7,13 +7,13 @@ import numpy as np
 from csa import DepthwisePlan
 from microkernels.jit import native_function
 from microkernels.once import compiled_once
-from microkernels.pool import compiled_pool
 from microkernels.spec import short_dtype
 
 from . import depthwise
 from . import lowering as slicing
 from .entry import CALL_ARGS
 from .lowering import ALL_PHASES
+from .pool import compiled_pool
 from .threads import run_parts
 
 X_ARG, W_ARG, BIAS_ARG, OUT_ARG, GEOM_ARG, PARTS_ARG, SCRATCH_ARG, OUT_T_ARG, ROWS_ARG = (

@@ -3,7 +3,7 @@
 A convolution's plan splits its output into parts (``csa`` decides how many are worth it); the
 calling thread and up to ``get_num_threads() - 1`` pool workers each claim parts until none is
 left, every part running the compiled loop nest on its own scratch. The pool is compiled code
-(``microkernels.pool``): from the moment a call posts its parts until they are all done, no
+(``cso.pool``): from the moment a call posts its parts until they are all done, no
 thread involved needs the GIL. It is shared by all calls: while one call owns it, a call from
 another Python thread runs its parts itself, so nothing waits on a worker that never comes.
 Workers are daemon threads living in compiled code (no threading layer of numba's), and
@@ -16,15 +16,14 @@ import threading
 import numpy as np
 
 from microkernels.once import fork_safe_lock
-from microkernels.pool import MAX_PARTS, STATE_WORDS, compiled_pool
+
+from .pool import MAX_PARTS, STATE_WORDS, compiled_pool
 
 ENV_VAR = "CSO_NUM_THREADS"
-# polls (about 27 ns each) a worker spins for the next job before it sleeps, and a caller for
-# the end of its job before it yields its CPU: about 5 ms, longer than the gap between two
-# layers of a model even with NumPy work between them, so that back-to-back calls find their
-# workers awake. Measured here (32->64 1x1 at 112x112, 163 us a call on 2 threads): after a
-# 1-5 ms sleep the next call took 40-90 us longer; after 20-100 ms the next few ms of calls
-# ran up to 2x slower while the woken cores came back up to speed.
+# polls a worker spins for the next job before it sleeps, and a caller for the end of its job
+# before it yields its CPU: a few ms, longer than the gap between two layers of a model, so that
+# back-to-back calls find their workers awake (a sleeping worker's core is slow to come back:
+# measured in csa/TUNING.md, "Threads and the pool")
 SPIN_ROUNDS = 200_000
 
 _threads = None      # set by set_num_threads or on first use; None: not decided yet

@@ -5,9 +5,23 @@ instead of compiling again.
 Where: the directory ``CSO_CACHE_DIR`` names, else the per-user cache directory
 ($XDG_CACHE_HOME/cso or ~/.cache/cso; ~/Library/Caches/cso on macOS; %LOCALAPPDATA%\\cso on
 Windows). ``CSO_CACHE_DIR=""`` turns the cache off. Entries live in a subdirectory named by
-what compiled code depends on: the versions of llvmlite and Python and a hash of this
-library's sources (stronger than its version number: an edited checkout never loads code
-compiled from other sources); each entry's key adds the CPU name and features.
+what compiled code depends on: the versions of llvmlite and Python and a hash of the library's
+sources (stronger than its version number: an edited checkout never loads code compiled from
+other sources); each entry's key adds the CPU name and features.
+
+Whose sources: the cache names no package above it. A package whose code generates or decides
+cached content registers itself when imported, ``cache.include_sources(__name__)``: this one
+(below), ``packing``, and ``cso`` for itself and for ``csa`` (whose plans decide what cso
+compiles and records, but which imports nothing of ours). Importing them caches nothing, so
+every entry is looked up after its packages registered. The hash covers every ``*.py`` of the
+packages registered so far, taken in name order, so the import order does not change it. Which
+packages a process has imported does, by design: a process that has imported only
+``microkernels`` and ``packing`` hashes just those two, since nothing else of ours can have
+shaped its entries, and its directory is not the one a process that imported ``cso`` uses;
+such a process never loads code cached without cso's and csa's sources in its hash. Importing
+cso later moves a process on to the fuller directory for the entries it makes from then on.
+Registering only records a name: the files are read on the first entry's lookup (import time
+is unchanged).
 
 An entry is one file, a SHA-256 digest of its payload then the payload: a truncated or
 corrupted file fails the check and counts as a miss (the code is compiled and the entry
@@ -16,6 +30,7 @@ place, so processes filling the same entry at once each leave a whole file. A di
 cannot be written turns saving off with one warning; compiling still works.
 """
 import hashlib
+import importlib.util
 import json
 import os
 import pickle
@@ -30,7 +45,6 @@ import llvmlite.binding as llvm
 
 from .once import fork_safe_lock
 
-SOURCE_PACKAGES = ("csa", "cso", "microkernels", "packing")
 DIGEST = 32   # bytes of SHA-256 before each payload
 
 _stats = {"hits": 0, "misses": 0, "corrupt": 0, "saved": 0}
@@ -67,16 +81,33 @@ def cache_root():
     return default_dir()
 
 
-@lru_cache(maxsize=None)
+_source_packages = ()   # registered by include_sources, in name order
+
+
+def include_sources(*packages):
+    """Let the Python sources of ``packages`` (importable packages' names) name the entry
+    directory: code that cached entries are generated from or decided by."""
+    global _source_packages
+    _source_packages = tuple(sorted({*_source_packages, *packages}))
+
+
 def source_hash():
-    """A hash of this library's Python sources (what the compiled code is generated from)."""
-    root = Path(__file__).resolve().parent.parent
+    """A hash of the registered packages' Python sources."""
+    return _hash_sources(_source_packages)
+
+
+@lru_cache(maxsize=None)
+def _hash_sources(packages):
     digest = hashlib.sha256()
-    for package in SOURCE_PACKAGES:
-        for path in sorted((root / package).glob("*.py")):
+    for package in packages:
+        directory = Path(importlib.util.find_spec(package).submodule_search_locations[0])
+        for path in sorted(directory.glob("*.py")):
             digest.update(f"{package}/{path.name}\0".encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+include_sources(__package__)   # its generators and JIT make every entry
 
 
 def entry_dir():

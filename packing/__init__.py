@@ -1,6 +1,9 @@
 """Packing: filters once at load time, input tiles (or padded slabs) on the fly, with zero padding."""
 from .filters import pack_filters, packed_filters_shape, unpack_filters
 from .inputs import pack_input_tile, row_copier, tile_copiers
+from microkernels.cache import include_sources
 
 __all__ = ["pack_filters", "packed_filters_shape", "unpack_filters", "pack_input_tile",
            "row_copier", "tile_copiers"]
+
+include_sources(__name__)   # its input packers are cached

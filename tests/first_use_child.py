@@ -31,11 +31,10 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import cso  # noqa: E402
-from microkernels import cache  # noqa: E402
-from microkernels.once import COMPILE_LOCK  # noqa: E402
-from reference import assert_conv_close  # noqa: E402
+import cso
+from microkernels import cache
+from microkernels.once import COMPILE_LOCK
+from reference import assert_conv_close   # a script: its directory comes first on sys.path
 
 # (input shape, weight shape, dtype, Conv2d keyword arguments)
 LAYERS = [

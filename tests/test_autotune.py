@@ -9,9 +9,9 @@ import csa
 import cso
 from cso import autotune
 from microkernels import cache
-from reference import conv2d_reference
 
-AVX2 = csa.Machine(vector_bytes=32, vector_registers=16, tuning=csa.tuning.AVX2)
+from .machines import AVX2
+from .reference import conv2d_reference
 
 
 def test_candidates_start_with_the_model_and_differ():

@@ -1,6 +1,5 @@
 """The main job runs end to end and writes its report; suites are what they say."""
 import json
-import os
 import subprocess
 import sys
 
@@ -8,12 +7,12 @@ import pytest
 
 from bench.suites import MOBILENET, RESNET50, TIMM_CSV, VGG16, suite
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from .children import CHILD_CWD
 
 
 def run_bench(*argv, timeout=300):
-    return subprocess.run([sys.executable, "-m", "bench", *argv], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "bench", *argv], cwd=CHILD_CWD,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def test_bench_writes_a_checked_report(tmp_path):

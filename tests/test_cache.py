@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from microkernels import cache
-from reference import conv2d_reference
 
-ROOT = Path(__file__).resolve().parent.parent
+from .children import CHILD_CWD
+from .reference import conv2d_reference
 
 # A slicing convolution split over two threads (its loop nest, the pool) and a depthwise one
 # (its own loop nest), each checked against the reference; prints the cache's events as JSON,
@@ -42,7 +42,7 @@ def run_child(cache_dir, out, wait=True):
     # no calibration: its kernels are compiled by the first process only (the second loads
     # its record instead), and its record has tests of its own (test_calibration)
     env = dict(os.environ, CSO_CACHE_DIR=str(cache_dir), CSO_CALIBRATE="0")
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(out)], cwd=ROOT, env=env,
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(out)], cwd=CHILD_CWD, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return finish(proc, out) if wait else proc
 
@@ -168,6 +168,70 @@ def test_warmup_takes_specs_or_their_names_and_rejects_others():
         cso.warmup([(1, 4, 6, 6)])
     with pytest.raises(ValueError, match="canonical"):
         cso.warmup(["not a spec"])
+
+
+# Imports the packages named on its command line one by one, the source hash naming the entry
+# directory after each (the first with microkernels alone), then compiles a kernel: prints the
+# hashes, the entry directory and the cache's events. Importing caches nothing (no entry is
+# looked up before its packages registered).
+SOURCES_CHILD = r"""
+import importlib, json, sys
+import microkernels as mk
+from microkernels import cache
+hashes = [cache.source_hash()]
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+    hashes.append(cache.source_hash())
+assert cache.stats() == {"hits": 0, "misses": 0, "corrupt": 0, "saved": 0}, cache.stats()
+mk.compile(mk.KernelSpec("f32", 4, 4, "generic"))
+print(json.dumps({"hashes": hashes, "directory": cache.entry_dir().name, **cache.stats()}))
+"""
+
+
+def run_sources_child(workdir, *packages):
+    """The child above, run in ``workdir`` (it imports packages found there), caching in
+    ``workdir``/cache."""
+    env = dict(os.environ, CSO_CACHE_DIR=str(workdir / "cache"))
+    done = subprocess.run([sys.executable, "-c", SOURCES_CHILD, *packages], cwd=workdir,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_registered_package_s_sources_name_the_entry_directory(tmp_path):
+    """Registering a package, editing one of its sources, adding one: each changes the hash."""
+    package = tmp_path / "generator"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "from microkernels import cache\ncache.include_sources(__name__)\n")
+    (package / "emit.py").write_text("WIDTH = 8\n")
+    alone, registered = run_sources_child(tmp_path, "generator")["hashes"]
+    (package / "emit.py").write_text("WIDTH = 16\n")
+    edited = run_sources_child(tmp_path, "generator")["hashes"][-1]
+    (package / "more.py").write_text("")
+    added = run_sources_child(tmp_path, "generator")["hashes"][-1]
+    assert len({alone, registered, edited, added}) == 4
+
+
+def test_the_entry_directory_follows_the_packages_imported_in_any_order(tmp_path):
+    """microkernels alone, with packing, with cso (which imports everything): three
+    directories, the last the same whichever was imported first."""
+    alone, with_packing, full = run_sources_child(tmp_path, "packing", "cso")["hashes"]
+    assert run_sources_child(tmp_path, "cso", "packing")["hashes"][1:] == [full, full]
+    assert run_sources_child(tmp_path, "csa", "cso")["hashes"] == [alone, alone, full]
+    assert len({alone, with_packing, full}) == 3
+
+
+def test_entries_cached_without_cso_are_not_loaded_with_it(tmp_path):
+    """A process that imported only microkernels and packing caches its kernel apart: a
+    process with cso compiles the kernel again (its entries' hash covers cso's and csa's
+    sources too), and each loads its own entry afterwards."""
+    partial = run_sources_child(tmp_path, "packing")
+    full = run_sources_child(tmp_path, "cso")
+    assert partial["directory"] != full["directory"]
+    assert partial["saved"] == full["saved"] == 1 and full["hits"] == 0
+    assert run_sources_child(tmp_path, "packing")["hits"] == 1
+    assert run_sources_child(tmp_path, "cso")["hits"] == 1
 
 
 @pytest.mark.parametrize("define", ["conv", "depthwise"])

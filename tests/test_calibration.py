@@ -13,7 +13,7 @@ import cso
 from cso import calibration
 from microkernels import default_isa
 
-ROOT = Path(__file__).resolve().parent.parent
+from .children import CHILD_CWD
 
 # the record path, the record, and the tuning plans use, as JSON
 CHILD = r"""
@@ -30,8 +30,8 @@ print(json.dumps({"path": str(cache.record_path("calibration", isa)), "record": 
 
 def run_child(cache_dir, **env):
     env = dict(os.environ, CSO_CACHE_DIR=str(cache_dir), **env)
-    done = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", CHILD], cwd=CHILD_CWD, env=env,
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -102,13 +102,13 @@ def test_calibration_off_plans_from_the_record(first):
 def test_command_prints_the_record(first):
     cache_dir, found = first
     env = dict(os.environ, CSO_CACHE_DIR=str(cache_dir))
-    done = subprocess.run([sys.executable, "-m", "cso", "calibration"], cwd=ROOT, env=env,
+    done = subprocess.run([sys.executable, "-m", "cso", "calibration"], cwd=CHILD_CWD, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     record = found["record"]
     assert done.stdout.splitlines()[0] == (f"{record['cpu']}, {record['isa']}: measured "
                                            f"{record['date']} in {record['seconds']} s")
     assert f"FMA peak {record['fma_gflops']} GFLOP/s" in done.stdout
-    bad = subprocess.run([sys.executable, "-m", "cso", "calibrate"], cwd=ROOT, env=env,
+    bad = subprocess.run([sys.executable, "-m", "cso", "calibrate"], cwd=CHILD_CWD, env=env,
                          capture_output=True, text=True, timeout=600)
     assert bad.returncode != 0 and "usage: python -m cso calibration" in bad.stderr

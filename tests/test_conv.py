@@ -5,7 +5,8 @@ import pytest
 import csa
 import cso
 import microkernels as mk
-from reference import assert_conv_close
+
+from .reference import assert_conv_close
 
 F32, F64 = np.float32, np.float64
 

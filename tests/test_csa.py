@@ -6,15 +6,11 @@ import pytest
 import csa
 from csa import ConvSpec, Machine
 
-# A small what-if machine so that no clamping hides the formulas; plans use a 32 x 14 micro-tile.
-SMALL = Machine(l1d=32 * 1024, l2=64 * 1024, l3=256 * 1024, line=64, vector_bytes=64,
-                vector_registers=32, tuning=csa.tuning.AVX512)
+from .machines import AVX2, AVX512, SMALL, ZEN3, ZEN5
+
+# plans on SMALL use a 32 x 14 micro-tile
 TILE = (32, 14)
 LAYER = ConvSpec(1, 64, 56, 56, 64, 3, 3, padding=(1, 1, 1, 1))
-
-
-AVX512 = Machine(vector_bytes=64, vector_registers=32, tuning=csa.tuning.AVX512)
-AVX2 = Machine(vector_bytes=32, vector_registers=16, tuning=csa.tuning.AVX2)
 
 
 def test_kernel_model_against_measured_avx2_kernels():
@@ -146,8 +142,7 @@ def test_channel_tile_never_exceeds_channels_per_group():
 
 
 def test_output_bands_where_they_pay():
-    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32,
-                  tuning=csa.tuning.AVX512)
+    zen = ZEN5
     # 0.25*0.9*1 MiB // (32*128*4) = 14 window tiles: 6.4 MB of partial outputs kept in L2
     big_output = csa.analyze(ConvSpec.parse("n1c128h112w112k128r3s3p1u1"), zen, vectors_along="windows")
     assert big_output.band == 14 and "29 of 14 window tiles" in big_output.explain()
@@ -160,8 +155,7 @@ def test_output_bands_where_they_pay():
 
 
 def test_channel_tiles_split_evenly():
-    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32,
-                  tuning=csa.tuning.AVX512)
+    zen = ZEN5
     # 30 channels of a 32 x 8 tile fit L1: (0.9*49152 - 1024) // (40*9*4) = 30
     for c, nc in ((30, 30), (32, 16), (64, 22), (256, 29), (31, 16)):
         spec = ConvSpec(1, c, 28, 28, 64, 3, 3, padding=(1,) * 4)
@@ -208,8 +202,7 @@ def test_output_streams_term_follows_the_inner_loop():
     """Windows in vectors: IS walks down K2*Nf output rows per window tile (rows a page or
     more apart), WS continues Nf rows; with filters in vectors both schedules sweep window tiles
     past a filter tile, writing consecutive rows of the transposed output."""
-    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32,
-                  tuning=csa.tuning.AVX512)
+    zen = ZEN5
     plan = csa.analyze(ConvSpec.parse("n1c3h331w331k96r3s3p0u2"), zen,   # measured: WS 29% faster
                        vectors_along="windows")
     assert plan.costs["IS"]["output streams"] > 0 and plan.costs["WS"]["output streams"] == 0
@@ -233,8 +226,7 @@ def test_overrides_are_applied_and_reported():
 
 def test_slab_where_it_applies_and_pays():
     """With windows in vectors (direct plans: test_direct_where_it_applies)."""
-    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32,
-                  tuning=csa.tuning.AVX512)
+    zen = ZEN5
 
     def plan(name, **overrides):
         return csa.analyze(ConvSpec.parse(name), zen, vectors_along="windows", **overrides)
@@ -330,18 +322,14 @@ def test_unpacked_1x1_only_where_channel_rows_spread_over_l1_sets():
     # the AVX2 record packs from 256 filters: every filter tile reuses the packed tile
     assert unpacked("n1c64h56w56k255r1s1p0u1", tuning=csa.tuning.AVX2)
     assert not unpacked("n1c64h56w56k256r1s1p0u1", tuning=csa.tuning.AVX2)
-    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32,
-                  tuning=csa.tuning.AVX512)
+    zen = ZEN5
     assert not csa.analyze(ConvSpec.parse("n1c64h64w64k64r1s1p0u1"), zen).slab   # packed tiles
 
 
 def test_direct_depth_and_slab_filter_tiles_come_from_the_record():
     """The AVX2 record plans direct from a kernel depth (C*R*S) of 144 and reads a slab with
     windows in vectors for at most 3 filter tiles; the AVX-512 record from 512 and 16."""
-    zen3 = Machine(l1d=32 * 1024, l2=512 * 1024, l3=32 << 20, vector_bytes=32,
-                   vector_registers=16, tuning=csa.tuning.AVX2)
-    zen5 = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32,
-                   tuning=csa.tuning.AVX512)
+    zen3, zen5 = ZEN3, ZEN5
     def plan(name, machine):
         p = csa.analyze(ConvSpec.parse(name), machine)
         return "direct" if p.direct else p.vectors_along + (" slab" if p.slab else " packed")
@@ -359,10 +347,7 @@ def test_vectors_along_the_filters_where_they_waste_fewer_lanes_than_the_transpo
     channels, windows in vectors beside a few dozen (their transposing pass costs as much as
     16 channels more per output in the AVX2 record); 7x7 planes waste a third of 16-window
     tiles. The AVX-512 record (no transpose cost measured) goes by the wasted lanes alone."""
-    zen3 = Machine(l1d=32 * 1024, l2=512 * 1024, l3=32 << 20, vector_bytes=32,
-                   vector_registers=16, tuning=csa.tuning.AVX2)
-    zen5 = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32,
-                   tuning=csa.tuning.AVX512)
+    zen3, zen5 = ZEN3, ZEN5
     def vector(name, machine=zen3):
         return csa.analyze(ConvSpec.parse(name), machine).vectors_along
     assert vector("n1c512h14w14k512r1s1p0u1") == "filters"
@@ -387,8 +372,7 @@ def test_direct_where_it_applies():
     convolutions deep enough per kernel call whose tiles waste little; 14 windows per tile, 7
     on planes a multiple of 7 but not 14; channel tiles by the filter tile's share of L2; bands
     of whole output rows even with one channel tile (each band transposes its own rows)."""
-    zen = Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, vector_bytes=64, vector_registers=32,
-                  tuning=csa.tuning.AVX512)
+    zen = ZEN5
     plan = csa.analyze(ConvSpec.parse("n1c256h56w56k256r3s3p1u1"), zen)
     assert plan.direct and (plan.vectors_along, plan.nwin, plan.nf, plan.row_tiles) == ("filters", 14, 32, 4)
     assert plan.nc == 128   # 32*9*256*4 B > 0.25*L2 >= 32*9*128*4 B

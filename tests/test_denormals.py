@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 import cso
-from reference import conv2d_reference
+
+from .reference import conv2d_reference
 
 TINY = {np.float32: 1e-39, np.float64: 1e-309}   # below the smallest normal number
 

@@ -10,7 +10,9 @@ import cso
 from microkernels import BIAS, RELU, DepthwiseSpec, supported_isas
 from microkernels.depthwise import define_depthwise
 from microkernels.jit import native_function
-from reference import assert_conv_close, conv2d_reference
+
+from .machines import ZEN5
+from .reference import assert_conv_close, conv2d_reference
 
 F32, F64 = np.float32, np.float64
 ISAS = [isa.name for isa in supported_isas()]
@@ -174,27 +176,22 @@ def test_grouped_plan_on_request_matches(rng):
     np.testing.assert_allclose(conv(x), depthwise_conv(wt, b, geometry)(x), rtol=1e-5, atol=1e-5)
 
 
-ZEN = csa.Machine(l1d=48 * 1024, l2=1024 * 1024, l3=32 * 1024 * 1024, vector_bytes=64,
-                  vector_registers=32,
-              tuning=csa.tuning.AVX512)
-
-
 def test_plan_rules():
     small = csa.ConvSpec.parse("n1c1560h7w7k1560r3s3p1u1g1560")
-    plan = csa.analyze(small, ZEN)
+    plan = csa.analyze(small, ZEN5)
     assert isinstance(plan, csa.DepthwisePlan) and plan.band == small.p and plan.nc > 1
-    assert plan.nc * plan.channel_elements * 4 <= csa.depthwise.SLAB_FILL * ZEN.l1d
+    assert plan.nc * plan.channel_elements * 4 <= csa.depthwise.SLAB_FILL * ZEN5.l1d
     big = csa.ConvSpec.parse("n1c256h256w256k256r3s3p0_1_0_1u2g256")
-    plan = csa.analyze(big, ZEN)
+    plan = csa.analyze(big, ZEN5)
     assert plan.nc == 1 and plan.bands > 1
-    assert plan.channel_elements * 4 <= csa.depthwise.SLAB_FILL * ZEN.l1d
+    assert plan.channel_elements * 4 <= csa.depthwise.SLAB_FILL * ZEN5.l1d
     assert plan.units == 256 * plan.bands
-    assert csa.analyze(big, ZEN, threads=2).threads == 2
+    assert csa.analyze(big, ZEN5, threads=2).threads == 2
     tiny = csa.ConvSpec.parse("n1c72h7w7k72r3s3p1u1g72")   # 64 KFLOP: not worth a thread
-    assert csa.analyze(tiny, ZEN, threads=2).threads == 1
+    assert csa.analyze(tiny, ZEN5, threads=2).threads == 1
     assert "DepthwisePlan" in plan.explain() and "band(s)" in plan.explain()
     multiplier = csa.ConvSpec(1, 1, 12, 12, 8, 3, 3, padding=(1,) * 4)   # one channel, 8 filters
-    assert csa.is_depthwise(multiplier) and isinstance(csa.analyze(multiplier, ZEN),
+    assert csa.is_depthwise(multiplier) and isinstance(csa.analyze(multiplier, ZEN5),
                                                        csa.DepthwisePlan)
 
 
@@ -202,13 +199,13 @@ def test_override_errors():
     depthwise = csa.ConvSpec.parse("n1c64h56w56k64r3s3p1u1g64")
     grouped = csa.ConvSpec.parse("n1c64h56w56k64r3s3p1u1g32")
     with pytest.raises(ValueError, match=r"\['schedule'\] do not apply to a depthwise plan"):
-        csa.analyze(depthwise, ZEN, schedule="IS")
+        csa.analyze(depthwise, ZEN5, schedule="IS")
     with pytest.raises(ValueError, match="2 channels per group, a depthwise plan needs 1"):
-        csa.analyze(grouped, ZEN, depthwise=True)
+        csa.analyze(grouped, ZEN5, depthwise=True)
     with pytest.raises(ValueError, match=r"\['block_vectors'\] do not apply to a slicing plan"):
-        csa.analyze(grouped, ZEN, block_vectors=4)
+        csa.analyze(grouped, ZEN5, block_vectors=4)
     with pytest.raises(TypeError, match="depthwise override must be True or False"):
-        csa.analyze(depthwise, ZEN, depthwise=1)
+        csa.analyze(depthwise, ZEN5, depthwise=1)
     with pytest.raises(ValueError, match="plan_overrides:.*depthwise plan"):
         cso.Conv2d(np.zeros((64, 1, 3, 3), F32), groups=64, plan_overrides={"k2": 2})
 

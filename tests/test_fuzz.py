@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 import cso
 from cso.arguments import same_padding
-from reference import assert_conv_close, conv2d_reference
+
+from .reference import assert_conv_close, conv2d_reference
 
 EXAMPLES = int(os.environ.get("CSO_FUZZ_EXAMPLES", "300"))
 

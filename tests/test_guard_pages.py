@@ -13,8 +13,9 @@ import pytest
 import cso
 import cso.prepared
 from microkernels import supported_isas
-from guarded import guarded_copy, guarded_empty, in_child
-from reference import assert_conv_close
+
+from .guarded import guarded_copy, guarded_empty, in_child
+from .reference import assert_conv_close
 
 ISAS = [isa.name for isa in supported_isas()]
 

@@ -13,7 +13,8 @@ from llvmlite import ir
 import cso
 from microkernels import DepthwiseSpec, KernelSpec, depthwise, ir_gen, row_copy, transpose
 from microkernels.jit import native_function
-from reference import conv2d_reference
+
+from .reference import conv2d_reference
 
 I64, PTR = ctypes.c_int64, ctypes.c_void_p
 SPEC = KernelSpec("f32", 8, 32, "avx512")

@@ -6,6 +6,8 @@ import csa
 import microkernels as mk
 from microkernels.ir_gen import UNROLL
 
+from .machines import NEON
+
 SENTINEL = 12345.0
 
 
@@ -277,10 +279,9 @@ def test_neon_kernels_compile_for_aarch64(dtype, itemsize, suffix):
     stack."""
     import re
     from microkernels.jit import cross_assembly
-    neon = csa.Machine(vector_bytes=16, vector_registers=32, tuning=csa.tuning.NEON)
-    nwin, nf = csa.register_blocking.microtile(neon, itemsize)
-    windows, filters = csa.register_blocking.filter_vector_tile(neon, itemsize, 49)
-    direct = csa.register_blocking.direct_windows(csa.ConvSpec(1, 64, 56, 56, 64, 3, 3), neon)
+    nwin, nf = csa.register_blocking.microtile(NEON, itemsize)
+    windows, filters = csa.register_blocking.filter_vector_tile(NEON, itemsize, 49)
+    direct = csa.register_blocking.direct_windows(csa.ConvSpec(1, 64, 56, 56, 64, 3, 3), NEON)
     specs = [mk.KernelSpec(dtype, nf, nwin, "neon"), mk.KernelSpec(dtype, nf, nwin, "neon", "vector"),
              mk.KernelSpec(dtype, windows, filters, "neon"),
              mk.KernelSpec(dtype, direct, filters, "neon", "broadcast")]

@@ -5,7 +5,8 @@ from hypothesis import strategies as st
 
 import cso
 from cso.arguments import same_padding
-from reference import assert_conv_close
+
+from .reference import assert_conv_close
 
 
 SLICING_OVERRIDES = [{}, {"schedule": "IS"}, {"schedule": "WS"}, {"nc": 2, "k2": 1, "k3": 2},

@@ -13,12 +13,10 @@ from numba import cfunc, types
 import csa
 import cso
 from cso.threads import run_parts
-from reference import conv2d_reference
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ZEN = csa.Machine(l1d=48 * 1024, l2=1 << 20, l3=32 << 20, l3_cpus=16, vector_bytes=64,
-                  vector_registers=32,
-              tuning=csa.tuning.AVX512)
+from .children import CHILD_CWD
+from .machines import ZEN5_CCD
+from .reference import conv2d_reference
 
 
 @pytest.fixture
@@ -99,7 +97,7 @@ def _threads_in_child(env_value):
     if env_value is not None:
         env["CSO_NUM_THREADS"] = env_value
     return subprocess.run([sys.executable, "-c", "import cso; print(cso.get_num_threads())"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+                          cwd=CHILD_CWD, env=env, capture_output=True, text=True, timeout=120)
 
 
 def test_thread_count_default_and_environment():
@@ -208,16 +206,17 @@ def test_run_parts_checks_its_arguments():
 def test_thread_split_rules():
     big = csa.ConvSpec.parse("n1c256h56w56k256r3s3p1u1")
     small = csa.ConvSpec.parse("n1c16h14w14k16r3s3p1u1")
-    assert csa.analyze(small, ZEN, threads=8).split == (1, 1)       # not worth a second thread
-    assert csa.analyze(big, ZEN, threads=1).split == (1, 1)
-    assert csa.analyze(big, ZEN, threads=2).split == (2, 1)         # 56 rows split in two
-    assert csa.analyze(big, ZEN, threads=16).threads == 16
+    assert csa.analyze(small, ZEN5_CCD, threads=8).split == (1, 1)       # not worth a second thread
+    assert csa.analyze(big, ZEN5_CCD, threads=1).split == (1, 1)
+    assert csa.analyze(big, ZEN5_CCD, threads=2).split == (2, 1)         # 56 rows split in two
+    assert csa.analyze(big, ZEN5_CCD, threads=16).threads == 16
     # 7 rows, 16 filter tiles: filters split evenly, rows would not
     deep = csa.ConvSpec.parse("n1c512h7w7k512r3s3p1u1")
-    assert csa.analyze(deep, ZEN, threads=2).split == (1, 2)
+    assert csa.analyze(deep, ZEN5_CCD, threads=2).split == (1, 2)
     # work per thread bounds the count: 40 MFLOP each at least
     mid = csa.ConvSpec.parse("n1c64h28w28k64r3s3p1u1")
-    assert csa.analyze(mid, ZEN, threads=64).threads <= mid.flops // ZEN.tuning.thread_min_flops
+    assert (csa.analyze(mid, ZEN5_CCD, threads=64).threads
+            <= mid.flops // ZEN5_CCD.tuning.thread_min_flops)
 
 
 @pytest.mark.parametrize("name", ["n1c256h56w56k256r3s3p1u1", "n1c64h56w56k256r1s1p0u1",
@@ -227,14 +226,15 @@ def test_threads_change_no_reduction_choice(name):
     """Channel tiles, micro-tile, orientation and slab do not depend on the thread count (the
     result must not); each thread counts on its share of the L3 only."""
     spec = csa.ConvSpec.parse(name)
-    one = csa.analyze(spec, ZEN, threads=1)
+    one = csa.analyze(spec, ZEN5_CCD, threads=1)
     for count in (2, 4, 16, 64):
-        plan = csa.analyze(spec, ZEN, threads=count)
+        plan = csa.analyze(spec, ZEN5_CCD, threads=count)
         assert (plan.nc, plan.nwin, plan.nf, plan.vectors_along, plan.slab) == (
             one.nc, one.nwin, one.nf, one.vectors_along, one.slab)
         assert plan.threads <= count
-    assert ZEN.per_thread(4).l3 == ZEN.l3 // 4 and ZEN.per_thread(64).l3 == ZEN.l3 // 16
-    assert "threads:" in csa.analyze(spec, ZEN, threads=4).explain()
+    assert ZEN5_CCD.per_thread(4).l3 == ZEN5_CCD.l3 // 4
+    assert ZEN5_CCD.per_thread(64).l3 == ZEN5_CCD.l3 // 16
+    assert "threads:" in csa.analyze(spec, ZEN5_CCD, threads=4).explain()
 
 
 def test_cpu_list_parsing():

@@ -26,8 +26,8 @@ from types import SimpleNamespace
 
 from llvmlite import ir
 
-from .jit import native_function
-from .once import compiled_once
+from microkernels.jit import native_function
+from microkernels.once import compiled_once
 
 STATE_WORDS = 64
 CLAIM, DONE, BUSY, FN, ARGS, HELPERS, WAKE, SLEEPERS = 0, 8, 16, 24, 25, 27, 32, 40
