@@ -13,7 +13,7 @@ import numpy as np
 from csa.plan import slab_planes, slab_shape
 from microkernels import DepthwiseSpec, depthwise, row_copy
 from microkernels.jit import native_function
-from microkernels.spec import DTYPES, short_dtype
+from microkernels.dtypes import DTYPES, dtype_name
 from packing import row_copier
 from packing.inputs import define_fill_slab
 
@@ -46,7 +46,7 @@ def geometry(plan, kspec, epilogue_flags):
 
 
 def kernel_spec(plan, isa):
-    return DepthwiseSpec(short_dtype(plan.spec.dtype), plan.vectors, isa)
+    return DepthwiseSpec(dtype_name(plan.spec.dtype), plan.vectors, isa)
 
 
 def loop_nest(plan):

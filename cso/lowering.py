@@ -14,10 +14,10 @@ import numpy as np
 
 from csa.plan import (reads_input_unpacked, slab_band_rows, slab_planes, slab_shape,
                       window_positions, window_units)
-from microkernels import ACCUMULATE, KernelSpec, ir_gen, row_copy, transpose
+from microkernels import ACCUMULATE, KernelSpec, TransposeSpec, outer_product, row_copy, transpose
 from microkernels.jit import native_function
 from microkernels.loop_ir import LoopCode
-from microkernels.spec import DTYPES
+from microkernels.dtypes import DTYPES, dtype_name
 from packing import row_copier, tile_copiers
 from packing.inputs import define_fill_slab, define_pack_input_tile
 
@@ -47,7 +47,7 @@ def geometry(plan, kspec, epilogue_flags):
     filters_in_vectors = plan.vector == "filters"
     # a slab is filled in runs of the kernel's vector width (whole vectors stored: a direct
     # tile's few windows made every store a masked one, microcoded on AMD), tiles per window
-    slab_run = kspec.nwin
+    slab_run = kspec.width
     copy_rows, copy_taps = ((row_copier(kspec, slab_run), 0) if plan.slab
                             else tile_copiers(kspec, plan.nwin, s.s, s.stride[1], s.dilation[1]))
     unpacked = reads_input_unpacked(s, plan.vector, plan.machine.tuning)
@@ -60,9 +60,10 @@ def geometry(plan, kspec, epilogue_flags):
                   is_input_stationary=int(plan.schedule == "IS"), epilogue=epilogue_flags,
                   unpacked=int(unpacked), phases=ALL_PHASES,
                   nwin=plan.nwin, nf=plan.nf, lanes=kspec.lanes, slab=int(plan.slab),
-                  direct=int(kspec.slab == "broadcast"), filters_in_vectors=int(filters_in_vectors),
-                  kernel=native_function(ir_gen.define_kernel, kspec).address,
-                  transpose=(native_function(transpose.define_transpose, kspec).address
+                  direct=int(kspec.variant == "direct"), filters_in_vectors=int(filters_in_vectors),
+                  kernel=native_function(outer_product.define_kernel, kspec).address,
+                  transpose=(native_function(transpose.define_transpose,
+                                             TransposeSpec(kspec.dtype, kspec.isa)).address
                              if filters_in_vectors else 0),
                   copy_rows=copy_rows, copy_taps=copy_taps, slab_run=slab_run,
                   tail_kernel=tail_kernel(plan, kspec))
@@ -74,7 +75,8 @@ def tail_kernel(plan, kspec):
     does not divide into tiles: a tile of Q % nwin windows (28 = 4*6 + 4: 4 x 16 there, where
     the row's tiles padded to 30 windows wasted 7% of the FMAs); else 0."""
     tail = plan.spec.q % plan.nwin if plan.direct else 0
-    return native_function(ir_gen.define_kernel, replace(kspec, nf=tail)).address if tail else 0
+    return (native_function(outer_product.define_kernel, replace(kspec, broadcasts=tail)).address
+            if tail else 0)
 
 
 def scratch_tiles(plan):
@@ -105,12 +107,11 @@ def scratch_elements(plan):
 
 def kernel_spec(plan, isa):
     """The micro-kernel a plan runs: windows x filters when windows are the vector dimension,
-    else filters (vector) x windows (broadcast): KernelSpec's ``nwin`` is always its vector
-    width and ``nf`` its broadcast count. A slab plan's kernel reads its windows in place, as
-    vectors or (direct) as broadcasts."""
-    vector, broadcast = (plan.nwin, plan.nf) if plan.vector == "windows" else (plan.nf, plan.nwin)
-    slab = ("broadcast" if plan.direct else "vector") if plan.slab else ""
-    return KernelSpec.for_dtype(plan.spec.dtype, broadcast, vector, isa, slab)
+    else filters (vector) x windows (broadcast). A slab plan's kernel reads its windows in
+    place, as vectors ("slab") or as broadcasts ("direct")."""
+    width, broadcasts = (plan.nwin, plan.nf) if plan.vector == "windows" else (plan.nf, plan.nwin)
+    variant = ("direct" if plan.direct else "slab") if plan.slab else "packed"
+    return KernelSpec(dtype_name(plan.spec.dtype), broadcasts, width, isa, variant)
 
 
 def define_slab_rows(module):
@@ -300,12 +301,12 @@ def define_conv_loop_nest(module, dtype):
                                             c_t = out_t_addr + ((c_at - p_lo) * K + g * Kg
                                                                 + f0) * item
                                             code.call(
-                                                (kernel, ir_gen.FUNCTION_TYPE), depth, w_tile,
+                                                (kernel, outer_product.FUNCTION_TYPE), depth, w_tile,
                                                 NF, in_addr, ld_in, c_t, K, code.min(NF, Kg - f0),
                                                 nwin_used, bias_addr, flags, rows_addr, 0, 0, 0)
                                         with plain:
                                             code.call(
-                                                (ukernel, ir_gen.FUNCTION_TYPE), depth, in_addr,
+                                                (ukernel, outer_product.FUNCTION_TYPE), depth, in_addr,
                                                 ld_in, w_tile, NF,
                                                 out_base + (f0 * PQ + c_at) * item, PQ,
                                                 nwin_used, code.min(NF, Kg - f0),

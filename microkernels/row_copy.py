@@ -26,35 +26,29 @@ from one read of each input row, by constant shuffles (see ``define_tap_copy``).
 """
 from llvmlite import ir
 
-from .ir_gen import (I32, I64, PTR, SCALARS, declare, lane_number, masked_access, new_function,
-                     splat)
+from .ir import (I1, I32, I64, PTR, VectorTypes, declare, lane_number, masked_access,
+                 new_function, splat, suffix)
 
-I1 = ir.IntType(1)
 ARGS = ("dst", "dst_step", "src", "src_step", "count", "stride", "j0", "j1", "lo", "hi")
 FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, PTR, I64] + [I64] * 6)
 SAMPLED_STRIDES = 4  # strides up to this use contiguous loads + shuffles; larger ones gather
 SCRATCH_SLACK = 128  # bytes past a scratch's last row a blend may read (two zmm)
 
 
-def define_row_copy(module, spec, width):
-    """Define the copy function for ``width``-wide rows in kernel ``spec``'s dtype and vectors
-    in ``module`` and return it."""
-    fn = new_function(module, f"{spec.dtype}_pack_rows_{width}__{spec.isa}", FUNCTION_TYPE, ARGS)
-    _RowCopyBuilder(module, fn, spec, width).build()
+def define_row_copy(module, spec):
+    """Define ``copy_rows`` for ``spec`` (a ``RowCopySpec``) in ``module`` and return it."""
+    fn = new_function(module, spec.name, FUNCTION_TYPE, ARGS)
+    _RowCopyBuilder(module, fn, spec).build()
     return fn
 
 
-class _RowCopyBuilder:
-    def __init__(self, module, fn, spec, width):
+class _RowCopyBuilder(VectorTypes):
+    def __init__(self, module, fn, spec):
+        super().__init__(spec)
         self.module, self.fn, self.spec = module, fn, spec
-        self.dtype, self.lanes = spec.dtype, spec.lanes
-        self.width = width
-        self.vectors = -(-width // self.lanes)  # the last one partly stored when width is not a multiple
-        self.scalar = SCALARS[spec.dtype]
-        self.vec = ir.VectorType(self.scalar, self.lanes)
-        self.zero = ir.Constant(self.vec, [0.0] * self.lanes)
+        self.width = spec.width
+        self.vectors = -(-self.width // self.lanes)  # the last one partly stored when width is not a multiple
         self.load = masked_access(module, self.vec)[0]
-        self.itemsize = spec.np_dtype.itemsize
 
     def build(self):
         args = dict(zip(ARGS, self.fn.args))
@@ -126,7 +120,7 @@ class _RowCopyBuilder:
         if mask is None:
             self._store_lanes(bld, value, ptr, inside)
             return
-        old = bld.load(ptr, typ=self.vec, align=self.itemsize)
+        old = bld.load(ptr, typ=self.vec, align=self.align)
         value = bld.select(mask, value, old)
         # lanes [0, end - v*lanes) of the vector, at most ``inside``: a case per count (the
         # same for every row of the call); none when the run ends before the vector
@@ -147,7 +141,7 @@ class _RowCopyBuilder:
         """Lanes [0, count) of ``value`` at ``ptr``: one store when all, else plain stores of
         halving width."""
         if count == self.lanes:
-            bld.store(value, ptr, align=self.itemsize)
+            bld.store(value, ptr, align=self.align)
             return
         first, size = 0, self.lanes // 2
         while size:
@@ -158,7 +152,7 @@ class _RowCopyBuilder:
                 else:
                     part = bld.shuffle_vector(value, value, ir.Constant(
                         ir.VectorType(I32, size), list(range(first, first + size))))
-                bld.store(part, at, align=self.itemsize)
+                bld.store(part, at, align=self.align)
                 first += size
             size //= 2
 
@@ -219,9 +213,9 @@ class _RowCopyBuilder:
         for v in range(self.vectors):
             lane_ids = [v * lanes + i for i in range(lanes)]
             masks[v] = self._between(bld, lane_ids, *self.bounds[2:])
-            offsets[v] = bld.mul(ir.Constant(idx_ty, [j * self.itemsize for j in lane_ids]),
+            offsets[v] = bld.mul(ir.Constant(idx_ty, [j * self.align for j in lane_ids]),
                                  splat(bld, stride, idx_ty))
-        gather = declare(self.module, f"llvm.masked.gather.v{lanes}{self.dtype}.v{lanes}p0",
+        gather = declare(self.module, f"llvm.masked.gather.{suffix(self.vec)}.v{lanes}p0",
                          ir.FunctionType(self.vec, [ir.VectorType(PTR, lanes),
                                                     ir.VectorType(I1, lanes), self.vec]))
 
@@ -250,8 +244,8 @@ def tap_limits(spec):
     return max_taps(spec), max(TAP_STRIDES)
 
 
-def define_tap_copy(module, spec, width):
-    """Undilated packing that reads each input value once: ``copy_taps(dst, dst_step, tap_step,
+def define_tap_copy(module, spec):
+    """``copy_taps`` for ``spec`` (a ``TapCopySpec``), undilated packing that reads each input value once: ``copy_taps(dst, dst_step, tap_step,
     src, src_step, count, taps, stride, j0, j1, end, lo, hi)`` fills, for ``count`` rows (row i
     read from ``src + i*src_step`` bytes), the packed rows of ``taps`` consecutive filter taps
     (tap s at ``dst + i*dst_step + s*tap_step`` bytes): lanes j0 <= j < end of tap s get
@@ -261,9 +255,8 @@ def define_tap_copy(module, spec, width):
     shuffle of its phase; one loop per (taps, stride), 2 <= taps <= max_taps(spec), stride in
     TAP_STRIDES (others store nothing). The row's continuation, which the next tile reads, is
     prefetched to L2 (measured +3% on 3x3 256->256 at 56x56, whose input comes from L3)."""
-    fn = new_function(module, f"{spec.dtype}_pack_taps_{width}__{spec.isa}", TAP_FUNCTION_TYPE,
-                      TAP_ARGS)
-    _TapCopyBuilder(module, fn, spec, width).build()
+    fn = new_function(module, spec.name, TAP_FUNCTION_TYPE, TAP_ARGS)
+    _TapCopyBuilder(module, fn, spec).build()
     return fn
 
 
