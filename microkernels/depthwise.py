@@ -23,8 +23,8 @@ vector past ``positions + offsets[t]``: the caller keeps that readable.
 """
 from llvmlite import ir
 
-from .ir import (BIAS, I64, PTR, RELU, VectorTypes, accumulate, bias_splat, declare, flags_on,
-                 fma, lane_ids, lane_number, masked_access, new_function, relu, splat, zero_slot)
+from .ir import (BIAS, I64, PTR, RELU, KernelBuilder, accumulate, bias_splat, declare, flags_on,
+                 fma, lane_ids, lane_number, masked_access, relu, splat, zero_slot)
 from .isa import get_isa
 
 ARG_NAMES = ("taps", "slab", "offsets", "weights", "out", "positions", "width", "q", "bias",
@@ -35,16 +35,14 @@ FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [I64, PTR, PTR, PTR, PTR, I64, I6
 def define_depthwise(module, spec):
     """Define the depthwise kernel for ``spec`` (a ``DepthwiseSpec``) in ``module`` and return
     it."""
-    fn = new_function(module, spec.name, FUNCTION_TYPE, ARG_NAMES, noalias=("slab", "out"))
-    _DepthwiseBuilder(module, fn, spec).build()
-    return fn
+    return _DepthwiseBuilder(module, spec).build()
 
 
-class _DepthwiseBuilder(VectorTypes):
-    def __init__(self, module, fn, spec):
-        super().__init__(spec)
-        self.fn, self.spec = fn, spec
-        self.args = dict(zip(ARG_NAMES, fn.args))
+class _DepthwiseBuilder(KernelBuilder):
+    FUNCTION_TYPE, ARG_NAMES, NOALIAS = FUNCTION_TYPE, ARG_NAMES, ("slab", "out")
+
+    def __init__(self, module, spec):
+        super().__init__(module, spec)
         self.fma = fma(module, self.vec)
         self.masked_store = masked_access(module, self.vec)[1]
         self.lane_ids = lane_ids(self.lanes)
@@ -71,7 +69,7 @@ class _DepthwiseBuilder(VectorTypes):
                          self.const(self.lanes))                          # vectors
         if not self.lane_permute:
             self._body(bld, total, packed=False)
-            return
+            return self.fn
         # a vector spans at most two rows and one run of padding columns: its real lanes
         # permuted together and stored plainly (see _store_packed)
         one_gap = bld.and_(bld.icmp_signed(">=", a["width"], self.const(self.lanes)),
@@ -81,6 +79,7 @@ class _DepthwiseBuilder(VectorTypes):
         for block, is_packed in ((packed, True), (rows, False)):
             bld.position_at_end(block)
             self._body(bld, total, is_packed)
+        return self.fn
 
     def _body(self, bld, total, packed):
         """The vectors of positions 0 .. ``total`` vectors, stored real lanes packed together

@@ -28,6 +28,20 @@ class VectorTypes:
         self.align = dtype.itemsize
 
 
+class KernelBuilder(VectorTypes):
+    """Writes kernel ``spec``'s function ``fn`` (named ``spec.name``, of the class's
+    ``FUNCTION_TYPE``, arguments ``ARG_NAMES``, those in ``NOALIAS`` marked so) in ``module``;
+    ``args`` are its arguments by name. A family's ``build()`` writes the body and returns
+    ``fn``."""
+    NOALIAS = ()
+
+    def __init__(self, module, spec):
+        super().__init__(spec)
+        self.module, self.spec = module, spec
+        self.fn = new_function(module, spec.name, self.FUNCTION_TYPE, self.ARG_NAMES, self.NOALIAS)
+        self.args = dict(zip(self.ARG_NAMES, self.fn.args))
+
+
 def suffix(vec):
     """An overloaded intrinsic's name suffix for vector type ``vec`` (``v16f32``)."""
     return f"v{vec.count}{'f32' if isinstance(vec.element, ir.FloatType) else 'f64'}"

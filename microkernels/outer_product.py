@@ -30,8 +30,8 @@ One generator serves every dtype and ISA: only the vector width and tile shape c
 """
 from llvmlite import ir
 
-from .ir import (ACCUMULATE, BIAS, I64, PTR, RELU, VectorTypes, accumulate, bias_splat, flags_on,
-                 fma, lane_ids, masked_access, new_function, relu, splat, zero_slot)
+from .ir import (ACCUMULATE, BIAS, I64, PTR, RELU, KernelBuilder, accumulate, bias_splat,
+                 flags_on, fma, lane_ids, masked_access, relu, splat, zero_slot)
 
 UNROLL = 4  # k-loop unroll; a power of two
 
@@ -43,16 +43,14 @@ FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [I64, PTR, I64, PTR, I64, PTR, I6
 
 def define_kernel(module, spec):
     """Define the kernel function for ``spec`` (a ``KernelSpec``) in ``module`` and return it."""
-    fn = new_function(module, spec.name, FUNCTION_TYPE, ARG_NAMES, noalias=("a", "b", "c"))
-    _KernelBuilder(module, fn, spec).build()
-    return fn
+    return _KernelBuilder(module, spec).build()
 
 
-class _KernelBuilder(VectorTypes):
-    def __init__(self, module, fn, spec):
-        super().__init__(spec)
-        self.spec, self.fn = spec, fn
-        self.args = dict(zip(ARG_NAMES, fn.args))
+class _KernelBuilder(KernelBuilder):
+    FUNCTION_TYPE, ARG_NAMES, NOALIAS = FUNCTION_TYPE, ARG_NAMES, ("a", "b", "c")
+
+    def __init__(self, module, spec):
+        super().__init__(module, spec)
         self.fma = fma(module, self.vec)
         self.masked_load, self.masked_store = masked_access(module, self.vec)
 
@@ -67,6 +65,7 @@ class _KernelBuilder(VectorTypes):
         accs, = accumulate(bld, [self.zero] * (spec.broadcasts * spec.vectors), self._step,
                            UNROLL, tests)
         self._epilogue(bld, accs, slot)
+        return self.fn
 
     def _step(self, bld, row, accs):
         """One rank-1 update: accs[f][v] += A[row][v-th vector] * B[row][f]."""

@@ -26,8 +26,8 @@ from one read of each input row, by constant shuffles (see ``define_tap_copy``).
 """
 from llvmlite import ir
 
-from .ir import (I1, I32, I64, PTR, VectorTypes, declare, lane_number, masked_access,
-                 new_function, splat, suffix)
+from .ir import (I1, I32, I64, PTR, KernelBuilder, declare, lane_number, masked_access, splat,
+                 suffix)
 
 ARGS = ("dst", "dst_step", "src", "src_step", "count", "stride", "j0", "j1", "lo", "hi")
 FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, PTR, I64] + [I64] * 6)
@@ -37,21 +37,20 @@ SCRATCH_SLACK = 128  # bytes past a scratch's last row a blend may read (two zmm
 
 def define_row_copy(module, spec):
     """Define ``copy_rows`` for ``spec`` (a ``RowCopySpec``) in ``module`` and return it."""
-    fn = new_function(module, spec.name, FUNCTION_TYPE, ARGS)
-    _RowCopyBuilder(module, fn, spec).build()
-    return fn
+    return _RowCopyBuilder(module, spec).build()
 
 
-class _RowCopyBuilder(VectorTypes):
-    def __init__(self, module, fn, spec):
-        super().__init__(spec)
-        self.module, self.fn, self.spec = module, fn, spec
+class _RowCopyBuilder(KernelBuilder):
+    FUNCTION_TYPE, ARG_NAMES = FUNCTION_TYPE, ARGS
+
+    def __init__(self, module, spec):
+        super().__init__(module, spec)
         self.width = spec.width
         self.vectors = -(-self.width // self.lanes)  # the last one partly stored when width is not a multiple
         self.load = masked_access(module, self.vec)[0]
 
     def build(self):
-        args = dict(zip(ARGS, self.fn.args))
+        args = self.args
         bld = ir.IRBuilder(self.fn.append_basic_block("entry"))
         self.bounds = [lane_number(bld, args[n], self.vectors * self.lanes)
                        for n in ("j0", "j1", "lo", "hi")]
@@ -67,6 +66,7 @@ class _RowCopyBuilder(VectorTypes):
         self._rows(bld, args, done, *self._gathered(bld, args["stride"]))
         bld.position_at_end(done)
         bld.ret_void()
+        return self.fn
 
     def _between(self, bld, lanes, first, end):
         """Mask of the constant ``lanes`` (lane numbers) lying in [first, end)."""
@@ -255,14 +255,14 @@ def define_tap_copy(module, spec):
     shuffle of its phase; one loop per (taps, stride), 2 <= taps <= max_taps(spec), stride in
     TAP_STRIDES (others store nothing). The row's continuation, which the next tile reads, is
     prefetched to L2 (measured +3% on 3x3 256->256 at 56x56, whose input comes from L3)."""
-    fn = new_function(module, spec.name, TAP_FUNCTION_TYPE, TAP_ARGS)
-    _TapCopyBuilder(module, fn, spec).build()
-    return fn
+    return _TapCopyBuilder(module, spec).build()
 
 
 class _TapCopyBuilder(_RowCopyBuilder):
+    FUNCTION_TYPE, ARG_NAMES = TAP_FUNCTION_TYPE, TAP_ARGS
+
     def build(self):
-        args = dict(zip(TAP_ARGS, self.fn.args))
+        args = self.args
         self.prefetch = declare(self.module, "llvm.prefetch.p0",
                                 ir.FunctionType(ir.VoidType(), [PTR, I32, I32, I32]))
         lanes, vectors = self.lanes, self.vectors
@@ -294,6 +294,7 @@ class _TapCopyBuilder(_RowCopyBuilder):
                 self._rows(bld, args, count, step, done)
         bld.position_at_end(done)
         bld.ret_void()
+        return self.fn
 
     def _rows(self, bld, args, taps, stride, done):
         """The loop over rows for a constant tap count and stride: load once, split into

@@ -2,23 +2,26 @@
 kernel family. A spec's ``name`` is its cache key and the function's symbol; ``parse`` reads a
 name back (``parse_name`` any family's)."""
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from .dtypes import DTYPES, get_dtype
 from .isa import get_isa
 
-_DTYPE = "(" + "|".join(DTYPES) + ")"
 VARIANTS = {"packed": "", "slab": "_slab", "direct": "_direct"}   # KernelSpec variant -> suffix
 
 
 class _Spec:
     """What every spec has: a ``dtype`` (short name, ``microkernels.dtypes``) and an ``isa``
-    name, checked; a ``name``, and ``parse`` (by the family's ``_NAME`` pattern, whose groups
-    are the fields in order, integers converted)."""
+    name, checked, and counts (its int fields), at least 1; a ``name`` (the family's
+    ``_FORMAT`` filled with fields and properties) and ``parse``, its inverse."""
 
     def __post_init__(self):
         get_dtype(self.dtype)
         get_isa(self.isa)
+        for field in fields(self):
+            if field.type is int and getattr(self, field.name) < 1:
+                raise ValueError(f"{type(self).__name__} needs {field.name} >= 1, got "
+                                 f"{getattr(self, field.name)}")
 
     @property
     def np_dtype(self):
@@ -28,15 +31,29 @@ class _Spec:
     def lanes(self):
         return get_isa(self.isa).lanes(get_dtype(self.dtype).itemsize)
 
+    @property
+    def name(self):
+        parts = re.split(r"{(\w+)}", self._FORMAT)
+        return "".join(str(getattr(self, p)) if i % 2 else p for i, p in enumerate(parts))
+
     def __str__(self):
         return self.name
 
     @classmethod
     def parse(cls, name):
-        m = cls._NAME.match(name)
-        if not m:
-            raise ValueError(f"not a {cls.__name__} name: {name!r} (expected e.g. {cls._EXAMPLE!r})")
-        return cls(*(int(g) if f.type is int else g for f, g in zip(fields(cls), m.groups())))
+        types = {f.name: f.type for f in fields(cls)}
+        pattern = "".join(
+            re.escape(p) if i % 2 == 0 else
+            rf"(?P<dtype>{'|'.join(DTYPES)})" if p == "dtype" else
+            rf"(?P<{p}>\d+)" if types.get(p) is int else
+            rf"(?P<{p}>\w+)" if p in types else r"\w*?"   # a property: the round trip checks it
+            for i, p in enumerate(re.split(r"{(\w+)}", cls._FORMAT)))
+        m = re.fullmatch(pattern, name)
+        spec = m and cls(**{k: int(v) if types[k] is int else v for k, v in m.groupdict().items()})
+        if not spec or spec.name != name:
+            example = cls._FORMAT.replace("{dtype}", "f32").replace("{isa}", "avx2")
+            raise ValueError(f"not a {cls.__name__} name: {name!r} (expected {example})")
+        return spec
 
 
 @dataclass(frozen=True)
@@ -53,19 +70,16 @@ class KernelSpec(_Spec):
     isa: str
     variant: str = "packed"
 
-    _NAME = re.compile(rf"^{_DTYPE}_conv_ukernel_(\d+)x(\d+)__(\w+)$")
-    _EXAMPLE = "f32_conv_ukernel_8x32__avx512"
+    _FORMAT = "{dtype}_conv_ukernel_{broadcasts}x{width}{suffix}__{isa}"
 
     def __post_init__(self):
         super().__post_init__()
         if self.variant not in VARIANTS:
             raise ValueError(f"KernelSpec variant must be one of {sorted(VARIANTS)}, got "
                              f"{self.variant!r}")
-        lanes = self.lanes
-        if self.broadcasts < 1 or self.width < 1 or self.width % lanes:
-            raise ValueError(f"KernelSpec needs broadcasts >= 1 and width a positive multiple of "
-                             f"the {lanes} vector lanes, got broadcasts={self.broadcasts}, "
-                             f"width={self.width}")
+        if self.width % self.lanes:
+            raise ValueError(f"KernelSpec width must be a multiple of the {self.lanes} vector "
+                             f"lanes, got {self.width}")
 
     @property
     def vectors(self):
@@ -73,16 +87,15 @@ class KernelSpec(_Spec):
         return self.width // self.lanes
 
     @property
-    def name(self):
-        return (f"{self.dtype}_conv_ukernel_{self.broadcasts}x{self.width}"
-                f"{VARIANTS[self.variant]}__{self.isa}")
+    def suffix(self):
+        return VARIANTS[self.variant]
 
     @classmethod
     def parse(cls, name):
         for variant, suffix in VARIANTS.items():
             if suffix and suffix + "__" in name:
-                spec = super().parse(name.replace(suffix + "__", "__", 1))
-                return cls(spec.dtype, spec.broadcasts, spec.width, spec.isa, variant)
+                return replace(super().parse(name.replace(suffix + "__", "__", 1)),
+                               variant=variant)
         return super().parse(name)
 
 
@@ -94,17 +107,7 @@ class DepthwiseSpec(_Spec):
     vectors: int
     isa: str
 
-    _NAME = re.compile(rf"^{_DTYPE}_dw_ukernel_(\d+)v__(\w+)$")
-    _EXAMPLE = "f32_dw_ukernel_4v__avx512"
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.vectors < 1:
-            raise ValueError(f"DepthwiseSpec needs vectors >= 1, got {self.vectors}")
-
-    @property
-    def name(self):
-        return f"{self.dtype}_dw_ukernel_{self.vectors}v__{self.isa}"
+    _FORMAT = "{dtype}_dw_ukernel_{vectors}v__{isa}"
 
 
 @dataclass(frozen=True)
@@ -114,20 +117,7 @@ class TransposeSpec(_Spec):
     dtype: str
     isa: str
 
-    _NAME = re.compile(rf"^{_DTYPE}_transpose_\d+x\d+__(\w+)$")
-    _EXAMPLE = "f32_transpose_16x16__avx512"
-
-    @property
-    def name(self):
-        return f"{self.dtype}_transpose_{self.lanes}x{self.lanes}__{self.isa}"
-
-    @classmethod
-    def parse(cls, name):
-        spec = super().parse(name)
-        if spec.name != name:
-            raise ValueError(f"not a TransposeSpec name: {name!r} (blocks are lanes x lanes: "
-                             f"{spec.name!r})")
-        return spec
+    _FORMAT = "{dtype}_transpose_{lanes}x{lanes}__{isa}"
 
 
 @dataclass(frozen=True)
@@ -138,40 +128,24 @@ class RowCopySpec(_Spec):
     width: int
     isa: str
 
-    _NAME = re.compile(rf"^{_DTYPE}_row_copy_(\d+)__(\w+)$")
-    _EXAMPLE = "f32_row_copy_32__avx512"
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.width < 1:
-            raise ValueError(f"{type(self).__name__} needs width >= 1, got {self.width}")
-
-    @property
-    def name(self):
-        return f"{self.dtype}_row_copy_{self.width}__{self.isa}"
+    _FORMAT = "{dtype}_row_copy_{width}__{isa}"
 
 
 @dataclass(frozen=True)
 class TapCopySpec(RowCopySpec):
     """The packers' copy of all taps of a filter row from one read of each input row
     (``microkernels.row_copy.define_tap_copy``), for rows of ``width`` elements."""
-    _NAME = re.compile(rf"^{_DTYPE}_tap_copy_(\d+)__(\w+)$")
-    _EXAMPLE = "f32_tap_copy_32__avx512"
-
-    @property
-    def name(self):
-        return f"{self.dtype}_tap_copy_{self.width}__{self.isa}"
+    _FORMAT = "{dtype}_tap_copy_{width}__{isa}"
 
 
 FAMILIES = (KernelSpec, DepthwiseSpec, TransposeSpec, RowCopySpec, TapCopySpec)
 
 
 def parse_name(name):
-    """The spec of any family named ``name``; ValueError for other names."""
+    """The spec of any family named ``name`` (the family by the words after the dtype);
+    ValueError for other names."""
     for family in FAMILIES:
-        try:
+        if family._FORMAT.split("}", 1)[1].split("{", 1)[0] in name:
             return family.parse(name)
-        except ValueError:
-            continue
-    raise ValueError(f"not a kernel name: {name!r} (expected e.g. "
-                     f"{', '.join(repr(f._EXAMPLE) for f in FAMILIES)})")
+    raise ValueError(f"not a kernel name: {name!r} (expected one of "
+                     f"{', '.join(f._FORMAT for f in FAMILIES)})")

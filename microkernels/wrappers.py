@@ -152,12 +152,11 @@ class _Copy(_Kernel):
     def _rows(self, name, arr, start, step, count, first, end, writeable=False):
         """The address of element ``start`` of ``arr`` after checking that elements ``first``
         .. ``end`` - 1 of each of ``count`` rows ``step`` apart from there lie inside it."""
-        if first < end:
-            low, high = start + first + min(0, (count - 1) * step), start + end + max(0, (count - 1) * step)
-            _address(name, arr, self.spec.np_dtype, low, high, writeable)
-        else:
-            _address(name, arr, self.spec.np_dtype, 0, 0, writeable)
-        return arr.ctypes.data + start * self.itemsize
+        span = (count - 1) * step
+        low, high = (start + first + min(0, span), start + end + max(0, span)) if (
+            count > 0 and first < end) else (0, 0)
+        return (_address(name, arr, self.spec.np_dtype, low, high, writeable)
+                + start * self.itemsize)
 
     def _dst_end(self):
         """How far past a row's start the kernel touches: its blends read whole vectors."""
