@@ -114,8 +114,8 @@ class _DepthwiseBuilder(KernelBuilder):
         """``count`` consecutive vectors from ``first``: unaligned loads, or, with a two-source
         permute, ``count + 1`` aligned loads each pair permuted by the element offset of
         ``first`` in its vector (a tap's vectors mostly straddle two cache lines, and such
-        loads halve the kernel's speed: measured 2.9 against 4.1 G vector FMAs/s with the
-        permutes, AVX-512). The aligned loads read up to a vector past the unaligned ones."""
+        loads slow the kernel down: csa/TUNING.md). The aligned loads read up to a vector past
+        the unaligned ones."""
         if self.permute is None:
             return [bld.load(bld.gep(first, [self.const(b * self.lanes)], source_etype=self.scalar),
                              typ=self.vec, align=self.align) for b in range(count)]
@@ -238,8 +238,8 @@ class _DepthwiseBuilder(KernelBuilder):
         columns: its real lanes, [0, a) on its row and [b, lanes) on the next, permuted to the
         front and stored at o as a whole vector. Its other lanes land past the real ones, where
         the next vectors' stores overwrite them; a store reaching past the output's end is
-        masked at it. Masked stores are microcoded on AMD cores (AVX2 ``vmaskmovps``): storing
-        each row's part of a straddling vector so took 40% of 3x3 512-channel 56x56 on Zen 3."""
+        masked at it. Masked stores are microcoded on AMD cores (AVX2 ``vmaskmovps``), too slow
+        to store each row's part of a straddling vector (csa/TUNING.md)."""
         a = self.args
         v, s, o = state
         lanes = self.const(self.lanes)

@@ -4,9 +4,10 @@ The convolution loop nests call micro-kernels and packing helpers compiled here 
 addresses (``native_function``): each kernel's object code is kept by the persistent cache,
 while the loop nests (compiled here too) stay generic over the micro-tile;
 ``microkernels.wrappers`` wraps kernels for calls from Python. Each module owns its execution
-engine and target machine (sharing one target machine between engines crashed after the first engine was freed).
-Every LLVM call runs under the compile lock and no module is ever freed (``microkernels.once``):
-several threads may compile at once, and a freed engine unmaps code another thread may run.
+engine and target machine (sharing one target machine between engines crashed after the first
+engine was freed). Every LLVM call runs under the compile lock and no module is ever freed
+(``microkernels.once``): several threads may compile at once, and a freed engine unmaps code
+another thread may run.
 """
 import ctypes
 

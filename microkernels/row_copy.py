@@ -17,7 +17,7 @@ or 14 windows) as plain stores of its lanes halving in width; a run that covers 
 is blended into it (read, its lanes replaced, written back). So no store writes past a row:
 rows narrower than a vector lie back to back in a packed tile, and a store overlapping the
 next row makes that row's blend load wait for it (store-to-load forwarding fails on a partial
-overlap: 6-wide rows packed 4x slower so on Zen 3). A blend reads up to a vector past its row;
+overlap: csa/TUNING.md). A blend reads up to a vector past its row;
 the scratch has that much slack past its last row (``SCRATCH_SLACK`` bytes, see the loop nests'
 ``scratch_elements``).
 
@@ -79,8 +79,7 @@ class _RowCopyBuilder(KernelBuilder):
         """The loop over ``count`` rows: per vector, ``load_vector(bld, src_row, v, masks)``
         then a store of lanes [j0, j1); all masks computed before the loop. When [j0, j1)
         is the whole row, as for all but a row's last run, the loop stores plainly: masked
-        stores are microcoded on AMD cores (AVX2 ``vmaskmovps``), and a slab fill made of
-        them ran at 5.5 GB/s on Zen 3."""
+        stores are microcoded on AMD cores (AVX2 ``vmaskmovps``; csa/TUNING.md)."""
         j0, j1 = self.bounds[:2]
         self.store_end = j1
         vectors = range(self.vectors)
@@ -113,8 +112,7 @@ class _RowCopyBuilder(KernelBuilder):
         """Store vector ``v`` of a row, ``value``, at ``ptr``: whole (``mask`` None), else
         blended into the vector there (its lanes outside ``mask`` written back as read) up to
         the run's end (``store_end``), no further. A blend is a plain load and store, where a
-        masked store is microcoded on AMD cores (``vmaskmovps``: partial runs kept 5x5
-        depthwise fills at 3 GB/s on Zen 3). Only lanes inside the row are stored (see the
+        masked store is microcoded on AMD cores (``vmaskmovps``). Only lanes inside the row are stored (see the
         module docstring)."""
         inside = min(self.lanes, self.width - v * self.lanes)
         if mask is None:
@@ -254,7 +252,7 @@ def define_tap_copy(module, spec):
     ``stride`` phases (even and odd elements) by constant shuffles, and every tap is a constant
     shuffle of its phase; one loop per (taps, stride), 2 <= taps <= max_taps(spec), stride in
     TAP_STRIDES (others store nothing). The row's continuation, which the next tile reads, is
-    prefetched to L2 (measured +3% on 3x3 256->256 at 56x56, whose input comes from L3)."""
+    prefetched to L2 (it may come from L3: csa/TUNING.md)."""
     return _TapCopyBuilder(module, spec).build()
 
 

@@ -122,8 +122,7 @@ def define_fill_slab(module, dtype):
     a*sw + b; -1: all) are filled. Each input value is read once per fill. ``run``-wide runs
     of a plane row move per call of the ``copy_rows`` at address ``copy_rows`` (see
     ``row_copier``), for all nc channels, or, when there are more rows than channels, down all
-    the rows of a channel (a call costs about as much as a few vectors moved: 1 to 4 channels
-    of 128 x 128 planes filled 3-4x faster so)."""
+    the rows of a channel (a call costs about as much as a few vectors moved: csa/TUNING.md)."""
     name = f"fill_slab_{dtype}"
     if name in module.globals:
         return module.globals[name]
