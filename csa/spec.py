@@ -2,8 +2,10 @@
 import re
 from dataclasses import dataclass
 
-DTYPES = ("float32", "float64")
-_ITEMSIZE = {"float32": 4, "float64": 8}
+from microkernels.dtypes import DTYPES as KERNEL_DTYPES
+
+_ITEMSIZE = {d.name: d.itemsize for d in KERNEL_DTYPES.values()}
+DTYPES = tuple(_ITEMSIZE)   # NumPy names: ConvSpec.dtype is user facing
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ from math import ceil
 import numpy as np
 
 from csa import ConvSpec
+from microkernels.dtypes import NUMPY_NAMES
 
-FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+FLOAT_DTYPES = tuple(np.dtype(name) for name in NUMPY_NAMES)
 ACTIVATIONS = (None, "relu")
 # Every size, stride, padding and dilation stays below this, so that all index arithmetic in the
 # compiled loop nest (products of two such numbers, and their sums) fits in int64.

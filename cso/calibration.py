@@ -82,6 +82,7 @@ def calibration(isa_name, again=False):
     return found
 
 
+# csa's names of the kernel variants until its rename to KernelSpec's lands (then delete this)
 def measure(machine, isa_name):
     """Measure what the record holds: ``fma_gflops`` (one core), ``fma_in_flight``,
     ``kernels`` {slab variant: {broadcasts: fraction of the FMA peak}}, ``read_gbs`` {cache
@@ -93,9 +94,8 @@ def measure(machine, isa_name):
     chain, _ = probe.fma_peak(1 << 22, isa, chains=1)
     kernels = {}
     for variant, counts in calibration_candidates(machine).items():
-        kernel = {"packed": "", "slab": "vector", "direct": "broadcast"}[variant]  # TEMP merge
         kernels[variant] = {b: round(_tile_gflops(KernelSpec("f32", b, TILE_VECTORS * isa.lanes(4),
-                                                             isa_name, kernel)) / peak, 3)
+                                                             isa_name, variant)) / peak, 3)
                             for b in counts}
     return {
         "version": VERSION, "cpu": cpu_name(), "isa": isa_name,
@@ -106,7 +106,7 @@ def measure(machine, isa_name):
 
 
 def _tile_gflops(spec):
-    calls = max(100, int(TRIAL_FLOPS / (2 * probe.UKERNEL_K * spec.nf * spec.nwin)))
+    calls = max(100, int(TRIAL_FLOPS / (2 * probe.UKERNEL_K * spec.broadcasts * spec.width)))
     return probe.kernel_throughput(spec, calls, trials=TRIALS)
 
 

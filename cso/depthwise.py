@@ -12,7 +12,7 @@ import numpy as np
 
 from microkernels import DepthwiseSpec, depthwise, row_copy
 from microkernels.jit import native_function
-from microkernels.spec import DTYPES, short_dtype
+from microkernels.dtypes import DTYPES, dtype_name
 from packing import row_copier
 from packing.inputs import define_fill_slab
 
@@ -42,7 +42,7 @@ def geometry(plan, kspec, epilogue_flags):
 
 
 def kernel_spec(plan, isa):
-    return DepthwiseSpec(short_dtype(plan.spec.dtype), plan.block_vectors, isa)
+    return DepthwiseSpec(dtype_name(plan.spec.dtype), plan.block_vectors, isa)
 
 
 def loop_nest(plan):

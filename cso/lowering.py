@@ -12,10 +12,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from microkernels import ACCUMULATE, KernelSpec, ir_gen, row_copy, transpose
+from microkernels import ACCUMULATE, KernelSpec, TransposeSpec, outer_product, row_copy, transpose
 from microkernels.jit import native_function
 from microkernels.loop_ir import LoopCode
-from microkernels.spec import DTYPES
+from microkernels.dtypes import DTYPES, dtype_name
 from packing import row_copier, tile_copiers
 from packing.inputs import define_fill_slab, define_pack_input_tile
 
@@ -44,7 +44,7 @@ def geometry(plan, kspec, epilogue_flags):
     filters_in_vectors = plan.vectors_along == "filters"
     # a slab is filled in runs of the kernel's vector width (whole vectors stored: a direct
     # tile's few windows made every store a masked one, microcoded on AMD), tiles per window
-    fill_width = kspec.nwin
+    fill_width = kspec.width
     copy_rows, copy_taps = ((row_copier(kspec, fill_width), 0) if plan.slab
                             else tile_copiers(kspec, plan.nwin, s.s, s.stride[1], s.dilation[1]))
     return GEOM.pack(
@@ -57,8 +57,9 @@ def geometry(plan, kspec, epilogue_flags):
         Hb=plan.band_rows, planes=plan.slab_planes, row_tiles=plan.row_tiles, nwin=plan.nwin,
         nf=plan.nf, lanes=kspec.lanes, slab=plan.slab, direct=plan.direct,
         filters_in_vectors=filters_in_vectors,
-        kernel=native_function(ir_gen.define_kernel, kspec).address,
-        transpose=(native_function(transpose.define_transpose, kspec).address
+        kernel=native_function(outer_product.define_kernel, kspec).address,
+        transpose=(native_function(transpose.define_transpose,
+                                   TransposeSpec(kspec.dtype, kspec.isa)).address
                    if filters_in_vectors else 0),
         copy_rows=copy_rows, copy_taps=copy_taps, fill_width=fill_width,
         tail_kernel=tail_kernel(plan, kspec))
@@ -69,7 +70,8 @@ def tail_kernel(plan, kspec):
     does not divide into tiles: a tile of Q % nwin windows, so that the row's last tile does
     not pad the FMAs of a whole one (csa/TUNING.md); else 0."""
     tail = plan.spec.q % plan.nwin if plan.direct else 0
-    return native_function(ir_gen.define_kernel, replace(kspec, nf=tail)).address if tail else 0
+    return (native_function(outer_product.define_kernel, replace(kspec, broadcasts=tail)).address
+            if tail else 0)
 
 
 def scratch_tiles(plan):
@@ -98,12 +100,11 @@ def scratch_elements(plan):
 
 def kernel_spec(plan, isa):
     """The micro-kernel a plan runs: windows x filters when windows are the vector dimension,
-    else filters (vector) x windows (broadcast): KernelSpec's ``nwin`` is always its vector
-    width and ``nf`` its broadcast count. A slab plan's kernel reads its windows in place, as
-    vectors or (direct) as broadcasts."""
-    vector, broadcast = (plan.nwin, plan.nf) if plan.vectors_along == "windows" else (plan.nf, plan.nwin)
-    slab = ("broadcast" if plan.direct else "vector") if plan.slab else ""
-    return KernelSpec.for_dtype(plan.spec.dtype, broadcast, vector, isa, slab)
+    else filters (vector) x windows (broadcast). A slab plan's kernel reads its windows in
+    place, as vectors ("slab") or as broadcasts ("direct")."""
+    width, broadcasts = ((plan.nwin, plan.nf) if plan.vectors_along == "windows"
+                         else (plan.nf, plan.nwin))
+    return KernelSpec(dtype_name(plan.spec.dtype), broadcasts, width, isa, plan.variant)
 
 
 def define_slab_offsets(module):
@@ -294,12 +295,12 @@ def define_conv_loop_nest(module, dtype):
                                             c_t = out_t_addr + ((c_at - p_lo) * K + g * Kg
                                                                 + f0) * item
                                             code.call(
-                                                (kernel, ir_gen.FUNCTION_TYPE), depth, w_tile,
+                                                (kernel, outer_product.FUNCTION_TYPE), depth, w_tile,
                                                 NF, in_addr, ld_in, c_t, K, code.min(NF, Kg - f0),
                                                 nwin_used, bias_addr, flags, rows_addr, 0, 0, 0)
                                         with plain:
                                             code.call(
-                                                (ukernel, ir_gen.FUNCTION_TYPE), depth, in_addr,
+                                                (ukernel, outer_product.FUNCTION_TYPE), depth, in_addr,
                                                 ld_in, w_tile, NF,
                                                 out_base + (f0 * PQ + c_at) * item, PQ,
                                                 nwin_used, code.min(NF, Kg - f0),

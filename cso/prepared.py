@@ -7,7 +7,7 @@ import numpy as np
 from csa import DepthwisePlan
 from microkernels.jit import native_function
 from microkernels.once import compiled_once
-from microkernels.spec import short_dtype
+from microkernels.dtypes import dtype_name
 
 from . import depthwise
 from . import lowering as slicing
@@ -37,7 +37,7 @@ def part_entry(define_loop_nest, dtype):
     """The C entry ``define_loop_nest`` (``lowering.define_conv_loop_nest`` or
     ``depthwise.define_depthwise_loop_nest``) generates for ``dtype``, compiled once (or
     loaded from the persistent cache)."""
-    return PartEntry(native_function(define_loop_nest, short_dtype(dtype)))
+    return PartEntry(native_function(define_loop_nest, dtype_name(dtype)))
 
 
 _HEADER = object.__basicsize__          # PyArrayObject: the object header, then char *data

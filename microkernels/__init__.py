@@ -1,10 +1,21 @@
-"""Micro-kernels: ISA detection, KernelSpec, the llvmlite IR generator and its JIT."""
-from .ir_gen import ACCUMULATE, BIAS, RELU
-from .isa import ISAS, Isa, default_isa, get_isa, host_isa, select_isa, supported_isas
-from .jit import CompiledKernel, compile
-from .reference import reference_kernel
-from .spec import DepthwiseSpec, KernelSpec
+"""Micro-kernels: ISA detection, kernel specs, the llvmlite IR generators, their JIT and Python
+wrappers. Names are imported on first use, so that ``microkernels.dtypes`` costs nothing to
+import (``csa`` reads it)."""
+from importlib import import_module
 
-__all__ = ["ACCUMULATE", "BIAS", "RELU", "ISAS", "Isa", "default_isa", "get_isa", "host_isa",
-           "select_isa",
-           "supported_isas", "CompiledKernel", "compile", "reference_kernel", "KernelSpec", "DepthwiseSpec"]
+_EXPORTS = {
+    "ir": ("ACCUMULATE", "BIAS", "RELU"),
+    "isa": ("ISAS", "Isa", "default_isa", "get_isa", "host_isa", "select_isa", "supported_isas"),
+    "spec": ("KernelSpec", "DepthwiseSpec", "TransposeSpec", "RowCopySpec", "TapCopySpec",
+             "parse_name"),
+    "wrappers": ("compile",),
+    "reference": ("reference_kernel",),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f".{_MODULE_OF[name]}", __name__), name)

@@ -23,9 +23,9 @@ vector past ``positions + offsets[t]``: the caller keeps that readable.
 """
 from llvmlite import ir
 
+from .ir import (BIAS, I64, PTR, RELU, KernelBuilder, accumulate, bias_splat, declare, flags_on,
+                 fma, lane_ids, lane_number, masked_access, relu, splat, zero_slot)
 from .isa import get_isa
-from .ir_gen import (BIAS, I32, I64, PTR, RELU, SCALARS, _suffix, declare, lane_number,
-                     masked_access, new_function, splat)
 
 ARG_NAMES = ("taps", "slab", "offsets", "weights", "out", "positions", "width", "q", "bias",
              "flags")
@@ -35,24 +35,17 @@ FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [I64, PTR, PTR, PTR, PTR, I64, I6
 def define_depthwise(module, spec):
     """Define the depthwise kernel for ``spec`` (a ``DepthwiseSpec``) in ``module`` and return
     it."""
-    fn = new_function(module, spec.name, FUNCTION_TYPE, ARG_NAMES, noalias=("slab", "out"))
-    _DepthwiseBuilder(module, fn, spec).build()
-    return fn
+    return _DepthwiseBuilder(module, spec).build()
 
 
-class _DepthwiseBuilder:
-    def __init__(self, module, fn, spec):
-        self.fn, self.spec = fn, spec
-        self.args = dict(zip(ARG_NAMES, fn.args))
-        self.lanes = spec.lanes
-        self.scalar = SCALARS[spec.dtype]
-        self.vec = ir.VectorType(self.scalar, self.lanes)
-        self.zero = ir.Constant(self.vec, [0.0] * self.lanes)
-        self.fma = declare(module, f"llvm.fma.{_suffix(self.vec)}",
-                           ir.FunctionType(self.vec, [self.vec] * 3))
+class _DepthwiseBuilder(KernelBuilder):
+    FUNCTION_TYPE, ARG_NAMES, NOALIAS = FUNCTION_TYPE, ARG_NAMES, ("slab", "out")
+
+    def __init__(self, module, spec):
+        super().__init__(module, spec)
+        self.fma = fma(module, self.vec)
         self.masked_store = masked_access(module, self.vec)[1]
-        self.align = spec.np_dtype.itemsize
-        self.lane_ids = ir.Constant(ir.VectorType(I32, self.lanes), list(range(self.lanes)))
+        self.lane_ids = lane_ids(self.lanes)
         self.index = ir.VectorType(ir.IntType(8 * self.align), self.lanes)   # permute indices
         isa = get_isa(spec.isa)
         permute = isa.permute(self.align)
@@ -69,20 +62,14 @@ class _DepthwiseBuilder:
     def build(self):
         a = self.args
         bld = ir.IRBuilder(self.fn.append_basic_block("entry"))
-        flags = a["flags"]
-        self.bias_on, self.relu_on = (
-            bld.icmp_unsigned("!=", bld.and_(flags, self.const(bit)), self.const(0))
-            for bit in (BIAS, RELU))
-        zero_slot = bld.alloca(self.scalar)   # the bias read when BIAS is off
-        bld.store(ir.Constant(self.scalar, 0.0), zero_slot)
-        bias_ptr = bld.select(self.bias_on, a["bias"], zero_slot)
-        self.bias = splat(bld, bld.load(bias_ptr, typ=self.scalar, align=self.align), self.vec)
+        self.bias_on, self.relu_on = flags_on(bld, a["flags"], BIAS, RELU)
+        self.bias = bias_splat(bld, self.bias_on, a["bias"], zero_slot(bld, self.scalar), self)
         self.gap = bld.sub(a["width"], a["q"])
         total = bld.udiv(bld.add(a["positions"], self.const(self.lanes - 1)),
                          self.const(self.lanes))                          # vectors
         if not self.lane_permute:
             self._body(bld, total, packed=False)
-            return
+            return self.fn
         # a vector spans at most two rows and one run of padding columns: its real lanes
         # permuted together and stored plainly (see _store_packed)
         one_gap = bld.and_(bld.icmp_signed(">=", a["width"], self.const(self.lanes)),
@@ -92,6 +79,7 @@ class _DepthwiseBuilder:
         for block, is_packed in ((packed, True), (rows, False)):
             bld.position_at_end(block)
             self._body(bld, total, is_packed)
+        return self.fn
 
     def _body(self, bld, total, packed):
         """The vectors of positions 0 .. ``total`` vectors, stored real lanes packed together
@@ -126,8 +114,8 @@ class _DepthwiseBuilder:
         """``count`` consecutive vectors from ``first``: unaligned loads, or, with a two-source
         permute, ``count + 1`` aligned loads each pair permuted by the element offset of
         ``first`` in its vector (a tap's vectors mostly straddle two cache lines, and such
-        loads halve the kernel's speed: measured 2.9 against 4.1 G vector FMAs/s with the
-        permutes, AVX-512). The aligned loads read up to a vector past the unaligned ones."""
+        loads slow the kernel down: csa/TUNING.md). The aligned loads read up to a vector past
+        the unaligned ones."""
         if self.permute is None:
             return [bld.load(bld.gep(first, [self.const(b * self.lanes)], source_etype=self.scalar),
                              typ=self.vec, align=self.align) for b in range(count)]
@@ -198,10 +186,9 @@ class _DepthwiseBuilder:
         returns the state after them."""
         chains = max(1, self.spec.vectors // vectors)
         for value in self._taps(bld, state[0], vectors, chains):
-            value = bld.fadd(value, self.bias)
-            clamped = bld.select(bld.fcmp_ordered("<", value, self.zero), self.zero, value)
             store = self._store_packed if self.packed else self._store
-            state = store(bld, bld.select(self.relu_on, clamped, value), state)
+            state = store(bld, relu(bld, self.relu_on, bld.fadd(value, self.bias), self.zero),
+                          state)
         return state
 
     def _taps(self, bld, v0, vectors, chains):
@@ -210,10 +197,6 @@ class _DepthwiseBuilder:
         remaining taps one at a time."""
         a = self.args
         taps = a["taps"]
-        pre = bld.block
-        main_head, main_body, rem_head, rem_body, end = (
-            self.fn.append_basic_block() for _ in range(5))
-        bld.branch(main_head)
 
         def step(bld, t, accs):
             offset = bld.load(bld.gep(a["offsets"], [t], source_etype=I64), typ=I64, align=8)
@@ -224,39 +207,10 @@ class _DepthwiseBuilder:
             return [bld.call(self.fma, [value, weight, acc])
                     for value, acc in zip(self._slab_vectors(bld, first, len(accs)), accs)]
 
-        bld.position_at_end(main_head)
-        t = bld.phi(I64)
-        accs = [[bld.phi(self.vec) for _ in range(vectors)] for _ in range(chains)]
-        bld.cbranch(bld.icmp_signed("<=", bld.add(t, self.const(chains)), taps), main_body,
-                    rem_head)
-        bld.position_at_end(main_body)
-        new = [step(bld, bld.add(t, self.const(c)), accs[c]) for c in range(chains)]
-        t_next = bld.add(t, self.const(chains))
-        bld.branch(main_head)
-        t.add_incoming(self.const(0), pre)
-        t.add_incoming(t_next, main_body)
-        for chain, updated in zip(accs, new):
-            for phi, value in zip(chain, updated):
-                phi.add_incoming(self.zero, pre)
-                phi.add_incoming(value, main_body)
-
-        bld.position_at_end(rem_head)
-        r = bld.phi(I64)
-        raccs = [bld.phi(self.vec) for _ in range(vectors)]
-        bld.cbranch(bld.icmp_signed("<", r, taps), rem_body, end)
-        bld.position_at_end(rem_body)
-        rnew = step(bld, r, raccs)
-        r_next = bld.add(r, self.const(1))
-        bld.branch(rem_head)
-        r.add_incoming(t, main_head)
-        r.add_incoming(r_next, rem_body)
-        for phi, first, value in zip(raccs, accs[0], rnew):
-            phi.add_incoming(first, main_head)
-            phi.add_incoming(value, rem_body)
-
-        bld.position_at_end(end)
-        sums = list(raccs)
-        for chain in accs[1:]:
+        tests = (lambda bld, t: bld.icmp_signed("<=", bld.add(t, self.const(chains)), taps),
+                 lambda bld, t: bld.icmp_signed("<", t, taps))
+        sums, *others = accumulate(bld, [self.zero] * vectors, step, chains, tests, chains)
+        for chain in others:
             sums = [bld.fadd(s, c) for s, c in zip(sums, chain)]
         return sums
 
@@ -284,8 +238,8 @@ class _DepthwiseBuilder:
         columns: its real lanes, [0, a) on its row and [b, lanes) on the next, permuted to the
         front and stored at o as a whole vector. Its other lanes land past the real ones, where
         the next vectors' stores overwrite them; a store reaching past the output's end is
-        masked at it. Masked stores are microcoded on AMD cores (AVX2 ``vmaskmovps``): storing
-        each row's part of a straddling vector so took 40% of 3x3 512-channel 56x56 on Zen 3."""
+        masked at it. Masked stores are microcoded on AMD cores (AVX2 ``vmaskmovps``), too slow
+        to store each row's part of a straddling vector (csa/TUNING.md)."""
         a = self.args
         v, s, o = state
         lanes = self.const(self.lanes)

@@ -1,18 +1,21 @@
-"""Print a micro-kernel's optimised LLVM IR and host assembly.
+"""Print a generated kernel's optimised LLVM IR and host assembly.
 
-    python -m microkernels.dump f32_conv_ukernel_8x32__avx512 [--ir | --asm]
+    python -m microkernels.dump f32_conv_ukernel_8x32__avx512 [--ir | --asm | --cross]
 
-Kernel names are ``{f32|f64}_conv_ukernel_{Nf}x{Nwin}[_slab|_bslab]__{avx512|avx2|neon|generic}``;
-``Nwin`` must be a multiple of the ISA's vector lanes. ``--cross`` compiles for the ISA's own
-target on any host (``python -m microkernels.dump f32_conv_ukernel_8x8__neon --cross``).
-``repr(cso.Conv2d(w))`` names the kernel a layer uses.
+Any family's name (``microkernels.spec``): outer-product micro-kernels
+``{f32|f64}_conv_ukernel_{broadcasts}x{width}[_slab|_direct]__{isa}`` (``width`` a multiple of
+the ISA's vector lanes), depthwise ``f32_dw_ukernel_4v__avx2``, transposes
+``f32_transpose_8x8__avx2``, packing copies ``f32_row_copy_21__avx2`` and
+``f32_tap_copy_16__avx2``. ``--cross`` compiles for the ISA's own target on any host
+(``python -m microkernels.dump f32_conv_ukernel_8x8__neon --cross``). A layer's outer-product
+or depthwise kernel is ``cso.Conv2d(w).kernel_for(x.shape)``; its ``name`` goes here.
 """
 import argparse
 import sys
 
-from . import compile
 from .jit import cross_assembly
-from .spec import KernelSpec
+from .spec import parse_name
+from .wrappers import compile, generator
 
 
 def main(argv=None):
@@ -26,9 +29,9 @@ def main(argv=None):
                       help="only the assembly for the ISA's own target, on any host (neon)")
     ns = parser.parse_args(argv)
     try:
-        spec = KernelSpec.parse(ns.name)
+        spec = parse_name(ns.name)
         if ns.cross:
-            print(cross_assembly(spec))
+            print(cross_assembly(generator(spec), spec))
             return 0
         kernel = compile(spec)
     except ValueError as err:

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 
 from llvmlite import ir
 
-I1, I64, PTR = ir.IntType(1), ir.IntType(64), ir.PointerType()
+from .ir import I1, I64, PTR, new_function
 
 
 class Int:
@@ -129,8 +129,8 @@ class LoopCode:
     def __init__(self, module, name, arg_names, pointer_args=(), internal=False):
         self.arg_names = tuple(arg_names)
         types = [PTR if a in pointer_args else I64 for a in arg_names]
-        self.function = ir.Function(module, ir.FunctionType(ir.VoidType(), types), name)
-        self.function.attributes.add("nounwind")
+        self.function = new_function(module, name, ir.FunctionType(ir.VoidType(), types),
+                                     arg_names)
         if internal:
             self.function.linkage = "internal"
         # the stack slots (``var``) are allocated in the entry block, the code starts after it
@@ -140,7 +140,6 @@ class LoopCode:
         self.builder = ir.IRBuilder(start)
         self._args = {}
         for arg, arg_name in zip(self.function.args, arg_names):
-            arg.name = arg_name
             value = self.builder.ptrtoint(arg, I64) if arg_name in pointer_args else arg
             self._args[arg_name] = Int(self, value)
 

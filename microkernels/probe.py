@@ -7,11 +7,13 @@ import time
 import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
-from .ir_gen import ACCUMULATE, FUNCTION_TYPE, define_kernel, splat
+
+from .ir import ACCUMULATE, fma, splat
 from .isa import default_isa
 from .jit import JitModule, native_function
 from .loop_ir import LoopCode
 from .once import compiled_once
+from .outer_product import FUNCTION_TYPE, define_kernel
 
 FMA_CHAINS = 12            # independent accumulators: >= FMA latency x FMA pipes, so no stalls
 UKERNEL_K = 256            # packed rows per call; 8x32 float32 tiles: A 32 KiB + B 8 KiB, in L1
@@ -35,7 +37,7 @@ def _fma_probe_module(lanes, chains):
     vec = ir.VectorType(f32, lanes)
     module = ir.Module(name="fma_probe")
     module.triple = llvm.get_process_triple()
-    fma = ir.Function(module, ir.FunctionType(vec, [vec] * 3), f"llvm.fma.v{lanes}f32")
+    vector_fma = fma(module, vec)
     fn = ir.Function(module, ir.FunctionType(f32, [i64, f32, f32]), "fma_probe")
     n, m, a = fn.args
     entry, loop, done = (fn.append_basic_block(name) for name in ("entry", "loop", "done"))
@@ -45,7 +47,7 @@ def _fma_probe_module(lanes, chains):
     bld.position_at_end(loop)
     i = bld.phi(i64)
     accs = [bld.phi(vec) for _ in range(chains)]
-    new = [bld.call(fma, [acc, m_vec, a_vec]) for acc in accs]
+    new = [bld.call(vector_fma, [acc, m_vec, a_vec]) for acc in accs]
     i_next = bld.add(i, ir.Constant(i64, 1))
     bld.cbranch(bld.icmp_unsigned("<", i_next, n), loop, done)
     i.add_incoming(ir.Constant(i64, 0), entry)
@@ -157,20 +159,21 @@ def read_bandwidth(size, isa=None, trial_bytes=64e6):
     return passes * values.nbytes / seconds / 1e9
 
 
-LOOP_ARGS = ("a", "b", "c", "bias", "rows", "calls", "kernel", "nwin", "nf", "shift_bytes")
+LOOP_ARGS = ("a", "b", "c", "bias", "rows", "calls", "kernel", "width", "broadcasts",
+             "shift_bytes")
 
 
 def _define_kernel_loop(module):
     """``kernel_loop(LOOP_ARGS)``: ``calls`` calls of the micro-kernel at address ``kernel``,
     as a loop nest makes them."""
     code = LoopCode(module, "kernel_loop", LOOP_ARGS)
-    a, b, c, bias, rows, calls, kernel, nwin, nf, shift_bytes = code.args(*LOOP_ARGS)
+    a, b, c, bias, rows, calls, kernel, width, broadcasts, shift_bytes = code.args(*LOOP_ARGS)
     with code.range(0, calls) as i:
         # A and B start SHIFT elements further each call, cycling over 4 offsets: the 4
         # overlapping tiles together stay L1-resident
         offset = (i & 3) * shift_bytes
-        code.call((kernel, FUNCTION_TYPE), UKERNEL_K, a + offset, nwin, b + offset, nf, c, nwin,
-                  nwin, nf, bias, ACCUMULATE, rows, 0, nwin, 0)
+        code.call((kernel, FUNCTION_TYPE), UKERNEL_K, a + offset, width, b + offset, broadcasts, c,
+                  width, width, broadcasts, bias, ACCUMULATE, rows, 0, width, 0)
     code.ret()
     return code.function
 
@@ -180,12 +183,12 @@ def kernel_throughput(spec, calls=200_000, trials=3):
     tiles of UKERNEL_K rows, accumulating into one C tile. A slab kernel reads the same tiles
     through its row offsets (rows as packed: one virtual row as wide as the tile)."""
     rng = np.random.default_rng(0)
-    a = rng.standard_normal(UKERNEL_K * spec.nwin + 3 * SHIFT).astype(spec.np_dtype)
-    b = rng.standard_normal(UKERNEL_K * spec.nf + 3 * SHIFT).astype(spec.np_dtype)
-    c = np.zeros(spec.nf * spec.nwin, spec.np_dtype)
-    bias = np.zeros(spec.nf, spec.np_dtype)
-    rows = np.arange(UKERNEL_K, dtype=np.int64) * (spec.nf if spec.slab == "broadcast" else
-                                                   spec.nwin)
+    a = rng.standard_normal(UKERNEL_K * spec.width + 3 * SHIFT).astype(spec.np_dtype)
+    b = rng.standard_normal(UKERNEL_K * spec.broadcasts + 3 * SHIFT).astype(spec.np_dtype)
+    c = np.zeros(spec.broadcasts * spec.width, spec.np_dtype)
+    bias = np.zeros(spec.broadcasts, spec.np_dtype)
+    rows = np.arange(UKERNEL_K, dtype=np.int64) * (spec.broadcasts if spec.variant == "direct"
+                                                   else spec.width)
     kernel = native_function(define_kernel, spec).address
 
     loop = native_function(_define_kernel_loop)
@@ -193,8 +196,8 @@ def kernel_throughput(spec, calls=200_000, trials=3):
 
     def run(count):
         loop(a.ctypes.data, b.ctypes.data, c.ctypes.data, bias.ctypes.data, rows.ctypes.data,
-             count, kernel, spec.nwin, spec.nf, SHIFT * a.itemsize)
+             count, kernel, spec.width, spec.broadcasts, SHIFT * a.itemsize)
 
     run(10)  # warm
     seconds = _best_seconds(lambda: run(calls), trials)
-    return 2 * UKERNEL_K * spec.nwin * spec.nf * calls / seconds / 1e9
+    return 2 * UKERNEL_K * spec.width * spec.broadcasts * calls / seconds / 1e9

@@ -1,41 +1,103 @@
-"""The micro-kernel contract in plain NumPy: the reference every generated kernel is tested against."""
+"""Every kernel family's contract in plain NumPy: the references generated kernels are tested
+against. ``reference_kernel(spec)`` takes the same arguments as ``compile(spec)``
+(``microkernels.wrappers``) and writes the same elements."""
 import numpy as np
 
-from .ir_gen import ACCUMULATE, BIAS, RELU
+from .ir import ACCUMULATE, BIAS, RELU
+from .row_copy import TAP_STRIDES, max_taps
+from .spec import DepthwiseSpec, KernelSpec, RowCopySpec, TapCopySpec, TransposeSpec
 
 
-def stored_windows(nwin_used, col0=0, width=None, gap=0):
-    """(windows, offsets): the windows a kernel stores and their element offsets in a C row.
-    Without ``width`` (non-slab kernels) windows 0..nwin_used-1 at offsets 0..nwin_used-1; for
-    a slab kernel, the windows on real columns of their virtual row at ``col0 + window``, the
-    second row's ``gap`` elements earlier."""
-    j = np.arange(nwin_used)
-    if width is None:
+def reference_kernel(spec):
+    """The NumPy reference of kernel ``spec``: ``function(*args)`` as ``compile(spec)(*args)``."""
+    function = REFERENCES[type(spec)]
+    return lambda *args, **kwargs: function(spec, *args, **kwargs)
+
+
+def _epilogue(value, bias, flags):
+    """(+ bias,) ReLU (NaN passes) as the flags ask."""
+    if flags & BIAS:
+        value = value + bias
+    return np.where(value < 0, 0, value) if flags & RELU else value
+
+
+def stored_windows(width_used, col0=0, row_width=None, gap=0):
+    """(elements, offsets): the elements of a C row an outer-product kernel stores and their
+    offsets in the row. Without ``row_width`` (not a slab kernel) 0..width_used-1 at offsets
+    0..width_used-1; for a slab kernel, the windows on real columns of their virtual row at
+    ``col0 + window``, the second row's ``gap`` elements earlier."""
+    j = np.arange(width_used)
+    if row_width is None:
         return j, j
     col = col0 + j
-    second = col >= width
-    real = np.where(second, col - width, col) < width - gap
+    second = col >= row_width
+    real = np.where(second, col - row_width, col) < row_width - gap
     return j[real], (col - gap * second)[real]
 
 
-def reference_kernel(spec, k, a, b, c, ldc, nwin_used, nf_used, bias=None, flags=0, lda=None,
-                     ldb=None, a_rows=None, col0=0, width=None, gap=0):
-    """C rows f < nf_used, stored windows: (C +) A^T B (+ bias), optionally ReLU. A's rows are
-    at ``a_rows`` (element offsets) for a vector slab kernel, else every ``lda``; B's at
-    ``a_rows`` for a broadcast slab kernel, else every ``ldb``."""
-    lda = spec.nwin if lda is None else lda
-    ldb = spec.nf if ldb is None else ldb
-    a_starts = a_rows[:k] if spec.slab == "vector" else np.arange(k) * lda
-    b_starts = a_rows[:k] if spec.slab == "broadcast" else np.arange(k) * ldb
-    A = np.stack([a[i: i + nwin_used] for i in a_starts])
-    B = np.stack([b[i: i + nf_used] for i in b_starts])
+def outer_product(spec, k, a, b, c, ldc, width_used, rows_used, bias=None, flags=0, lda=None,
+                  ldb=None, slab_rows=None, col0=0, row_width=None, gap=0):
+    """C rows f < rows_used, stored elements: (C +) A^T B (+ bias), optionally ReLU. A's rows
+    are at ``slab_rows`` (element offsets) for a "slab" kernel, else every ``lda``; B's at
+    ``slab_rows`` for a "direct" kernel, else every ``ldb``."""
+    lda = spec.width if lda is None else lda
+    ldb = spec.broadcasts if ldb is None else ldb
+    a_starts = slab_rows[:k] if spec.variant == "slab" else np.arange(k) * lda
+    b_starts = slab_rows[:k] if spec.variant == "direct" else np.arange(k) * ldb
+    A = np.stack([a[i: i + width_used] for i in a_starts])
+    B = np.stack([b[i: i + rows_used] for i in b_starts])
     tile = (B.T @ A).astype(spec.np_dtype)
-    windows, offsets = stored_windows(nwin_used, col0, width if spec.slab == "vector" else None, gap)
-    for f in range(nf_used):
+    elements, offsets = stored_windows(width_used, col0,
+                                       row_width if spec.variant == "slab" else None, gap)
+    for f in range(rows_used):
         at = f * ldc + offsets
-        val = tile[f, windows] + c[at] if flags & ACCUMULATE else tile[f, windows]
-        if flags & BIAS:
-            val = val + bias[f]
-        if flags & RELU:
-            val = np.where(val < 0, 0, val)
-        c[at] = val
+        value = tile[f, elements] + c[at] if flags & ACCUMULATE else tile[f, elements]
+        c[at] = _epilogue(value, bias[f] if flags & BIAS else 0, flags)
+
+
+def depthwise(spec, slab, offsets, weights, out, positions, row_width, q, bias=None, flags=0):
+    """out[v - (v // row_width) * (row_width - q)] = act(sum_t weights[t] * slab[v + offsets[t]]
+    (+ bias[0])) for the positions v < ``positions`` on real columns (v % row_width < q)."""
+    v = np.arange(positions)
+    v = v[v % row_width < q]
+    value = slab[v[:, None] + offsets[None, :]].astype(np.float64) @ weights.astype(np.float64)
+    out[v - v // row_width * (row_width - q)] = _epilogue(
+        value, bias[0] if flags & BIAS else 0, flags)
+
+
+def transpose(spec, src, lds, dst, ldd, rows, cols, bias=None, flags=0):
+    """dst[j*ldd + i] = act(src[i*lds + j] (+ bias[j])) for i < rows, j < cols."""
+    block = np.stack([src[i * lds: i * lds + cols] for i in range(rows)])
+    result = _epilogue(block.T, bias[:cols, None] if flags & BIAS else 0, flags)
+    for j in range(cols):
+        dst[j * ldd: j * ldd + rows] = result[j]
+
+
+def row_copy(spec, dst, dst_start, dst_step, src, src_start, src_step, count, stride, j0, j1,
+             lo, hi):
+    """For each row i < count: elements j0 <= j < j1 of dst's row (at dst_start +
+    i*dst_step) get src[src_start + i*src_step + j*stride] when lo <= j < hi, else zero."""
+    for i in range(count):
+        for j in range(j0, j1):
+            dst[dst_start + i * dst_step + j] = (src[src_start + i * src_step + j * stride]
+                                                 if lo <= j < hi else 0)
+
+
+def tap_copy(spec, dst, dst_start, dst_step, tap_step, src, src_start, src_step, count, taps,
+             stride, j0, j1, end, lo, hi):
+    """For each row i < count and tap s < taps: elements j0 <= j < end of the tap's row (at
+    dst_start + i*dst_step + s*tap_step) get src[src_start + i*src_step + j*stride + s] when
+    j < j1 and lo <= j*stride + s < hi, else zero; nothing for tap counts or strides the
+    kernel does not handle."""
+    if not (2 <= taps <= max_taps(spec) and stride in TAP_STRIDES):
+        return
+    for i in range(count):
+        for s in range(taps):
+            for j in range(j0, end):
+                at = j * stride + s
+                dst[dst_start + i * dst_step + s * tap_step + j] = (
+                    src[src_start + i * src_step + at] if j < j1 and lo <= at < hi else 0)
+
+
+REFERENCES = {KernelSpec: outer_product, DepthwiseSpec: depthwise, TransposeSpec: transpose,
+              RowCopySpec: row_copy, TapCopySpec: tap_copy}

@@ -17,7 +17,7 @@ or 14 windows) as plain stores of its lanes halving in width; a run that covers 
 is blended into it (read, its lanes replaced, written back). So no store writes past a row:
 rows narrower than a vector lie back to back in a packed tile, and a store overlapping the
 next row makes that row's blend load wait for it (store-to-load forwarding fails on a partial
-overlap: 6-wide rows packed 4x slower so on Zen 3). A blend reads up to a vector past its row;
+overlap: csa/TUNING.md). A blend reads up to a vector past its row;
 the scratch has that much slack past its last row (``SCRATCH_SLACK`` bytes, see the loop nests'
 ``scratch_elements``).
 
@@ -26,38 +26,31 @@ from one read of each input row, by constant shuffles (see ``define_tap_copy``).
 """
 from llvmlite import ir
 
-from .ir_gen import (I32, I64, PTR, SCALARS, declare, lane_number, masked_access, new_function,
-                     splat)
+from .ir import (I1, I32, I64, PTR, KernelBuilder, declare, lane_number, masked_access, splat,
+                 suffix)
 
-I1 = ir.IntType(1)
 ARGS = ("dst", "dst_step", "src", "src_step", "count", "stride", "j0", "j1", "lo", "hi")
 FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, PTR, I64] + [I64] * 6)
 SAMPLED_STRIDES = 4  # strides up to this use contiguous loads + shuffles; larger ones gather
 SCRATCH_SLACK = 128  # bytes past a scratch's last row a blend may read (two zmm)
 
 
-def define_row_copy(module, spec, width):
-    """Define the copy function for ``width``-wide rows in kernel ``spec``'s dtype and vectors
-    in ``module`` and return it."""
-    fn = new_function(module, f"{spec.dtype}_pack_rows_{width}__{spec.isa}", FUNCTION_TYPE, ARGS)
-    _RowCopyBuilder(module, fn, spec, width).build()
-    return fn
+def define_row_copy(module, spec):
+    """Define ``copy_rows`` for ``spec`` (a ``RowCopySpec``) in ``module`` and return it."""
+    return _RowCopyBuilder(module, spec).build()
 
 
-class _RowCopyBuilder:
-    def __init__(self, module, fn, spec, width):
-        self.module, self.fn, self.spec = module, fn, spec
-        self.dtype, self.lanes = spec.dtype, spec.lanes
-        self.width = width
-        self.vectors = -(-width // self.lanes)  # the last one partly stored when width is not a multiple
-        self.scalar = SCALARS[spec.dtype]
-        self.vec = ir.VectorType(self.scalar, self.lanes)
-        self.zero = ir.Constant(self.vec, [0.0] * self.lanes)
+class _RowCopyBuilder(KernelBuilder):
+    FUNCTION_TYPE, ARG_NAMES = FUNCTION_TYPE, ARGS
+
+    def __init__(self, module, spec):
+        super().__init__(module, spec)
+        self.width = spec.width
+        self.vectors = -(-self.width // self.lanes)  # the last one partly stored when width is not a multiple
         self.load = masked_access(module, self.vec)[0]
-        self.itemsize = spec.np_dtype.itemsize
 
     def build(self):
-        args = dict(zip(ARGS, self.fn.args))
+        args = self.args
         bld = ir.IRBuilder(self.fn.append_basic_block("entry"))
         self.bounds = [lane_number(bld, args[n], self.vectors * self.lanes)
                        for n in ("j0", "j1", "lo", "hi")]
@@ -73,6 +66,7 @@ class _RowCopyBuilder:
         self._rows(bld, args, done, *self._gathered(bld, args["stride"]))
         bld.position_at_end(done)
         bld.ret_void()
+        return self.fn
 
     def _between(self, bld, lanes, first, end):
         """Mask of the constant ``lanes`` (lane numbers) lying in [first, end)."""
@@ -85,8 +79,7 @@ class _RowCopyBuilder:
         """The loop over ``count`` rows: per vector, ``load_vector(bld, src_row, v, masks)``
         then a store of lanes [j0, j1); all masks computed before the loop. When [j0, j1)
         is the whole row, as for all but a row's last run, the loop stores plainly: masked
-        stores are microcoded on AMD cores (AVX2 ``vmaskmovps``), and a slab fill made of
-        them ran at 5.5 GB/s on Zen 3."""
+        stores are microcoded on AMD cores (AVX2 ``vmaskmovps``; csa/TUNING.md)."""
         j0, j1 = self.bounds[:2]
         self.store_end = j1
         vectors = range(self.vectors)
@@ -119,14 +112,13 @@ class _RowCopyBuilder:
         """Store vector ``v`` of a row, ``value``, at ``ptr``: whole (``mask`` None), else
         blended into the vector there (its lanes outside ``mask`` written back as read) up to
         the run's end (``store_end``), no further. A blend is a plain load and store, where a
-        masked store is microcoded on AMD cores (``vmaskmovps``: partial runs kept 5x5
-        depthwise fills at 3 GB/s on Zen 3). Only lanes inside the row are stored (see the
+        masked store is microcoded on AMD cores (``vmaskmovps``). Only lanes inside the row are stored (see the
         module docstring)."""
         inside = min(self.lanes, self.width - v * self.lanes)
         if mask is None:
             self._store_lanes(bld, value, ptr, inside)
             return
-        old = bld.load(ptr, typ=self.vec, align=self.itemsize)
+        old = bld.load(ptr, typ=self.vec, align=self.align)
         value = bld.select(mask, value, old)
         # lanes [0, end - v*lanes) of the vector, at most ``inside``: a case per count (the
         # same for every row of the call); none when the run ends before the vector
@@ -147,7 +139,7 @@ class _RowCopyBuilder:
         """Lanes [0, count) of ``value`` at ``ptr``: one store when all, else plain stores of
         halving width."""
         if count == self.lanes:
-            bld.store(value, ptr, align=self.itemsize)
+            bld.store(value, ptr, align=self.align)
             return
         first, size = 0, self.lanes // 2
         while size:
@@ -158,7 +150,7 @@ class _RowCopyBuilder:
                 else:
                     part = bld.shuffle_vector(value, value, ir.Constant(
                         ir.VectorType(I32, size), list(range(first, first + size))))
-                bld.store(part, at, align=self.itemsize)
+                bld.store(part, at, align=self.align)
                 first += size
             size //= 2
 
@@ -219,9 +211,9 @@ class _RowCopyBuilder:
         for v in range(self.vectors):
             lane_ids = [v * lanes + i for i in range(lanes)]
             masks[v] = self._between(bld, lane_ids, *self.bounds[2:])
-            offsets[v] = bld.mul(ir.Constant(idx_ty, [j * self.itemsize for j in lane_ids]),
+            offsets[v] = bld.mul(ir.Constant(idx_ty, [j * self.align for j in lane_ids]),
                                  splat(bld, stride, idx_ty))
-        gather = declare(self.module, f"llvm.masked.gather.v{lanes}{self.dtype}.v{lanes}p0",
+        gather = declare(self.module, f"llvm.masked.gather.{suffix(self.vec)}.v{lanes}p0",
                          ir.FunctionType(self.vec, [ir.VectorType(PTR, lanes),
                                                     ir.VectorType(I1, lanes), self.vec]))
 
@@ -250,8 +242,8 @@ def tap_limits(spec):
     return max_taps(spec), max(TAP_STRIDES)
 
 
-def define_tap_copy(module, spec, width):
-    """Undilated packing that reads each input value once: ``copy_taps(dst, dst_step, tap_step,
+def define_tap_copy(module, spec):
+    """``copy_taps`` for ``spec`` (a ``TapCopySpec``), undilated packing that reads each input value once: ``copy_taps(dst, dst_step, tap_step,
     src, src_step, count, taps, stride, j0, j1, end, lo, hi)`` fills, for ``count`` rows (row i
     read from ``src + i*src_step`` bytes), the packed rows of ``taps`` consecutive filter taps
     (tap s at ``dst + i*dst_step + s*tap_step`` bytes): lanes j0 <= j < end of tap s get
@@ -260,16 +252,15 @@ def define_tap_copy(module, spec, width):
     ``stride`` phases (even and odd elements) by constant shuffles, and every tap is a constant
     shuffle of its phase; one loop per (taps, stride), 2 <= taps <= max_taps(spec), stride in
     TAP_STRIDES (others store nothing). The row's continuation, which the next tile reads, is
-    prefetched to L2 (measured +3% on 3x3 256->256 at 56x56, whose input comes from L3)."""
-    fn = new_function(module, f"{spec.dtype}_pack_taps_{width}__{spec.isa}", TAP_FUNCTION_TYPE,
-                      TAP_ARGS)
-    _TapCopyBuilder(module, fn, spec, width).build()
-    return fn
+    prefetched to L2 (it may come from L3: csa/TUNING.md)."""
+    return _TapCopyBuilder(module, spec).build()
 
 
 class _TapCopyBuilder(_RowCopyBuilder):
+    FUNCTION_TYPE, ARG_NAMES = TAP_FUNCTION_TYPE, TAP_ARGS
+
     def build(self):
-        args = dict(zip(TAP_ARGS, self.fn.args))
+        args = self.args
         self.prefetch = declare(self.module, "llvm.prefetch.p0",
                                 ir.FunctionType(ir.VoidType(), [PTR, I32, I32, I32]))
         lanes, vectors = self.lanes, self.vectors
@@ -301,6 +292,7 @@ class _TapCopyBuilder(_RowCopyBuilder):
                 self._rows(bld, args, count, step, done)
         bld.position_at_end(done)
         bld.ret_void()
+        return self.fn
 
     def _rows(self, bld, args, taps, stride, done):
         """The loop over rows for a constant tap count and stride: load once, split into

@@ -1,106 +1,151 @@
-"""KernelSpec: what a micro-kernel computes and where it runs. Its name is its cache key."""
+"""Kernel specs: what a generated function computes and where it runs, one frozen dataclass per
+kernel family. A spec's ``name`` is its cache key and the function's symbol; ``parse`` reads a
+name back (``parse_name`` any family's)."""
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
-import numpy as np
-
+from .dtypes import DTYPES, get_dtype
 from .isa import get_isa
 
-DTYPES = {"f32": np.dtype(np.float32), "f64": np.dtype(np.float64)}
-_NAME = re.compile(r"^(f32|f64)_conv_ukernel_(\d+)x(\d+)(_slab|_bslab)?__(\w+)$")
-SLABS = {"": "", "vector": "_slab", "broadcast": "_bslab"}   # slab mode -> name suffix
+VARIANTS = {"packed": "", "slab": "_slab", "direct": "_direct"}   # KernelSpec variant -> suffix
 
 
-class _DtypeIsa:
-    """What every kernel spec has: a ``dtype`` ("f32" or "f64") and an ``isa`` name, checked,
-    and a ``name`` that is its cache key."""
+class _Spec:
+    """What every spec has: a ``dtype`` (short name, ``microkernels.dtypes``) and an ``isa``
+    name, checked, and counts (its int fields), at least 1; a ``name`` (the family's
+    ``_FORMAT`` filled with fields and properties) and ``parse``, its inverse."""
 
-    def _check_dtype(self):
-        if self.dtype not in DTYPES:
-            raise ValueError(f"{type(self).__name__} dtype must be one of {sorted(DTYPES)}, "
-                             f"got {self.dtype!r}")
+    def __post_init__(self):
+        get_dtype(self.dtype)
+        get_isa(self.isa)
+        for field in fields(self):
+            if field.type is int and getattr(self, field.name) < 1:
+                raise ValueError(f"{type(self).__name__} needs {field.name} >= 1, got "
+                                 f"{getattr(self, field.name)}")
 
     @property
     def np_dtype(self):
-        return DTYPES[self.dtype]
+        return get_dtype(self.dtype).np_dtype
 
     @property
     def lanes(self):
-        return get_isa(self.isa).lanes(DTYPES[self.dtype].itemsize)
+        return get_isa(self.isa).lanes(get_dtype(self.dtype).itemsize)
+
+    @property
+    def name(self):
+        parts = re.split(r"{(\w+)}", self._FORMAT)
+        return "".join(str(getattr(self, p)) if i % 2 else p for i, p in enumerate(parts))
 
     def __str__(self):
         return self.name
 
+    @classmethod
+    def parse(cls, name):
+        types = {f.name: f.type for f in fields(cls)}
+        pattern = "".join(
+            re.escape(p) if i % 2 == 0 else
+            rf"(?P<dtype>{'|'.join(DTYPES)})" if p == "dtype" else
+            rf"(?P<{p}>\d+)" if types.get(p) is int else
+            rf"(?P<{p}>\w+)" if p in types else r"\w*?"   # a property: the round trip checks it
+            for i, p in enumerate(re.split(r"{(\w+)}", cls._FORMAT)))
+        m = re.fullmatch(pattern, name)
+        spec = m and cls(**{k: int(v) if types[k] is int else v for k, v in m.groupdict().items()})
+        if not spec or spec.name != name:
+            example = cls._FORMAT.replace("{dtype}", "f32").replace("{isa}", "avx2")
+            raise ValueError(f"not a {cls.__name__} name: {name!r} (expected {example})")
+        return spec
+
 
 @dataclass(frozen=True)
-class KernelSpec(_DtypeIsa):
-    """An ``nf`` x ``nwin`` outer-product tile: ``nf`` broadcast values by ``nwin`` vector
-    lanes (windows by filters, or filters by windows when filters are in vectors) for one dtype
-    and ISA. A ``slab`` kernel reads one operand in place from a padded input slab, its rows
-    by an offset table: ``"vector"``, the vector operand (windows on a virtual row whose padding
-    columns it never stores), or ``"broadcast"``, the broadcast operand (filters in vectors,
-    windows consecutive on one slab row); see ``ir_gen``."""
-    dtype: str   # "f32" or "f64"
-    nf: int
-    nwin: int
+class KernelSpec(_Spec):
+    """The outer-product micro-kernel (``microkernels.outer_product``): ``broadcasts`` values
+    of the broadcast operand (rows of C) by ``width`` elements along the vectors (a multiple of
+    the lanes), for one dtype and ISA. With windows in vectors, ``broadcasts`` are filters and
+    ``width`` windows; with filters in vectors the other way round. ``variant``: "packed"
+    (operand A, the vectors, a packed tile), "slab" (A read in place from a padded slab) or
+    "direct" (B, the broadcasts, read in place from a slab)."""
+    dtype: str
+    broadcasts: int
+    width: int
     isa: str
-    slab: str = ""   # "", "vector" or "broadcast"
+    variant: str = "packed"
+
+    _FORMAT = "{dtype}_conv_ukernel_{broadcasts}x{width}{suffix}__{isa}"
 
     def __post_init__(self):
-        self._check_dtype()
-        if self.slab not in SLABS:
-            raise ValueError(f"KernelSpec slab must be one of {sorted(SLABS)}, got {self.slab!r}")
-        lanes = self.lanes
-        if self.nf < 1 or self.nwin < 1 or self.nwin % lanes:
-            raise ValueError(f"KernelSpec needs nf >= 1 and nwin a positive multiple of the "
-                             f"{lanes} vector lanes, got nf={self.nf}, nwin={self.nwin}")
+        super().__post_init__()
+        if self.variant not in VARIANTS:
+            raise ValueError(f"KernelSpec variant must be one of {sorted(VARIANTS)}, got "
+                             f"{self.variant!r}")
+        if self.width % self.lanes:
+            raise ValueError(f"KernelSpec width must be a multiple of the {self.lanes} vector "
+                             f"lanes, got {self.width}")
 
     @property
     def vectors(self):
-        """Vectors per window row of the tile."""
-        return self.nwin // self.lanes
+        """Vectors per row of the tile."""
+        return self.width // self.lanes
 
     @property
-    def name(self):
-        return f"{self.dtype}_conv_ukernel_{self.nf}x{self.nwin}{SLABS[self.slab]}__{self.isa}"
+    def suffix(self):
+        return VARIANTS[self.variant]
 
     @classmethod
     def parse(cls, name):
-        m = _NAME.match(name)
-        if not m:
-            raise ValueError(f"not a kernel name: {name!r} "
-                             "(expected e.g. 'f32_conv_ukernel_8x32__avx512')")
-        dtype, nf, nwin, slab, isa = m.groups()
-        mode = {suffix: mode for mode, suffix in SLABS.items()}[slab or ""]
-        return cls(dtype, int(nf), int(nwin), isa, mode)
-
-    @classmethod
-    def for_dtype(cls, dtype, nf, nwin, isa, slab=""):
-        return cls(short_dtype(dtype), nf, nwin, isa, slab)
-
-
-def short_dtype(dtype):
-    """"f32" or "f64" for a NumPy dtype; TypeError for others."""
-    for short, dt in DTYPES.items():
-        if dt == np.dtype(dtype):
-            return short
-    raise TypeError(f"no micro-kernel for dtype {np.dtype(dtype)}; supported: float32, float64")
+        for variant, suffix in VARIANTS.items():
+            if suffix and suffix + "__" in name:
+                return replace(super().parse(name.replace(suffix + "__", "__", 1)),
+                               variant=variant)
+        return super().parse(name)
 
 
 @dataclass(frozen=True)
-class DepthwiseSpec(_DtypeIsa):
-    """A depthwise micro-kernel (``microkernels.depthwise``): one output channel computed
-    along the virtual rows of a padded slab, ``vectors`` vectors (accumulators) per block, for
-    one dtype and ISA."""
-    dtype: str   # "f32" or "f64"
+class DepthwiseSpec(_Spec):
+    """The depthwise micro-kernel (``microkernels.depthwise``): one output channel computed
+    along the virtual rows of a padded slab, ``vectors`` vectors (accumulators) per block."""
+    dtype: str
     vectors: int
     isa: str
 
-    def __post_init__(self):
-        self._check_dtype()
-        if self.vectors < 1:
-            raise ValueError(f"DepthwiseSpec needs vectors >= 1, got {self.vectors}")
+    _FORMAT = "{dtype}_dw_ukernel_{vectors}v__{isa}"
 
-    @property
-    def name(self):
-        return f"{self.dtype}_dw_ukernel_{self.vectors}v__{self.isa}"
+
+@dataclass(frozen=True)
+class TransposeSpec(_Spec):
+    """The block transpose with the convolution epilogue (``microkernels.transpose``), blocks
+    of up to lanes x lanes."""
+    dtype: str
+    isa: str
+
+    _FORMAT = "{dtype}_transpose_{lanes}x{lanes}__{isa}"
+
+
+@dataclass(frozen=True)
+class RowCopySpec(_Spec):
+    """The packers' row copy (``microkernels.row_copy.define_row_copy``) for rows of
+    ``width`` elements."""
+    dtype: str
+    width: int
+    isa: str
+
+    _FORMAT = "{dtype}_row_copy_{width}__{isa}"
+
+
+@dataclass(frozen=True)
+class TapCopySpec(RowCopySpec):
+    """The packers' copy of all taps of a filter row from one read of each input row
+    (``microkernels.row_copy.define_tap_copy``), for rows of ``width`` elements."""
+    _FORMAT = "{dtype}_tap_copy_{width}__{isa}"
+
+
+FAMILIES = (KernelSpec, DepthwiseSpec, TransposeSpec, RowCopySpec, TapCopySpec)
+
+
+def parse_name(name):
+    """The spec of any family named ``name`` (the family by the words after the dtype);
+    ValueError for other names."""
+    for family in FAMILIES:
+        if family._FORMAT.split("}", 1)[1].split("{", 1)[0] in name:
+            return family.parse(name)
+    raise ValueError(f"not a kernel name: {name!r} (expected one of "
+                     f"{', '.join(f._FORMAT for f in FAMILIES)})")

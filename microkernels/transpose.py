@@ -11,18 +11,17 @@ loaded and stored masked, a whole one plainly.
 """
 from llvmlite import ir
 
-from .ir_gen import (BIAS, I32, I64, PTR, RELU, SCALARS, lane_number, masked_access, new_function,
-                     splat)
+from .ir import (BIAS, I1, I32, I64, PTR, RELU, VectorTypes, bias_splat, flags_on, lane_ids,
+                 lane_number, masked_access, new_function, relu, splat, zero_slot)
 
 ARGS = ("src", "lds", "dst", "ldd", "rows", "cols", "bias", "flags")
 FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, PTR, I64, I64, I64, PTR, I64])
 
 
 def define_transpose(module, spec):
-    """Define the block transpose in kernel ``spec``'s dtype and vectors in ``module`` and
-    return it."""
-    fn = new_function(module, f"{spec.dtype}_transpose_{spec.lanes}x{spec.lanes}__{spec.isa}",
-                      FUNCTION_TYPE, ARGS)
+    """Define the block transpose for ``spec`` (a ``TransposeSpec``) in ``module`` and return
+    it."""
+    fn = new_function(module, spec.name, FUNCTION_TYPE, ARGS)
     lanes = spec.lanes
     src, lds, dst, ldd, rows, cols, bias, flags = fn.args
     bld = ir.IRBuilder(fn.append_basic_block("entry"))
@@ -42,15 +41,13 @@ def define_transpose(module, spec):
 def _transpose(module, bld, spec, args, masked):
     """The block's loads, shuffles, epilogue and stores; ``masked``: to ``rows`` x ``cols``,
     else the whole lanes x lanes block."""
-    lanes, scalar = spec.lanes, SCALARS[spec.dtype]
-    vec, mask_ty = ir.VectorType(scalar, lanes), ir.VectorType(ir.IntType(1), lanes)
+    types = VectorTypes(spec)
+    lanes, scalar, vec, zero, align = types.lanes, types.scalar, types.vec, types.zero, types.align
+    mask_ty = ir.VectorType(I1, lanes)
     load, store = masked_access(module, vec)
     src, lds, dst, ldd, rows, cols, bias, flags = args
-    align = spec.np_dtype.itemsize
-    zero = ir.Constant(vec, [0.0] * lanes)
-    lane_ids = ir.Constant(ir.VectorType(I32, lanes), list(range(lanes)))
-    row_mask, col_mask = (bld.icmp_signed("<", lane_ids,
-                                          splat(bld, lane_number(bld, n, lanes), lane_ids.type))
+    ids = lane_ids(lanes)
+    row_mask, col_mask = (bld.icmp_signed("<", ids, splat(bld, lane_number(bld, n, lanes), ids.type))
                           for n in (rows, cols))
     # rows past ``rows`` are read as zeros (their loads fully masked); never stored
     data = []
@@ -73,17 +70,14 @@ def _transpose(module, bld, spec, args, masked):
             data[i], data[j] = (bld.shuffle_vector(data[i], data[j], ir.Constant(mask, low)),
                                 bld.shuffle_vector(data[i], data[j], ir.Constant(mask, high)))
         h *= 2
-    bias_on = bld.icmp_unsigned("!=", bld.and_(flags, ir.Constant(I64, BIAS)), ir.Constant(I64, 0))
-    relu_on = bld.icmp_unsigned("!=", bld.and_(flags, ir.Constant(I64, RELU)), ir.Constant(I64, 0))
-    zero_slot = bld.alloca(scalar)
-    bld.store(ir.Constant(scalar, 0.0), zero_slot)
+    bias_on, relu_on = flags_on(bld, flags, BIAS, RELU)
+    slot = zero_slot(bld, scalar)
     for j in range(lanes):
         # column j exists only when j < cols: its bias is read and its row stored only then
         exists = bld.icmp_signed("<", ir.Constant(I64, j), cols)
-        bias_ptr = bld.select(bld.and_(bias_on, exists),
-                              bld.gep(bias, [ir.Constant(I64, j)], source_etype=scalar), zero_slot)
-        value = bld.fadd(data[j], splat(bld, bld.load(bias_ptr, typ=scalar), vec))
-        value = bld.select(relu_on, bld.select(bld.fcmp_ordered("<", value, zero), zero, value), value)
+        value = bld.fadd(data[j], bias_splat(bld, bld.and_(bias_on, exists), bld.gep(
+            bias, [ir.Constant(I64, j)], source_etype=scalar), slot, types))
+        value = relu(bld, relu_on, value, zero)
         ptr = bld.gep(dst, [bld.mul(ir.Constant(I64, j), ldd)], source_etype=scalar)
         if masked:
             bld.call(store, [value, ptr, bld.and_(row_mask, splat(bld, exists, mask_ty))])

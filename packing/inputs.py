@@ -20,10 +20,10 @@ their addresses, so a packer compiles once per dtype, whatever the tile width.
 """
 import ctypes
 
-from microkernels import row_copy
+from microkernels import RowCopySpec, TapCopySpec, row_copy
+from microkernels.dtypes import DTYPES, dtype_name
 from microkernels.jit import native_function
 from microkernels.loop_ir import LoopCode
-from microkernels.spec import DTYPES, short_dtype
 
 WINDOW_FIELDS = ("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q")   # a window's geometry
 PACK_ARGS = ("x", "C", "H", "W", "n", "c_first", "nc", "p0", "nwin_used", *WINDOW_FIELDS,
@@ -34,7 +34,7 @@ FILL_ARGS = ("x", "C", "H", "W", "n", "c_first", "nc", "sh", "sw", "Hb", "Ws", "
 
 def row_copier(kspec, width):
     """The address of ``copy_rows`` for ``width``-wide rows in ``kspec``'s dtype and vectors."""
-    return native_function(row_copy.define_row_copy, kspec, width).address
+    return native_function(row_copy.define_row_copy, RowCopySpec(kspec.dtype, width, kspec.isa)).address
 
 
 def tile_copiers(kspec, nwin, width, stride, dilation):
@@ -45,7 +45,8 @@ def tile_copiers(kspec, nwin, width, stride, dilation):
     widest, max_stride = row_copy.tap_limits(kspec)
     taps = dilation == 1 and stride <= max_stride and 2 <= width <= widest
     return (row_copier(kspec, nwin),
-            native_function(row_copy.define_tap_copy, kspec, nwin).address if taps else 0)
+            native_function(row_copy.define_tap_copy, TapCopySpec(kspec.dtype, nwin, kspec.isa)).address
+            if taps else 0)
 
 
 def define_pack_input_tile(module, dtype, internal=True):
@@ -121,8 +122,7 @@ def define_fill_slab(module, dtype):
     a*sw + b; -1: all) are filled. Each input value is read once per fill. ``run``-wide runs
     of a plane row move per call of the ``copy_rows`` at address ``copy_rows`` (see
     ``row_copier``), for all nc channels, or, when there are more rows than channels, down all
-    the rows of a channel (a call costs about as much as a few vectors moved: 1 to 4 channels
-    of 128 x 128 planes filled 3-4x faster so)."""
+    the rows of a channel (a call costs about as much as a few vectors moved: csa/TUNING.md)."""
     name = f"fill_slab_{dtype}"
     if name in module.globals:
         return module.globals[name]
@@ -186,7 +186,7 @@ def _fill_down_rows(code, item, src, dst, j1, lo, hi, i_lo, i_hi, channel_bytes)
 def pack_input_tile(x, n, c_first, nc, p0, nwin_used, window, dst_addr, nwin, copy_rows, copy_taps):
     """``define_pack_input_tile``'s packer called from Python (tests): ``x`` a 4-D
     C-contiguous array, ``window`` its WINDOW_FIELDS, ``dst_addr`` the tile's address."""
-    packer = native_function(define_pack_input_tile, short_dtype(x.dtype), False)
+    packer = native_function(define_pack_input_tile, dtype_name(x.dtype), False)
     function = packer.module.function(packer.name, None, *[ctypes.c_int64] * len(PACK_ARGS))
     function(x.ctypes.data, *x.shape[1:], n, c_first, nc, p0, nwin_used,
              *(int(v) for v in window[:len(WINDOW_FIELDS)]), dst_addr, nwin, copy_rows, copy_taps)

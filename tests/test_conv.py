@@ -127,7 +127,7 @@ def test_slab_and_packed_tiles_identical(rng, name, dtype, overrides):
                               plan_overrides=dict(overrides, vectors_along="windows", slab=slab,
                                                   schedule=schedule))
             assert conv.plan_for(x.shape).slab == slab
-            assert conv.kernel_for(x.shape).slab == ("vector" if slab else "")
+            assert conv.kernel_for(x.shape).variant == ("slab" if slab else "packed")
             results.append(conv(x))
     for other in results[1:]:
         np.testing.assert_array_equal(results[0], other)
@@ -169,7 +169,7 @@ def test_direct_and_packed_tiles_identical(rng, name, dtype, overrides):
             plan = conv.plan_for(x.shape)
             nc = plan.nc
             assert plan.direct == slab
-            assert conv.kernel_for(x.shape).slab == ("broadcast" if slab else "")
+            assert conv.kernel_for(x.shape).variant == ("direct" if slab else "packed")
             results.append(conv(x))
     for other in results[1:]:
         np.testing.assert_array_equal(results[0], other)

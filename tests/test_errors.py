@@ -139,7 +139,7 @@ def test_plan_overrides_and_isa_are_checked():
         with pytest.raises(exc, match="plan_overrides"):
             cso.Conv2d(W, plan_overrides=bad)
     conv = cso.Conv2d(W, plan_overrides={"nc": np.int64(2), "microtile_shape": [32, 8]})
-    assert conv.plan_for(X.shape).nc == 2 and conv.kernel_for(X.shape).nwin == 32
+    assert conv.plan_for(X.shape).nc == 2 and conv.kernel_for(X.shape).width == 32
     with pytest.raises(ValueError, match="unknown ISA"):
         cso.Conv2d(W, isa="sse9")
     with pytest.raises(ValueError, match="schedule"):

@@ -2,7 +2,6 @@
 their 64-bit arguments keep their meaning whatever their size (row positions past 2**31 in
 planes that wide, or padded that far); the whole path on an output of more than 2**31
 elements runs with CSO_LONG_TESTS=1."""
-import ctypes
 import os
 import re
 
@@ -11,24 +10,21 @@ import pytest
 from llvmlite import ir
 
 import cso
-from microkernels import DepthwiseSpec, KernelSpec, depthwise, ir_gen, row_copy, transpose
-from microkernels.jit import native_function
+from microkernels import (DepthwiseSpec, KernelSpec, RowCopySpec, TapCopySpec, TransposeSpec,
+                          compile, depthwise, outer_product, row_copy, transpose)
 
 from .reference import conv2d_reference
 
-I64, PTR = ctypes.c_int64, ctypes.c_void_p
-SPEC = KernelSpec("f32", 8, 32, "avx512")
 
 
 def generated_ir(dtype, isa):
     lanes = {"avx512": 64, "avx2": 32, "generic": 16}[isa] // (4 if dtype == "f32" else 8)
     module = ir.Module()
-    for slab in ("", "vector", "broadcast"):
-        ir_gen.define_kernel(module, KernelSpec(dtype, 7, 2 * lanes, isa, slab))
-    spec = KernelSpec(dtype, 7, 2 * lanes, isa)
-    row_copy.define_row_copy(module, spec, 2 * lanes + 3)
-    row_copy.define_tap_copy(module, spec, 2 * lanes)
-    transpose.define_transpose(module, spec)
+    for variant in ("packed", "slab", "direct"):
+        outer_product.define_kernel(module, KernelSpec(dtype, 7, 2 * lanes, isa, variant))
+    row_copy.define_row_copy(module, RowCopySpec(dtype, 2 * lanes + 3, isa))
+    row_copy.define_tap_copy(module, TapCopySpec(dtype, 2 * lanes, isa))
+    transpose.define_transpose(module, TransposeSpec(dtype, isa))
     depthwise.define_depthwise(module, DepthwiseSpec(dtype, 3, isa))
     return str(module)
 
@@ -46,12 +42,6 @@ def test_every_address_offset_is_64_bit(dtype, isa):
     assert not re.search(r"inttoptr (i32|i16|<\d+ x i32>)", text)
 
 
-def tap_copy(width):
-    native = native_function(row_copy.define_tap_copy, SPEC, width)
-    return native.module.function(native.name, None, PTR, I64, I64, PTR, I64, I64, I64, I64,
-                                  I64, I64, I64, I64, I64)
-
-
 @pytest.mark.parametrize("lo,hi,inside", [
     (-(2 ** 31) - 7, 2 ** 32 + 5, True),      # the whole run inside a row wider than 2**31
     (-(2 ** 40), 2 ** 40, True),
@@ -64,8 +54,8 @@ def test_row_positions_past_2_to_the_31_keep_their_meaning(lo, hi, inside):
     width, taps = 32, 3
     src = np.arange(1, 2 * width + taps + 1, dtype=np.float32)
     dst = np.full(taps * width, np.nan, np.float32)
-    tap_copy(width)(dst.ctypes.data, 0, width * 4, src.ctypes.data, 0, 1, taps, 1, 0, width,
-                    width, lo, hi)
+    compile(TapCopySpec("f32", width, "avx512"))(dst, 0, 0, width, src, 0, 0, 1, taps, 1, 0,
+                                                  width, width, lo, hi)
     expected = np.stack([src[s:s + width] for s in range(taps)]).reshape(-1)
     np.testing.assert_array_equal(dst, expected if inside else np.zeros_like(expected))
 

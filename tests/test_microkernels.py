@@ -4,7 +4,8 @@ import pytest
 
 import csa
 import microkernels as mk
-from microkernels.ir_gen import UNROLL
+from microkernels.reference import stored_windows
+from microkernels.outer_product import UNROLL
 
 from .machines import NEON
 
@@ -12,7 +13,7 @@ SENTINEL = 12345.0
 
 
 def host_specs():
-    """The kernels plans choose on each ISA of this CPU: windows in vectors (nf filters
+    """The kernels plans choose on each ISA of this CPU: windows in vectors (filters
     broadcast), filters in vectors (windows broadcast) on a 2x2, a 7x7 and a 14x14 plane."""
     specs = set()
     for isa in mk.supported_isas():
@@ -33,24 +34,24 @@ DEPTHS = sorted({1, UNROLL - 1, UNROLL, UNROLL + 1, 2 * UNROLL, 2 * UNROLL + 1, 
 FLAG_SETS = (0, mk.ACCUMULATE, mk.BIAS, mk.RELU, mk.ACCUMULATE | mk.BIAS | mk.RELU)
 
 
-def run_both(spec, rng, k, nwin_used, nf_used, flags, ldc, lda=None, ldb=None):
+def run_both(spec, rng, k, width_used, rows_used, flags, ldc, lda=None, ldb=None):
     dt = spec.np_dtype
-    lda = spec.nwin if lda is None else lda
-    ldb = spec.nf if ldb is None else ldb
-    a = rng.standard_normal((k - 1) * lda + spec.nwin).astype(dt)   # exactly what k rows span
-    b = rng.standard_normal((k - 1) * ldb + spec.nf).astype(dt)
-    bias = rng.standard_normal(nf_used).astype(dt)   # exactly nf_used values: no slack to read
+    lda = spec.width if lda is None else lda
+    ldb = spec.broadcasts if ldb is None else ldb
+    a = rng.standard_normal((k - 1) * lda + spec.width).astype(dt)   # exactly what k rows span
+    b = rng.standard_normal((k - 1) * ldb + spec.broadcasts).astype(dt)
+    bias = rng.standard_normal(rows_used).astype(dt)   # exactly rows_used values: no slack to read
     guard = 7
-    c = np.full(guard + (nf_used - 1) * ldc + nwin_used + guard, SENTINEL, dtype=dt)
+    c = np.full(guard + (rows_used - 1) * ldc + width_used + guard, SENTINEL, dtype=dt)
     inside = np.zeros(c.shape, bool)
-    for f in range(nf_used):
+    for f in range(rows_used):
         start = guard + f * ldc
-        c[start:start + nwin_used] = rng.standard_normal(nwin_used)
-        inside[start:start + nwin_used] = True
+        c[start:start + width_used] = rng.standard_normal(width_used)
+        inside[start:start + width_used] = True
     expected = c.copy()
-    mk.reference_kernel(spec, k, a, b, expected[guard:], ldc, nwin_used, nf_used, bias, flags, lda, ldb)
+    mk.reference_kernel(spec)(k, a, b, expected[guard:], ldc, width_used, rows_used, bias, flags, lda, ldb)
     actual = c.copy()
-    mk.compile(spec)(k, a, b, actual[guard:], ldc, nwin_used, nf_used, bias, flags, lda, ldb)
+    mk.compile(spec)(k, a, b, actual[guard:], ldc, width_used, rows_used, bias, flags, lda, ldb)
     return actual, expected, inside
 
 
@@ -63,25 +64,25 @@ def check(spec, actual, expected, inside, k):
 @pytest.mark.parametrize("spec", SPECS, ids=str)
 def test_every_window_count(spec, rng):
     for k in DEPTHS:
-        for nwin_used in range(1, spec.nwin + 1):
-            flags = FLAG_SETS[nwin_used % len(FLAG_SETS)]
-            ldc = spec.nwin + 2 * k + 1  # odd row stride
-            check(spec, *run_both(spec, rng, k, nwin_used, spec.nf, flags, ldc), k)
+        for width_used in range(1, spec.width + 1):
+            flags = FLAG_SETS[width_used % len(FLAG_SETS)]
+            ldc = spec.width + 2 * k + 1  # odd row stride
+            check(spec, *run_both(spec, rng, k, width_used, spec.broadcasts, flags, ldc), k)
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=str)
 def test_every_filter_count(spec, rng):
     for k in DEPTHS:
-        for nf_used in range(1, spec.nf + 1):
-            for nwin_used in (1, spec.lanes - 1 or 1, spec.nwin):
-                flags = FLAG_SETS[(nf_used + k) % len(FLAG_SETS)]
-                check(spec, *run_both(spec, rng, k, nwin_used, nf_used, flags, nwin_used), k)
+        for rows_used in range(1, spec.broadcasts + 1):
+            for width_used in (1, spec.lanes - 1 or 1, spec.width):
+                flags = FLAG_SETS[(rows_used + k) % len(FLAG_SETS)]
+                check(spec, *run_both(spec, rng, k, width_used, rows_used, flags, width_used), k)
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=str)
 def test_every_flag_combination(spec, rng):
     for flags in range(8):
-        check(spec, *run_both(spec, rng, 2 * UNROLL + 1, spec.nwin - 1, spec.nf, flags, spec.nwin + 3),
+        check(spec, *run_both(spec, rng, 2 * UNROLL + 1, spec.width - 1, spec.broadcasts, flags, spec.width + 3),
               2 * UNROLL + 1)
 
 
@@ -89,157 +90,160 @@ def test_every_flag_combination(spec, rng):
 def test_operand_row_strides(spec, rng):
     """Unpacked operands (lda or ldb = H*W, odd): rows read at their stride."""
     for k in DEPTHS:
-        lda, ldb = spec.nwin + 2 * k + 3, spec.nf + k + 2
-        check(spec, *run_both(spec, rng, k, spec.nwin, spec.nf, mk.ACCUMULATE, spec.nwin + 1, lda), k)
-        check(spec, *run_both(spec, rng, k, spec.nwin - 1, spec.nf, 0, spec.nwin, None, ldb), k)
+        lda, ldb = spec.width + 2 * k + 3, spec.broadcasts + k + 2
+        check(spec, *run_both(spec, rng, k, spec.width, spec.broadcasts, mk.ACCUMULATE, spec.width + 1, lda), k)
+        check(spec, *run_both(spec, rng, k, spec.width - 1, spec.broadcasts, 0, spec.width, None, ldb), k)
 
 
-def run_slab(spec, rng, k, nwin_used, nf_used, flags, col0, width, gap):
+def run_slab(spec, rng, k, width_used, rows_used, flags, col0, width, gap):
     """A slab kernel on A rows at scattered offsets, C rows of width - gap real columns (plus
     slack) between sentinels."""
     dt = spec.np_dtype
-    a_rows = np.sort(rng.choice(3 * k + spec.nwin, size=k, replace=False)).astype(np.int64)
-    rng.shuffle(a_rows)
-    a = rng.standard_normal(int(a_rows.max()) + spec.nwin).astype(dt)   # no slack after the last row
-    b = rng.standard_normal(k * spec.nf).astype(dt)
-    bias = rng.standard_normal(nf_used).astype(dt)
-    _, offsets = mk.reference.stored_windows(nwin_used, col0, width, gap)
+    slab_rows = np.sort(rng.choice(3 * k + spec.width, size=k, replace=False)).astype(np.int64)
+    rng.shuffle(slab_rows)
+    a = rng.standard_normal(int(slab_rows.max()) + spec.width).astype(dt)   # no slack after the last row
+    b = rng.standard_normal(k * spec.broadcasts).astype(dt)
+    bias = rng.standard_normal(rows_used).astype(dt)
+    _, offsets = stored_windows(width_used, col0, width, gap)
     ldc, guard = 2 * width + 5, 7
-    c = np.full(guard + nf_used * ldc + guard, SENTINEL, dtype=dt)
+    c = np.full(guard + rows_used * ldc + guard, SENTINEL, dtype=dt)
     inside = np.zeros(c.shape, bool)
-    for f in range(nf_used):
+    for f in range(rows_used):
         inside[guard + f * ldc + offsets] = True
     c[inside] = rng.standard_normal(inside.sum())
     expected, actual = c.copy(), c.copy()
-    args = (k, a, b, None, ldc, nwin_used, nf_used, bias, flags)
-    slab = dict(a_rows=a_rows, col0=col0, width=width, gap=gap)
-    mk.reference_kernel(spec, *args[:3], expected[guard:], *args[4:], **slab)
+    args = (k, a, b, None, ldc, width_used, rows_used, bias, flags)
+    slab = dict(slab_rows=slab_rows, col0=col0, row_width=width, gap=gap)
+    mk.reference_kernel(spec)(*args[:3], expected[guard:], *args[4:], **slab)
     mk.compile(spec)(*args[:3], actual[guard:], *args[4:], **slab)
     return actual, expected, inside
 
 
-@pytest.mark.parametrize("spec", [mk.KernelSpec(s.dtype, s.nf, s.nwin, s.isa, "vector") for s in SPECS],
+@pytest.mark.parametrize("spec", [mk.KernelSpec(s.dtype, s.broadcasts, s.width, s.isa, "slab") for s in SPECS],
                          ids=str)
 def test_slab_kernel_virtual_rows(spec, rng):
     """Every first column of a tile on virtual rows as narrow as the tile, with no padding, one
     column or all but one: windows in padding columns are never stored, the second row's land
     right after the first row's real columns."""
-    for width in (spec.nwin, spec.nwin + 3):
+    for width in (spec.width, spec.width + 3):
         for gap in sorted({0, 1, 2, width - 1}):
             for col0 in range(width):
                 k = DEPTHS[col0 % len(DEPTHS)]
-                nwin_used = max(1, spec.nwin - (col0 % 3) * (col0 % 5))
-                nf_used = spec.nf - col0 % spec.nf
+                width_used = max(1, spec.width - (col0 % 3) * (col0 % 5))
+                rows_used = spec.broadcasts - col0 % spec.broadcasts
                 flags = FLAG_SETS[(col0 + gap) % len(FLAG_SETS)]
-                check(spec, *run_slab(spec, rng, k, nwin_used, nf_used, flags, col0, width, gap), k)
+                check(spec, *run_slab(spec, rng, k, width_used, rows_used, flags, col0, width, gap), k)
 
 
-@pytest.mark.parametrize("spec", sorted({mk.KernelSpec(s.dtype, nf, s.nwin, s.isa, "broadcast")
-                                         for s in SPECS for nf in (s.nf, 14)}, key=str), ids=str)
-def test_broadcast_slab_kernel(spec, rng):
+@pytest.mark.parametrize("spec", sorted({mk.KernelSpec(s.dtype, b, s.width, s.isa, "direct")
+                                         for s in SPECS for b in (s.broadcasts, 14)}, key=str), ids=str)
+def test_direct_kernel(spec, rng):
     """B rows read in place at scattered, overlapping offsets (windows along a slab row), no
     slack after the last one; C stored like a packed kernel's, every edge count."""
     dt = spec.np_dtype
     for k in DEPTHS:
-        for nf_used in range(1, spec.nf + 1):
-            nwin_used = spec.nwin - (nf_used * 3) % spec.nwin
-            flags = FLAG_SETS[(nf_used + k) % len(FLAG_SETS)]
-            a_rows = rng.integers(0, 2 * k + spec.nf, size=k).astype(np.int64)
-            a = rng.standard_normal(k * spec.nwin).astype(dt)
-            b = rng.standard_normal(int(a_rows.max()) + spec.nf).astype(dt)
-            bias = rng.standard_normal(nf_used).astype(dt)
-            ldc, guard = spec.nwin + 3, 7
-            c = np.full(guard + (nf_used - 1) * ldc + nwin_used + guard, SENTINEL, dtype=dt)
+        for rows_used in range(1, spec.broadcasts + 1):
+            width_used = spec.width - (rows_used * 3) % spec.width
+            flags = FLAG_SETS[(rows_used + k) % len(FLAG_SETS)]
+            slab_rows = rng.integers(0, 2 * k + spec.broadcasts, size=k).astype(np.int64)
+            a = rng.standard_normal(k * spec.width).astype(dt)
+            b = rng.standard_normal(int(slab_rows.max()) + spec.broadcasts).astype(dt)
+            bias = rng.standard_normal(rows_used).astype(dt)
+            ldc, guard = spec.width + 3, 7
+            c = np.full(guard + (rows_used - 1) * ldc + width_used + guard, SENTINEL, dtype=dt)
             inside = np.zeros(c.shape, bool)
-            for f in range(nf_used):
-                inside[guard + f * ldc: guard + f * ldc + nwin_used] = True
+            for f in range(rows_used):
+                inside[guard + f * ldc: guard + f * ldc + width_used] = True
             c[inside] = rng.standard_normal(inside.sum())
             expected, actual = c.copy(), c.copy()
-            args = (k, a, b, None, ldc, nwin_used, nf_used, bias, flags)
-            mk.reference_kernel(spec, *args[:3], expected[guard:], *args[4:], a_rows=a_rows)
-            mk.compile(spec)(*args[:3], actual[guard:], *args[4:], a_rows=a_rows)
+            args = (k, a, b, None, ldc, width_used, rows_used, bias, flags)
+            mk.reference_kernel(spec)(*args[:3], expected[guard:], *args[4:], slab_rows=slab_rows)
+            mk.compile(spec)(*args[:3], actual[guard:], *args[4:], slab_rows=slab_rows)
             check(spec, actual, expected, inside, k)
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=str)
+@pytest.mark.parametrize("spec", sorted({mk.TransposeSpec(s.dtype, s.isa) for s in SPECS}, key=str),
+                         ids=str)
 def test_transpose_block_every_size(spec, rng):
     """The filters-in-vectors epilogue: every rows x cols block up to lanes x lanes (whole
     blocks take the unmasked path) is written transposed, with bias and ReLU, and nothing
     around it is touched or read (the source past the block is NaN: a read would show)."""
-    import ctypes
-    from microkernels.jit import native_function
-    from microkernels.transpose import define_transpose
     lanes, dt = spec.lanes, spec.np_dtype
-    function = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p, ctypes.c_int64] * 2,
-                                ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)(
-        native_function(define_transpose, spec).address)
     lds, ldd, guard = lanes + 3, lanes + 5, 7
     for rows in range(1, lanes + 1):
         for cols in range(1, lanes + 1):
-            for flags in (0, mk.BIAS | mk.RELU):
-                src = np.full(lanes * lds, np.nan, dt)
-                block = rng.standard_normal((rows, cols)).astype(dt)
+            for flags in (0, mk.BIAS, mk.RELU, mk.BIAS | mk.RELU):
+                src = np.full((rows - 1) * lds + cols, np.nan, dt)
                 for i in range(rows):
-                    src[i * lds:i * lds + cols] = block[i]
+                    src[i * lds:i * lds + cols] = rng.standard_normal(cols)
                 bias = rng.standard_normal(cols).astype(dt)
-                dst = np.full(2 * guard + lanes * ldd, SENTINEL, dt)
-                function(src.ctypes.data, lds, dst[guard:].ctypes.data, ldd, rows, cols,
-                         bias.ctypes.data, flags)
-                expected = np.full_like(dst, SENTINEL)
-                result = block.T + bias[:, None] if flags else block.T
-                for j in range(cols):
-                    at = guard + j * ldd
-                    expected[at:at + rows] = np.maximum(result[j], 0) if flags else result[j]
+                dst = np.full(2 * guard + (cols - 1) * ldd + rows, SENTINEL, dt)
+                expected = dst.copy()
+                mk.compile(spec)(src, lds, dst[guard:-guard], ldd, rows, cols, bias, flags)
+                mk.reference_kernel(spec)(src, lds, expected[guard:-guard], ldd, rows, cols, bias,
+                                          flags)
                 np.testing.assert_array_equal(dst, expected, err_msg=f"{rows} x {cols}")
 
 
 def test_relu_keeps_nan_and_clamps_negatives():
     spec = SPECS[0]
     k = 1
-    a = np.zeros(spec.nwin, spec.np_dtype)
+    a = np.zeros(spec.width, spec.np_dtype)
     a[:3] = [np.nan, -1.0, 2.0]
-    b = np.ones(spec.nf, spec.np_dtype)
-    c = np.empty(spec.nf * spec.nwin, spec.np_dtype)
-    mk.compile(spec)(k, a, b, c, spec.nwin, spec.nwin, spec.nf, None, mk.RELU)
+    b = np.ones(spec.broadcasts, spec.np_dtype)
+    c = np.empty(spec.broadcasts * spec.width, spec.np_dtype)
+    mk.compile(spec)(k, a, b, c, spec.width, spec.width, spec.broadcasts, None, mk.RELU)
     assert np.isnan(c[0]) and c[1] == 0.0 and c[2] == 2.0
 
 
 def test_python_wrapper_refuses_what_would_touch_foreign_memory():
     spec = SPECS[0]
     kernel = mk.compile(spec)
-    a = np.zeros(4 * spec.nwin, spec.np_dtype)
-    b = np.zeros(4 * spec.nf, spec.np_dtype)
-    c = np.zeros(spec.nf * spec.nwin, spec.np_dtype)
-    for args, kwargs in [((4, a, b, c, spec.nwin, spec.nwin, spec.nf, None, mk.BIAS), {}),
-                         ((-1, a, b, c, spec.nwin, spec.nwin, spec.nf), {}),
-                         ((4, a, b, c, -10 ** 6, spec.nwin, spec.nf), {}),
-                         ((4, a, b, c[::-1], spec.nwin, spec.nwin, spec.nf), {}),
-                         ((5, a, b, c, spec.nwin, spec.nwin, spec.nf), {}),
-                         ((4, a, b, c, spec.nwin, spec.nwin, spec.nf), {"lda": spec.nwin - 1}),
-                         ((4, a, b, c, spec.nwin, spec.nwin, spec.nf), {"ldb": spec.nf + 1}),
-                         ((4, a.astype(np.float16), b, c, spec.nwin, spec.nwin, spec.nf), {})]:
+    a = np.zeros(4 * spec.width, spec.np_dtype)
+    b = np.zeros(4 * spec.broadcasts, spec.np_dtype)
+    c = np.zeros(spec.broadcasts * spec.width, spec.np_dtype)
+    for args, kwargs in [((4, a, b, c, spec.width, spec.width, spec.broadcasts, None, mk.BIAS), {}),
+                         ((-1, a, b, c, spec.width, spec.width, spec.broadcasts), {}),
+                         ((4, a, b, c, -10 ** 6, spec.width, spec.broadcasts), {}),
+                         ((4, a, b, c[::-1], spec.width, spec.width, spec.broadcasts), {}),
+                         ((5, a, b, c, spec.width, spec.width, spec.broadcasts), {}),
+                         ((4, a, b, c, spec.width, spec.width, spec.broadcasts), {"lda": spec.width - 1}),
+                         ((4, a, b, c, spec.width, spec.width, spec.broadcasts), {"ldb": spec.broadcasts + 1}),
+                         ((4, a.astype(np.float16), b, c, spec.width, spec.width, spec.broadcasts), {})]:
         with pytest.raises(ValueError):
             kernel(*args, **kwargs)
     readonly = c.copy()
     readonly.flags.writeable = False
     with pytest.raises(ValueError, match="writeable"):
-        kernel(4, a, b, readonly, spec.nwin, spec.nwin, spec.nf)
+        kernel(4, a, b, readonly, spec.width, spec.width, spec.broadcasts)
 
 
-def test_kernel_spec_name_round_trip():
-    for spec in SPECS + [mk.KernelSpec("f64", 3, 8, "avx512"), mk.KernelSpec("f32", 8, 32, "avx2", "vector"),
-                         mk.KernelSpec("f32", 14, 32, "avx512", "broadcast")]:
-        assert mk.KernelSpec.parse(spec.name) == spec
-        assert str(spec) == spec.name
+FAMILY_SPECS = [mk.KernelSpec("f64", 3, 8, "avx512"), mk.KernelSpec("f32", 8, 32, "avx2", "slab"),
+                mk.KernelSpec("f32", 14, 32, "avx512", "direct"), mk.DepthwiseSpec("f64", 3, "avx2"),
+                mk.TransposeSpec("f32", "avx2"), mk.TransposeSpec("f64", "neon"),
+                mk.RowCopySpec("f32", 21, "avx2"), mk.TapCopySpec("f64", 8, "generic")]
+
+
+@pytest.mark.parametrize("spec", SPECS + FAMILY_SPECS, ids=str)
+def test_spec_names_round_trip(spec):
+    assert type(spec).parse(spec.name) == spec == mk.parse_name(spec.name)
+    assert str(spec) == spec.name
+
+
+def test_kernel_spec_names():
     assert mk.KernelSpec.parse("f32_conv_ukernel_14x32__avx512") == mk.KernelSpec("f32", 14, 32, "avx512")
+    assert mk.KernelSpec("f32", 6, 16, "avx2", "direct").name == "f32_conv_ukernel_6x16_direct__avx2"
+    assert mk.KernelSpec("f32", 6, 16, "avx2").vectors == 2
 
 
 @pytest.mark.parametrize("name", ["f16_conv_ukernel_4x16__avx512", "f32_conv_ukernel_4x16",
                                   "f32_conv_ukernel_4x17__avx512", "f32_conv_ukernel_0x16__avx512",
-                                  "f32_conv_ukernel_4x16__sse9", ""])
-def test_kernel_spec_rejects_bad_names(name):
+                                  "f32_conv_ukernel_4x16__sse9", "f32_conv_ukernel_4x16_bslab__avx2",
+                                  "f32_transpose_16x16__avx2", "f32_dw_ukernel_0v__avx2",
+                                  "f32_row_copy_0__avx2", "f32_pack_rows_8__avx2", ""])
+def test_spec_names_refused(name):
     with pytest.raises(ValueError):
-        mk.KernelSpec.parse(name)
+        mk.parse_name(name)
 
 
 def test_default_isa_from_the_environment(monkeypatch):
@@ -279,17 +283,18 @@ def test_neon_kernels_compile_for_aarch64(dtype, itemsize, suffix):
     stack."""
     import re
     from microkernels.jit import cross_assembly
+    from microkernels.wrappers import generator
     nwin, nf = csa.register_blocking.microtile(NEON, itemsize)
     windows, filters = csa.register_blocking.filter_vector_tile(NEON, itemsize, 49)
     direct = csa.register_blocking.direct_windows(csa.ConvSpec(1, 64, 56, 56, 64, 3, 3), NEON)
-    specs = [mk.KernelSpec(dtype, nf, nwin, "neon"), mk.KernelSpec(dtype, nf, nwin, "neon", "vector"),
+    specs = [mk.KernelSpec(dtype, nf, nwin, "neon"), mk.KernelSpec(dtype, nf, nwin, "neon", "slab"),
              mk.KernelSpec(dtype, windows, filters, "neon"),
-             mk.KernelSpec(dtype, direct, filters, "neon", "broadcast")]
+             mk.KernelSpec(dtype, direct, filters, "neon", "direct")]
     assert (nwin // (16 // itemsize), nf) == (2, 8)   # 16 accumulators + 2 rows + 1 broadcast
     for spec in specs:
-        blocks = re.split(r"^\.LBB\w+:", cross_assembly(spec), flags=re.M)
+        blocks = re.split(r"^\.LBB\w+:", cross_assembly(generator(spec), spec), flags=re.M)
         loop = max(blocks, key=lambda b: len(re.findall(r"\bfmla\b", b)))
-        assert len(re.findall(rf"\bfmla\s+v\d+\.{suffix}", loop)) == spec.nf * spec.vectors * UNROLL
+        assert len(re.findall(rf"\bfmla\s+v\d+\.{suffix}", loop)) == spec.broadcasts * spec.vectors * UNROLL
         assert not re.search(r"\bq\d+.*\[sp", loop), spec
 
 
@@ -303,10 +308,11 @@ def test_compiled_kernel_exposes_ir_and_assembly(spec):
         assert ("fmla" if spec.isa == "neon" else "vfmadd") in kernel.asm
 
 
-def test_dump_command_prints_ir_and_asm(capsys):
+@pytest.mark.parametrize("spec", [SPECS[0]] + FAMILY_SPECS[3:], ids=str)
+def test_dump_command_prints_ir_and_asm(capsys, spec):
     from microkernels.dump import main
-    main([SPECS[0].name])
+    main([spec.name])
     text = capsys.readouterr().out
-    assert f"define void @{SPECS[0].name}" in text and SPECS[0].name + ":" in text
+    assert f"define void @{spec.name}" in text and spec.name + ":" in text
     with pytest.raises(SystemExit):
         main(["not_a_kernel"])

@@ -1,0 +1,177 @@
+"""LLVM IR generator for the outer-product convolution micro-kernel (``KernelSpec``).
+
+Contract (BLIS-style): for a vector operand A (k rows of ``width`` values, row i at ``a +
+i*lda``) and a broadcast operand B (k rows of ``broadcasts`` values, row i at ``b + i*ldb``)
+
+    C[f][0:width] (+)= sum_i A[i][0:width] * B[i][f]    for f < rows_used, element < width_used
+
+where row f of C starts at ``c + f * ldc``. With windows in vectors A is a packed input tile
+(lda = width, or H*W for an unpacked 1x1 input) and B a packed filter tile (ldb =
+broadcasts); with filters in vectors the roles swap (windows broadcast, C is the transposed
+output tile). Every A row and B row is read in full (``width`` and ``broadcasts`` values: the
+packer pads them), so the caller guarantees those are readable; only the store is trimmed to
+the used rows and elements, with masked vector accesses, so an edge tile never touches memory
+outside its output rows.
+
+A ``"slab"`` kernel reads A in place from a padded input slab instead: row i at ``a +
+slab_rows[i]`` (element offsets, ``lda`` unused), and its windows lie on a virtual output row
+of ``row_width`` columns of which the last ``gap`` are padding: window j sits at virtual column
+``col0 + j`` (``col0 < row_width``, ``col0 + width <= 2*row_width``, so a tile spans at most two
+rows). Padding columns are never stored: C is the real row-major output plane (rows of
+``row_width - gap`` columns), ``c`` the start of window 0's output row, window j stored at ``c +
+col0 + j`` in the first row and ``gap`` elements earlier in the second. A ``"direct"`` kernel
+reads B in place instead: row i at ``b + slab_rows[i]`` (``ldb`` unused), its ``broadcasts``
+values consecutive (filters in vectors: that many windows along one slab row); it stores like a
+packed kernel. Other kernels ignore ``slab_rows``, ``col0``, ``row_width`` and ``gap``.
+
+``flags``: ACCUMULATE adds to C (later channel tiles) instead of overwriting it, BIAS adds
+``bias[f]`` (``bias`` is read only when this flag is set), RELU clamps at zero (NaN passes).
+One generator serves every dtype and ISA: only the vector width and tile shape change.
+"""
+from llvmlite import ir
+
+from .ir import (ACCUMULATE, BIAS, I64, PTR, RELU, KernelBuilder, accumulate, bias_splat,
+                 flags_on, fma, lane_ids, masked_access, relu, splat, zero_slot)
+
+UNROLL = 4  # k-loop unroll; a power of two
+
+ARG_NAMES = ("k", "a", "lda", "b", "ldb", "c", "ldc", "width_used", "rows_used", "bias", "flags",
+             "slab_rows", "col0", "row_width", "gap")
+FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [I64, PTR, I64, PTR, I64, PTR, I64, I64, I64, PTR, I64,
+                                                PTR, I64, I64, I64])
+
+
+def define_kernel(module, spec):
+    """Define the kernel function for ``spec`` (a ``KernelSpec``) in ``module`` and return it."""
+    return _KernelBuilder(module, spec).build()
+
+
+class _KernelBuilder(KernelBuilder):
+    FUNCTION_TYPE, ARG_NAMES, NOALIAS = FUNCTION_TYPE, ARG_NAMES, ("a", "b", "c")
+
+    def __init__(self, module, spec):
+        super().__init__(module, spec)
+        self.fma = fma(module, self.vec)
+        self.masked_load, self.masked_store = masked_access(module, self.vec)
+
+    def build(self):
+        spec, k = self.spec, self.args["k"]
+        bld = ir.IRBuilder(self.fn.append_basic_block("entry"))
+        slot = zero_slot(bld, self.scalar, "zero_slot")
+        k_main = bld.and_(k, ir.Constant(I64, -UNROLL), name="k_main")
+        # UNROLL rows of A and B per trip, then the last k mod UNROLL one at a time
+        tests = (lambda bld, i: bld.icmp_unsigned("<", i, k_main),
+                 lambda bld, i: bld.icmp_unsigned("<", i, k))
+        accs, = accumulate(bld, [self.zero] * (spec.broadcasts * spec.vectors), self._step,
+                           UNROLL, tests)
+        self._epilogue(bld, accs, slot)
+        return self.fn
+
+    def _step(self, bld, row, accs):
+        """One rank-1 update: accs[f][v] += A[row][v-th vector] * B[row][f]."""
+        spec, args = self.spec, self.args
+        a, b = args["a"], args["b"]
+        a_row, b_row = bld.mul(row, args["lda"]), bld.mul(row, args["ldb"])
+        if spec.variant != "packed":   # the slab operand's row from the offset table
+            offset = bld.load(bld.gep(args["slab_rows"], [row], inbounds=True, source_etype=I64),
+                              typ=I64, align=8)
+            a_row, b_row = (offset, b_row) if spec.variant == "slab" else (a_row, offset)
+        a_vecs = []
+        for v in range(spec.vectors):
+            ptr = bld.gep(a, [bld.add(a_row, ir.Constant(I64, v * spec.lanes))],
+                          inbounds=True, source_etype=self.scalar)
+            a_vecs.append(bld.load(ptr, typ=self.vec, align=self.align))
+        out = []
+        for f in range(spec.broadcasts):
+            ptr = bld.gep(b, [bld.add(b_row, ir.Constant(I64, f))], inbounds=True,
+                          source_etype=self.scalar)
+            bvec = splat(bld, bld.load(ptr, typ=self.scalar, align=self.align), self.vec)
+            for v in range(spec.vectors):
+                out.append(bld.call(self.fma, [a_vecs[v], bvec, accs[f * spec.vectors + v]]))
+        return out
+
+    def _epilogue(self, bld, accs, slot):
+        """Store the used rows; four variants: whole tile or partial (masked) x overwrite or
+        accumulate. The whole-tile path has every element used (and, for a slab kernel, in
+        the first virtual row's real columns). Bias and ReLU are cheap selects on the flags."""
+        spec, fn, args = self.spec, self.fn, self.args
+        accumulate_on, bias_on, relu_on = flags_on(bld, args["flags"], ACCUMULATE, BIAS, RELU)
+        whole = bld.icmp_unsigned("==", args["width_used"], ir.Constant(I64, spec.width))
+        full = [(None, None)]
+        if spec.variant == "slab":
+            col0 = args["col0"]
+            row_end = bld.sub(args["row_width"], args["gap"])
+            whole = bld.and_(whole, bld.icmp_signed("<=", bld.add(col0, ir.Constant(I64, spec.width)),
+                                                    row_end))
+            full = [(col0, None)]
+        done = fn.append_basic_block("done")
+        full_blk, part_blk = fn.append_basic_block("store_full"), fn.append_basic_block("store_part")
+        bld.cbranch(whole, full_blk, part_blk)
+        for blk in (full_blk, part_blk):
+            bld.position_at_end(blk)
+            # lane masks only on the partial path: a whole tile stores unmasked
+            segs = full if blk is full_blk else self._segments(bld)
+            over, add = fn.append_basic_block(), fn.append_basic_block()
+            bld.cbranch(accumulate_on, add, over)
+            for acc_mode, rows_blk in ((False, over), (True, add)):
+                bld.position_at_end(rows_blk)
+                for f in range(spec.broadcasts):
+                    if f:  # row 0 always exists (rows_used >= 1)
+                        row_blk = fn.append_basic_block()
+                        bld.cbranch(bld.icmp_unsigned("<", ir.Constant(I64, f), args["rows_used"]),
+                                    row_blk, done)
+                        bld.position_at_end(row_blk)
+                    self._store_row(bld, f, accs, segs, acc_mode, bias_on, relu_on, slot)
+                bld.branch(done)
+        bld.position_at_end(done)
+        bld.ret_void()
+
+    def _segments(self, bld):
+        """[(element shift, lane masks per vector)] of a partial tile: elements < width_used;
+        for a slab kernel split into the first virtual row's real columns (shift col0) and the
+        second row's (shift col0 - gap)."""
+        spec, args = self.spec, self.args
+        col0, row_width, gap = args["col0"], args["row_width"], args["gap"]
+        lanes = spec.lanes
+        ivec = ir.VectorType(I64, lanes)
+        ids = [lane_ids(lanes, v * lanes, I64) for v in range(spec.vectors)]
+        used = [bld.icmp_signed("<", vec_ids, splat(bld, args["width_used"], ivec))
+                for vec_ids in ids]
+        if spec.variant != "slab":
+            return [(None, used)]
+        row_end = bld.sub(row_width, gap)
+        first, second = [], []
+        for vec_ids, ok in zip(ids, used):
+            col = bld.add(vec_ids, splat(bld, col0, ivec))            # virtual column, first row
+            first.append(bld.and_(ok, bld.icmp_signed("<", col, splat(bld, row_end, ivec))))
+            col = bld.sub(col, splat(bld, row_width, ivec))           # virtual column, second row
+            second.append(bld.and_(ok, bld.and_(bld.icmp_signed(">=", col, ir.Constant(ivec, [0] * lanes)),
+                                                 bld.icmp_signed("<", col, splat(bld, row_end, ivec)))))
+        return [(col0, first), (bld.sub(col0, gap), second)]
+
+    def _store_row(self, bld, f, accs, segments, accumulate_on, bias_on, relu_on, slot):
+        """Row f of C: for each vector, (load-add,) bias, ReLU, store; a segment (shift,
+        masks) stores the lanes its masks select ``shift`` elements off (None: unmasked)."""
+        spec, args = self.spec, self.args
+        c = args["c"]
+        bvec = bias_splat(bld, bias_on, bld.gep(args["bias"], [ir.Constant(I64, f)],
+                                                source_etype=self.scalar), slot, self)
+        row = bld.mul(ir.Constant(I64, f), args["ldc"])
+        for v in range(spec.vectors):
+            at = bld.add(row, ir.Constant(I64, v * spec.lanes))
+            ptrs = [bld.gep(c, [at if shift is None else bld.add(at, shift)], source_etype=self.scalar)
+                    for shift, _ in segments]
+            val = accs[f * spec.vectors + v]
+            if accumulate_on:
+                prev = self.zero
+                for ptr, (_, masks) in zip(ptrs, segments):
+                    prev = (bld.load(ptr, typ=self.vec, align=self.align) if masks is None else
+                            bld.call(self.masked_load, [ptr, masks[v], prev]))
+                val = bld.fadd(val, prev)
+            val = bld.select(bias_on, bld.fadd(val, bvec), val)
+            val = relu(bld, relu_on, val, self.zero)
+            for ptr, (_, masks) in zip(ptrs, segments):
+                if masks is None:
+                    bld.store(val, ptr, align=self.align)
+                else:
+                    bld.call(self.masked_store, [val, ptr, masks[v]])
