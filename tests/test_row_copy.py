@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import microkernels as mk
-from guarded import guarded_copy
+from .guarded import guarded_copy
 from microkernels.row_copy import MAX_TAPS, SAMPLED_STRIDES, max_taps
 
 ISAS = [isa.name for isa in mk.supported_isas()]
