@@ -1,8 +1,9 @@
 """cso: fast CPU 2-D convolutions for NumPy arrays, by convolution slicing (SConv)."""
+from microkernels import cache
+
 from .api import Conv2d, conv2d, host_machine, warmup
 from .autotune import tune
 from .threads import get_num_threads, set_num_threads
-from microkernels import cache
 
 __all__ = ["Conv2d", "conv2d", "host_machine", "get_num_threads", "set_num_threads", "tune",
            "warmup"]

@@ -9,19 +9,19 @@ what compiled code depends on: the versions of llvmlite and Python and a hash of
 sources (stronger than its version number: an edited checkout never loads code compiled from
 other sources); each entry's key adds the CPU name and features.
 
-Whose sources: the cache names no package above it. A package whose code generates or decides
-cached content registers itself when imported, ``cache.include_sources(__name__)``: this one
-(below), ``packing``, and ``cso`` for itself and for ``csa`` (whose plans decide what cso
-compiles and records, but which imports nothing of ours). Importing them caches nothing, so
-every entry is looked up after its packages registered. The hash covers every ``*.py`` of the
-packages registered so far, taken in name order, so the import order does not change it. Which
-packages a process has imported does, by design: a process that has imported only
-``microkernels`` and ``packing`` hashes just those two, since nothing else of ours can have
-shaped its entries, and its directory is not the one a process that imported ``cso`` uses;
-such a process never loads code cached without cso's and csa's sources in its hash. Importing
-cso later moves a process on to the fuller directory for the entries it makes from then on.
-Registering only records a name: the files are read on the first entry's lookup (import time
-is unchanged).
+Whose sources: this module's code knows no package above it. Each package whose code
+generates or decides cached content registers itself when imported,
+``cache.include_sources(__name__)``: microkernels (here, after ``source_hash``), packing, and
+cso for itself and for csa (whose plans decide what cso compiles and records, but which imports
+nothing of ours). Importing them caches nothing, so every entry is looked up after its packages
+registered. The hash covers every ``*.py`` of the packages registered so far, in name order:
+the import order does not change it. Which packages a process has imported does, by design: a
+process that has imported only microkernels and packing hashes just those two, since nothing
+else of ours can have shaped its entries, so its directory is not the one a process with cso
+uses, and a process with cso never loads code cached without cso's and csa's sources in its
+hash. Importing cso later moves a process on to the fuller directory for the entries it makes
+from then on. Registering records a name only: the files are read at the first lookup, so
+import time is unchanged.
 
 An entry is one file, a SHA-256 digest of its payload then the payload: a truncated or
 corrupted file fails the check and counts as a miss (the code is compiled and the entry
