@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from math import ceil
 
 from .machine import Machine
-from .layout import slab_planes, slab_shape
+from .layout import SlabGeometry, slab_shape
 from .overrides import DEPTHWISE_OVERRIDES, forced_note
 
 SLAB_FILL = 0.5       # share of L1 the slabs of one fill may take (the rest: output lines,
@@ -32,7 +32,7 @@ def default_block_vectors(vector_registers):
 
 
 @dataclass(frozen=True)
-class DepthwisePlan:
+class DepthwisePlan(SlabGeometry):
     spec: object
     machine: Machine
     block_vectors: int   # vectors (accumulators) per kernel block
@@ -57,14 +57,6 @@ class DepthwisePlan:
     def units(self):
         """What a thread split hands out: (image, channel, band) triples."""
         return self.spec.n * self.spec.c * self.bands
-
-    @property
-    def slab_shape(self):
-        return slab_shape(self.spec)
-
-    @property
-    def slab_planes(self):
-        return slab_planes(self.spec)
 
     @property
     def band_rows(self):

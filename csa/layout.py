@@ -70,3 +70,16 @@ def slab_band_rows(spec, nwin, band, row_tiles=0):
     else:
         spans = (band * nwin + ws - 2) // ws + 1
     return min(hs, spans + hs - spec.p)
+
+
+class SlabGeometry:
+    """What a plan's slab looks like (both plans read their input from slabs): mixed into
+    the plans, for the lowering."""
+
+    @property
+    def slab_shape(self):
+        return slab_shape(self.spec)
+
+    @property
+    def slab_planes(self):
+        return slab_planes(self.spec)

@@ -8,7 +8,7 @@ from .bands import band_buffers, output_band, slab_within, workspace_band_cap
 from .blocking import (CACHE_FILL, DIRECT_FILTER_FILL, OUTPUT_BAND_FILL, SCHEDULES, band_fits_l2,
                        blocking, channel_tile, direct_channel_tile, schedule_costs,
                        tile_footprints)
-from .layout import (row_tiles, slab_band_rows, slab_planes, slab_shape, window_positions,
+from .layout import (SlabGeometry, row_tiles, slab_band_rows, slab_shape, window_positions,
                      window_tiles, window_units)
 from .machine import Machine
 from .register_blocking import TILE_VECTORS, direct_windows, filter_vector_tile, microtile
@@ -17,7 +17,7 @@ from .thread_split import thread_split
 from .variants import choose_vector, reads_input_unpacked, slab_fits, use_direct, use_slab
 
 @dataclass(frozen=True)
-class SlicingPlan:
+class SlicingPlan(SlabGeometry):
     spec: object
     machine: Machine
     nwin: int
@@ -67,14 +67,6 @@ class SlicingPlan:
         return ceil(self.spec.c_per_group / self.nc)
 
     # the geometry the plan implies, for the lowering (see ``csa.layout``)
-    @property
-    def slab_shape(self):
-        return slab_shape(self.spec)
-
-    @property
-    def slab_planes(self):
-        return slab_planes(self.spec)
-
     @property
     def band_rows(self):
         """Rows of each slab phase plane a band reads."""
