@@ -82,10 +82,9 @@ def calibration(isa_name, again=False):
     return found
 
 
-# csa's names of the kernel variants until its rename to KernelSpec's lands (then delete this)
 def measure(machine, isa_name):
     """Measure what the record holds: ``fma_gflops`` (one core), ``fma_in_flight``,
-    ``kernels`` {slab variant: {broadcasts: fraction of the FMA peak}}, ``read_gbs`` {cache
+    ``kernels`` {kernel variant: {broadcasts: fraction of the FMA peak}}, ``read_gbs`` {cache
     level: GB/s}, ``handoff_us`` {"awake", "asleep": extra microseconds of a call split into
     two parts on two threads; None on one CPU}, with the CPU, ISA, date and seconds taken."""
     start = time.perf_counter()

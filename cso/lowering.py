@@ -154,7 +154,7 @@ def define_conv_loop_nest(module, dtype):
     Hs x Ws phase planes (the last Ws - Q columns padding), and the kernel reads its row
     (c, r, s) in place at the offset ``slab_offsets`` gives from the band's first slab row. With
     windows in vectors a window tile is NWIN consecutive positions on the planes (straddling
-    rows); in a direct plan (filters in vectors, a ``"broadcast"`` slab kernel) it is at most
+    rows); in a direct plan (filters in vectors, a ``"direct"`` kernel) it is at most
     NWIN consecutive windows of one output row, ``row_tiles`` tiles to a row, each window
     broadcast from the slab.
 
