@@ -1,0 +1,94 @@
+"""ONNX Conv as a prepared ``cso.Conv2d``, with the per-channel affine operators that follow it
+(BatchNormalization, Mul and Add by constants) folded into its filters and bias, and a
+following Relu fused into its store."""
+import threading
+
+import numpy as np
+
+from ..api import Conv2d
+from ..arguments import same_padding
+
+
+def conv_attributes(node, weight):
+    """(stride, dilation, groups, auto_pad, pads) of a Conv node whose weight is known; every
+    attribute checked here, at load time."""
+    node.only("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+    if weight.ndim != 4:
+        raise node.error(f"only 2-D convolutions are supported, got weight of shape {weight.shape}")
+    if weight.dtype not in (np.float32, np.float64):
+        raise node.error(f"weight must be float32 or float64, got {weight.dtype}")
+    kernel = tuple(node.attr("kernel_shape", weight.shape[2:]))
+    if kernel != weight.shape[2:]:
+        raise node.error(f"kernel_shape {list(kernel)} differs from the weight's {weight.shape[2:]}")
+    stride = tuple(node.attr("strides", (1, 1)))
+    dilation = tuple(node.attr("dilations", (1, 1)))
+    pads = tuple(node.attr("pads", (0, 0, 0, 0)))
+    auto_pad = node.attr("auto_pad", "NOTSET")
+    if len(stride) != 2 or len(dilation) != 2 or len(pads) != 4:
+        raise node.error(f"strides {list(stride)}, dilations {list(dilation)} and pads "
+                         f"{list(pads)} must have 2, 2 and 4 values for a 2-D convolution")
+    if auto_pad not in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"):
+        raise node.error(f"auto_pad {auto_pad!r} is not an ONNX value")
+    if auto_pad != "NOTSET" and "pads" in node.attrs:
+        raise node.error(f"pads {list(pads)} given with auto_pad {auto_pad!r}")
+    if min(stride + dilation) < 1 or min(pads) < 0:
+        raise node.error(f"strides {list(stride)} and dilations {list(dilation)} must be >= 1 and "
+                         f"pads {list(pads)} >= 0")
+    groups = node.attr("group", 1)
+    return stride, dilation, groups, auto_pad, pads
+
+
+def explicit_pads(auto_pad, pads, size, kernel, stride, dilation):
+    """((top, bottom), (left, right)) of an input of spatial ``size`` (h, w)."""
+    if auto_pad == "VALID":
+        return (0, 0), (0, 0)
+    if auto_pad == "NOTSET":
+        return (pads[0], pads[2]), (pads[1], pads[3])
+    sides = [same_padding(*args) for args in zip(size, kernel, stride, dilation)]
+    return tuple(s if auto_pad == "SAME_UPPER" else s[::-1] for s in sides)
+
+
+class ConvStep:
+    """A Conv node and what was folded into it: ``step(x)`` runs it. The Conv2d is built on the
+    first call, which the loader makes on the model's input shape, so that its filters are
+    packed and its loop nest compiled for that shape at load time."""
+
+    def __init__(self, node, weight, bias):
+        self.node = node
+        self.stride, self.dilation, self.groups, self.auto_pad, self.pads = \
+            conv_attributes(node, weight)
+        if weight.shape[0] % self.groups:
+            raise node.error(f"group={self.groups} does not divide the {weight.shape[0]} filters "
+                             f"of weight {weight.shape}")
+        self.weight = weight.astype(np.float64)
+        self.bias = np.zeros(weight.shape[0]) if bias is None else bias.astype(np.float64)
+        self.dtype = weight.dtype
+        self.relu = False
+        self.conv = None
+        self._lock = threading.Lock()
+
+    @property
+    def channels(self):
+        return self.weight.shape[0]
+
+    def fold_affine(self, scale, shift):
+        """Fold ``y * scale + shift`` (per output channel) into the filters and bias."""
+        self.weight *= scale[:, None, None, None]
+        self.bias = self.bias * scale + shift
+
+    def __call__(self, x):
+        if self.conv is None:
+            with self._lock:
+                if self.conv is None:
+                    self.conv = self._build(x.shape)
+        return (self.conv(x),)
+
+    def _build(self, shape):
+        padding = explicit_pads(self.auto_pad, self.pads, shape[2:], self.weight.shape[2:],
+                                self.stride, self.dilation)
+        try:
+            return Conv2d(self.weight.astype(self.dtype), self.bias.astype(self.dtype),
+                          self.stride, padding, self.dilation, self.groups,
+                          "relu" if self.relu else None, input_shape=shape)
+        except (TypeError, ValueError) as err:
+            raise self.node.error(f"input of shape {shape}: {err}") from None

@@ -1,0 +1,165 @@
+"""``load`` an ONNX model and run it: its steps in order, each value dropped after its last use,
+on ``cso.get_num_threads()`` threads (the convolutions' and NumPy's BLAS alike)."""
+import os
+import time
+from collections import defaultdict
+
+import numpy as np
+
+from ..threads import get_num_threads
+from .graph import build_steps, read
+
+
+def _blas_threads(threads):
+    """A context that runs NumPy's BLAS on ``threads`` threads (threadpoolctl)."""
+    from threadpoolctl import threadpool_limits
+    return threadpool_limits(limits=threads, user_api="blas")
+
+
+class Model:
+    """A loaded ONNX model: ``model.run(None, {name: array})`` returns its outputs as
+    onnxruntime's ``InferenceSession.run`` does; ``model(x)`` for one input and one output.
+    Inputs take any batch size (dimension 0); their other dimensions are the ones the model
+    was loaded for."""
+
+    def __init__(self, steps, inputs, outputs, constants):
+        self.steps = steps
+        self.inputs = inputs            # name -> (shape loaded for, dtype)
+        self.outputs = outputs
+        used = {name for step in steps for name in step.inputs} | set(outputs)
+        self.constants = {name: constants[name] for name in used if name in constants}
+
+    @property
+    def input_names(self):
+        return list(self.inputs)
+
+    @property
+    def output_names(self):
+        return list(self.outputs)
+
+    def __call__(self, x):
+        if len(self.inputs) != 1 or len(self.outputs) != 1:
+            raise TypeError(f"model(x) is for models with one input and one output; this one "
+                            f"has inputs {self.input_names} and outputs {self.output_names}: "
+                            f"use model.run(None, {{name: array}})")
+        return self.run(None, {self.input_names[0]: x})[0]
+
+    def run(self, output_names, feeds):
+        """The outputs named (all of them for None), in that order, for the ``feeds``."""
+        return self._run(output_names, feeds, None)
+
+    def time_by_operator(self, feeds):
+        """Run once and return ``{label: seconds}`` per step label ("Conv+Relu", "MaxPool",
+        ...), summed over the steps of that label: where the time goes."""
+        seconds = defaultdict(float)
+        self._run(None, feeds, seconds)
+        return dict(seconds)
+
+    def _run(self, output_names, feeds, seconds):
+        names = self._check_outputs(output_names)
+        values = dict(self.constants)
+        values.update(self._check_feeds(feeds))
+        with _blas_threads(get_num_threads()):
+            for step in self.steps:
+                start = time.perf_counter() if seconds is not None else 0.0
+                results = step.run(*(values[name] if name else None for name in step.inputs))
+                values.update((name, value) for name, value in zip(step.outputs, results) if name)
+                for name in step.frees:
+                    del values[name]
+                if seconds is not None:
+                    seconds[step.label] += time.perf_counter() - start
+        return [values[name] for name in names]
+
+    def _check_outputs(self, output_names):
+        if output_names is None:
+            return self.outputs
+        unknown = [name for name in output_names if name not in self.outputs]
+        if unknown:
+            raise ValueError(f"output_names {unknown} are not outputs of the model "
+                             f"{self.output_names}")
+        return list(output_names)
+
+    def _check_feeds(self, feeds):
+        if not isinstance(feeds, dict):
+            raise TypeError(f"feeds must be a dict {{input name: array}}, got "
+                            f"{type(feeds).__name__}")
+        missing = [name for name in self.inputs if name not in feeds]
+        unknown = [name for name in feeds if name not in self.inputs]
+        if missing or unknown:
+            raise ValueError(f"feeds must name exactly the model's inputs {self.input_names}; "
+                             f"missing {missing}, unknown {unknown}")
+        values = {}
+        for name, value in feeds.items():
+            shape, dtype = self.inputs[name]
+            if not isinstance(value, np.ndarray):
+                raise TypeError(f"input {name!r} must be a numpy.ndarray, got "
+                                f"{type(value).__name__}")
+            if value.dtype != dtype:
+                raise TypeError(f"input {name!r} must have dtype {dtype}, got {value.dtype} "
+                                f"(shape {value.shape})")
+            if value.shape[1:] != shape[1:] or value.ndim != len(shape) or not value.shape[0]:
+                raise ValueError(f"input {name!r} must have shape (batch, "
+                                 f"{', '.join(map(str, shape[1:]))}) with batch >= 1 (the model "
+                                 f"was loaded for {shape}), got {value.shape}")
+            values[name] = value
+        return values
+
+    def __repr__(self):
+        convs = sum(step.label.startswith("Conv") for step in self.steps)
+        return (f"cso.onnx.Model(inputs {dict((n, s) for n, (s, _) in self.inputs.items())}, "
+                f"outputs {self.output_names}, {len(self.steps)} steps, {convs} convolutions)")
+
+
+def load(model, input_shapes=None):
+    """Load an ONNX model (a path or an ``onnx.ModelProto``) to run with cso: constants folded,
+    every Conv's filters packed (and BatchNormalization, per-channel Mul/Add and Relu after it
+    fused into it) and its kernels compiled for the input shapes, which are the model's
+    (``input_shapes`` {name: shape} gives those it leaves open; an open batch dimension is 1).
+    Raises ``UnsupportedModel`` (a ValueError) naming the first node it cannot run."""
+    try:
+        import onnx
+    except ImportError:
+        raise ImportError("cso.onnx needs the onnx package: pip install 'cso[onnx]'") from None
+    if isinstance(model, (str, os.PathLike)):
+        model = onnx.load(os.fspath(model))
+    if not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"model must be a path or an onnx.ModelProto, got {type(model).__name__}")
+    graph = read(_with_shapes(model, input_shapes or {}))
+    inputs = {name: (tuple(shape), dtype) for name, (shape, dtype) in graph.inputs.items()}
+    steps = build_steps(graph)
+    loaded = Model(steps, inputs, graph.outputs, graph.constants)
+    # a first run on zeros builds every convolution for its input shape: packs its filters and
+    # compiles (or loads) its kernels now, not on the user's first call
+    loaded.run(None, {name: np.zeros(shape, dtype) for name, (shape, dtype) in inputs.items()})
+    return loaded
+
+
+def _with_shapes(model, input_shapes):
+    """``model``, or a copy of it whose inputs have every dimension fixed."""
+    initializers = {t.name for t in model.graph.initializer}
+    declared = {v.name: [d.dim_value or None for d in v.type.tensor_type.shape.dim]
+                for v in model.graph.input if v.name not in initializers}
+    unknown = sorted(set(input_shapes) - set(declared))
+    if unknown:
+        raise ValueError(f"input_shapes names {unknown}, not inputs of the model "
+                         f"{list(declared)}")
+    shapes = {}
+    for name, dims in declared.items():
+        shape = list(input_shapes.get(name, dims))
+        if len(shape) != len(dims):
+            raise ValueError(f"input_shapes[{name!r}] = {tuple(shape)} has {len(shape)} "
+                             f"dimensions; the model's input has {len(dims)}")
+        if shape and shape[0] is None:
+            shape[0] = 1   # an open batch dimension
+        if None in shape or min(shape, default=1) < 1:
+            raise ValueError(f"input {name!r} has open dimensions {dims}: give them in "
+                             f"input_shapes")
+        shapes[name] = shape
+    if all(shapes[name] == dims for name, dims in declared.items()):
+        return model
+    import onnx
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    for value in model.graph.input:
+        for dim, size in zip(value.type.tensor_type.shape.dim, shapes.get(value.name, ())):
+            dim.dim_value = int(size)
+    return model
