@@ -85,8 +85,9 @@ def test_sum(shapes, rng):
     check("Sum", feeds, opset=13)
 
 
-def test_relu_and_identity(rng):
-    x = rand(rng, 2, 3, 4, 5)
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (2, 3, 80), ()])
+def test_relu_and_identity(shape, rng):
+    x = rand(rng, *shape)
     (y,) = check("Relu", {"x": x}, opset=9)
     assert (y >= 0).all() and y.dtype == np.float32
     check("Identity", {"x": x}, opset=9)

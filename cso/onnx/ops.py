@@ -86,7 +86,17 @@ def _build_sum(node, constants):
 @_operator("Relu")
 def _build_relu(node, constants):
     node.only()
-    return lambda x: (np.maximum(x, 0),)
+    zeros = {}         # (length, dtype) -> a row of zeros
+
+    def run(x):
+        # NumPy's maximum with a scalar takes a slow loop, with a long zero row a fast one
+        if x.ndim == 0 or x.shape[-1] < 64:
+            return (np.maximum(x, 0),)
+        key = (x.shape[-1], x.dtype)
+        if key not in zeros:
+            zeros[key] = np.zeros(x.shape[-1], x.dtype)
+        return (np.maximum(x, zeros[key]),)
+    return run
 
 
 @_operator("Identity")
@@ -180,26 +190,39 @@ def _padded(x, axes, fill):
     return xp
 
 
-def _window_reduce(ufunc, x, axis, out, k, s, d):
-    """``ufunc`` over the ``k`` taps of ``out`` windows along ``axis``: one strided slice of the
-    whole tensor per tap."""
-    def tap(i):
-        index = [slice(None)] * x.ndim
-        index[axis] = slice(i * d, i * d + (out - 1) * s + 1, s)
-        return x[tuple(index)]
-    result = ufunc(tap(0), tap(1)) if k > 1 else tap(0).copy()
+def _shifted_reduce(ufunc, flat, k, shift, length):
+    """``out[p] = ufunc`` over ``flat[p + i * shift]`` for the ``k`` taps ``i``, for the first
+    ``length`` entries of an array as long as ``flat`` (the rest is left unset)."""
+    result = np.empty_like(flat)
+    out = result[:length]
+    if k == 1:
+        out[...] = flat[:length]
+    else:
+        ufunc(flat[:length], flat[shift:shift + length], out=out)
     for i in range(2, k):
-        ufunc(result, tap(i), out=result)
+        ufunc(out, flat[i * shift:i * shift + length], out=out)
     return result
 
 
-def _pool(ufunc, x, geometry, axes, fill):
-    """Pool NCHW ``x``: a max or sum window is separable, so rows then columns take kh + kw
-    passes instead of kh * kw."""
-    (oh, *_), (ow, *_) = axes
+def _pool(ufunc, x, geometry, axes):
+    """Pool NCHW ``x`` with ``ufunc`` (np.maximum or np.add): a strided view of the windows.
+
+    A max or sum window is separable: rows, then columns. Each tap is one ufunc over the whole
+    padded tensor as a flat array shifted by the tap's offset: long contiguous loops, where
+    slices of short rows would pay NumPy's per-row cost (even though this reduces every
+    position, not only each stride's). Windows that straddle a row's or an image's end give
+    entries no output reads."""
+    (oh, _, _, _), (ow, _, _, _) = axes
     (kh, kw), (sh, sw), (dh, dw) = geometry.kernel, geometry.strides, geometry.dilations
-    rows = _window_reduce(ufunc, _padded(x, axes, fill), 2, oh, kh, sh, dh)
-    return _window_reduce(ufunc, rows, 3, ow, kw, sw, dw)
+    fill = (-np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min) if ufunc is np.maximum \
+        else 0
+    padded = _padded(x, axes, fill)
+    n, c, height, width = padded.shape
+    flat = padded.reshape(-1)
+    length = flat.size - (kh - 1) * dh * width
+    flat = _shifted_reduce(ufunc, flat, kh, dh * width, length)
+    flat = _shifted_reduce(ufunc, flat, kw, dw, length - (kw - 1) * dw)
+    return flat.reshape(n, c, height, width)[:, :, :(oh - 1) * sh + 1:sh, :(ow - 1) * sw + 1:sw]
 
 
 @_operator("MaxPool")
@@ -211,8 +234,8 @@ def _build_max_pool(node, constants):
     omitted = (None,) * (len(node.outputs) - 1)
 
     def run(x):
-        fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
-        return (_pool(np.maximum, x, geometry, geometry.axes(x), fill),) + omitted
+        return (np.ascontiguousarray(_pool(np.maximum, x, geometry, geometry.axes(x))),) + \
+            omitted
     return run
 
 
@@ -242,26 +265,39 @@ def _build_average_pool(node, constants):
 
     def run(x):
         axes, count = divisor(x)
-        total = _pool(np.add, x, geometry, axes, 0)
-        return (np.divide(total, count, out=total),)
+        return (np.divide(_pool(np.add, x, geometry, axes), count),)
     return run
 
 
-def _global(reduce):
-    def build(node, constants):
-        node.only()
-
-        def run(x):
-            if x.ndim < 3:
-                raise node.error(f"input of shape {x.shape} has no spatial axes")
-            flat = x.reshape(x.shape[:2] + (-1,))
-            return (reduce(flat, axis=2).reshape(x.shape[:2] + (1,) * (x.ndim - 2)),)
-        return run
-    return build
+def _spatial_rows(node, x):
+    """``x`` as one row per (batch, channel) of its spatial elements."""
+    if x.ndim < 3:
+        raise node.error(f"input of shape {x.shape} has no spatial axes")
+    return x.reshape(x.shape[0] * x.shape[1], -1)
 
 
-OPERATORS["GlobalAveragePool"] = _global(np.mean)
-OPERATORS["GlobalMaxPool"] = _global(np.max)
+@_operator("GlobalAveragePool")
+def _build_global_average_pool(node, constants):
+    node.only()
+    weights = {}       # (spatial size, dtype) -> a vector of 1 / size
+
+    def run(x):
+        rows = _spatial_rows(node, x)
+        key = (rows.shape[1], x.dtype)
+        if key not in weights:
+            weights[key] = np.full(rows.shape[1], 1 / rows.shape[1], x.dtype)
+        # a matrix-vector product: BLAS is several times faster than np.mean on short rows
+        return ((rows @ weights[key]).reshape(x.shape[:2] + (1,) * (x.ndim - 2)),)
+    return run
+
+
+@_operator("GlobalMaxPool")
+def _build_global_max_pool(node, constants):
+    node.only()
+
+    def run(x):
+        return (_spatial_rows(node, x).max(axis=1).reshape(x.shape[:2] + (1,) * (x.ndim - 2)),)
+    return run
 
 
 # --- normalisation -------------------------------------------------------------------------
@@ -449,9 +485,11 @@ def _build_gemm(node, constants):
     if const_b is not None:
         if const_b.ndim != 2:
             raise node.error(f"B of shape {const_b.shape} must be 2-D")
-        # alpha folded into B; a transposed B stays a view, which BLAS reads as it is
-        const_b = (const_b.T if trans_b else const_b) * alpha if alpha != 1 else \
-            (const_b.T if trans_b else const_b)
+        # alpha folded into B, laid out (K, N) C-contiguous: BLAS is faster on it than on a
+        # transposed view (1.1x at M=1, 1.5x at M=8 for 9216 x 4096)
+        const_b = np.ascontiguousarray(const_b.T if trans_b else const_b)
+        if alpha != 1:
+            const_b = const_b * alpha
     if const_c is not None:
         n = const_b.shape[1] if const_b is not None else None
         if const_c.ndim > 2 or (n is not None and const_c.ndim and const_c.shape[-1] not in (1, n)):
