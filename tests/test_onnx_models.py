@@ -6,7 +6,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-from onnx import TensorProto, helper  # noqa: E402
+from onnx import helper  # noqa: E402
 
 import cso  # noqa: E402
 import cso.onnx  # noqa: E402
