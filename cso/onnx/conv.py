@@ -66,6 +66,7 @@ class ConvStep:
         self.relu = False
         self.conv = None
         self._lock = threading.Lock()
+        self._output_shapes = {}   # input shape -> output shape
 
     @property
     def channels(self):
@@ -77,12 +78,18 @@ class ConvStep:
         self.weight *= scale[:, None, None, None]
         self.bias = self.bias * scale + shift
 
-    def __call__(self, x):
+    def __call__(self, x, buffers=None):
         if self.conv is None:
             with self._lock:
                 if self.conv is None:
                     self.conv = self._build(x.shape)
-        return (self.conv(x),)
+        if buffers is None:
+            return (self.conv(x),)
+        shape = self._output_shapes.get(x.shape)
+        if shape is None:
+            shape = self._output_shapes[x.shape] = \
+                (x.shape[0],) + self.conv.spec_for(x.shape).output_shape[1:]
+        return (self.conv(x, out=buffers.get(shape, x.dtype)),)
 
     def _build(self, shape):
         padding = explicit_pads(self.auto_pad, self.pads, shape[2:], self.weight.shape[2:],

@@ -20,6 +20,7 @@ class Step:
     run: Callable              # run(*inputs) -> tuple of outputs
     inputs: list[str]
     outputs: list[str]
+    buffered: bool = False     # run takes ``buffers=`` (a ``Buffers``) for its output array
     frees: list[str] = field(default_factory=list)   # values last used here, dropped after it
 
 
@@ -136,20 +137,23 @@ class AffineStep:
     def fold_affine(self, scale, shift):
         self.scale, self.shift = self.scale * scale, self.shift * scale + shift
 
-    def __call__(self, x):
+    def __call__(self, x, buffers=None):
         shape = (1, -1, 1, 1)
-        out = np.multiply(x, self.scale.astype(x.dtype).reshape(shape))
+        out = buffers.get(x.shape, x.dtype) if buffers else None
+        out = np.multiply(x, self.scale.astype(x.dtype).reshape(shape), out=out)
         out += self.shift.astype(x.dtype).reshape(shape)
         if self.relu:
             np.maximum(out, 0, out=out)
         return (out,)
 
 
-def sum_relu(*terms):
+def sum_relu(*terms, buffers=None):
     """Add or Sum, then Relu in the same buffer."""
-    out = np.add(terms[0], terms[1]) if len(terms) > 1 else np.array(terms[0])
+    shape = np.broadcast_shapes(*(t.shape for t in terms))
+    out = buffers.get(shape, terms[0].dtype) if buffers else np.empty(shape, terms[0].dtype)
+    np.add(terms[0], terms[1], out=out) if len(terms) > 1 else np.copyto(out, terms[0])
     for term in terms[2:]:
-        out = out + term
+        out += term
     np.maximum(out, 0, out=out)
     return (out,)
 
@@ -204,12 +208,13 @@ class Fuser:
             if rank == 4 and affine_of(node, self.graph, data, channels) is not None:
                 head, labels = AffineStep(channels), []
                 out = self.fuse_chain(head, data, channels, labels, node)
-                return Step("+".join(labels), head, [data], [out])
+                return Step("+".join(labels), head, [data], [out], buffered=True)
         if node.op_type in ("Add", "Sum") and not node.attrs:
             relu = self.only_consumer(node.outputs[0])
             if relu is not None and relu.op_type == "Relu" and not relu.attrs:
                 self.fused.add(id(relu))
-                return Step(f"{node.op_type}+Relu", sum_relu, node.inputs, relu.outputs)
+                return Step(f"{node.op_type}+Relu", sum_relu, node.inputs, relu.outputs,
+                            buffered=True)
         return Step(node.op_type, operator(node, self.graph.constants), node.inputs,
                     node.outputs)
 
@@ -225,7 +230,7 @@ class Fuser:
                         constants[node.inputs[2]] if has_bias else None)
         labels = ["Conv"]
         out = self.fuse_chain(head, node.outputs[0], head.channels, labels)
-        return Step("+".join(labels), head, [node.inputs[0]], [out])
+        return Step("+".join(labels), head, [node.inputs[0]], [out], buffered=True)
 
 
 def build_steps(graph):
@@ -248,4 +253,6 @@ def build_steps(graph):
     for name, index in last_use.items():
         if name and name not in graph.outputs and name not in graph.constants:
             steps[index].frees.append(name)
+    for step in steps:   # the caller keeps the outputs: they are never reused buffers
+        step.buffered = step.buffered and not set(step.outputs) & set(graph.outputs)
     return steps

@@ -7,6 +7,7 @@ from collections import defaultdict
 import numpy as np
 
 from ..threads import get_num_threads
+from .buffers import Buffers
 from .graph import build_steps, read
 
 
@@ -24,6 +25,7 @@ class Model:
 
     def __init__(self, steps, inputs, outputs, constants):
         self.steps = steps
+        self.buffers = Buffers()
         self.inputs = inputs            # name -> (shape loaded for, dtype)
         self.outputs = outputs
         used = {name for step in steps for name in step.inputs} | set(outputs)
@@ -62,7 +64,9 @@ class Model:
         with _blas_threads(get_num_threads()):
             for step in self.steps:
                 start = time.perf_counter() if seconds is not None else 0.0
-                results = step.run(*(values[name] if name else None for name in step.inputs))
+                inputs = (values[name] if name else None for name in step.inputs)
+                results = (step.run(*inputs, buffers=self.buffers) if step.buffered
+                           else step.run(*inputs))
                 values.update((name, value) for name, value in zip(step.outputs, results) if name)
                 for name in step.frees:
                     del values[name]
