@@ -60,9 +60,9 @@ class ConvStep:
         if weight.shape[0] % self.groups:
             raise node.error(f"group={self.groups} does not divide the {weight.shape[0]} filters "
                              f"of weight {weight.shape}")
-        self.weight = weight.astype(np.float64)
+        self.weight = weight      # the model's, scaled per channel (``scale``) when built
+        self.scale = np.ones(weight.shape[0])
         self.bias = np.zeros(weight.shape[0]) if bias is None else bias.astype(np.float64)
-        self.dtype = weight.dtype
         self.relu = False
         self.conv = None
         self._lock = threading.Lock()
@@ -70,12 +70,12 @@ class ConvStep:
 
     @property
     def channels(self):
-        return self.weight.shape[0]
+        return self.bias.shape[0]
 
     def fold_affine(self, scale, shift):
-        """Fold ``y * scale + shift`` (per output channel) into the filters and bias (in
-        float64, until the Conv2d is built in the model's dtype)."""
-        self.weight *= scale[:, None, None, None]
+        """Fold ``y * scale + shift`` (per output channel) into the filters and bias (kept in
+        float64 until the Conv2d is built in the model's dtype)."""
+        self.scale = self.scale * scale
         self.bias = self.bias * scale + shift
 
     def __call__(self, x, buffers=None):
@@ -92,12 +92,16 @@ class ConvStep:
         return (self.conv(x, out=buffers.get(shape, x.dtype)),)
 
     def _build(self, shape):
-        padding = explicit_pads(self.auto_pad, self.pads, shape[2:], self.weight.shape[2:],
+        weight, dtype = self.weight, self.weight.dtype
+        padding = explicit_pads(self.auto_pad, self.pads, shape[2:], weight.shape[2:],
                                 self.stride, self.dilation)
-        self.weight, self.bias = self.weight.astype(self.dtype), self.bias.astype(self.dtype)
+        if not np.all(self.scale == 1):
+            weight = (weight * self.scale[:, None, None, None]).astype(dtype)
         try:
-            return Conv2d(self.weight, self.bias,
+            conv = Conv2d(weight, self.bias.astype(dtype),
                           self.stride, padding, self.dilation, self.groups,
                           "relu" if self.relu else None, input_shape=shape)
         except (TypeError, ValueError) as err:
             raise self.node.error(f"input of shape {shape}: {err}") from None
+        self.weight = None   # the Conv2d holds the filters, packed
+        return conv

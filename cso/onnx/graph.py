@@ -9,7 +9,7 @@ import numpy as np
 
 from .conv import ConvStep
 from .node import Node, UnsupportedModel
-from .ops import OPERATORS
+from .ops import CAPTURES_CONSTANTS, OPERATORS
 
 AFFINE = ("BatchNormalization", "Mul", "Add")
 
@@ -33,9 +33,9 @@ class Graph:
     ranks: dict                # name -> (rank, channels) where shape inference knows them
 
 
-def read(proto):
-    """The Graph of an ``onnx.ModelProto``."""
-    from onnx import helper, numpy_helper, shape_inference
+def read(proto, input_shapes):
+    """The Graph of an ``onnx.ModelProto`` whose inputs get ``input_shapes`` {name: shape}."""
+    from onnx import helper, numpy_helper
     opsets = {o.domain: o.version for o in proto.opset_import}
     opset = opsets.get("", opsets.get("ai.onnx", 0))
     if not opset:
@@ -46,19 +46,36 @@ def read(proto):
     constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
     inputs = {}
     for value in graph.input:
-        if value.name in constants:
-            continue   # an initializer listed as an input (ONNX before IR 4): a constant
-        tensor = value.type.tensor_type
-        dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim)
-        inputs[value.name] = (dims, np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type)))
+        if value.name not in constants:   # else an initializer listed as an input (IR < 4)
+            elem_type = value.type.tensor_type.elem_type
+            inputs[value.name] = (tuple(input_shapes[value.name]),
+                                  np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)))
     nodes = [Node.from_proto(p, opset) for p in graph.node]
+    return Graph(nodes, constants, inputs, [o.name for o in graph.output],
+                 _ranks(proto, inputs, constants))
+
+
+def _ranks(proto, inputs, constants):
+    """{name: (rank, channels)} of the values ONNX shape inference can tell, inferred on a copy
+    of the graph that carries only the small constants (a shape for Reshape, say): the large
+    ones enter as typed inputs, not copied."""
+    from onnx import helper, shape_inference
+    graph = proto.graph
+    small = [t for t in graph.initializer if constants[t.name].size <= 64]
+    large = [helper.make_tensor_value_info(t.name, t.data_type, t.dims)
+             for t in graph.initializer if constants[t.name].size > 64]
+    typed = [helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(dtype), shape)
+             for name, (shape, dtype) in inputs.items()]
+    light = helper.make_model(helper.make_graph(graph.node, "shapes", typed + large, graph.output,
+                                                small), opset_imports=proto.opset_import)
+    light.ir_version = proto.ir_version
+    inferred = shape_inference.infer_shapes(light).graph
     ranks = {}
-    inferred = shape_inference.infer_shapes(proto).graph
     for value in list(inferred.input) + list(inferred.value_info) + list(inferred.output):
         dims = value.type.tensor_type.shape.dim
         if value.type.tensor_type.HasField("shape") and len(dims) > 1 and dims[1].dim_value:
             ranks[value.name] = (len(dims), dims[1].dim_value)
-    return Graph(nodes, constants, inputs, [o.name for o in graph.output], ranks)
+    return ranks
 
 
 def operator(node, constants):
@@ -215,8 +232,11 @@ class Fuser:
                 self.fused.add(id(relu))
                 return Step(f"{node.op_type}+Relu", sum_relu, node.inputs, relu.outputs,
                             buffered=True)
-        return Step(node.op_type, operator(node, self.graph.constants), node.inputs,
-                    node.outputs)
+        run = operator(node, self.graph.constants)
+        # inputs the operator keeps from load time are not passed (nor kept by the model)
+        inputs = [name if index == 0 or node.op_type not in CAPTURES_CONSTANTS
+                  or name not in self.graph.constants else "" for index, name in enumerate(node.inputs)]
+        return Step(node.op_type, run, inputs, node.outputs)
 
     def conv_step(self, node):
         constants = self.graph.constants

@@ -135,8 +135,8 @@ def load(model, input_shapes=None):
         model = onnx.load(os.fspath(model))
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"model must be a path or an onnx.ModelProto, got {type(model).__name__}")
-    graph = read(_with_shapes(model, input_shapes or {}))
-    inputs = {name: (tuple(shape), dtype) for name, (shape, dtype) in graph.inputs.items()}
+    graph = read(model, _input_shapes(model, input_shapes or {}))
+    inputs = graph.inputs
     steps = build_steps(graph)
     loaded = Model(steps, inputs, graph.outputs, graph.constants)
     # a first run on zeros builds every convolution for its input shape: packs its filters and
@@ -145,8 +145,9 @@ def load(model, input_shapes=None):
     return loaded
 
 
-def _with_shapes(model, input_shapes):
-    """``model``, or a copy of it whose inputs have every dimension fixed."""
+def _input_shapes(model, input_shapes):
+    """{input name: shape}: the model's, with ``input_shapes`` for the dimensions it leaves
+    open (an open batch dimension is 1)."""
     initializers = {t.name for t in model.graph.initializer}
     declared = {v.name: [d.dim_value or None for d in v.type.tensor_type.shape.dim]
                 for v in model.graph.input if v.name not in initializers}
@@ -165,12 +166,5 @@ def _with_shapes(model, input_shapes):
         if None in shape or min(shape, default=1) < 1:
             raise ValueError(f"input {name!r} has open dimensions {dims}: give them in "
                              f"input_shapes")
-        shapes[name] = shape
-    if all(shapes[name] == dims for name, dims in declared.items()):
-        return model
-    import onnx
-    model = onnx.ModelProto.FromString(model.SerializeToString())
-    for value in model.graph.input:
-        for dim, size in zip(value.type.tensor_type.shape.dim, shapes.get(value.name, ())):
-            dim.dim_value = int(size)
-    return model
+        shapes[name] = tuple(int(size) for size in shape)
+    return shapes

@@ -11,6 +11,9 @@ their input, so no operator writes into its inputs.
 import numpy as np
 
 OPERATORS = {}
+# operators whose builders keep every constant input they use beyond the first: the model
+# passes None for those at run time, and does not keep the constants themselves
+CAPTURES_CONSTANTS = {"BatchNormalization", "Dropout", "Gemm", "Reshape", "Unsqueeze"}
 
 
 def _operator(*op_types):
@@ -497,6 +500,7 @@ def _build_gemm(node, constants):
         const_c = const_c * beta if beta != 1 else const_c
 
     def run(a, b, c=None):
+        b = const_b if const_b is not None else b
         if a.ndim != 2 or b.ndim != 2:
             raise node.error(f"A {a.shape} and B {b.shape} must be 2-D")
         a = a.T if trans_a else a
@@ -506,7 +510,7 @@ def _build_gemm(node, constants):
             y = a @ (b.T if trans_b else b)
             if alpha != 1:
                 y *= alpha
-        if c is not None and beta != 0:
+        if beta != 0 and (const_c is not None or c is not None):
             # in place: C may broadcast to Y (unidirectional) but never enlarge it
             np.add(y, const_c if const_c is not None else c * beta, out=y)
         return (y,)
