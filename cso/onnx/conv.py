@@ -72,7 +72,8 @@ class ConvStep:
         return self.weight.shape[0]
 
     def fold_affine(self, scale, shift):
-        """Fold ``y * scale + shift`` (per output channel) into the filters and bias."""
+        """Fold ``y * scale + shift`` (per output channel) into the filters and bias (in
+        float64, until the Conv2d is built in the model's dtype)."""
         self.weight *= scale[:, None, None, None]
         self.bias = self.bias * scale + shift
 
@@ -86,8 +87,9 @@ class ConvStep:
     def _build(self, shape):
         padding = explicit_pads(self.auto_pad, self.pads, shape[2:], self.weight.shape[2:],
                                 self.stride, self.dilation)
+        self.weight, self.bias = self.weight.astype(self.dtype), self.bias.astype(self.dtype)
         try:
-            return Conv2d(self.weight.astype(self.dtype), self.bias.astype(self.dtype),
+            return Conv2d(self.weight, self.bias,
                           self.stride, padding, self.dilation, self.groups,
                           "relu" if self.relu else None, input_shape=shape)
         except (TypeError, ValueError) as err:

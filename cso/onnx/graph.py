@@ -53,7 +53,7 @@ def read(proto):
     nodes = [Node.from_proto(p, opset) for p in graph.node]
     ranks = {}
     inferred = shape_inference.infer_shapes(proto).graph
-    for value in list(inferred.value_info) + list(inferred.output):
+    for value in list(inferred.input) + list(inferred.value_info) + list(inferred.output):
         dims = value.type.tensor_type.shape.dim
         if value.type.tensor_type.HasField("shape") and len(dims) > 1 and dims[1].dim_value:
             ranks[value.name] = (len(dims), dims[1].dim_value)
@@ -238,9 +238,9 @@ def build_steps(graph):
         if id(node) not in fuser.fused:
             fuser.fused.add(id(node))
             steps.append(fuser.step(node))
-    last_use = {}
+    last_use = {}   # a value no step reads (Dropout's mask, say) is dropped where it is made
     for index, step in enumerate(steps):
-        for name in step.inputs:
+        for name in step.inputs + step.outputs:
             last_use[name] = index
     for name, index in last_use.items():
         if name and name not in graph.outputs and name not in graph.constants:

@@ -3,8 +3,6 @@ tensors, and the errors that name the node."""
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 
 class UnsupportedModel(ValueError):
     """A node, attribute or input the loader cannot run correctly: raised at load time."""

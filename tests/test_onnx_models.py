@@ -1,0 +1,224 @@
+"""cso.onnx end to end: the nine light models against onnxruntime (their own constant weights
+and random ones), what the loader fuses and frees, its load-time errors, feeds and threads."""
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+from onnx import helper  # noqa: E402
+
+import cso  # noqa: E402
+import cso.onnx  # noqa: E402
+from cso.onnx import UnsupportedModel  # noqa: E402
+
+from .onnx_models import (LIGHT_MODELS, light_model, make_model, onnxruntime_outputs,  # noqa: E402
+                          randomized, relative_error, tensor)
+
+TOLERANCE = 1e-4   # max |cso - onnxruntime| / max |onnxruntime|
+
+
+def assert_matches_onnxruntime(proto, feeds, model=None):
+    model = model or cso.onnx.load(proto)
+    ours = model.run(None, feeds)
+    theirs = onnxruntime_outputs(proto, feeds)
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        assert relative_error(a, b) <= TOLERANCE
+    return model
+
+
+@pytest.mark.parametrize("weights", ["constant", "random"])
+@pytest.mark.parametrize("name", LIGHT_MODELS)
+def test_light_model_matches_onnxruntime(rng, name, weights):
+    proto = light_model(name)
+    if weights == "random":
+        proto = randomized(proto, rng)
+    model = cso.onnx.load(proto)
+    (input_name,) = model.input_names
+    x = rng.standard_normal(model.inputs[input_name][0]).astype(np.float32)
+    assert_matches_onnxruntime(proto, {input_name: x}, model)
+    convs = sum(node.op_type == "Conv" for node in proto.graph.node)
+    assert sum(step.label.startswith("Conv") for step in model.steps) == convs
+
+
+def conv_chain(rng, tail, conv_attrs=None, weight_shape=(6, 4, 3, 3), x_shape=(2, 4, 9, 11),
+               extra_outputs=()):
+    """Conv (random weight and bias) followed by ``tail``: a list of (op_type, constant inputs
+    {name: array}, attrs); returns (model, feeds)."""
+    k = weight_shape[0]
+    inits = {"w": rng.standard_normal(weight_shape).astype(np.float32),
+             "b": rng.standard_normal(k).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y0"], **(conv_attrs or {}))]
+    for i, (op, constants, attrs) in enumerate(tail):
+        inits.update(constants)
+        nodes.append(helper.make_node(op, [f"y{i}"] + list(constants), [f"y{i + 1}"], **attrs))
+    outputs = [helper.make_empty_tensor_value_info(f"y{len(tail)}")]
+    outputs += [helper.make_empty_tensor_value_info(name) for name in extra_outputs]
+    model = make_model(nodes, [tensor("x", list(x_shape))], outputs, inits)
+    feed_shape = [1 if isinstance(d, str) else d for d in x_shape]
+    return model, {"x": rng.standard_normal(feed_shape).astype(np.float32)}
+
+
+def batchnorm(rng, k, prefix="bn"):
+    params = {f"{prefix}_s": rng.uniform(0.5, 2, k), f"{prefix}_b": rng.standard_normal(k),
+              f"{prefix}_m": rng.standard_normal(k), f"{prefix}_v": rng.uniform(0.5, 2, k)}
+    return ("BatchNormalization", {n: v.astype(np.float32) for n, v in params.items()},
+            {"epsilon": 1e-3})
+
+
+def test_conv_batchnorm_scale_relu_fold_into_one_step(rng):
+    k = 6
+    tail = [batchnorm(rng, k), ("Mul", {"m": rng.uniform(0.5, 2, (k, 1, 1)).astype(np.float32)}, {}),
+            ("Add", {"a": rng.standard_normal((1, k, 1, 1)).astype(np.float32)}, {}),
+            ("Relu", {}, {})]
+    model, feeds = conv_chain(rng, tail, {"strides": [2, 1], "pads": [1, 0, 2, 1]})
+    loaded = assert_matches_onnxruntime(model, feeds)
+    assert [s.label for s in loaded.steps] == ["Conv+BatchNormalization+Mul+Add+Relu"]
+
+
+def test_broadcast_that_is_not_per_channel_is_not_folded(rng):
+    # a (K,) operand broadcasts along W, not along channels: left to the Mul operator
+    model, feeds = conv_chain(rng, [("Mul", {"m": rng.standard_normal(9).astype(np.float32)}, {})],
+                              x_shape=(1, 4, 9, 11), weight_shape=(6, 4, 3, 3))
+    loaded = assert_matches_onnxruntime(model, feeds)
+    assert [s.label for s in loaded.steps] == ["Conv", "Mul"]
+
+
+def test_conv_output_read_twice_is_not_fused(rng):
+    model, feeds = conv_chain(rng, [("Relu", {}, {})], extra_outputs=["y0"])
+    loaded = assert_matches_onnxruntime(model, feeds)
+    assert [s.label for s in loaded.steps] == ["Conv", "Relu"]
+
+
+@pytest.mark.parametrize("attrs", [
+    {"auto_pad": "SAME_UPPER", "strides": [2, 2]},
+    {"auto_pad": "SAME_LOWER", "strides": [2, 3]},
+    {"auto_pad": "VALID", "dilations": [2, 1]},
+    {"pads": [0, 2, 1, 0], "dilations": [1, 2]},
+    {"group": 2, "pads": [1, 1, 1, 1]},
+])
+def test_conv_attributes(rng, attrs):
+    shape = (6, 2, 3, 3) if attrs.get("group") == 2 else (6, 4, 3, 3)
+    model, feeds = conv_chain(rng, [], attrs, weight_shape=shape, x_shape=(2, 4, 10, 9))
+    assert_matches_onnxruntime(model, feeds)
+
+
+def test_affine_chain_without_conv_and_residual_sum_relu(rng):
+    """DenseNet's pre-activation (BatchNormalization, Mul, Add, Relu on a block's input) in one
+    step, and ResNet's Sum + Relu in one buffer."""
+    k = 4
+    _, bn_inits, bn_attrs = batchnorm(rng, k)
+    inits = dict(bn_inits, m=rng.uniform(0.5, 2, (k, 1, 1)).astype(np.float32),
+                 a=rng.standard_normal((k, 1, 1)).astype(np.float32),
+                 w=rng.standard_normal((k, k, 3, 3)).astype(np.float32))
+    nodes = [helper.make_node("BatchNormalization", ["x"] + list(bn_inits), ["t0"], **bn_attrs),
+             helper.make_node("Mul", ["t0", "m"], ["t1"]),
+             helper.make_node("Add", ["a", "t1"], ["t2"]),
+             helper.make_node("Relu", ["t2"], ["t3"]),
+             helper.make_node("Conv", ["t3", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Sum", ["c", "x", "t3"], ["s"]),
+             helper.make_node("Relu", ["s"], ["y"])]
+    model = make_model(nodes, [tensor("x", [2, k, 7, 6])], [tensor("y", None)], inits)
+    loaded = assert_matches_onnxruntime(model, {"x": rng.standard_normal((2, k, 7, 6)).astype(np.float32)})
+    assert [s.label for s in loaded.steps] == ["BatchNormalization+Mul+Add+Relu", "Conv", "Sum+Relu"]
+
+
+def test_values_are_freed_after_their_last_use(rng):
+    model = cso.onnx.load(randomized(light_model("squeezenet"), rng))
+    produced = [name for step in model.steps for name in step.outputs if name]
+    freed = [name for step in model.steps for name in step.frees]
+    assert sorted(freed) == sorted(set(produced + model.input_names) - set(model.output_names))
+    for index, step in enumerate(model.steps):   # freed where last read (or made), not earlier
+        for name in step.frees:
+            assert name in step.inputs + step.outputs
+            assert not any(name in later.inputs for later in model.steps[index + 1:])
+
+
+def test_batches_and_input_shapes(rng):
+    model, _ = conv_chain(rng, [("Relu", {}, {})], x_shape=("n", 4, 9, 11))
+    with pytest.raises(ValueError, match="open dimensions"):
+        cso.onnx.load(make_model(list(model.graph.node), [tensor("x", [1, 4, "h", 11])],
+                                 list(model.graph.output), {i.name: onnx.numpy_helper.to_array(i)
+                                                            for i in model.graph.initializer}))
+    loaded = cso.onnx.load(model)   # an open batch dimension loads as 1, runs any batch
+    assert loaded.inputs["x"][0] == (1, 4, 9, 11)
+    for batch in (1, 3):
+        x = rng.standard_normal((batch, 4, 9, 11)).astype(np.float32)
+        assert_matches_onnxruntime(model, {"x": x}, loaded)
+    assert cso.onnx.load(model, input_shapes={"x": (5, 4, 9, 11)}).inputs["x"][0] == (5, 4, 9, 11)
+
+
+def test_feeds_are_checked(rng):
+    model, feeds = conv_chain(rng, [])
+    loaded = cso.onnx.load(model)
+    np.testing.assert_array_equal(loaded(feeds["x"]), loaded.run(None, feeds)[0])
+    with pytest.raises(ValueError, match=r"missing \['x'\], unknown \['z'\]"):
+        loaded.run(None, {"z": feeds["x"]})
+    with pytest.raises(TypeError, match="input 'x' must have dtype float32, got float64"):
+        loaded.run(None, {"x": feeds["x"].astype(np.float64)})
+    with pytest.raises(ValueError, match=r"input 'x' must have shape \(batch, 4, 9, 11\)"):
+        loaded.run(None, {"x": feeds["x"][:, :, :5]})
+    with pytest.raises(TypeError, match="must be a numpy.ndarray"):
+        loaded.run(None, {"x": feeds["x"].tolist()})
+    with pytest.raises(ValueError, match=r"output_names \['x'\] are not outputs"):
+        loaded.run(["x"], feeds)
+
+
+def test_blas_runs_on_cso_threads(rng, monkeypatch):
+    """The model's NumPy parts (here a Gemm) run BLAS on cso.get_num_threads() threads."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    if not threadpoolctl.threadpool_info():
+        pytest.skip("NumPy's BLAS is not visible to threadpoolctl")
+    nodes = [helper.make_node("Gemm", ["x", "b"], ["y"], transB=1)]
+    model = cso.onnx.load(make_model(nodes, [tensor("x", [2, 8])], [tensor("y", None)],
+                                     {"b": rng.standard_normal((3, 8)).astype(np.float32)}))
+    seen = []
+    step = model.steps[0]
+    run = step.run
+    monkeypatch.setattr(step, "run", lambda *a: seen.append(
+        {i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"})
+        or run(*a))
+    before = cso.get_num_threads()
+    try:
+        for threads in (1, 2):
+            cso.set_num_threads(threads)
+            model(np.ones((2, 8), np.float32))
+            assert seen[-1] == {threads}
+    finally:
+        cso.set_num_threads(before)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("unknown_op", r"node 'n0' \(Sigmoid\): operator Sigmoid is not supported"),
+    ("conv_weight_not_constant", r"\(Conv\): the weight must be a constant"),
+    ("conv_1d", r"\(Conv\): only 2-D convolutions"),
+    ("conv_unknown_attribute", r"\(Conv\): attribute\(s\) \['foo'\] not supported"),
+    ("conv_pads_and_auto_pad", r"\(Conv\): pads \[1, 1, 1, 1\] given with auto_pad 'SAME_UPPER'"),
+    ("other_domain", r"com.microsoft.FusedConv\): operators of domain 'com.microsoft'"),
+])
+def test_load_time_errors(rng, case, message):
+    w = rng.standard_normal((2, 3, 3, 3)).astype(np.float32)
+    inputs, inits = [tensor("x", [1, 3, 8, 8])], {"w": w}
+    node = {
+        "unknown_op": helper.make_node("Sigmoid", ["x"], ["y"], name="n0"),
+        "conv_weight_not_constant": helper.make_node("Conv", ["x", "x"], ["y"]),
+        "conv_1d": helper.make_node("Conv", ["x", "w1"], ["y"]),
+        "conv_unknown_attribute": helper.make_node("Conv", ["x", "w"], ["y"], foo=1),
+        "conv_pads_and_auto_pad": helper.make_node("Conv", ["x", "w"], ["y"], auto_pad="SAME_UPPER",
+                                                   pads=[1, 1, 1, 1]),
+        "other_domain": helper.make_node("FusedConv", ["x", "w"], ["y"], domain="com.microsoft"),
+    }[case]
+    if case == "conv_1d":
+        inits["w1"] = w[:, :, 0]
+    with pytest.raises(UnsupportedModel, match=message):
+        cso.onnx.load(make_model([node], inputs, [tensor("y", None)], inits))
+
+
+def test_load_takes_a_path_and_rejects_other_things(tmp_path, rng):
+    model, feeds = conv_chain(rng, [])
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    np.testing.assert_array_equal(cso.onnx.load(path)(feeds["x"]), cso.onnx.load(model)(feeds["x"]))
+    with pytest.raises(TypeError, match="model must be a path or an onnx.ModelProto"):
+        cso.onnx.load(42)
