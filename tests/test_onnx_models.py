@@ -34,6 +34,12 @@ def test_light_model_matches_onnxruntime(rng, name, weights):
     proto = light_model(name)
     if weights == "random":
         proto = randomized(proto, rng)
+    elif proto.graph.node[-1].op_type == "Softmax":
+        # all-equal weights give all-equal logits of 1e11 to 1e31, whose softmax is decided by
+        # rounding alone (onnxruntime's own optimised and unoptimised runs disagree): compare
+        # the logits instead
+        del proto.graph.output[:]
+        proto.graph.output.append(helper.make_empty_tensor_value_info(proto.graph.node[-1].input[0]))
     model = cso.onnx.load(proto)
     (input_name,) = model.input_names
     x = rng.standard_normal(model.inputs[input_name][0]).astype(np.float32)

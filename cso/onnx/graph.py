@@ -231,6 +231,9 @@ class Fuser:
 def build_steps(graph):
     """The steps that compute ``graph.outputs`` from its inputs, each value dropped after its
     last use."""
+    read_names = {name for node in graph.nodes for name in node.inputs} | set(graph.outputs)
+    for node in graph.nodes:   # optional outputs no one reads (Dropout's mask) are not made
+        node.outputs[1:] = [name if name in read_names else "" for name in node.outputs[1:]]
     fold_constants(graph)
     fuser = Fuser(graph)
     steps = []
