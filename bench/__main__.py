@@ -7,12 +7,16 @@ a report: report.md, a self-contained report.html, PNG plots and results.json.
     python -m bench --suite depthwise        # 40 of timm's depthwise convolutions (or grouped)
     python -m bench --schedules              # IS vs WS forced, and how often CSA's pick wins
     python -m bench --threads 2 --scaling    # 1 vs 2 threads, each engine in its own process
+    python -m bench --models                 # whole ONNX CNNs: cso.onnx vs onnxruntime
+    python -m bench --models resnet50,vgg19  # some of them
 
 ``--threads`` sets every engine's threads: cso's, NumPy's BLAS (which has to happen before NumPy
 is first imported, hence the early parse below), onnxruntime's and PyTorch's.
 """
 import argparse
 import os
+
+from .models import MODELS, QUICK_MODELS
 
 QUICK_CONVS = 4  # --quick: this many convolutions of the suite, one sample each
 
@@ -38,6 +42,13 @@ def parse_args():
     parser.add_argument("--scaling", action="store_true",
                         help="time each engine (im2col excepted) on 1 and --threads threads, "
                              "each engine in a process of its own")
+    parser.add_argument("--models", nargs="?", const=",".join(MODELS), default=None,
+                        metavar="NAMES",
+                        help="a mode of its own (no convolution table): whole ONNX CNNs, "
+                             "cso.onnx against onnxruntime at batch 1 and 8, latency, conv/rest "
+                             "split, load time and peak memory; NAMES comma-separated from "
+                             f"{', '.join(MODELS)} (default all; with --quick: "
+                             f"{', '.join(QUICK_MODELS)}, batch 1, one sample)")
     parser.add_argument("--isa", default="",
                         help="cso's kernel ISA (avx512, avx2, generic: one this CPU runs; default "
                              "the best), PyTorch's oneDNN capped to match")
@@ -46,8 +57,10 @@ def parse_args():
                              "plans timed once per machine, kept in the cache) instead of the "
                              "model's")
     opts = parser.parse_args()
-    if opts.tune and (opts.schedules or opts.scaling):
-        parser.error("--tune applies to the main table, not to --schedules or --scaling")
+    if opts.tune and (opts.schedules or opts.scaling or opts.models is not None):
+        parser.error("--tune applies to the main table, not to --schedules, --scaling or --models")
+    if opts.models is not None and (opts.schedules or opts.scaling):
+        parser.error("--models is a mode of its own: not with --schedules or --scaling")
     if opts.threads < 1 or opts.repeat < 1:
         parser.error(f"--threads and --repeat must be at least 1, got {opts.threads} and {opts.repeat}")
     if opts.scaling and opts.threads < 2:
@@ -69,6 +82,7 @@ from .engines import CSO_OPTIONS, ENGINES, available_engines  # noqa: E402
 from .measure import measure_conv, measure_schedules  # noqa: E402
 from .scaling import SCALING_ENGINES, run_children  # noqa: E402
 from .memory import measure_memory, memory_lines  # noqa: E402
+from . import models  # noqa: E402
 from .startup import measure_startup, startup_lines  # noqa: E402
 from .suites import suite  # noqa: E402
 from microkernels import default_isa  # noqa: E402
@@ -109,7 +123,44 @@ def selected_engines():
     return engines
 
 
+def selected_models():
+    import importlib.util
+    missing = [m for m in ("onnx", "onnxruntime", "threadpoolctl") if importlib.util.find_spec(m) is None]
+    if missing:
+        parser.error(f"--models needs {', '.join(missing)}: pip install '.[onnx,compare]'")
+    if opts.quick and opts.models == ",".join(MODELS):
+        return list(QUICK_MODELS)
+    names = [name for name in opts.models.split(",") if name]
+    unknown = [name for name in names if name not in MODELS]
+    if unknown or not names:
+        parser.error(f"--models: {unknown or 'none'} not among {', '.join(MODELS)}")
+    return names
+
+
+def main_models():
+    names = selected_models()
+    batches = models.BATCHES[:1] if opts.quick else models.BATCHES
+    repeat = 1 if opts.quick else opts.repeat
+    facts, _ = report.machine_facts(opts.threads)
+    facts += [
+        ("Models", f"{', '.join(names)}{' (--quick)' if opts.quick else ''}: the onnx package's "
+                   f"light CNNs with random weights, float32, batch {' and '.join(map(str, batches))}"),
+        ("Timing", f"median of {repeat} sample{'s' * (repeat > 1)} after a warm-up, cso and "
+                   f"onnxruntime in turn; cso's outputs checked against onnxruntime's first"),
+    ]
+    report.print_facts(facts)
+    print(flush=True)
+    bar = report.Progress(len(names))
+    results = [bar.step(name, models.measure(name, batches, repeat, opts.threads))
+               for name in names]
+    report.print_models(results)
+    paths = documents.write_models(opts.out, facts, results)
+    print(f"\nReport written: {', '.join(paths)}")
+
+
 def main():
+    if opts.models is not None:
+        return main_models()
     specs, engines = selected_specs(), selected_engines()
     if opts.tune:
         CSO_OPTIONS["tune"] = True

@@ -5,7 +5,7 @@ import html
 import json
 import os
 
-from . import plots
+from . import models, plots
 from .report import BANDWIDTH_TEXT, bandwidth_rows, geomean, win_lines, wins
 from .memory import memory_lines
 from .startup import startup_lines
@@ -36,6 +36,29 @@ def write(out_dir, facts, peak, results, engines, startup, memory):
                    "results": results}, f,
                   indent=1)
     return paths + [path for _, path in figures]
+
+
+def write_models(out_dir, facts, results):
+    """``python -m bench --models``: report.md, report.html and results.json with a Models
+    section; return the paths written."""
+    os.makedirs(out_dir, exist_ok=True)
+    blocks = [
+        ("h1", "cso benchmark report: models"),
+        ("table", ["", ""], [[label, text] for label, text in facts]),
+        ("h2", "Models"),
+        ("p", models.TEXT.format(rtol=models.RTOL)),
+        ("table", models.HEADER, models.rows(results)),
+        ("list", models.summary_lines(results)),
+    ]
+    paths = [os.path.join(out_dir, name) for name in ("report.md", "report.html", "results.json")]
+    with open(paths[0], "w") as f:
+        f.write(_markdown(blocks))
+    with open(paths[1], "w") as f:
+        f.write(_html(blocks))
+    with open(paths[2], "w") as f:
+        json.dump({"machine": dict(facts), "summary": {
+            "geomean_speedup": models.geomean_speedups(results)}, "models": results}, f, indent=1)
+    return paths
 
 
 def _summary(results, engines):

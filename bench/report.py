@@ -233,3 +233,18 @@ def print_scaling(results, threads, peak):
 def geomean(values):
     values = list(values)
     return exp(sum(map(log, values)) / len(values))
+
+
+def print_models(results):
+    """``results`` from ``bench.models.measure``: a row per model and batch, then the geomean
+    speedup per batch."""
+    from .models import HEADER, rows, summary_lines
+    table = rows(results)
+    widths = [max(14, max(len(r[0]) for r in table) + 2), 6] + [max(9, len(h) + 2) for h in HEADER[2:]]
+    print(_line(HEADER, widths))
+    print("-" * sum(widths))
+    for row in table:
+        print(_line(row, widths))
+    print("-" * sum(widths))
+    for line in summary_lines(results):
+        print(line)

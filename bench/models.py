@@ -1,0 +1,336 @@
+"""Whole models: cso.onnx against onnxruntime on the nine CNNs the onnx package ships
+(``onnx/backend/test/data/light``), at batch 1 and 8.
+
+The shipped models build every weight with ConstantOfShape, all 0.02: every filter of a layer is
+the same and the final softmax is 0.001 everywhere, whatever an engine computes. So both engines
+run a copy with random weights (He-scaled filters, positive BatchNormalization scales and
+variances: activations of order one, as in a trained network), which makes the output check
+mean something; the graphs, shapes and operators are the shipped ones. The models also hard-code
+batch 1 in their Reshape shapes, so that copy is made batch-generic (``batch_generic``), and
+both engines load it once and run both batches.
+
+Per model and batch: cso's and onnxruntime's latency (median of the samples, taken in turn,
+after a warm-up, on the same input), cso's split between its convolution steps (with what is
+fused into them) and the rest (``Model.time_by_operator``), and cso's load time. Per model and
+engine: the peak memory of a child process that loads the model file and runs both batches
+(``python -m bench.models ENGINE PATH SHAPES``).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+# NumPy is imported in the functions that use it: ``python -m bench`` reads MODELS for its
+# --help before it sets the BLAS threads, which has to happen before NumPy loads
+MODELS = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50",
+          "shufflenet", "squeezenet", "vgg19", "zfnet512")
+QUICK_MODELS = ("squeezenet", "shufflenet")
+BATCHES = (1, 8)
+RTOL = 1e-4   # max |cso - onnxruntime| / max |onnxruntime|, per output
+
+
+def model_path(name):
+    import onnx
+    return os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light",
+                        f"light_{name}.onnx")
+
+
+def _activations(graph):
+    """The names whose value depends on a graph input (not on initializers alone)."""
+    constant = {t.name for t in graph.initializer}
+    live = {v.name for v in graph.input if v.name not in constant}
+    for node in graph.node:
+        if any(name in live for name in node.input):
+            live.update(node.output)
+    return live
+
+
+def batch_generic(model):
+    """A copy of ``model`` (an onnx.ModelProto) that runs any batch size: every Reshape of an
+    activation whose shape is an initializer starting with 1 gets a shape starting with 0
+    instead (ONNX: copy the input's dimension, the batch), and the graph's inputs and outputs
+    get a symbolic first dimension "N" (value_info, shape hints only, is dropped). Reshapes of
+    constants (a weight reshaped) are left alone; subgraphs are not visited."""
+    import onnx
+    from onnx import numpy_helper
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    initializers = {t.name: t for t in graph.initializer}
+    live = _activations(graph)
+    renamed = {}
+    for node in graph.node:
+        allowzero = any(a.name == "allowzero" and a.i for a in node.attribute)
+        if (node.op_type != "Reshape" or allowzero or node.input[0] not in live
+                or node.input[1] not in initializers):
+            continue
+        shape = numpy_helper.to_array(initializers[node.input[1]])
+        if shape.ndim != 1 or not shape.size or shape[0] != 1:
+            continue
+        if node.input[1] not in renamed:
+            generic = shape.copy()
+            generic[0] = 0
+            renamed[node.input[1]] = f"{node.input[1]}_batch_generic"
+            graph.initializer.append(numpy_helper.from_array(generic, renamed[node.input[1]]))
+        node.input[1] = renamed[node.input[1]]
+    used = {name for node in graph.node for name in node.input}
+    for name in renamed:   # the batch-1 shapes, if nothing reads them any more
+        if name not in used:
+            graph.initializer.remove(initializers[name])
+            for value in [v for v in graph.input if v.name == name]:
+                graph.input.remove(value)
+    for value in list(graph.input) + list(graph.output):
+        dims = value.type.tensor_type.shape.dim
+        if value.name not in initializers and dims:
+            dims[0].dim_param = "N"   # clears dim_value: they are a oneof
+    del graph.value_info[:]
+    return model
+
+
+def _random_value(consumers, uses, shape, dtype, rng):
+    import numpy as np
+    node, index = uses[0]
+    if node.op_type == "Unsqueeze":   # a Scale layer's operand: what reads the Unsqueeze decides
+        return _random_value(consumers, consumers[node.output[0]], shape, dtype, rng)
+    if (node.op_type, index) in (("Conv", 1), ("Gemm", 1)):
+        fan_in = int(np.prod(shape[1:]))
+        return (rng.standard_normal(shape) * np.sqrt(2 / fan_in)).astype(dtype)
+    if node.op_type == "Mul" or (node.op_type, index) in (("BatchNormalization", 1),
+                                                            ("BatchNormalization", 4)):
+        return rng.uniform(0.5, 1.5, shape).astype(dtype)
+    return (0.1 * rng.standard_normal(shape)).astype(dtype)
+
+
+def random_weights(model, seed=0):
+    """A copy of ``model`` whose ConstantOfShape constants (the light models' weights) are
+    random initializers: He-scaled Conv and Gemm weights, BatchNormalization scales, variances
+    and Mul operands in [0.5, 1.5], everything else 0.1 x normal."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+    rng = np.random.default_rng(seed)
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    shapes = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    consumers = {}
+    for node in graph.node:
+        for index, name in enumerate(node.input):
+            consumers.setdefault(name, []).append((node, index))
+    kept = []
+    for node in graph.node:
+        if node.op_type == "ConstantOfShape" and node.input[0] in shapes:
+            fill = numpy_helper.to_array(node.attribute[0].t)
+            value = _random_value(consumers, consumers[node.output[0]],
+                                  tuple(shapes[node.input[0]]), fill.dtype, rng)
+            graph.initializer.append(numpy_helper.from_array(value, node.output[0]))
+        else:
+            kept.append(node)
+    del graph.node[:]
+    graph.node.extend(kept)
+    return model
+
+
+def bench_model(name):
+    """The model both engines run: the shipped graph, random weights, any batch."""
+    import onnx
+    return batch_generic(random_weights(onnx.load(model_path(name))))
+
+
+def onnxruntime_session(model, threads):
+    """An onnxruntime session as a deployment would make one: ``threads`` intra-op threads,
+    sequential execution, every graph optimisation, the CPU provider."""
+    import onnxruntime
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    if not isinstance(model, str):
+        model = model.SerializeToString()
+    return onnxruntime.InferenceSession(model, options,
+                                        providers=["CPUExecutionProvider"])
+
+
+def load_engine(engine, model, threads):
+    """``engine``'s ``run(feeds) -> outputs`` for ``model`` (a ModelProto or a path)."""
+    if engine == "cso":
+        import cso
+        import cso.onnx
+        cso.set_num_threads(threads)
+        loaded = cso.onnx.load(model)
+        return lambda feeds: loaded.run(None, feeds)
+    session = onnxruntime_session(model, threads)
+    return lambda feeds: session.run(None, feeds)
+
+
+def relative_error(actual, expected):
+    """max |actual - expected| / max |expected| (inf if the shapes differ)."""
+    import numpy as np
+    if actual.shape != expected.shape:
+        return np.inf
+    return float(np.max(np.abs(actual.astype(np.float64) - expected)) / np.max(np.abs(expected)))
+
+
+def input_shapes(model):
+    """{input name: its shape after the batch dimension}."""
+    initializers = {t.name for t in model.graph.initializer}
+    return {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim[1:]]
+            for v in model.graph.input if v.name not in initializers}
+
+
+def inputs(shapes, batch, seed=0):
+    """{input name: a standard normal float32 array} of ``batch`` images, for ``shapes`` from
+    ``input_shapes``."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    return {name: rng.standard_normal([batch] + shape, np.float32) for name, shape in shapes.items()}
+
+
+def measure_model(name, model, batches, repeat, threads):
+    """One model (``bench_model(name)``), loaded once by each engine: at every batch, cso's
+    outputs checked against onnxruntime's (AssertionError beyond RTOL), then both timed and
+    cso's conv/rest split summed over ``repeat`` runs; and cso's load time."""
+    import cso
+    import cso.onnx
+    from .measure import median_seconds
+    cso.set_num_threads(threads)
+    start = time.perf_counter()
+    ours = cso.onnx.load(model)
+    load = time.perf_counter() - start
+    theirs = onnxruntime_session(model, threads)
+    result = {"model": name, "load_s": load, "batches": {}}
+    for batch in batches:
+        feeds = inputs(input_shapes(model), batch)
+        for out, ref, output in zip(ours.run(None, feeds), theirs.run(None, feeds),
+                                    ours.output_names):
+            err = relative_error(out, ref)
+            if not err <= RTOL:
+                raise AssertionError(
+                    f"cso.onnx is wrong on {name} at batch {batch}, output {output!r}: shape "
+                    f"{out.shape} vs onnxruntime's {ref.shape}, max error {err:.3g} of its "
+                    f"largest magnitude (allowed {RTOL})")
+        seconds = median_seconds({"cso": lambda: ours.run(None, feeds),
+                                  "onnxruntime": lambda: theirs.run(None, feeds)}, repeat)
+        conv = rest = 0.0
+        for _ in range(repeat):
+            steps = ours.time_by_operator(feeds)
+            conv += sum(s for label, s in steps.items() if label.startswith("Conv"))
+            rest += sum(s for label, s in steps.items() if not label.startswith("Conv"))
+        result["batches"][str(batch)] = {"seconds": seconds,
+                                         "speedup": seconds["onnxruntime"] / seconds["cso"],
+                                         "conv_share": conv / (conv + rest)}
+    return result
+
+
+def _status_kib(field):
+    """A memory figure of this process from /proc/self/status, in KiB: "VmRSS" now, "VmHWM"
+    its peak. (Not getrusage's ru_maxrss: Linux carries the parent's peak over into its
+    children's across exec, so a child of a large bench process would report the parent's.)"""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def peak_child(engine, path, shapes, threads, batches):
+    """In this (new) process: ``engine`` loads the model file ``path`` and runs it on every
+    batch; return its peak RSS beyond its RSS just before loading (imports done, inputs made),
+    in MiB."""
+    import importlib
+    for module in ("numpy", "onnx") + (("cso.onnx", "threadpoolctl") if engine == "cso"
+                                       else ("onnxruntime",)):
+        importlib.import_module(module)   # before the baseline
+    feeds = [inputs(shapes, batch) for batch in batches]
+    before = _status_kib("VmRSS")
+    run = load_engine(engine, path, threads)
+    for feed in feeds:
+        run(feed)
+    return (_status_kib("VmHWM") - before) / 1024
+
+
+def measure_peak(engine, path, shapes, threads, batches):
+    """``peak_child`` in a child process (``python -m bench.models``)."""
+    command = [sys.executable, "-m", "bench.models", engine, path, json.dumps(shapes),
+               "--threads", str(threads), "--batches", ",".join(map(str, batches))]
+    done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True)
+    return json.loads(done.stdout.splitlines()[-1])["peak_mib"]
+
+
+def measure(name, batches, repeat, threads):
+    """``measure_model``, then the peak memory of each engine on the same model (saved to a
+    temporary file for the children)."""
+    import onnx
+    model = bench_model(name)
+    result = measure_model(name, model, batches, repeat, threads)
+    with tempfile.TemporaryDirectory(prefix="cso-bench-") as tmp:
+        path = os.path.join(tmp, f"{name}.onnx")
+        onnx.save(model, path)
+        result["peak_mib"] = {engine: measure_peak(engine, path, input_shapes(model), threads,
+                                                   batches)
+                              for engine in ("cso", "onnxruntime")}
+    return result
+
+
+HEADER = ["model", "batch", "cso ms", "onnxruntime ms", "speedup", "conv %", "rest %", "load s",
+          "peak MiB cso / ort"]
+
+
+def rows(results):
+    """Table rows: one per model and batch (its load time and peak memory on the first)."""
+    table = []
+    for r in results:
+        for index, (batch, b) in enumerate(r["batches"].items()):
+            first = index == 0
+            table.append([r["model"] if first else "", batch, f"{1e3 * b['seconds']['cso']:.2f}",
+                          f"{1e3 * b['seconds']['onnxruntime']:.2f}", f"{b['speedup']:.2f}x",
+                          f"{100 * b['conv_share']:.0f}", f"{100 * (1 - b['conv_share']):.0f}",
+                          f"{r['load_s']:.2f}" if first else "",
+                          f"{r['peak_mib']['cso']:.0f} / {r['peak_mib']['onnxruntime']:.0f}"
+                          if first else ""])
+    return table
+
+
+def geomean_speedups(results):
+    """{batch: geomean of onnxruntime's time over cso's across the models}."""
+    from .report import geomean
+    batches = dict.fromkeys(b for r in results for b in r["batches"])
+    return {b: geomean(r["batches"][b]["speedup"] for r in results if b in r["batches"])
+            for b in batches}
+
+
+def summary_lines(results):
+    return [f"batch {b}: geomean speedup {s:.2f}x (onnxruntime's time over cso's; above 1, cso "
+            f"is faster) over {len(results)} models" for b, s in geomean_speedups(results).items()]
+
+
+TEXT = ("The onnx package's nine light CNNs (their graphs, with random weights: the shipped "
+        "ones are all 0.02), batch-generic, each loaded once per engine and run at each batch. "
+        "Latency: median of the samples, taken in turn after a warm-up, on the same input, "
+        "after cso's outputs matched onnxruntime's (max error at most {rtol} of the largest "
+        "magnitude). Speedup: onnxruntime's time over cso's. conv % / rest %: cso's time in its "
+        "convolution steps (what is fused into them included) and in the other operators "
+        "(NumPy). Load: cso.onnx.load (constant folding, filter packing, kernels compiled or "
+        "read from the cache). Peak MiB: a child process per engine loads the model and runs "
+        "every batch; its peak RSS (VmHWM, Linux) minus its RSS just before loading the model "
+        "file (imports done, inputs made): weights, packed filters, workspaces, "
+        "activations and, for cso, the compiler where kernels are not in the cache.")
+
+
+def main():
+    parser = argparse.ArgumentParser(prog="python -m bench.models",
+                                     description="The peak-memory child of python -m bench "
+                                                 "--models: prints {\"peak_mib\": ...}.")
+    parser.add_argument("engine", choices=("cso", "onnxruntime"))
+    parser.add_argument("path", help="an ONNX model file")
+    parser.add_argument("shapes", help='JSON {input name: shape after the batch dimension}')
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    opts = parser.parse_args()
+    batches = [int(b) for b in opts.batches.split(",")]
+    peak = peak_child(opts.engine, opts.path, json.loads(opts.shapes), opts.threads, batches)
+    print(json.dumps({"peak_mib": peak}))
+
+
+if __name__ == "__main__":
+    main()
