@@ -12,8 +12,9 @@ import cso  # noqa: E402
 import cso.onnx  # noqa: E402
 from cso.onnx import UnsupportedModel  # noqa: E402
 
-from .onnx_models import (LIGHT_MODELS, light_model, make_model, onnxruntime_outputs,  # noqa: E402
-                          randomized, relative_error, tensor)
+from bench.models import MODELS, model_path, random_weights  # noqa: E402
+
+from .onnx_models import make_model, onnxruntime_outputs, relative_error, tensor  # noqa: E402
 
 TOLERANCE = 1e-4   # max |cso - onnxruntime| / max |onnxruntime|
 
@@ -29,11 +30,11 @@ def assert_matches_onnxruntime(proto, feeds, model=None):
 
 
 @pytest.mark.parametrize("weights", ["constant", "random"])
-@pytest.mark.parametrize("name", LIGHT_MODELS)
+@pytest.mark.parametrize("name", MODELS)
 def test_light_model_matches_onnxruntime(rng, name, weights):
-    proto = light_model(name)
+    proto = onnx.load(model_path(name))
     if weights == "random":
-        proto = randomized(proto, rng)
+        proto = random_weights(proto, seed=int(rng.integers(1 << 30)))
     elif proto.graph.node[-1].op_type == "Softmax":
         # all-equal weights give all-equal logits of 1e11 to 1e31, whose softmax is decided by
         # rounding alone (onnxruntime's own optimised and unoptimised runs disagree): compare
@@ -131,7 +132,7 @@ def test_affine_chain_without_conv_and_residual_sum_relu(rng):
 
 
 def test_values_are_freed_after_their_last_use(rng):
-    model = cso.onnx.load(randomized(light_model("squeezenet"), rng))
+    model = cso.onnx.load(random_weights(onnx.load(model_path("squeezenet"))))
     produced = [name for step in model.steps for name in step.outputs if name]
     freed = [name for step in model.steps for name in step.frees]
     assert sorted(freed) == sorted(set(produced + model.input_names) - set(model.output_names))
