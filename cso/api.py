@@ -13,7 +13,7 @@ from typing import Literal, Optional, Union
 import numpy as np
 
 import csa
-from microkernels import (BIAS, RELU, DepthwiseSpec, KernelSpec, default_isa, get_isa,
+from microkernels import (ACCUMULATE, BIAS, RELU, DepthwiseSpec, KernelSpec, default_isa, get_isa,
                           supported_isas)
 from microkernels.once import fork_safe_lock
 from packing import pack_filters, unpack_filters
@@ -66,7 +66,9 @@ class Conv2d:
     ``nc``, ``k2``, ``k3``, ``schedule`` 'IS'/'WS', ``slab`` True/False, ``band`` window tiles
     per output band, ``split``; a depthwise plan's ``block_vectors``, ``nc``, ``band``,
     ``split``; ``depthwise`` False) and ``isa`` picks a micro-kernel ISA other than the host's best; both exist for tests and
-    experiments. ``tune=True`` times CSA's best-ranked plans for each new input shape (and
+    experiments. ``accumulate=True`` makes every call add to ``out`` (which it then requires):
+    ``out = act(out + conv(x) + bias)``, a residual connection fused into the store (not for
+    depthwise plans). ``tune=True`` times CSA's best-ranked plans for each new input shape (and
     thread count) and runs the fastest (``cso.autotune``: about a second per shape, once per
     machine). Everything compiled and tuned is kept in the persistent cache (``CSO_CACHE_DIR``,
     see ``microkernels.cache``): a later process loads it."""
@@ -75,9 +77,11 @@ class Conv2d:
                  stride: IntPair = 1, padding: Padding = 0, dilation: IntPair = 1,
                  groups: int = 1, activation: Optional[Literal["relu"]] = None, *,
                  input_shape: Optional[Shape] = None, plan_overrides: Optional[dict] = None,
-                 isa: Optional[str] = None, tune: bool = False) -> None:
-        if not isinstance(tune, bool):
-            raise TypeError(f"tune must be True or False, got {tune!r}")
+                 isa: Optional[str] = None, tune: bool = False, accumulate: bool = False) -> None:
+        for name, value in (("tune", tune), ("accumulate", accumulate)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be True or False, got {value!r}")
+        self.accumulate = accumulate
         if tune and plan_overrides:
             raise ValueError(f"tune=True chooses the plan by timing; it cannot take "
                              f"plan_overrides {plan_overrides} as well")
@@ -135,9 +139,15 @@ class Conv2d:
         found = self._by_shape.get(key)
         if found is None:
             spec = self.spec_for(shape, dtype)
-            flags = (BIAS if self.bias.size else 0) | (RELU if self.activation == "relu" else 0)
+            flags = ((BIAS if self.bias.size else 0) | (RELU if self.activation == "relu" else 0)
+                     | (ACCUMULATE if self.accumulate else 0))
+            plan = self._plan_for(spec, threads)
+            if self.accumulate and isinstance(plan, csa.DepthwisePlan):
+                raise ValueError(f"accumulate=True is not supported by depthwise plans (weight "
+                                 f"{self.weight_shape}, groups={self.groups}, input of shape "
+                                 f"{shape})")
             try:
-                found = Prepared(self._plan_for(spec, threads), flags, self.isa)
+                found = Prepared(plan, flags, self.isa)
             except ValueError as err:   # an override this shape or kernel cannot take
                 if not self.overrides:
                     raise
@@ -175,9 +185,17 @@ class Conv2d:
         shape = (batch,) + spec.output_shape[1:]
         if out is not None:
             args.check_out(out, shape if x.ndim == 4 else shape[1:], self.dtype, x)
+        elif self.accumulate:
+            raise ValueError(f"accumulate=True adds to out: pass out= (an array of shape "
+                             f"{shape if x.ndim == 4 else shape[1:]})")
         # the kernels write rows at a stride of P*Q: a strided ``out`` goes through a temporary
         direct = out is not None and out.flags.c_contiguous
-        result = out.reshape(shape) if direct else _output(shape, self.dtype)
+        if direct:
+            result = out.reshape(shape)
+        elif self.accumulate:
+            result = np.ascontiguousarray(out).reshape(shape)
+        else:
+            result = _output(shape, self.dtype)
         x4 = np.ascontiguousarray(x.reshape((batch,) + x.shape[-3:]))
         if batch:
             prepared.run(x4, self.packed_weight(prepared.plan.nf), self.bias, result, phases,
@@ -197,6 +215,7 @@ class Conv2d:
         return (f"Conv2d(weight {self.weight_shape} {self.dtype}, stride={self.stride}, "
                 f"padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
                 f"activation={self.activation}, isa={self.isa}"
+                + (", accumulate=True" if self.accumulate else "")
                 + (", tune=True)" if self.tune else ")"))
 
 

@@ -38,7 +38,8 @@ ALL_PHASES = PACK | KERNEL | POST
 def geometry(plan, kspec, epilogue_flags):
     """The ``geom`` vector for ``plan`` around micro-kernel ``kspec`` (``kernel_spec``),
     compiling the functions it calls on first use; ``epilogue_flags`` (BIAS | RELU) apply on
-    the last channel tile (with filters in vectors, in the transposing pass)."""
+    the last channel tile (with filters in vectors, in the transposing pass), ACCUMULATE on the
+    first: the output is added to what ``out`` holds (a residual) rather than written."""
     s = plan.spec
     hs, ws = plan.slab_shape
     filters_in_vectors = plan.vectors_along == "filters"
@@ -216,7 +217,10 @@ def define_conv_loop_nest(module, dtype):
             with code.range(0, G) as g:
                 with code.range(0, Cg, nc_max) as c0:
                     nc = code.min(nc_max, Cg - c0)
+                    # the transposed windows x filters tiles start from zero; the transposing
+                    # pass adds them to ``out`` (``epilogue``'s ACCUMULATE)
                     flags = (code.choose(c0 > 0, ACCUMULATE, 0)
+                             | code.choose(filters_in_vectors, 0, epilogue & ACCUMULATE)
                              | code.choose((c0 + nc == Cg) & ~filters_in_vectors, epilogue, 0))
                     depth = nc * R * S                   # rows of the packed tiles (kernel k)
                     tile_bytes = depth * NWIN * item

@@ -66,9 +66,12 @@ def depthwise(spec, slab, offsets, weights, out, positions, row_width, q, bias=N
 
 
 def transpose(spec, src, lds, dst, ldd, rows, cols, bias=None, flags=0):
-    """dst[j*ldd + i] = act(src[i*lds + j] (+ bias[j])) for i < rows, j < cols."""
-    block = np.stack([src[i * lds: i * lds + cols] for i in range(rows)])
-    result = _epilogue(block.T, bias[:cols, None] if flags & BIAS else 0, flags)
+    """dst[j*ldd + i] = act(src[i*lds + j] (+ dst[j*ldd + i]) (+ bias[j])) for i < rows,
+    j < cols."""
+    block = np.stack([src[i * lds: i * lds + cols] for i in range(rows)]).T
+    if flags & ACCUMULATE:
+        block = block + np.stack([dst[j * ldd: j * ldd + rows] for j in range(cols)])
+    result = _epilogue(block, bias[:cols, None] if flags & BIAS else 0, flags)
     for j in range(cols):
         dst[j * ldd: j * ldd + rows] = result[j]
 

@@ -4,14 +4,15 @@ transposed (windows x filters) and must write it as NCHW (filters x windows).
 
 ``transpose_block(src, lds, dst, ldd, rows, cols, bias, flags)`` reads a ``rows`` x ``cols``
 block (row i at ``src + i*lds`` elements; rows, cols <= lanes) and writes its transpose (row j at
-``dst + j*ldd``), adding ``bias[j]`` (flag BIAS) and clamping at zero (flag RELU, NaN passes).
+``dst + j*ldd``), adding what ``dst`` holds (flag ACCUMULATE: a residual), ``bias[j]`` (flag
+BIAS) and clamping at zero (flag RELU, NaN passes).
 The transpose is log2(lanes) rounds of two-source constant shuffles, each swapping one bit of
 the row index with the same bit of the lane index; a block smaller than lanes x lanes is
 loaded and stored masked, a whole one plainly.
 """
 from llvmlite import ir
 
-from .ir import (BIAS, I1, I32, I64, PTR, RELU, VectorTypes, bias_splat, flags_on, lane_ids,
+from .ir import (ACCUMULATE, BIAS, I1, I32, I64, PTR, RELU, VectorTypes, bias_splat, flags_on, lane_ids,
                  lane_number, masked_access, new_function, relu, splat, zero_slot)
 
 ARGS = ("src", "lds", "dst", "ldd", "rows", "cols", "bias", "flags")
@@ -29,18 +30,24 @@ def define_transpose(module, spec):
     # stores: masked stores are microcoded on AMD cores (AVX2 ``vmaskmovps``)
     full = ir.Constant(I64, lanes)
     whole = bld.and_(bld.icmp_signed("==", rows, full), bld.icmp_signed("==", cols, full))
+    (accumulate_on,) = flags_on(bld, flags, ACCUMULATE)
     plain, part = fn.append_basic_block("whole"), fn.append_basic_block("part")
     bld.cbranch(whole, plain, part)
-    for block, masked in ((plain, False), (part, True)):
-        bld.position_at_end(block)
-        _transpose(module, bld, spec, fn.args, masked)
-        bld.ret_void()
+    for head, masked in ((plain, False), (part, True)):
+        # dst is read only when it is accumulated into
+        bld.position_at_end(head)
+        adding, writing = fn.append_basic_block("adding"), fn.append_basic_block("writing")
+        bld.cbranch(accumulate_on, adding, writing)
+        for block, accumulate in ((adding, True), (writing, False)):
+            bld.position_at_end(block)
+            _transpose(module, bld, spec, fn.args, masked, accumulate)
+            bld.ret_void()
     return fn
 
 
-def _transpose(module, bld, spec, args, masked):
+def _transpose(module, bld, spec, args, masked, accumulate):
     """The block's loads, shuffles, epilogue and stores; ``masked``: to ``rows`` x ``cols``,
-    else the whole lanes x lanes block."""
+    else the whole lanes x lanes block; ``accumulate``: added to what ``dst`` holds."""
     types = VectorTypes(spec)
     lanes, scalar, vec, zero, align = types.lanes, types.scalar, types.vec, types.zero, types.align
     mask_ty = ir.VectorType(I1, lanes)
@@ -75,11 +82,16 @@ def _transpose(module, bld, spec, args, masked):
     for j in range(lanes):
         # column j exists only when j < cols: its bias is read and its row stored only then
         exists = bld.icmp_signed("<", ir.Constant(I64, j), cols)
-        value = bld.fadd(data[j], bias_splat(bld, bld.and_(bias_on, exists), bld.gep(
+        ptr = bld.gep(dst, [bld.mul(ir.Constant(I64, j), ldd)], source_etype=scalar)
+        stored = bld.and_(row_mask, splat(bld, exists, mask_ty)) if masked else None
+        value = data[j]
+        if accumulate:
+            value = bld.fadd(value, bld.call(load, [ptr, stored, zero]) if masked
+                             else bld.load(ptr, typ=vec, align=align))
+        value = bld.fadd(value, bias_splat(bld, bld.and_(bias_on, exists), bld.gep(
             bias, [ir.Constant(I64, j)], source_etype=scalar), slot, types))
         value = relu(bld, relu_on, value, zero)
-        ptr = bld.gep(dst, [bld.mul(ir.Constant(I64, j), ldd)], source_etype=scalar)
         if masked:
-            bld.call(store, [value, ptr, bld.and_(row_mask, splat(bld, exists, mask_ty))])
+            bld.call(store, [value, ptr, stored])
         else:
             bld.store(value, ptr, align=align)

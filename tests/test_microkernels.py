@@ -166,18 +166,22 @@ def test_direct_kernel(spec, rng):
                          ids=str)
 def test_transpose_block_every_size(spec, rng):
     """The filters-in-vectors epilogue: every rows x cols block up to lanes x lanes (whole
-    blocks take the unmasked path) is written transposed, with bias and ReLU, and nothing
-    around it is touched or read (the source past the block is NaN: a read would show)."""
+    blocks take the unmasked path) is written transposed, added to what is there (a residual)
+    or not, with bias and ReLU, and nothing around it is touched or read (the source past the
+    block is NaN: a read would show)."""
     lanes, dt = spec.lanes, spec.np_dtype
     lds, ldd, guard = lanes + 3, lanes + 5, 7
     for rows in range(1, lanes + 1):
         for cols in range(1, lanes + 1):
-            for flags in (0, mk.BIAS, mk.RELU, mk.BIAS | mk.RELU):
+            for flags in (0, mk.BIAS, mk.RELU, mk.BIAS | mk.RELU, mk.ACCUMULATE,
+                          mk.ACCUMULATE | mk.BIAS | mk.RELU):
                 src = np.full((rows - 1) * lds + cols, np.nan, dt)
                 for i in range(rows):
                     src[i * lds:i * lds + cols] = rng.standard_normal(cols)
                 bias = rng.standard_normal(cols).astype(dt)
                 dst = np.full(2 * guard + (cols - 1) * ldd + rows, SENTINEL, dt)
+                for j in range(cols):   # what ACCUMULATE adds to (a residual)
+                    dst[guard + j * ldd:guard + j * ldd + rows] = rng.standard_normal(rows)
                 expected = dst.copy()
                 mk.compile(spec)(src, lds, dst[guard:-guard], ldd, rows, cols, bias, flags)
                 mk.reference_kernel(spec)(src, lds, expected[guard:-guard], ldd, rows, cols, bias,

@@ -70,6 +70,49 @@ def test_split_output_is_bit_identical(rng, threads, name, dtype):
         assert plan.split[1] == 1   # its filters are transposed per group: never split
 
 
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_accumulate_adds_to_out_in_every_variant_and_split(rng, threads, name):
+    """accumulate=True (a residual fused into the store): out = relu(out + conv + bias), in
+    every kernel variant (the transposing pass of filters-in-vectors plans included), for every
+    split of the output over threads."""
+    n, c, h, w, k, r, s, stride, pad, groups, overrides = CASES[name]
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = rng.standard_normal((k, c // groups, r, s)).astype(np.float32)
+    bias = rng.standard_normal(k).astype(np.float32)
+    expected_conv = conv2d_reference(x, wt, bias, (stride,) * 2, (pad,) * 4, groups=groups)
+    residual = rng.standard_normal(expected_conv.shape).astype(np.float32)
+    expected = np.maximum(expected_conv + residual, 0)
+    results = []
+    for split in SPLITS[:3]:
+        conv = cso.Conv2d(wt, bias, stride, pad, groups=groups, activation="relu",
+                          plan_overrides=dict(overrides, split=split), accumulate=True)
+        for count in (1, 2):
+            cso.set_num_threads(count)
+            out = residual.copy()
+            assert conv(x, out=out) is out
+            results.append(out)
+    np.testing.assert_allclose(results[0], expected, rtol=1e-4, atol=1e-3)
+    assert all(np.array_equal(got, results[0]) for got in results)
+    strided = np.zeros(residual.shape + (2,), np.float32)[..., 0]   # through a temporary
+    strided[...] = residual
+    conv(x, out=strided)
+    np.testing.assert_array_equal(strided, results[0])
+
+
+def test_accumulate_needs_out_and_a_slicing_plan(rng):
+    x = rng.standard_normal((1, 8, 6, 6)).astype(np.float32)
+    conv = cso.Conv2d(rng.standard_normal((4, 8, 3, 3)).astype(np.float32), accumulate=True)
+    with pytest.raises(ValueError, match=r"accumulate=True adds to out: pass out= \(an array of "
+                                         r"shape \(1, 4, 4, 4\)\)"):
+        conv(x)
+    depthwise = cso.Conv2d(rng.standard_normal((8, 1, 3, 3)).astype(np.float32), groups=8,
+                           accumulate=True)
+    with pytest.raises(ValueError, match="accumulate=True is not supported by depthwise plans"):
+        depthwise(x, out=np.zeros((1, 8, 4, 4), np.float32))
+    with pytest.raises(TypeError, match="accumulate must be True or False"):
+        cso.Conv2d(np.ones((4, 8, 3, 3), np.float32), accumulate=1)
+
+
 def test_automatic_split_is_bit_identical(rng, threads):
     """A convolution big enough for CSA to split: 2 threads give 1 thread's result exactly."""
     x = rng.standard_normal((1, 64, 56, 56)).astype(np.float32)
