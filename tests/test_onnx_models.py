@@ -45,8 +45,12 @@ def test_light_model_matches_onnxruntime(rng, name, weights):
     (input_name,) = model.input_names
     x = rng.standard_normal(model.inputs[input_name][0]).astype(np.float32)
     assert_matches_onnxruntime(proto, {input_name: x}, model)
-    convs = sum(node.op_type == "Conv" for node in proto.graph.node)
-    assert sum(step.label.startswith("Conv") for step in model.steps) == convs
+    labels = [step.label for step in model.steps]
+    assert sum(label.startswith("Conv") for label in labels) == sum(
+        node.op_type == "Conv" for node in proto.graph.node)
+    # every BatchNormalization and Scale layer (Mul, Add by constants) is fused: into a Conv,
+    # or into one affine step with the Relu after it
+    assert not {"BatchNormalization", "Mul", "Add", "Add+Relu"} & set(labels)
 
 
 def conv_chain(rng, tail, conv_attrs=None, weight_shape=(6, 4, 3, 3), x_shape=(2, 4, 9, 11),
@@ -129,6 +133,59 @@ def test_affine_chain_without_conv_and_residual_sum_relu(rng):
     model = make_model(nodes, [tensor("x", [2, k, 7, 6])], [tensor("y", None)], inits)
     loaded = assert_matches_onnxruntime(model, {"x": rng.standard_normal((2, k, 7, 6)).astype(np.float32)})
     assert [s.label for s in loaded.steps] == ["BatchNormalization+Mul+Add+Relu", "Conv", "Sum+Relu"]
+
+
+def residual_block(rng, shortcut_also_reshaped=False):
+    """ResNet's pattern: r = Relu(Conv(x)); y = Relu(BN(Conv(Relu(Conv(r)))) + r);
+    z = Relu(Conv(y) + Conv(y)) (a sum of two convolutions), optionally with r also read by a
+    Reshape (a view of it)."""
+    k = 4
+    _, bn_inits, bn_attrs = batchnorm(rng, k)
+    inits = dict(bn_inits, **{f"w{i}": (rng.standard_normal((k, k, 3, 3)) / 6).astype(np.float32)
+                              for i in range(5)})
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c0"], ["r"]),
+             helper.make_node("Conv", ["r", "w4"], ["c4"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c4"], ["t"]),
+             helper.make_node("Conv", ["t", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c1"] + list(bn_inits), ["b1"], **bn_attrs),
+             helper.make_node("Add", ["b1", "r"], ["s1"]),
+             helper.make_node("Relu", ["s1"], ["y"]),
+             helper.make_node("Conv", ["y", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["y", "w3"], ["c3"], pads=[1, 1, 1, 1]),
+             helper.make_node("Sum", ["c2", "c3"], ["s2"]),
+             helper.make_node("Relu", ["s2"], ["z"])]
+    outputs = [tensor("z", None)]
+    if shortcut_also_reshaped:
+        inits["shape"] = np.array([0, -1], np.int64)
+        nodes.append(helper.make_node("Reshape", ["r", "shape"], ["flat"]))
+        outputs.append(tensor("flat", None))
+    model = make_model(nodes, [tensor("x", [2, k, 6, 7])], outputs, inits)
+    return model, {"x": rng.standard_normal((2, k, 6, 7)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("also_reshaped", [False, True])
+def test_residual_sums_are_added_in_the_convolution_store(rng, also_reshaped):
+    model, feeds = residual_block(rng, also_reshaped)
+    loaded = assert_matches_onnxruntime(model, feeds)
+    assert [s.label for s in loaded.steps if s.label != "Reshape"] == [
+        "Conv+Relu", "Conv+Relu", "Conv+BatchNormalization+Add+Relu", "Conv", "Conv+Sum+Relu"]
+    residual_steps = [s for s in loaded.steps if "Add" in s.label or "Sum" in s.label]
+    # the shortcut r is summed in its own array unless a view of it (the Reshape) may live on
+    assert [s.run.in_place for s in residual_steps] == [not also_reshaped, True]
+    for _ in range(2):   # reused arrays: a second run gives the same answer
+        assert_matches_onnxruntime(model, feeds, loaded)
+
+
+def test_residual_that_is_the_input_or_a_graph_input_is_copied_not_overwritten(rng):
+    inits = {"w": rng.standard_normal((3, 3, 1, 1)).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Add", ["c", "x"], ["y"])]
+    model = make_model(nodes, [tensor("x", [1, 3, 4, 4])], [tensor("y", None)], inits)
+    x = rng.standard_normal((1, 3, 4, 4)).astype(np.float32)
+    before = x.copy()
+    loaded = assert_matches_onnxruntime(model, {"x": x})
+    assert [s.label for s in loaded.steps] == ["Conv+Add"] and not loaded.steps[0].run.in_place
+    np.testing.assert_array_equal(x, before)
 
 
 def test_values_are_freed_after_their_last_use(rng):

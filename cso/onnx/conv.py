@@ -64,6 +64,9 @@ class ConvStep:
         self.scale = np.ones(weight.shape[0])
         self.bias = np.zeros(weight.shape[0]) if bias is None else bias.astype(np.float64)
         self.relu = False
+        self.residual = False   # adds its second input in the store (Conv2d accumulate)
+        self.in_place = False   # ... in that input's own array (the loader says when it may)
+        self.depthwise = weight.shape[1] == 1 and self.groups > 1
         self.conv = None
         self._lock = threading.Lock()
         self._output_shapes = {}   # input shape -> output shape
@@ -78,11 +81,19 @@ class ConvStep:
         self.scale = self.scale * scale
         self.bias = self.bias * scale + shift
 
-    def __call__(self, x, buffers=None):
+    def __call__(self, x, residual=None, buffers=None):
         if self.conv is None:
             with self._lock:
                 if self.conv is None:
                     self.conv = self._build(x.shape)
+        if self.residual:
+            if self.in_place:
+                out = residual
+            else:
+                out = buffers.get(residual.shape, residual.dtype) if buffers else \
+                    np.empty_like(residual)
+                np.copyto(out, residual)
+            return (self.conv(x, out=out),)
         if buffers is None:
             return (self.conv(x),)
         shape = self._output_shapes.get(x.shape)
@@ -100,7 +111,8 @@ class ConvStep:
         try:
             conv = Conv2d(weight, self.bias.astype(dtype),
                           self.stride, padding, self.dilation, self.groups,
-                          "relu" if self.relu else None, input_shape=shape)
+                          "relu" if self.relu else None, input_shape=shape,
+                          accumulate=self.residual)
         except (TypeError, ValueError) as err:
             raise self.node.error(f"input of shape {shape}: {err}") from None
         self.weight = None   # the Conv2d holds the filters, packed

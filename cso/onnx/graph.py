@@ -30,7 +30,7 @@ class Graph:
     constants: dict            # name -> ndarray, known at load time
     inputs: dict               # name -> (shape with None for unknown dims, dtype)
     outputs: list[str]
-    ranks: dict                # name -> (rank, channels) where shape inference knows them
+    shapes: dict               # name -> shape (at the loaded batch), where inference knows it
 
 
 def read(proto, input_shapes):
@@ -52,11 +52,11 @@ def read(proto, input_shapes):
                                   np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)))
     nodes = [Node.from_proto(p, opset) for p in graph.node]
     return Graph(nodes, constants, inputs, [o.name for o in graph.output],
-                 _ranks(proto, inputs, constants))
+                 _shapes(proto, inputs, constants))
 
 
-def _ranks(proto, inputs, constants):
-    """{name: (rank, channels)} of the values ONNX shape inference can tell, inferred on a copy
+def _shapes(proto, inputs, constants):
+    """{name: shape} of the values ONNX shape inference can tell, inferred on a copy
     of the graph that carries only the small constants (a shape for Reshape, say): the large
     ones enter as typed inputs, not copied."""
     from onnx import helper, shape_inference
@@ -68,14 +68,14 @@ def _ranks(proto, inputs, constants):
              for name, (shape, dtype) in inputs.items()]
     light = helper.make_model(helper.make_graph(graph.node, "shapes", typed + large, graph.output,
                                                 small), opset_imports=proto.opset_import)
-    light.ir_version = proto.ir_version
+    light.ir_version = max(proto.ir_version, 4)   # initializers need not be inputs
     inferred = shape_inference.infer_shapes(light).graph
-    ranks = {}
+    shapes = {}
     for value in list(inferred.input) + list(inferred.value_info) + list(inferred.output):
-        dims = value.type.tensor_type.shape.dim
-        if value.type.tensor_type.HasField("shape") and len(dims) > 1 and dims[1].dim_value:
-            ranks[value.name] = (len(dims), dims[1].dim_value)
-    return ranks
+        tensor = value.type.tensor_type
+        if tensor.HasField("shape") and all(d.HasField("dim_value") for d in tensor.shape.dim):
+            shapes[value.name] = tuple(d.dim_value for d in tensor.shape.dim)
+    return shapes
 
 
 def operator(node, constants):
@@ -187,6 +187,7 @@ class Fuser:
                 if name:
                     self.consumers[name].append(node)
         self.fused = set()   # ids of the nodes already part of a step
+        self.deferred = {}   # id of an Add -> the Conv step that adds into its other input
 
     def only_consumer(self, name):
         """The node that alone reads ``name`` (not a graph output), or None."""
@@ -219,10 +220,13 @@ class Fuser:
     def step(self, node):
         if node.op_type == "Conv":
             return self.conv_step(node)
+        if id(node) in self.deferred:
+            return self.residual_step(node)
         if node.op_type in AFFINE:
             data = next((n for n in node.inputs if n not in self.graph.constants), None)
-            rank, channels = self.graph.ranks.get(data, (0, 0))
-            if rank == 4 and affine_of(node, self.graph, data, channels) is not None:
+            shape = self.graph.shapes.get(data, ())
+            channels = shape[1] if len(shape) == 4 else 0
+            if channels and affine_of(node, self.graph, data, channels) is not None:
                 head, labels = AffineStep(channels), []
                 out = self.fuse_chain(head, data, channels, labels, node)
                 return Step("+".join(labels), head, [data], [out], buffered=True)
@@ -250,7 +254,40 @@ class Fuser:
                         constants[node.inputs[2]] if has_bias else None)
         labels = ["Conv"]
         out = self.fuse_chain(head, node.outputs[0], head.channels, labels)
+        add = self.only_consumer(out)
+        residual = self.residual_of(head, add, out)
+        if residual is not None:   # the step runs where the Add is, once its other input is made
+            self.deferred[id(add)] = (head, labels, node.inputs[0], residual)
+            return None
         return Step("+".join(labels), head, [node.inputs[0]], [out], buffered=True)
+
+    def residual_of(self, head, add, out):
+        """The other input of ``add`` if it can be added in ``head``'s store: an Add or Sum of
+        two values of one shape, after a Conv with no Relu yet and not depthwise."""
+        if (add is None or add.op_type not in ("Add", "Sum") or add.attrs or head.relu
+                or id(add) in self.deferred   # a sum of two convolutions: the first adds
+                or len(add.inputs) != 2 or add.inputs[0] == add.inputs[1] or head.depthwise):
+            return None
+        other = add.inputs[1 - add.inputs.index(out)]
+        shape = self.graph.shapes.get(out)
+        if shape is None or self.graph.shapes.get(other) != shape or other in self.graph.constants:
+            return None
+        return other
+
+    def residual_step(self, add):
+        """The Conv deferred to ``add``: its output added to the residual in its store, and
+        the Relu after the sum."""
+        head, labels, x, residual = self.deferred.pop(id(add))
+        head.residual = True
+        labels.append(add.op_type)
+        out = add.outputs[0]
+        relu = self.only_consumer(out)   # (an affine operator would scale the residual too)
+        if relu is not None and relu.op_type == "Relu" and not relu.attrs:
+            head.relu = True
+            self.fused.add(id(relu))
+            labels.append("Relu")
+            out = relu.outputs[0]
+        return Step("+".join(labels), head, [x, residual], [out], buffered=True)
 
 
 def build_steps(graph):
@@ -265,7 +302,9 @@ def build_steps(graph):
     for node in graph.nodes:
         if id(node) not in fuser.fused:
             fuser.fused.add(id(node))
-            steps.append(fuser.step(node))
+            step = fuser.step(node)
+            if step is not None:
+                steps.append(step)
     last_use = {}   # a value no step reads (Dropout's mask, say) is dropped where it is made
     for index, step in enumerate(steps):
         for name in step.inputs + step.outputs:
@@ -275,4 +314,17 @@ def build_steps(graph):
             steps[index].frees.append(name)
     for step in steps:   # the caller keeps the outputs: they are never reused buffers
         step.buffered = step.buffered and not set(step.outputs) & set(graph.outputs)
+    made_by = {name: step for step in steps for name in step.outputs}
+    for step in steps:
+        if isinstance(step.run, ConvStep) and step.run.residual:
+            # the sum is made in the residual's own array when nothing else can see it: read
+            # last here, not the convolution's input, made by a step whose output is an array
+            # of its own (reused buffers only), and read elsewhere by convolutions only (no
+            # views of it)
+            x, residual = step.inputs
+            producer = made_by.get(residual)
+            step.run.in_place = (residual in step.frees and x != residual and producer is not None
+                                 and producer.buffered and all(
+                                     other is step or isinstance(other.run, ConvStep)
+                                     for other in steps if residual in other.inputs))
     return steps
