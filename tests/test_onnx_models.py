@@ -188,6 +188,28 @@ def test_residual_that_is_the_input_or_a_graph_input_is_copied_not_overwritten(r
     np.testing.assert_array_equal(x, before)
 
 
+@pytest.mark.parametrize("attrs, c_shape, label", [
+    ({"transB": 1}, (5,), "Gemm+Relu"),
+    ({"alpha": 0.5, "beta": 2.0}, (1, 5), "Gemm+Relu"),
+    ({"transB": 1, "beta": 0.0}, (), "Gemm+Relu"),
+    ({}, None, "Gemm+Relu"),
+    ({"transB": 1}, (3, 5), "Gemm"),          # C per element: NumPy's Gemm, then Relu
+    ({"transA": 1}, (5,), "Gemm"),
+])
+def test_gemm_with_constant_b_runs_as_a_convolution(rng, attrs, c_shape, label):
+    m, k, n = 3, 7, 5
+    a_shape = (k, m) if attrs.get("transA") else (m, k)
+    inits = {"b": rng.standard_normal((n, k) if attrs.get("transB") else (k, n)).astype(np.float32)}
+    inputs = ["a", "b"]
+    if c_shape is not None:
+        inits["c"] = rng.standard_normal(c_shape).astype(np.float32)
+        inputs.append("c")
+    nodes = [helper.make_node("Gemm", inputs, ["g"], **attrs), helper.make_node("Relu", ["g"], ["y"])]
+    model = make_model(nodes, [tensor("a", list(a_shape))], [tensor("y", None)], inits)
+    loaded = assert_matches_onnxruntime(model, {"a": rng.standard_normal(a_shape).astype(np.float32)})
+    assert loaded.steps[0].label == label
+
+
 def test_values_are_freed_after_their_last_use(rng):
     model = cso.onnx.load(random_weights(onnx.load(model_path("squeezenet"))))
     produced = [name for step in model.steps for name in step.outputs if name]

@@ -117,3 +117,57 @@ class ConvStep:
             raise self.node.error(f"input of shape {shape}: {err}") from None
         self.weight = None   # the Conv2d holds the filters, packed
         return conv
+
+
+class GemmStep:
+    """Gemm with a constant B, ``alpha * A @ B (+ beta * C)``, as a 1x1 ``Conv2d`` on cso's own
+    threads: A's M rows are the M positions of a one-column image, B's N columns the filters,
+    C (one value per column) the bias. (NumPy's BLAS would bring threads of its own, which
+    spin on the cores the convolutions use.) ``step(a)`` runs it; a Relu after it is fused."""
+
+    def __init__(self, node, b, c, channels_last_b):
+        alpha, beta = node.attr("alpha", 1.0), node.attr("beta", 1.0)
+        filters = b if channels_last_b else b.T         # (N, K)
+        self.shape = filters.shape
+        self.weight = (alpha * filters.astype(np.float64)).astype(b.dtype).reshape(
+            self.shape + (1, 1))
+        bias = np.zeros(self.shape[0]) if c is None else np.broadcast_to(
+            beta * c.astype(np.float64).reshape(-1), self.shape[:1])
+        self.bias = bias.astype(b.dtype)
+        self.node, self.relu, self.conv = node, False, None
+        self._lock = threading.Lock()
+
+    @property
+    def channels(self):
+        return self.shape[0]
+
+    def __call__(self, a):
+        n, k = self.shape
+        if a.ndim != 2 or a.shape[1] != k:
+            raise self.node.error(f"A of shape {a.shape} does not match B's {k} rows")
+        x = np.ascontiguousarray(a.T).reshape(1, k, a.shape[0], 1)
+        if self.conv is None:
+            with self._lock:
+                if self.conv is None:
+                    self.conv = Conv2d(self.weight, self.bias,
+                                       activation="relu" if self.relu else None,
+                                       input_shape=x.shape)
+                    self.weight = None   # packed in the Conv2d
+        return (self.conv(x).reshape(n, a.shape[0]).T,)
+
+
+def gemm_as_conv(node, constants):
+    """A ``GemmStep`` for ``node`` when B is a constant, A not transposed and C absent or one
+    constant value per column; else None (the NumPy operator runs it)."""
+    node.only("alpha", "beta", "transA", "transB")
+    b = constants.get(node.inputs[1]) if len(node.inputs) > 1 else None
+    c_name = node.inputs[2] if len(node.inputs) > 2 else ""
+    c = constants.get(c_name) if c_name else None
+    if node.attr("transA", 0) or b is None or b.ndim != 2 or b.dtype not in (np.float32,
+                                                                          np.float64):
+        return None
+    n = b.shape[0] if node.attr("transB", 0) else b.shape[1]
+    if c_name and (c is None or c.size not in (1, n) or c.ndim > 2
+                   or (c.ndim == 2 and c.shape[0] != 1)):
+        return None
+    return GemmStep(node, b, c, bool(node.attr("transB", 0)))

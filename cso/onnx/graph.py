@@ -7,7 +7,7 @@ from typing import Callable
 
 import numpy as np
 
-from .conv import ConvStep
+from .conv import ConvStep, gemm_as_conv
 from .node import Node, UnsupportedModel
 from .ops import CAPTURES_CONSTANTS, OPERATORS
 
@@ -202,11 +202,8 @@ class Fuser:
         return the chain's output name."""
         node = node or self.only_consumer(out)
         while node is not None:
-            if node.op_type == "Relu" and not node.attrs:
-                head.relu = True
-                self.fused.add(id(node))
-                labels.append("Relu")
-                return node.outputs[0]
+            if node.op_type == "Relu":
+                return self.fuse_relu(head, out, labels)
             affine = affine_of(node, self.graph, out, channels)
             if affine is None:
                 return out
@@ -222,6 +219,12 @@ class Fuser:
             return self.conv_step(node)
         if id(node) in self.deferred:
             return self.residual_step(node)
+        if node.op_type == "Gemm":
+            head = gemm_as_conv(node, self.graph.constants)
+            if head is not None:
+                labels = ["Gemm"]
+                out = self.fuse_relu(head, node.outputs[0], labels)
+                return Step("+".join(labels), head, node.inputs[:1], [out])
         if node.op_type in AFFINE:
             data = next((n for n in node.inputs if n not in self.graph.constants), None)
             shape = self.graph.shapes.get(data, ())
@@ -280,14 +283,19 @@ class Fuser:
         head, labels, x, residual = self.deferred.pop(id(add))
         head.residual = True
         labels.append(add.op_type)
-        out = add.outputs[0]
-        relu = self.only_consumer(out)   # (an affine operator would scale the residual too)
-        if relu is not None and relu.op_type == "Relu" and not relu.attrs:
-            head.relu = True
-            self.fused.add(id(relu))
-            labels.append("Relu")
-            out = relu.outputs[0]
+        # (an affine operator after the sum would scale the residual too: Relu only)
+        out = self.fuse_relu(head, add.outputs[0], labels)
         return Step("+".join(labels), head, [x, residual], [out], buffered=True)
+
+    def fuse_relu(self, head, out, labels):
+        """Fuse the Relu that alone reads ``out`` into ``head``; return the output name."""
+        relu = self.only_consumer(out)
+        if relu is None or relu.op_type != "Relu" or relu.attrs:
+            return out
+        head.relu = True
+        self.fused.add(id(relu))
+        labels.append("Relu")
+        return relu.outputs[0]
 
 
 def build_steps(graph):
