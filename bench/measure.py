@@ -20,9 +20,10 @@ MIN_SAMPLE_SECONDS = 0.005
 COPY = "copy"   # the copy-bandwidth probe timed beside depthwise convolutions
 
 
-def median_seconds(runs, repeat):
+def median_seconds(runs, repeat, settle=0.0):
     """{name: median over ``repeat`` samples of the time of one call ``runs[name]()``}, the
-    samples of the different runs interleaved."""
+    samples of the different runs interleaved, ``settle`` seconds of rest after each (for the
+    thread pools that spin on after a call to stop before the next engine's sample)."""
     calls = {}
     for name, run in runs.items():
         start = time.perf_counter()
@@ -35,6 +36,7 @@ def median_seconds(runs, repeat):
             for _ in range(calls[name]):
                 run()
             samples[name].append((time.perf_counter() - start) / calls[name])
+            time.sleep(settle)
     return {name: statistics.median(times) for name, times in samples.items()}
 
 

@@ -30,6 +30,9 @@ MODELS = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet
 QUICK_MODELS = ("squeezenet", "shufflenet")
 BATCHES = (1, 8)
 RTOL = 1e-4   # max |cso - onnxruntime| / max |onnxruntime|, per output
+# on several threads, a rest between the engines' samples: onnxruntime's pool spins for about
+# 35 ms after a run and cso's for a few ms, on the cores the other engine needs next
+SETTLE_SECONDS = 0.1
 
 
 def model_path(name):
@@ -213,7 +216,8 @@ def measure_model(name, model, batches, repeat, threads):
                     f"{out.shape} vs onnxruntime's {ref.shape}, max error {err:.3g} of its "
                     f"largest magnitude (allowed {RTOL})")
         seconds = median_seconds({"cso": lambda: ours.run(None, feeds),
-                                  "onnxruntime": lambda: theirs.run(None, feeds)}, repeat)
+                                  "onnxruntime": lambda: theirs.run(None, feeds)}, repeat,
+                                 SETTLE_SECONDS if threads > 1 else 0.0)
         conv = rest = 0.0
         for _ in range(repeat):
             steps = ours.time_by_operator(feeds)
