@@ -21,8 +21,10 @@ def pack_filters(w, nf, groups=1):
     k, c_g, r, s = w.shape
     k_g = k // groups
     shape = packed_filters_shape(w.shape, nf, groups)
-    padded = np.zeros((groups, shape[1] * nf, c_g, r, s), dtype=w.dtype)
-    padded[:, :k_g] = w.reshape(groups, k_g, c_g, r, s)
+    padded = w.reshape(groups, k_g, c_g, r, s)
+    if shape[1] * nf != k_g:   # the last tile is padded with zero filters (else no copy here)
+        padded = np.zeros((groups, shape[1] * nf, c_g, r, s), dtype=w.dtype)
+        padded[:, :k_g] = w.reshape(groups, k_g, c_g, r, s)
     # (G, T_w*Nf, C, R, S) -> (G, T_w, Nf, C, R, S) -> (G, T_w, C, R, S, Nf)
     tiles = padded.reshape(groups, shape[1], nf, c_g, r, s)
     return np.ascontiguousarray(tiles.transpose(0, 1, 3, 4, 5, 2))

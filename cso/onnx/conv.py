@@ -129,8 +129,9 @@ class GemmStep:
         alpha, beta = node.attr("alpha", 1.0), node.attr("beta", 1.0)
         filters = b if channels_last_b else b.T         # (N, K)
         self.shape = filters.shape
-        self.weight = (alpha * filters.astype(np.float64)).astype(b.dtype).reshape(
-            self.shape + (1, 1))
+        if alpha != 1:
+            filters = (alpha * filters).astype(b.dtype)
+        self.weight = filters.reshape(self.shape + (1, 1))   # a view of B when it is (N, K)
         bias = np.zeros(self.shape[0]) if c is None else np.broadcast_to(
             beta * c.astype(np.float64).reshape(-1), self.shape[:1])
         self.bias = bias.astype(b.dtype)
