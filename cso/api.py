@@ -141,12 +141,12 @@ class Conv2d:
             spec = self.spec_for(shape, dtype)
             flags = ((BIAS if self.bias.size else 0) | (RELU if self.activation == "relu" else 0)
                      | (ACCUMULATE if self.accumulate else 0))
-            plan = self._plan_for(spec, threads)
-            if self.accumulate and isinstance(plan, csa.DepthwisePlan):
-                raise ValueError(f"accumulate=True is not supported by depthwise plans (weight "
-                                 f"{self.weight_shape}, groups={self.groups}, input of shape "
-                                 f"{shape})")
             try:
+                plan = self._plan_for(spec, threads)
+                if self.accumulate and isinstance(plan, csa.DepthwisePlan):
+                    raise ValueError(f"accumulate=True is not supported by depthwise plans "
+                                     f"(weight {self.weight_shape}, groups={self.groups}, input "
+                                     f"of shape {shape})")
                 found = Prepared(plan, flags, self.isa)
             except ValueError as err:   # an override this shape or kernel cannot take
                 if not self.overrides:
