@@ -25,17 +25,23 @@ def write(out_dir, facts, peak, results, engines, startup, memory):
     summary = _summary(results, engines)
     blocks = _blocks(facts, peak, results, engines, figures, summary["geomean_gflops"], startup,
                      memory)
+    paths = _write_documents(out_dir, blocks, {
+        "machine": dict(facts), "peak_gflops": peak, "engines": engines, "summary": summary,
+        "startup": startup, "memory": memory, "results": results})
+    return paths + [path for _, path in figures]
+
+
+def _write_documents(out_dir, blocks, data):
+    """report.md and report.html rendering ``blocks``, results.json holding ``data``; their
+    paths."""
     paths = [os.path.join(out_dir, name) for name in ("report.md", "report.html", "results.json")]
     with open(paths[0], "w") as f:
         f.write(_markdown(blocks))
     with open(paths[1], "w") as f:
         f.write(_html(blocks))
     with open(paths[2], "w") as f:
-        json.dump({"machine": dict(facts), "peak_gflops": peak, "engines": engines,
-                   "summary": summary, "startup": startup, "memory": memory,
-                   "results": results}, f,
-                  indent=1)
-    return paths + [path for _, path in figures]
+        json.dump(data, f, indent=1)
+    return paths
 
 
 def write_models(out_dir, facts, results):
@@ -50,15 +56,9 @@ def write_models(out_dir, facts, results):
         ("table", models.HEADER, models.rows(results)),
         ("list", models.summary_lines(results)),
     ]
-    paths = [os.path.join(out_dir, name) for name in ("report.md", "report.html", "results.json")]
-    with open(paths[0], "w") as f:
-        f.write(_markdown(blocks))
-    with open(paths[1], "w") as f:
-        f.write(_html(blocks))
-    with open(paths[2], "w") as f:
-        json.dump({"machine": dict(facts), "summary": {
-            "geomean_speedup": models.geomean_speedups(results)}, "models": results}, f, indent=1)
-    return paths
+    return _write_documents(out_dir, blocks, {
+        "machine": dict(facts), "summary": {"geomean_speedup": models.geomean_speedups(results)},
+        "models": results})
 
 
 def _summary(results, engines):
