@@ -168,8 +168,8 @@ def sum_relu(*terms, buffers=None):
     """Add or Sum, then Relu in the same buffer."""
     shape = np.broadcast_shapes(*(t.shape for t in terms))
     out = buffers.get(shape, terms[0].dtype) if buffers else np.empty(shape, terms[0].dtype)
-    np.add(terms[0], terms[1], out=out) if len(terms) > 1 else np.copyto(out, terms[0])
-    for term in terms[2:]:
+    np.copyto(out, terms[0])
+    for term in terms[1:]:
         out += term
     np.maximum(out, 0, out=out)
     return (out,)

@@ -1,5 +1,6 @@
 """``load`` an ONNX model and run it: its steps in order, each value dropped after its last use,
-on ``cso.get_num_threads()`` threads (the convolutions' and NumPy's BLAS alike)."""
+on ``cso.get_num_threads()`` threads (the convolutions', Gemm's, and NumPy's BLAS for what
+still uses it)."""
 import os
 import time
 from collections import defaultdict
