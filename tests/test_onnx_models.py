@@ -252,13 +252,14 @@ def test_feeds_are_checked(rng):
 
 
 def test_blas_runs_on_cso_threads(rng, monkeypatch):
-    """The model's NumPy parts (here a Gemm) run BLAS on cso.get_num_threads() threads."""
+    """The model's NumPy parts (here a Gemm of two inputs, which NumPy runs) use BLAS on
+    cso.get_num_threads() threads."""
     threadpoolctl = pytest.importorskip("threadpoolctl")
     if not threadpoolctl.threadpool_info():
         pytest.skip("NumPy's BLAS is not visible to threadpoolctl")
     nodes = [helper.make_node("Gemm", ["x", "b"], ["y"], transB=1)]
-    model = cso.onnx.load(make_model(nodes, [tensor("x", [2, 8])], [tensor("y", None)],
-                                     {"b": rng.standard_normal((3, 8)).astype(np.float32)}))
+    model = cso.onnx.load(make_model(nodes, [tensor("x", [2, 8]), tensor("b", [3, 8])],
+                                     [tensor("y", None)]))
     seen = []
     step = model.steps[0]
     run = step.run
@@ -269,7 +270,7 @@ def test_blas_runs_on_cso_threads(rng, monkeypatch):
     try:
         for threads in (1, 2):
             cso.set_num_threads(threads)
-            model(np.ones((2, 8), np.float32))
+            model.run(None, {"x": np.ones((2, 8), np.float32), "b": np.ones((3, 8), np.float32)})
             assert seen[-1] == {threads}
     finally:
         cso.set_num_threads(before)
