@@ -1,25 +1,6 @@
-"""Helpers for the ONNX tests: onnxruntime as the reference, and small graphs built by hand
-(the nine light models and their random-weight copies come from ``bench.models``)."""
-import numpy as np
+"""Small ONNX graphs built by hand for the tests (the nine light models, their random-weight
+copies, onnxruntime sessions and the error measure come from ``bench.models``)."""
 from onnx import TensorProto, helper, numpy_helper
-
-
-def onnxruntime_outputs(model, feeds):
-    import onnxruntime
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.log_severity_level = 3
-    session = onnxruntime.InferenceSession(model.SerializeToString(), options,
-                                           providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
-
-
-def relative_error(actual, expected):
-    """max |actual - expected| / max |expected|, after checking shape and dtype."""
-    assert actual.shape == expected.shape, (actual.shape, expected.shape)
-    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
-    scale = np.abs(expected.astype(np.float64)).max()
-    return np.abs(actual.astype(np.float64) - expected).max() / scale
 
 
 def tensor(name, shape, elem_type=TensorProto.FLOAT):

@@ -12,9 +12,10 @@ import cso  # noqa: E402
 import cso.onnx  # noqa: E402
 from cso.onnx import UnsupportedModel  # noqa: E402
 
-from bench.models import MODELS, model_path, random_weights  # noqa: E402
+from bench.models import (MODELS, model_path, onnxruntime_session, random_weights,  # noqa: E402
+                          relative_error)
 
-from .onnx_models import make_model, onnxruntime_outputs, relative_error, tensor  # noqa: E402
+from .onnx_models import make_model, tensor  # noqa: E402
 
 TOLERANCE = 1e-4   # max |cso - onnxruntime| / max |onnxruntime|
 
@@ -22,9 +23,10 @@ TOLERANCE = 1e-4   # max |cso - onnxruntime| / max |onnxruntime|
 def assert_matches_onnxruntime(proto, feeds, model=None):
     model = model or cso.onnx.load(proto)
     ours = model.run(None, feeds)
-    theirs = onnxruntime_outputs(proto, feeds)
+    theirs = onnxruntime_session(proto, 1).run(None, feeds)
     assert len(ours) == len(theirs)
     for a, b in zip(ours, theirs):
+        assert (a.shape, a.dtype) == (b.shape, b.dtype)
         assert relative_error(a, b) <= TOLERANCE
     return model
 
@@ -175,6 +177,58 @@ def test_residual_sums_are_added_in_the_convolution_store(rng, also_reshaped):
     assert [s.run.in_place for s in residual_steps] == [not also_reshaped, True]
     for _ in range(2):   # reused arrays: a second run gives the same answer
         assert_matches_onnxruntime(model, feeds, loaded)
+
+
+@pytest.mark.parametrize("channels, groups", [(1, 1), (3, 3)])
+def test_residual_after_a_depthwise_convolution_stays_a_sum(rng, channels, groups):
+    """Depthwise plans (one input channel per group, groups=1 included) cannot add in their
+    store: the Add runs on its own."""
+    inits = {"w": rng.standard_normal((channels, 1, 3, 3)).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], group=groups),
+             helper.make_node("Add", ["c", "x"], ["y"])]
+    model = make_model(nodes, [tensor("x", [1, channels, 5, 6])], [tensor("y", None)], inits)
+    loaded = assert_matches_onnxruntime(
+        model, {"x": rng.standard_normal((1, channels, 5, 6)).astype(np.float32)})
+    assert [s.label for s in loaded.steps] == ["Conv", "Add"]
+
+
+def test_concurrent_loads_and_runs_agree(rng):
+    """Threads loading models at once, then running one model at once: each run's reused
+    arrays are its own (an in-place residual included), every result the same."""
+    import threading
+    model, _ = residual_block(rng)
+    inputs = [rng.standard_normal((2, 4, 6, 7)).astype(np.float32) for _ in range(4)]
+    loaded, errors = [None] * 4, []
+
+    def load(i):
+        try:
+            loaded[i] = cso.onnx.load(model)
+        except Exception as err:   # reported below, not lost in the thread
+            errors.append(err)
+    threads = [threading.Thread(target=load, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    expected = [loaded[0](x) for x in inputs]
+    results = {}
+
+    def run(i):
+        try:
+            results[i] = [loaded[0](inputs[i % 4]) for _ in range(5)]
+        except Exception as err:
+            errors.append(err)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for i, outs in results.items():
+        for out in outs:
+            np.testing.assert_array_equal(out, expected[i % 4])
+    assert all(np.array_equal(m(inputs[0]), expected[0]) for m in loaded)
 
 
 def test_residual_that_is_the_input_or_a_graph_input_is_copied_not_overwritten(rng):

@@ -7,6 +7,7 @@ onnx = pytest.importorskip("onnx")
 from onnx import helper, numpy_helper  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
+from bench.models import onnxruntime_session  # noqa: E402
 from cso.onnx.node import Node, UnsupportedModel  # noqa: E402
 from cso.onnx.ops import OPERATORS  # noqa: E402
 
@@ -50,9 +51,7 @@ def check(op, feeds, attrs=None, opset=13, inputs=None, outputs=("y",), constant
         if engine == "ort":
             if onnxruntime is None:
                 continue
-            session = onnxruntime.InferenceSession(model.SerializeToString(),
-                                                   providers=["CPUExecutionProvider"])
-            expected = session.run(None, feeds)
+            expected = onnxruntime_session(model, 1).run(None, feeds)
         else:
             expected = ReferenceEvaluator(model).run(None, feeds)
         for got, want in zip(named, expected, strict=True):

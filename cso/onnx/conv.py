@@ -66,7 +66,7 @@ class ConvStep:
         self.relu = False
         self.residual = False   # adds its second input in the store (Conv2d accumulate)
         self.in_place = False   # ... in that input's own array (the loader says when it may)
-        self.depthwise = weight.shape[1] == 1 and self.groups > 1
+        self.depthwise = weight.shape[1] == 1   # csa plans C/groups = 1 as depthwise
         self.conv = None
         self._lock = threading.Lock()
         self._output_shapes = {}   # input shape -> output shape

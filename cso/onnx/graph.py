@@ -150,15 +150,19 @@ class AffineStep:
     def __init__(self, channels):
         self.scale, self.shift = np.ones(channels), np.zeros(channels)
         self.relu = False
+        self._cast = {}   # dtype -> (scale, shift) in it
 
     def fold_affine(self, scale, shift):
         self.scale, self.shift = self.scale * scale, self.shift * scale + shift
 
     def __call__(self, x, buffers=None):
-        shape = (1, -1, 1, 1)
+        cast = self._cast.get(x.dtype)
+        if cast is None:   # scale and shift in the input's dtype, shaped (1, C, 1, 1), once
+            cast = self._cast[x.dtype] = tuple(v.astype(x.dtype).reshape(1, -1, 1, 1)
+                                               for v in (self.scale, self.shift))
         out = buffers.get(x.shape, x.dtype) if buffers else None
-        out = np.multiply(x, self.scale.astype(x.dtype).reshape(shape), out=out)
-        out += self.shift.astype(x.dtype).reshape(shape)
+        out = np.multiply(x, cast[0], out=out)
+        out += cast[1]
         if self.relu:
             np.maximum(out, 0, out=out)
         return (out,)
