@@ -7,6 +7,8 @@ from typing import Callable
 
 import numpy as np
 
+from ..threads import get_num_threads
+from . import kernels
 from .conv import ConvStep, gemm_as_conv
 from .node import Node, UnsupportedModel
 from .ops import CAPTURES_CONSTANTS, OPERATORS
@@ -157,15 +159,12 @@ class AffineStep:
 
     def __call__(self, x, buffers=None):
         cast = self._cast.get(x.dtype)
-        if cast is None:   # scale and shift in the input's dtype, shaped (1, C, 1, 1), once
-            cast = self._cast[x.dtype] = tuple(v.astype(x.dtype).reshape(1, -1, 1, 1)
-                                               for v in (self.scale, self.shift))
-        out = buffers.get(x.shape, x.dtype) if buffers else None
-        out = np.multiply(x, cast[0], out=out)
-        out += cast[1]
-        if self.relu:
-            np.maximum(out, 0, out=out)
-        return (out,)
+        if cast is None:   # scale and shift in the input's dtype, once
+            cast = self._cast[x.dtype] = tuple(v.astype(x.dtype) for v in (self.scale,
+                                                                          self.shift))
+        x = np.ascontiguousarray(x)
+        out = buffers.get(x.shape, x.dtype) if buffers else np.empty_like(x)
+        return (kernels.affine(x, out, *cast, self.relu, get_num_threads()),)
 
 
 def sum_relu(*terms, buffers=None):

@@ -10,6 +10,9 @@ their input, so no operator writes into its inputs.
 """
 import numpy as np
 
+from ..threads import get_num_threads
+from . import kernels
+
 OPERATORS = {}
 # operators whose builders keep every constant input they use beyond the first: the model
 # passes None for those at run time, and does not keep the constants themselves
@@ -112,8 +115,8 @@ def _build_identity(node, constants):
 
 class _PoolGeometry:
     """The 2-D window geometry of a MaxPool / AveragePool node, checked at load time; per
-    input size it gives each spatial axis as ``(out, head, extent, end)``: output length, padding
-    before, the padded length the windows read and where the explicit/auto padding ends."""
+    input size it gives each spatial axis as ``(out, head, end)``: output length, padding
+    before, and where the explicit/auto padding ends (in the padded coordinates)."""
 
     AUTO_PADS = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
 
@@ -173,59 +176,16 @@ class _PoolGeometry:
         out = (-(-room // s) if self.ceil_mode else room // s) + 1
         if self.ceil_mode and (out - 1) * s >= size + head:
             out -= 1                  # the last window must start inside the input or its head
-        extent = max((out - 1) * s + span, head + size)
-        return out, head, extent, head + size + tail
+        return out, head, head + size + tail
 
 
-def _padded(x, axes, fill):
-    """``x`` inside an array of the windows' extent whose border holds ``fill`` (``x`` itself
-    when the windows need no border)."""
-    (_, top, height, _), (_, left, width, _) = axes
-    n, c, h, w = x.shape
-    if height == h and width == w:
-        return x
-    xp = np.empty((n, c, height, width), x.dtype)
-    xp[:, :, :top] = fill
-    xp[:, :, top + h:] = fill
-    xp[:, :, top:top + h, :left] = fill
-    xp[:, :, top:top + h, left + w:] = fill
-    xp[:, :, top:top + h, left:left + w] = x
-    return xp
-
-
-def _shifted_reduce(ufunc, flat, k, shift, length):
-    """``out[p] = ufunc`` over ``flat[p + i * shift]`` for the ``k`` taps ``i``, for the first
-    ``length`` entries of an array as long as ``flat`` (the rest is left unset)."""
-    result = np.empty_like(flat)
-    out = result[:length]
-    if k == 1:
-        out[...] = flat[:length]
-    else:
-        ufunc(flat[:length], flat[shift:shift + length], out=out)
-    for i in range(2, k):
-        ufunc(out, flat[i * shift:i * shift + length], out=out)
-    return result
-
-
-def _pool(ufunc, x, geometry, axes):
-    """Pool NCHW ``x`` with ``ufunc`` (np.maximum or np.add): a strided view of the windows.
-
-    A max or sum window is separable: rows, then columns. Each tap is one ufunc over the whole
-    padded tensor as a flat array shifted by the tap's offset: long contiguous loops, where
-    slices of short rows would pay NumPy's per-row cost (even though this reduces every
-    position, not only each stride's). Windows that straddle a row's or an image's end give
-    entries no output reads."""
-    (oh, _, _, _), (ow, _, _, _) = axes
-    (kh, kw), (sh, sw), (dh, dw) = geometry.kernel, geometry.strides, geometry.dilations
-    fill = (-np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min) if ufunc is np.maximum \
-        else 0
-    padded = _padded(x, axes, fill)
-    n, c, height, width = padded.shape
-    flat = padded.reshape(-1)
-    length = flat.size - (kh - 1) * dh * width
-    flat = _shifted_reduce(ufunc, flat, kh, dh * width, length)
-    flat = _shifted_reduce(ufunc, flat, kw, dw, length - (kw - 1) * dw)
-    return flat.reshape(n, c, height, width)[:, :, :(oh - 1) * sh + 1:sh, :(ow - 1) * sw + 1:sw]
+def _pool(kind, x, geometry, axes, count_bounds=((0, 0), (0, 0))):
+    """The ``kind`` ("max" or "average") pool of NCHW ``x``, compiled (``kernels.pool``)."""
+    (oh, top, _), (ow, left, _) = axes
+    x = np.ascontiguousarray(x)
+    out = np.empty(x.shape[:2] + (oh, ow), x.dtype)
+    return kernels.pool(kind, x, out, geometry.kernel, geometry.strides, geometry.dilations,
+                        (top, left), count_bounds, get_num_threads())
 
 
 @_operator("MaxPool")
@@ -237,8 +197,7 @@ def _build_max_pool(node, constants):
     omitted = (None,) * (len(node.outputs) - 1)
 
     def run(x):
-        return (np.ascontiguousarray(_pool(np.maximum, x, geometry, geometry.axes(x))),) + \
-            omitted
+        return (_pool("max", x, geometry, geometry.axes(x)),) + omitted
     return run
 
 
@@ -249,26 +208,13 @@ def _build_average_pool(node, constants):
     include_pad = node.attr("count_include_pad", 0)
     if include_pad not in (0, 1):
         raise node.error(f"count_include_pad={include_pad!r} must be 0 or 1")
-    divisors = {}          # (H, W, dtype) -> the windows' axes and element counts
-
-    def divisor(x):
-        key = x.shape[2:] + (x.dtype,)
-        if key not in divisors:
-            axes = geometry.axes(x)
-            counts = []
-            for (out, head, _, end), size, k, s in zip(axes, x.shape[2:], geometry.kernel,
-                                                       geometry.strides):
-                # count_include_pad counts the padding, not what ceil_mode adds past it
-                low, high = (0, end) if include_pad else (head, head + size)
-                taps = np.arange(out)[:, None] * s + np.arange(k)
-                counts.append(((taps >= low) & (taps < high)).sum(1))
-            count = np.outer(*counts).astype(x.dtype)
-            divisors[key] = axes, (count.flat[0] if (count == count.flat[0]).all() else count)
-        return divisors[key]
 
     def run(x):
-        axes, count = divisor(x)
-        return (np.divide(_pool(np.add, x, geometry, axes), count),)
+        axes = geometry.axes(x)
+        # count_include_pad counts the padding, not what ceil_mode adds past it
+        bounds = [(-head, end - head) if include_pad else (0, size)
+                  for (_, head, end), size in zip(axes, x.shape[2:])]
+        return (_pool("average", x, geometry, axes, bounds),)
     return run
 
 
@@ -343,20 +289,13 @@ def _build_lrn(node, constants):
     if not isinstance(size, int) or size < 1:
         raise node.error(f"attribute size={size!r}: expected a positive integer")
     alpha, beta, bias = node.attr("alpha", 1e-4), node.attr("beta", 0.75), node.attr("bias", 1.0)
-    before, after = (size - 1) // 2, size // 2       # channels c - before .. c + after
 
     def run(x):
-        square = np.square(x)
-        total = square.copy()
-        # sum of squares over the channel window: one shifted slice-add per neighbour
-        for shift in range(1, before + 1):
-            np.add(total[:, shift:], square[:, :-shift], out=total[:, shift:])
-        for shift in range(1, after + 1):
-            np.add(total[:, :-shift], square[:, shift:], out=total[:, :-shift])
-        total *= alpha / size
-        total += bias
-        np.power(total, -beta, out=total)
-        return (np.multiply(x, total, out=total),)
+        if x.dtype.kind != "f" or x.ndim < 3:
+            raise node.error(f"input of shape {x.shape} and dtype {x.dtype}: LRN needs a float "
+                             f"tensor (N, C, ...)")
+        x = np.ascontiguousarray(x)
+        return (kernels.lrn(x, np.empty_like(x), size, alpha, beta, bias, get_num_threads()),)
     return run
 
 
