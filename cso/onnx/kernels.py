@@ -191,9 +191,10 @@ def pool(kind, x, out, kernel, strides, dilations, head, count_bounds, threads):
     """``out`` (N, C, OH, OW) = the ``kind`` ("max" or "average") pool of ``x`` (N, C, H, W),
     both C-contiguous: windows of ``kernel`` taps at ``strides`` and ``dilations``, the first
     starting ``head`` = (top, left) before the image; an average divides by the taps inside
-    ``count_bounds`` ((row_lo, row_hi), (col_lo, col_hi)), in the image's coordinates."""
+    ``count_bounds`` ((row_lo, row_hi), (col_lo, col_hi)), in the image's coordinates (None
+    for "max")."""
     n, c, h, w = x.shape
-    (row_lo, row_hi), (col_lo, col_hi) = count_bounds
+    (row_lo, row_hi), (col_lo, col_hi) = count_bounds or ((0, 0), (0, 0))
     args = np.array([x.ctypes.data, out.ctypes.data, n * c, h, w, *out.shape[2:], strides[0],
                      dilations[0], *head, row_lo, row_hi, col_lo, col_hi, 0], np.int64)
     function = _compiled(_pool_part, kind, x.dtype, *kernel, strides[1], dilations[1])

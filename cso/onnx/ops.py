@@ -179,7 +179,7 @@ class _PoolGeometry:
         return out, head, head + size + tail
 
 
-def _pool(kind, x, geometry, axes, count_bounds=((0, 0), (0, 0))):
+def _pool(kind, x, geometry, axes, count_bounds=None):
     """The ``kind`` ("max" or "average") pool of NCHW ``x``, compiled (``kernels.pool``)."""
     (oh, top, _), (ow, left, _) = axes
     x = np.ascontiguousarray(x)

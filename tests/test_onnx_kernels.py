@@ -1,0 +1,155 @@
+"""cso.onnx.kernels, the compiled pooling, LRN and per-channel affine kernels, against plain
+NumPy references: geometries that leave edges on every side (windows over the padding, rows
+shorter and longer than a vector, strides and dilations), float32, float64 and int8, one and
+two threads with work that does not split evenly, and arrays flush against guard pages."""
+import itertools
+
+import numpy as np
+import pytest
+
+import cso
+from cso.onnx import kernels
+
+from .guarded import guarded_copy, guarded_empty, in_child
+
+
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request):
+    before = cso.get_num_threads()
+    cso.set_num_threads(request.param)
+    yield request.param
+    cso.set_num_threads(before)
+
+
+def reference_pool(kind, x, out_shape, kernel, strides, dilations, head, count_bounds):
+    """Each output window by hand, in float64; an average divides by its taps inside
+    ``count_bounds``."""
+    n, c, h, w = x.shape
+    out = np.empty((n, c) + out_shape)
+    for r, o in itertools.product(*map(range, out_shape)):
+        rows = [r * strides[0] - head[0] + i * dilations[0] for i in range(kernel[0])]
+        cols = [o * strides[1] - head[1] + j * dilations[1] for j in range(kernel[1])]
+        taps = [x[:, :, y, z].astype(np.float64) for y in rows if 0 <= y < h
+                for z in cols if 0 <= z < w]
+        if kind == "max":
+            out[:, :, r, o] = np.max(taps, axis=0) if taps else -np.inf
+        else:
+            (row_lo, row_hi), (col_lo, col_hi) = count_bounds
+            count = ((min(rows[-1] + 1, row_hi) - max(rows[0], row_lo))
+                     * (min(cols[-1] + 1, col_hi) - max(cols[0], col_lo)))
+            out[:, :, r, o] = np.sum(taps, axis=0) / count
+    return out
+
+
+# (N, C, H, W), kernel, strides, dilations, head (top, left), extra rows/cols past the image
+POOLS = [
+    ((1, 3, 7, 9), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
+    ((2, 5, 23, 37), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1)),       # rows of several vectors
+    ((1, 4, 13, 13), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),       # 13 = a vector and a tail
+    ((1, 3, 12, 17), (2, 3), (1, 2), (1, 1), (0, 2), (1, 0)),       # asymmetric padding
+    ((1, 3, 11, 19), (3, 2), (2, 3), (1, 1), (2, 0), (2, 2)),       # ceil_mode-like overhang
+    ((1, 2, 9, 21), (2, 3), (2, 1), (3, 2), (1, 0), (1, 2)),        # dilated
+    ((1, 2, 7, 9), (7, 9), (1, 1), (1, 1), (0, 0), (0, 0)),         # one window: the image
+    ((3, 1, 5, 5), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0)),
+]
+
+
+def _pool_case(case):
+    shape, kernel, strides, dilations, head, tail = case
+    out_shape = tuple((size + h + t - ((k - 1) * d + 1)) // s + 1 for size, k, s, d, h, t in
+                      zip(shape[2:], kernel, strides, dilations, head, tail))
+    return shape, kernel, strides, dilations, head, tail, out_shape
+
+
+@pytest.mark.parametrize("case", POOLS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int8])
+def test_max_pool(case, dtype, threads, rng):
+    shape, kernel, strides, dilations, head, _, out_shape = _pool_case(case)
+    x = (rng.integers(-128, 127, shape) if dtype == np.int8
+         else rng.standard_normal(shape)).astype(dtype)
+    out = np.empty(shape[:2] + out_shape, dtype)
+    kernels.pool("max", x, out, kernel, strides, dilations, head, None, threads)
+    expected = reference_pool("max", x, out_shape, kernel, strides, dilations, head, None)
+    np.testing.assert_array_equal(out, expected.astype(dtype))
+
+
+@pytest.mark.parametrize("case", [c for c in POOLS if c[3] == (1, 1)])
+@pytest.mark.parametrize("include_pad", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_average_pool(case, include_pad, dtype, threads, rng):
+    shape, kernel, strides, dilations, head, tail, out_shape = _pool_case(case)
+    x = rng.standard_normal(shape).astype(dtype)
+    bounds = tuple((-h, size + t) if include_pad else (0, size)
+                   for h, t, size in zip(head, tail, shape[2:]))
+    out = np.empty(shape[:2] + out_shape, dtype)
+    kernels.pool("average", x, out, kernel, strides, dilations, head, bounds, threads)
+    expected = reference_pool("average", x, out_shape, kernel, strides, dilations, head, bounds)
+    # summed in the dtype: float32 sums of a few terms of order one are within 1e-6 absolute
+    np.testing.assert_allclose(out, expected, rtol=1e-6 if dtype == np.float32 else 1e-13,
+                               atol=1e-6 if dtype == np.float32 else 1e-15)
+
+
+def reference_lrn(x, size, alpha, beta, bias):
+    x = x.astype(np.float64)
+    squares = np.zeros_like(x)
+    for c in range(x.shape[1]):
+        squares[:, c] = (x[:, max(0, c - (size - 1) // 2):c + size // 2 + 1] ** 2).sum(1)
+    return x / (bias + alpha / size * squares) ** beta
+
+
+@pytest.mark.parametrize("shape", [(1, 7, 4, 3), (2, 9, 23, 25), (1, 3, 1, 1)])
+@pytest.mark.parametrize("size,beta", [(5, 0.75), (3, 0.6), (1, 0.75), (4, 1.0)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_lrn(shape, size, beta, dtype, threads, rng):
+    # 23 x 25 pixels: more than one block of LRN_BLOCK, the last one partial
+    x = (rng.standard_normal(shape) * 3).astype(dtype)
+    out = kernels.lrn(x, np.empty_like(x), size, 2e-2, beta, 1.5, threads)
+    np.testing.assert_allclose(out, reference_lrn(x, size, 2e-2, beta, 1.5),
+                               rtol=2e-6 if dtype == np.float32 else 1e-13)
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 3, 7), (1, 3, 40, 41), (3, 4)])
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_affine(shape, relu, dtype, threads, rng):
+    x = rng.standard_normal(shape).astype(dtype)
+    scale, shift = (rng.standard_normal(shape[1]).astype(dtype) for _ in range(2))
+    expected = x * scale.reshape((-1,) + (1,) * (x.ndim - 2)) + \
+        shift.reshape((-1,) + (1,) * (x.ndim - 2))
+    if relu:
+        expected = np.maximum(expected, 0)
+    np.testing.assert_allclose(kernels.affine(x, np.empty_like(x), scale, shift, relu, threads),
+                               expected, rtol=1e-6)
+    kernels.affine(x, x, scale, shift, relu, threads)     # in place
+    np.testing.assert_allclose(x, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("at", ["end", "start"])
+def test_no_access_outside_the_arrays(at, threads, rng):
+    """Every kernel, on edge geometries, with its input and output each flush against an
+    inaccessible page."""
+    shape = (2, 5, 13, 11)
+    x = rng.standard_normal(shape).astype(np.float32)
+    scale, shift = rng.standard_normal(5).astype(np.float32), np.ones(5, np.float32)
+    calls = []   # (out shape, run(x, out))
+    for kind, case in itertools.product(("max", "average"), POOLS[:6]):
+        _, kernel, strides, dilations, head, tail, out_shape = _pool_case((shape,) + case[1:])
+        if kind == "average" and dilations != (1, 1):
+            continue
+        bounds = ((-head[0], 13 + tail[0]), (-head[1], 11 + tail[1]))
+        calls.append((shape[:2] + out_shape,
+                      lambda x, out, args=(kind, kernel, strides, dilations, head, bounds):
+                      kernels.pool(args[0], x, out, *args[1:], threads)))
+    calls.append((shape, lambda x, out: kernels.lrn(x, out, 5, 1e-4, 0.75, 1.0, threads)))
+    calls.append((shape, lambda x, out: kernels.affine(x, out, scale, shift, True, threads)))
+    # compiled here, so that the child only runs
+    expected = [run(x, np.empty(out_shape, np.float32)) for out_shape, run in calls]
+
+    def guarded_runs():
+        for (out_shape, run), want in zip(calls, expected):
+            out = guarded_empty(out_shape, np.float32, at)
+            run(guarded_copy(x, at), out)
+            np.testing.assert_array_equal(out, want)
+
+    failure = in_child(guarded_runs)
+    assert failure is None, f"arrays flush at their {at}: {failure}"
