@@ -81,7 +81,8 @@ class ConvStep:
         self.scale = self.scale * scale
         self.bias = self.bias * scale + shift
 
-    def __call__(self, x, residual=None, buffers=None):
+    def __call__(self, x, residual=None, buffers=None, out=None):
+        """The output (in ``out`` if given, else in an array from ``buffers``)."""
         if self.conv is None:
             with self._lock:
                 if self.conv is None:
@@ -90,17 +91,18 @@ class ConvStep:
             if self.in_place:
                 out = residual
             else:
-                out = buffers.get(residual.shape, residual.dtype) if buffers else \
-                    np.empty_like(residual)
+                if out is None:
+                    out = buffers.get(residual.shape, residual.dtype) if buffers else \
+                        np.empty_like(residual)
                 np.copyto(out, residual)
             return (self.conv(x, out=out),)
-        if buffers is None:
-            return (self.conv(x),)
-        shape = self._output_shapes.get(x.shape)
-        if shape is None:
-            shape = self._output_shapes[x.shape] = \
-                (x.shape[0],) + self.conv.spec_for(x.shape).output_shape[1:]
-        return (self.conv(x, out=buffers.get(shape, x.dtype)),)
+        if out is None and buffers is not None:
+            shape = self._output_shapes.get(x.shape)
+            if shape is None:
+                shape = self._output_shapes[x.shape] = \
+                    (x.shape[0],) + self.conv.spec_for(x.shape).output_shape[1:]
+            out = buffers.get(shape, x.dtype)
+        return (self.conv(x, out=out),)
 
     def _build(self, shape):
         weight, dtype = self.weight, self.weight.dtype

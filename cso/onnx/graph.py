@@ -8,7 +8,7 @@ from typing import Callable
 import numpy as np
 
 from ..threads import get_num_threads
-from . import kernels
+from . import concat, kernels
 from .conv import ConvStep, gemm_as_conv
 from .node import Node, UnsupportedModel
 from .ops import CAPTURES_CONSTANTS, OPERATORS
@@ -23,6 +23,7 @@ class Step:
     inputs: list[str]
     outputs: list[str]
     buffered: bool = False     # run takes ``buffers=`` (a ``Buffers``) for its output array
+    takes_out: bool = False    # run takes ``out=``, an array to make its output in
     frees: list[str] = field(default_factory=list)   # values last used here, dropped after it
 
 
@@ -265,7 +266,8 @@ class Fuser:
         if residual is not None:   # the step runs where the Add is, once its other input is made
             self.deferred[id(add)] = (head, labels, node.inputs[0], residual)
             return None
-        return Step("+".join(labels), head, [node.inputs[0]], [out], buffered=True)
+        return Step("+".join(labels), head, [node.inputs[0]], [out], buffered=True,
+                    takes_out=True)
 
     def residual_of(self, head, add, out):
         """The other input of ``add`` if it can be added in ``head``'s store: an Add or Sum of
@@ -288,7 +290,8 @@ class Fuser:
         labels.append(add.op_type)
         # (an affine operator after the sum would scale the residual too: Relu only)
         out = self.fuse_relu(head, add.outputs[0], labels)
-        return Step("+".join(labels), head, [x, residual], [out], buffered=True)
+        return Step("+".join(labels), head, [x, residual], [out], buffered=True,
+                    takes_out=True)
 
     def fuse_relu(self, head, out, labels):
         """Fuse the Relu that alone reads ``out`` into ``head``; return the output name."""
@@ -303,19 +306,21 @@ class Fuser:
 
 def build_steps(graph):
     """The steps that compute ``graph.outputs`` from its inputs, each value dropped after its
-    last use."""
+    last use, and the values made in their Concat's array ({name: ``concat.Slot``})."""
     read_names = {name for node in graph.nodes for name in node.inputs} | set(graph.outputs)
     for node in graph.nodes:   # optional outputs no one reads (Dropout's mask) are not made
         node.outputs[1:] = [name if name in read_names else "" for name in node.outputs[1:]]
     fold_constants(graph)
     fuser = Fuser(graph)
-    steps = []
+    steps, concat_axes = [], {}
     for node in graph.nodes:
         if id(node) not in fuser.fused:
             fuser.fused.add(id(node))
             step = fuser.step(node)
             if step is not None:
                 steps.append(step)
+                if node.op_type == "Concat":
+                    concat_axes[id(step)] = node.attr("axis")
     last_use = {}   # a value no step reads (Dropout's mask, say) is dropped where it is made
     for index, step in enumerate(steps):
         for name in step.inputs + step.outputs:
@@ -338,4 +343,4 @@ def build_steps(graph):
                                  and producer.buffered and all(
                                      other is step or isinstance(other.run, ConvStep)
                                      for other in steps if residual in other.inputs))
-    return steps
+    return steps, concat.plan(steps, graph, concat_axes)

@@ -31,8 +31,9 @@ class Model:
     Inputs take any batch size (dimension 0); their other dimensions are the ones the model
     was loaded for."""
 
-    def __init__(self, steps, inputs, outputs, constants):
+    def __init__(self, steps, inputs, outputs, constants, slots=None):
         self.steps = steps
+        self.slots = slots or {}        # value -> its concat.Slot (made in a Concat's array)
         self.buffers = Buffers()
         self.inputs = inputs            # name -> (shape loaded for, dtype)
         self.outputs = outputs
@@ -72,15 +73,35 @@ class Model:
         with _blas_threads(get_num_threads()):
             for step in self.steps:
                 start = time.perf_counter() if seconds is not None else 0.0
-                inputs = (values[name] if name else None for name in step.inputs)
-                results = (step.run(*inputs, buffers=self.buffers) if step.buffered
-                           else step.run(*inputs))
+                inputs = [values[name] if name else None for name in step.inputs]
+                options = {"buffers": self.buffers} if step.buffered else {}
+                if step.takes_out:
+                    out = self._placed(step.outputs[0], values, inputs[0])
+                    if out is not None:
+                        options["out"] = out
+                results = step.run(*inputs, **options)
                 values.update((name, value) for name, value in zip(step.outputs, results) if name)
                 for name in step.frees:
                     del values[name]
                 if seconds is not None:
                     seconds[step.label] += time.perf_counter() - start
         return [values[name] for name in names]
+
+    def _placed(self, name, values, like):
+        """The array value ``name`` is to be made in, or None: its channels of its Concat's
+        array (``concat``) at batch 1, that array made here for the first of them; or the
+        Concat's own array, once made."""
+        found = values.get(name)
+        slot = self.slots.get(name)
+        if found is not None or slot is None or like.shape[0] != 1:
+            return found
+        block = values.get(slot.concat)
+        if block is None:
+            block = self._placed(slot.concat, values, like)
+            if block is None:
+                block = self.buffers.get((1,) + slot.shape, like.dtype)
+            values[slot.concat] = block
+        return block[:, slot.first:slot.stop]
 
     def _check_outputs(self, output_names):
         if output_names is None:
@@ -138,8 +159,8 @@ def load(model, input_shapes=None):
         raise TypeError(f"model must be a path or an onnx.ModelProto, got {type(model).__name__}")
     graph = read(model, _input_shapes(model, input_shapes or {}))
     inputs = graph.inputs
-    steps = build_steps(graph)
-    loaded = Model(steps, inputs, graph.outputs, graph.constants)
+    steps, slots = build_steps(graph)
+    loaded = Model(steps, inputs, graph.outputs, graph.constants, slots)
     # a first run on zeros builds every convolution for its input shape: packs its filters and
     # compiles (or loads) its kernels now, not on the user's first call
     loaded.run(None, {name: np.zeros(shape, dtype) for name, (shape, dtype) in inputs.items()})

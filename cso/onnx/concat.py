@@ -1,0 +1,91 @@
+"""Concat along the channels without the copy: the steps that make its inputs write them
+straight into their channels of its output array.
+
+A batch-1 NCHW array's channel slice is contiguous, so a convolution can store into it as into
+an array of its own, and so can another Concat (DenseNet's concatenations grow one layer at a
+time: each is the next one's first input, and all of a dense block's then live in one array,
+copied once instead of once per layer). ``plan`` picks the inputs that can be made in place;
+the model, at run time, hands their steps ``out=`` their slice (``Model._placed``) when the
+batch is 1, and the Concat step copies only what is not already there. At other batch sizes
+the slices are strided, and everything runs as without this.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+from .conv import ConvStep
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where a value is made: channels [first, stop) of the Concat output ``concat``, whose
+    shape after the batch dimension is ``shape``."""
+    concat: str
+    first: int
+    stop: int
+    shape: tuple
+
+
+class ConcatStep:
+    """Concat of NCHW tensors along the channels; ``out=`` (its array, some inputs possibly
+    made in it already) when the model has one for it."""
+
+    def __call__(self, *xs, out=None):
+        if out is None:
+            return (np.concatenate(xs, axis=1),)
+        first = 0
+        for x in xs:
+            stop = first + x.shape[1]
+            slot = out[:, first:stop]
+            if not _same_memory(x, slot):
+                np.copyto(slot, x)
+            first = stop
+        return (out,)
+
+
+def _same_memory(a, b):
+    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+            and a.shape == b.shape and a.strides == b.strides)
+
+
+def _channel_concat(step, node_axis, shapes):
+    """Whether ``step`` is a Concat of 4-D tensors along the channels, of known shapes."""
+    out_shape = shapes.get(step.outputs[0])
+    return (step.label == "Concat" and out_shape is not None and len(out_shape) == 4
+            and node_axis in (1, -3) and all(len(shapes.get(name, ())) == 4
+                                             for name in step.inputs))
+
+
+def plan(steps, graph, axes):
+    """{value: Slot} for the values made in their Concat's array, the Concat steps replaced
+    by ``ConcatStep``s (``axes``: id of a Concat step -> its axis attribute). A value is placed
+    when a step that takes ``out=`` (a convolution, a planned Concat) makes it, the Concat
+    reads it once, no step writes into it (a convolution adding into its residual in place),
+    and neither it nor the Concat is a graph output (the caller keeps those; a slot's array
+    is a reused buffer). Other steps may read it: they read their slice of the array."""
+    readers = {}
+    for step in steps:
+        for name in step.inputs:
+            readers.setdefault(name, []).append(step)
+    made_by = {name: step for step in steps for name in step.outputs}
+    written = {step.inputs[1] for step in steps
+               if isinstance(step.run, ConvStep) and step.run.in_place}
+    slots = {}
+    for step in steps:
+        if id(step) not in axes or not _channel_concat(step, axes[id(step)], graph.shapes):
+            continue
+        step.run = ConcatStep()
+        step.takes_out = True
+        concat = step.outputs[0]
+        first = 0
+        for name in step.inputs:
+            stop = first + graph.shapes[name][1]
+            producer = made_by.get(name)
+            placeable = (producer is not None and producer.takes_out
+                         and step.inputs.count(name) == 1 and name not in written
+                         and name not in graph.outputs and concat not in graph.outputs
+                         and readers[name].count(step) == 1)
+            if placeable:
+                slots[name] = Slot(concat, first, stop, tuple(graph.shapes[concat][1:]))
+            first = stop
+    return slots
