@@ -363,3 +363,72 @@ def test_load_takes_a_path_and_rejects_other_things(tmp_path, rng):
     np.testing.assert_array_equal(cso.onnx.load(path)(feeds["x"]), cso.onnx.load(model)(feeds["x"]))
     with pytest.raises(TypeError, match="model must be a path or an onnx.ModelProto"):
         cso.onnx.load(42)
+
+
+def dense_block(rng, layers=3, k=3, concat_is_output=False, conv_is_output=False):
+    """DenseNet's pattern: each layer's input is the Concat of the block input and every
+    earlier layer's output (a Concat of the previous Concat and a Conv), and each Concat is also
+    read by the next layer's BatchNormalization, Relu and Conv; then a Conv of the last
+    Concat. Optionally the last Concat, or the first Conv, is also a graph output."""
+    inits, nodes, channels, previous = {}, [], k, "x"
+    for i in range(layers):
+        _, bn_inits, bn_attrs = batchnorm(rng, channels, prefix=f"bn{i}")
+        inits.update(bn_inits)
+        inits[f"w{i}"] = (rng.standard_normal((k, channels, 3, 3)) / 4).astype(np.float32)
+        nodes += [helper.make_node("BatchNormalization", [previous] + list(bn_inits), [f"b{i}"],
+                                   **bn_attrs),
+                  helper.make_node("Relu", [f"b{i}"], [f"r{i}"]),
+                  helper.make_node("Conv", [f"r{i}", f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1]),
+                  helper.make_node("Concat", [previous, f"c{i}"], [f"cat{i}"], axis=1)]
+        previous, channels = f"cat{i}", channels + k
+    inits["w_out"] = (rng.standard_normal((2, channels, 1, 1)) / 4).astype(np.float32)
+    nodes.append(helper.make_node("Conv", [previous, "w_out"], ["y"]))
+    outputs = [tensor("y", None)] + ([tensor(previous, None)] if concat_is_output else []) + \
+        ([tensor("c0", None)] if conv_is_output else [])
+    return make_model(nodes, [tensor("x", ["N", k, 6, 7])], outputs, inits)
+
+
+@pytest.mark.parametrize("concat_is_output, conv_is_output", [(False, False), (True, False),
+                                                               (False, True)])
+def test_concat_inputs_are_made_in_the_concat_array(rng, monkeypatch, concat_is_output,
+                                                    conv_is_output):
+    from cso.onnx import concat
+    in_place = []   # per Concat input at batch 1: found in its channels already
+
+    def same_memory(a, b, check=concat._same_memory):
+        in_place.append(check(a, b))
+        return in_place[-1]
+    monkeypatch.setattr(concat, "_same_memory", same_memory)
+    model = dense_block(rng, concat_is_output=concat_is_output, conv_is_output=conv_is_output)
+    loaded = cso.onnx.load(model)
+    # each value is made in its Concat's channels; cat0 and cat1 in cat2's first ones
+    expected = {"c0": ("cat0", 3, 6), "cat0": ("cat1", 0, 6), "c1": ("cat1", 6, 9),
+                "cat1": ("cat2", 0, 9), "c2": ("cat2", 9, 12)}
+    if concat_is_output:   # the caller keeps cat2: nothing is made in it
+        del expected["cat1"], expected["c2"]
+    if conv_is_output:
+        del expected["c0"]
+    assert {name: (s.concat, s.first, s.stop) for name, s in loaded.slots.items()} == expected
+    for batch in (1, 2, 1):   # slices at batch 1, copies at 2; reused arrays the second time
+        in_place.clear()
+        x = rng.standard_normal((batch, 3, 6, 7)).astype(np.float32)
+        assert_matches_onnxruntime(model, {"x": x}, loaded)
+        # at batch 1 every placed value is found in its channels; at 2 the Concats copy all
+        assert in_place.count(True) == (len(expected) if batch == 1 else 0)
+
+
+def test_concat_input_read_in_place_by_a_residual_is_copied(rng):
+    """A value a convolution adds into in place is not made in a Concat's array (the sum
+    would overwrite the Concat's channels)."""
+    inits = {f"w{i}": (rng.standard_normal((3, 3, 3, 3)) / 4).astype(np.float32)
+             for i in range(3)}
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["a", "w1"], ["b"], pads=[1, 1, 1, 1]),
+             helper.make_node("Concat", ["a", "b"], ["cat"], axis=1),
+             helper.make_node("Conv", ["b", "w2"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c", "a"], ["y"])]
+    model = make_model(nodes, [tensor("x", [1, 3, 5, 6])], [tensor("y", None),
+                                                           tensor("cat", None)], inits)
+    loaded = assert_matches_onnxruntime(
+        model, {"x": rng.standard_normal((1, 3, 5, 6)).astype(np.float32)})
+    assert loaded.slots == {}
