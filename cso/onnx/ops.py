@@ -1,4 +1,5 @@
-"""The ONNX operators other than Conv, in vectorised NumPy.
+"""The ONNX operators other than Conv, in vectorised NumPy; MaxPool, AveragePool and LRN run
+compiled kernels (``kernels``) on cso's threads.
 
 ``OPERATORS[op_type](node, constants)`` builds an operator at load time and returns
 ``run(*inputs) -> tuple of outputs`` (one per ``node.outputs`` entry, None for an omitted one).
