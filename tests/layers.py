@@ -1,4 +1,4 @@
-"""Layers the pickling and cso.dask tests share."""
+"""Layers and a model the pickling and cso.dask tests share."""
 import numpy as np
 
 CONV_CASES = {   # Conv2d arguments besides the weight, which has 13 filters (a padded last tile)
@@ -21,3 +21,12 @@ def conv_case(rng, case, channels=13):
     bias = images(rng, (13,)) if kwargs.pop("bias", False) else None
     return weight, bias, kwargs
 
+
+def light_model():
+    """SqueezeNet from the onnx package with random weights, for any batch size (input
+    (batch, 3, 224, 224), output (batch, 1000, 1, 1))."""
+    import onnx
+
+    import cso.onnx
+    from bench.models import batch_generic, model_path, random_weights
+    return cso.onnx.load(batch_generic(random_weights(onnx.load(model_path("squeezenet")))))

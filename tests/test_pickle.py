@@ -9,7 +9,7 @@ import pytest
 
 import cso
 
-from .layers import CONV_CASES, conv_case, images
+from .layers import CONV_CASES, conv_case, images, light_model
 
 
 @pytest.mark.parametrize("case", CONV_CASES)
@@ -36,3 +36,18 @@ def test_conv2d_copy_prepares_its_input_shape(rng):
     assert list(other._by_shape) == list(conv._by_shape)   # prepared when loaded, as conv was
     assert other.plan_for(kwargs["input_shape"]) == conv.plan_for(kwargs["input_shape"])
 
+
+def test_model_pickles_and_copies(rng):
+    pytest.importorskip("onnx")
+    model = light_model()
+    x = images(rng, (2, 3, 224, 224))
+    expected = model(x)
+    convs = [step.run.conv for step in model.steps if step.label.startswith("Conv")]
+    weights = sum(int(np.prod(conv.weight_shape)) * conv.dtype.itemsize for conv in convs)
+    data = pickle.dumps(model)
+    assert len(data) < 1.1 * weights   # not their packed copies
+    copies = [pickle.loads(data), copy.deepcopy(model)]
+    del model
+    gc.collect()
+    for other in copies:
+        assert np.array_equal(other(x), expected)
