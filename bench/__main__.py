@@ -9,6 +9,7 @@ a report: report.md, a self-contained report.html, PNG plots and results.json.
     python -m bench --threads 2 --scaling    # 1 vs 2 threads, each engine in its own process
     python -m bench --models                 # whole ONNX CNNs: cso.onnx vs onnxruntime
     python -m bench --models resnet50,vgg19  # some of them
+    python -m bench --dask                   # images/s: one process vs a 2-worker LocalCluster
 
 ``--threads`` sets every engine's threads: cso's, NumPy's BLAS (which has to happen before NumPy
 is first imported, hence the early parse below), onnxruntime's and PyTorch's.
@@ -49,6 +50,11 @@ def parse_args():
                              "split, load time and peak memory; NAMES comma-separated from "
                              f"{', '.join(MODELS)} (default all; with --quick: "
                              f"{', '.join(QUICK_MODELS)}, batch 1, one sample)")
+    parser.add_argument("--dask", nargs="?", type=int, const=2, default=None, metavar="WORKERS",
+                        help="a mode of its own: images/s of a layer and a model (SqueezeNet, "
+                             "with onnx) over a batch, cso in one process on WORKERS threads "
+                             "against cso.dask on a LocalCluster of WORKERS processes x 1 thread "
+                             "(default 2; needs pip install '.[dask]')")
     parser.add_argument("--isa", default="",
                         help="cso's kernel ISA (avx512, avx2, generic: one this CPU runs; default "
                              "the best), PyTorch's oneDNN capped to match")
@@ -61,6 +67,12 @@ def parse_args():
         parser.error("--tune applies to the main table, not to --schedules, --scaling or --models")
     if opts.models is not None and (opts.schedules or opts.scaling):
         parser.error("--models is a mode of its own: not with --schedules or --scaling")
+    if opts.dask is not None and (opts.models is not None or opts.schedules or opts.scaling
+                                  or opts.tune):
+        parser.error("--dask is a mode of its own: not with --models, --schedules, --scaling "
+                     "or --tune")
+    if opts.dask is not None and opts.dask < 1:
+        parser.error(f"--dask: WORKERS must be at least 1, got {opts.dask}")
     if opts.threads < 1 or opts.repeat < 1:
         parser.error(f"--threads and --repeat must be at least 1, got {opts.threads} and {opts.repeat}")
     if opts.scaling and opts.threads < 2:
@@ -158,9 +170,31 @@ def main_models():
     print(f"\nReport written: {', '.join(paths)}")
 
 
+def main_dask():
+    import importlib.util
+    if not all(importlib.util.find_spec(m) for m in ("dask", "distributed")):
+        parser.error("--dask needs dask and distributed: pip install '.[dask]'")
+    from . import dask
+    workers, repeat = opts.dask, 1 if opts.quick else opts.repeat
+    facts, _ = report.machine_facts(workers)
+    facts += [
+        ("Batch", f"{dask.BATCH} images in chunks of {dask.CHUNK}, float32, made on the workers "
+                  f"and kept there"),
+        ("Timing", f"median of {repeat} sample{'s' * (repeat > 1)} after a warm-up, in turn: cso "
+                   f"in this process on {workers} thread{'s' * (workers > 1)}, and a computation "
+                   f"on a LocalCluster of {workers} worker process{'es' * (workers > 1)} x 1 "
+                   f"thread, outputs gathered here (checked: the same bits)"),
+    ]
+    report.print_facts(facts)
+    print(flush=True)
+    report.print_dask(dask.measure(workers, repeat))
+
+
 def main():
     if opts.models is not None:
         return main_models()
+    if opts.dask is not None:
+        return main_dask()
     specs, engines = selected_specs(), selected_engines()
     if opts.tune:
         CSO_OPTIONS["tune"] = True

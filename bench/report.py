@@ -235,6 +235,15 @@ def geomean(values):
     return exp(sum(map(log, values)) / len(values))
 
 
+def print_dask(results):
+    """``results`` from ``bench.dask.measure``: a row per workload."""
+    from .dask import HEADER, rows
+    table = rows(results)
+    widths = [max(len(r[0]) for r in table) + 2] + [len(h) + 2 for h in HEADER[1:]]
+    for row in [HEADER] + table:
+        print(_line(row, widths))
+
+
 def print_models(results):
     """``results`` from ``bench.models.measure``: a row per model and batch, then the geomean
     speedup per batch."""

@@ -71,7 +71,9 @@ class Conv2d:
     depthwise plans). ``tune=True`` times CSA's best-ranked plans for each new input shape (and
     thread count) and runs the fastest (``cso.autotune``: about a second per shape, once per
     machine). Everything compiled and tuned is kept in the persistent cache (``CSO_CACHE_DIR``,
-    see ``microkernels.cache``): a later process loads it."""
+    see ``microkernels.cache``): a later process loads it. A Conv2d pickles and deep-copies as
+    its filters, bias and arguments: the copy packs and prepares itself again when loaded
+    (``cso.dask`` ships layers to other processes this way)."""
 
     def __init__(self, weight: np.ndarray, bias: Optional[np.ndarray] = None,
                  stride: IntPair = 1, padding: Padding = 0, dilation: IntPair = 1,
@@ -101,6 +103,14 @@ class Conv2d:
         self.weight_shape = weight.shape
         self.bias = np.empty(0, self.dtype) if bias is None else np.array(bias, copy=True)
         self._by_shape = {}
+        # what a copy is built from besides the filters and bias (pickling, ``copy.deepcopy``)
+        self._arguments = dict(
+            stride=self.stride, dilation=self.dilation, groups=self.groups,
+            padding=self.padding if self.padding == "same" else (self.padding[:2],
+                                                                  self.padding[2:]),
+            activation=self.activation, input_shape=None if input_shape is None
+            else tuple(input_shape), plan_overrides=dict(plan_overrides or {}), isa=isa,
+            tune=tune, accumulate=accumulate)
         if input_shape is None:
             nf = csa.filters_per_tile(host_machine(self.isa), self.dtype.itemsize, depthwise)
         else:   # compile (or load) now what calls on that shape run
@@ -211,12 +221,27 @@ class Conv2d:
         ``shape``."""
         return self._prepared(tuple(shape), self.dtype, get_num_threads()).kernel
 
+    def __reduce__(self):
+        # a copy carries the filters, bias and arguments, not what this process made of them
+        # (compiled code, locks, packed filters): it packs and prepares again where it is
+        # loaded, from the persistent compilation cache. Packing is a permutation, so the
+        # filters come back exactly from any packing (none is kept unpacked).
+        with _tables:
+            any_packed = next(iter(self._packed.values()))
+        weight = unpack_filters(any_packed, self.weight_shape[0])
+        return _rebuild, (weight, self.bias if self.bias.size else None, self._arguments)
+
     def __repr__(self):
         return (f"Conv2d(weight {self.weight_shape} {self.dtype}, stride={self.stride}, "
                 f"padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
                 f"activation={self.activation}, isa={self.isa}"
                 + (", accumulate=True" if self.accumulate else "")
                 + (", tune=True)" if self.tune else ")"))
+
+
+def _rebuild(weight, bias, arguments):
+    """A ``Conv2d`` unpickled: built again from what ``Conv2d.__reduce__`` kept."""
+    return Conv2d(weight, bias, **arguments)
 
 
 def _output(shape, dtype):

@@ -104,6 +104,8 @@ def test_measure_scaling_checks_and_times_both_thread_counts():
     (["--scaling"], "--scaling compares 1 thread with --threads"),
     (["--scaling", "--threads", "2", "--engines", "cso,im2col"], "--engines with --scaling"),
     (["--isa", "avx9"], "--isa: unknown ISA 'avx9'"),
+    (["--dask", "0"], "--dask: WORKERS must be at least 1"),
+    (["--dask", "--models"], "--dask is a mode of its own"),
 ])
 def test_bench_rejects_bad_options(argv, message):
     result = run_bench(*argv, timeout=120)

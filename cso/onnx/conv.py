@@ -48,7 +48,20 @@ def explicit_pads(auto_pad, pads, size, kernel, stride, dilation):
     return tuple(s if auto_pad == "SAME_UPPER" else s[::-1] for s in sides)
 
 
-class ConvStep:
+class _BuiltOnce:
+    """A step that builds its Conv2d on first use under ``self._lock``: it pickles without the
+    lock (the Conv2d pickles as its filters and arguments), and the copy gets a lock of its
+    own."""
+
+    def __getstate__(self):
+        return {name: value for name, value in self.__dict__.items() if name != "_lock"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+
+class ConvStep(_BuiltOnce):
     """A Conv node and what was folded into it: ``step(x)`` runs it. The Conv2d is built on the
     first call, which the loader makes on the model's input shape, so that its filters are
     packed and its loop nest compiled for that shape at load time."""
@@ -121,7 +134,7 @@ class ConvStep:
         return conv
 
 
-class GemmStep:
+class GemmStep(_BuiltOnce):
     """Gemm with a constant B, ``alpha * A @ B (+ beta * C)``, as a 1x1 ``Conv2d`` on cso's own
     threads: A's M rows are the M positions of a one-column image, B's N columns the filters,
     C (one value per column) the bias. (NumPy's BLAS would bring threads of its own, which

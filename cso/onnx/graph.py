@@ -83,11 +83,27 @@ def _shapes(proto, inputs, constants):
 
 def operator(node, constants):
     """The run function of a node that has no fused form."""
-    build = OPERATORS.get(node.op_type)
-    if build is None:
+    if node.op_type not in OPERATORS:
         raise node.error(f"operator {node.op_type} is not supported (supported: Conv, "
                          f"{', '.join(sorted(OPERATORS))})")
-    return build(node, constants)
+    return Operator(node, constants)
+
+
+class Operator:
+    """An operator of ``ops`` for ``node``, callable as its run function. The run function is a
+    closure, which does not pickle: an Operator pickles as its node and the constants the node
+    reads, and is built again from them when loaded."""
+
+    def __init__(self, node, constants):
+        self.node = node
+        self.constants = {name: constants[name] for name in node.inputs if name in constants}
+        self.run = OPERATORS[node.op_type](node, constants)
+
+    def __call__(self, *inputs):
+        return self.run(*inputs)
+
+    def __reduce__(self):
+        return Operator, (self.node, self.constants)
 
 
 def fold_constants(graph):

@@ -40,6 +40,13 @@ class Model:
         used = {name for step in steps for name in step.inputs} | set(outputs)
         self.constants = {name: constants[name] for name in used if name in constants}
 
+    def __getstate__(self):   # pickled and copied without the arrays it reuses
+        return {name: value for name, value in self.__dict__.items() if name != "buffers"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.buffers = Buffers()
+
     @property
     def input_names(self):
         return list(self.inputs)
