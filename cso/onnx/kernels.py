@@ -12,7 +12,9 @@ first use and cached on disk by numba (``cache=True``).
 import math
 
 import numpy as np
+from llvmlite import ir
 from numba import cfunc, from_dtype, njit, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from microkernels.once import compiled_once
@@ -21,6 +23,7 @@ from ..threads import run_parts
 
 PART_SIGNATURE = types.void(types.CPointer(types.int64), types.int64)
 PARTS_PER_THREAD = 4   # shares smaller than a thread's so that an uneven part evens out
+VECTOR_BYTES = 32      # a pool pass's vectors: AVX2's (twice NEON's, half AVX-512's)
 LRN_BLOCK = 256        # pixels an LRN part sums over at a time: channels x block stay in L2
 
 
@@ -48,71 +51,166 @@ def _share(part, parts, total):
     return part * total // parts, (part + 1) * total // parts
 
 
-@njit(inline="always")
-def _taps(first, count, size, stride):
-    """[lo, hi) of the outputs o whose tap o * stride + first (``first`` the tap's offset
-    for output 0) lies in [0, size), over ``count`` outputs."""
-    lo = 0 if first >= 0 else (-first + stride - 1) // stride
-    hi = 0 if size <= first else min(count, (size - 1 - first) // stride + 1)
-    return lo, max(lo, hi)
+def _reduce_vectors(is_max):
+    """An intrinsic ``reduce(dst, src, step, count, stride)``: the vector of ``VECTOR_BYTES``
+    at ``dst`` (a pointer) set to the max (``is_max``) or the sum of ``count`` vectors read
+    from the addresses ``src + t * step``, each of the elements ``stride`` (a constant)
+    apart; the reduction's identity when ``count`` is 0. Stride 2 reads two vectors and
+    keeps their even elements, so it reads an element past the last one it uses. (numba
+    leaves the SLP vectoriser off and its loop vectoriser needs rows of 32 or more.)"""
+
+    @intrinsic
+    def reduce(typingctx, dst, src, step, count, stride):
+        element_type = dst.dtype
+        if not isinstance(stride, types.IntegerLiteral):
+            return None   # numba types a constant as a literal first
+        stride_value = stride.literal_value
+
+        def codegen(context, builder, signature, args):
+            dst_address, src, step, count = args[:4]
+            scalar = context.get_value_type(element_type)
+            lanes = VECTOR_BYTES // context.get_abi_sizeof(scalar)
+            vector = ir.VectorType(scalar, lanes)
+            floating = isinstance(element_type, types.Float)
+            if is_max:
+                lowest = -np.inf if floating else np.iinfo(str(element_type)).min
+            identity = ir.Constant(vector, [lowest if is_max else 0] * lanes)
+            acc = cgutils.alloca_once_value(builder, identity)
+            with cgutils.for_range(builder, count) as loop:
+                address = builder.add(src, builder.mul(loop.index, step))
+                pointer = builder.inttoptr(address, vector.as_pointer())
+                if stride_value == 1:
+                    value = builder.load(pointer, align=1)
+                elif stride_value == 2:
+                    pair = (builder.load(pointer, align=1),
+                            builder.load(builder.gep(pointer, [ir.Constant(ir.IntType(64), 1)]),
+                                         align=1))
+                    value = builder.shuffle_vector(*pair, ir.Constant(
+                        ir.VectorType(ir.IntType(32), lanes), list(range(0, 2 * lanes, 2))))
+                else:
+                    first = builder.inttoptr(address, scalar.as_pointer())
+                    value = ir.Constant(vector, ir.Undefined)
+                    for lane in range(lanes):
+                        element = builder.gep(first, [ir.Constant(ir.IntType(64),
+                                                                  lane * stride_value)])
+                        value = builder.insert_element(value, builder.load(element, align=1),
+                                                       ir.Constant(ir.IntType(32), lane))
+                old = builder.load(acc)
+                if not is_max:
+                    new = builder.fadd(old, value) if floating else builder.add(old, value)
+                elif floating:   # value > acc ? value : acc, the x86 max (see _larger)
+                    new = builder.select(builder.fcmp_ordered(">", value, old), value, old)
+                else:
+                    compare = builder.icmp_signed if element_type.signed else \
+                        builder.icmp_unsigned
+                    new = builder.select(compare(">", value, old), value, old)
+                builder.store(new, acc)
+            builder.store(builder.load(acc), builder.bitcast(dst_address, vector.as_pointer()),
+                          align=1)
+            return context.get_dummy_value()
+        return types.void(dst, types.int64, types.int64, types.int64, stride), codegen
+    return reduce
+
+
+_vector_max, _vector_sum = _reduce_vectors(True), _reduce_vectors(False)
 
 
 def _pool_part(kind, dtype, kh, kw, sw, dw):
     """The pool part function of ``kind`` "max" or "average" for windows of ``kh`` x ``kw``
-    taps ``dw`` columns apart, ``sw`` columns from one output to the next: constants, so that
-    the taps unroll and the loop along an output row vectorises, each output reduced in a
-    register. Args: x, out, planes, H, W, OH, OW, sh, dh, top, left, then for "average" the
-    rows [row_lo, row_hi) and columns [col_lo, col_hi) a window's divisor counts, and the
-    parts. The windows of a row that hang over the image's edges take a path that checks
-    each tap."""
+    taps ``dw`` columns apart, ``sw`` columns from one output to the next. Args: x, out,
+    planes, H, W, OH, OW, sh, dh, top, left, then for "average" the rows [row_lo, row_hi) and
+    columns [col_lo, col_hi) a window's divisor counts, then a scratch array of ``span``
+    elements per part, ``span`` and the parts.
+
+    Separable, each output row in two passes: the rows of its windows that lie in the image
+    reduced column by column into a scratch row, which holds the image's row after ``left``
+    cells of padding and before the right padding's (the reduction's identity, written once),
+    then each output reduced along that row. Both go a vector of columns at a time, the last
+    one overlapping the one before (each writes what it computes from its inputs alone); rows
+    narrower than a vector go element by element."""
     typ = from_dtype(dtype)
     is_max = kind == "max"
-    lowest = typ(-np.inf if dtype.kind == "f" else np.iinfo(dtype).min)
-    full = typ(1 / (kh * kw)) if not is_max else typ(1)
+    identity = typ(-np.inf if dtype.kind == "f" else np.iinfo(dtype).min) if is_max else typ(0)
+    item = dtype.itemsize
+    lanes = VECTOR_BYTES // item
+    reduce = _vector_max if is_max else _vector_sum
+
+    @njit(inline="always")
+    def combine(acc, value):
+        return _larger(acc, value) if is_max else acc + value
+
+    @njit(inline="always")
+    def down(args, plane, r, row_at):
+        """The rows of output row ``r``'s windows reduced into the scratch row at ``row_at``."""
+        h, w, sh, dh, top, left = args[3], args[4], args[7], args[8], args[9], args[10]
+        y0 = r * sh - top
+        i_lo, i_hi = 0, kh   # the window's taps on rows in the image (no divisions)
+        while i_lo < kh and y0 + i_lo * dh < 0:
+            i_lo += 1
+        while i_hi > i_lo and y0 + (i_hi - 1) * dh >= h:
+            i_hi -= 1
+        source = args[0] + ((plane * h + y0 + i_lo * dh) * w) * item
+        if w >= lanes:
+            for b in range(0, w, lanes):
+                c = min(b, w - lanes)
+                reduce(_pointer(row_at + (left + c) * item, typ), source + c * item,
+                       dh * w * item, i_hi - i_lo, 1)
+        else:
+            row = _pointer(row_at, typ)
+            for c in range(w):
+                acc = identity
+                for i in range(i_lo, i_hi):
+                    acc = combine(acc, _pointer(source, typ)[(i - i_lo) * dh * w + c])
+                row[left + c] = acc
+
+    @njit(inline="always")
+    def across(args, plane, r, row_at, inverse):
+        """Output row ``r`` reduced along the scratch row at ``row_at``; an average's divided
+        by its taps inside [row_lo, row_hi) x [col_lo, col_hi), ``inverse`` holding the
+        columns' part."""
+        oh, ow = args[5], args[6]
+        out_at = args[1] + (plane * oh + r) * ow * item
+        out, row = _pointer(out_at, typ), _pointer(row_at, typ)
+        if ow >= lanes:
+            for b in range(0, ow, lanes):
+                o = min(b, ow - lanes)
+                reduce(_pointer(out_at + o * item, typ), row_at + o * sw * item, dw * item,
+                       kw, sw)
+        else:
+            for o in range(ow):
+                acc = row[o * sw]
+                for j in range(1, kw):
+                    acc = combine(acc, row[o * sw + j * dw])
+                out[o] = acc
+        if not is_max:
+            y0 = r * args[7] - args[9]
+            rows = typ(1) / typ(min(y0 + kh, args[12]) - max(y0, args[11]))
+            for o in range(ow):
+                out[o] *= inverse[o] * rows
 
     def part(args, index):
-        x, out = _pointer(args[0], typ), _pointer(args[1], typ)
-        h, w, oh, ow, sh, dh, top, left = (args[3], args[4], args[5], args[6], args[7],
-                                           args[8], args[9], args[10])
-        row_lo, row_hi, col_lo, col_hi = args[11], args[12], args[13], args[14]
-        # the outputs [inside_lo, inside_hi) of a row whose windows lie inside it
-        inside_lo = _taps(-left, ow, w, sw)[0]
-        inside_hi = max(inside_lo, _taps((kw - 1) * dw - left, ow, w, sw)[1])
-        first, last = _share(index, args[15], args[2])
+        ow, left, span = args[6], args[10], args[16]
+        # the part's scratch: two rows (one reduced while the other is read) and the inverse
+        # column counts of an average's windows
+        rows_at = args[15] + index * (2 * span + ow) * item
+        rows, inverse = _pointer(rows_at, typ), _pointer(rows_at + 2 * span * item, typ)
+        for column in range(2 * span):
+            rows[column] = identity
+        if not is_max:
+            for o in range(ow):
+                x0 = o * sw - left
+                inverse[o] = typ(1) / typ(min(x0 + kw, args[14]) - max(x0, args[13]))
+        first, last = _share(index, args[17], args[2])
         for plane in range(first, last):
-            for r in range(oh):
-                at = (plane * oh + r) * ow          # out[at + o]
-                y0 = r * sh - top
-                inside = y0 >= 0 and y0 + (kh - 1) * dh < h
-                lo, hi = (inside_lo, inside_hi) if inside else (0, 0)
-                start = (plane * h + y0) * w - left   # the window of output o: x[start + o * sw]
-                for o in range(lo, hi):
-                    acc = x[start + o * sw]
-                    for i in range(kh):
-                        for j in range(kw):
-                            if i or j:
-                                value = x[start + o * sw + i * dh * w + j * dw]
-                                acc = _larger(acc, value) if is_max else acc + value
-                    out[at + o] = acc if is_max else acc * full
-                o = 0
-                while o < ow:   # the windows over an edge, tap by tap
-                    if o == lo < hi:
-                        o = hi
-                        continue
-                    x0 = o * sw - left
-                    acc = lowest if is_max else typ(0)
-                    for i in range(kh):
-                        y = y0 + i * dh
-                        for j in range(kw):
-                            column = x0 + j * dw
-                            if 0 <= y < h and 0 <= column < w:
-                                value = x[(plane * h + y) * w + column]
-                                acc = _larger(acc, value) if is_max else acc + value
-                    if not is_max:   # the taps inside [row_lo, row_hi) x [col_lo, col_hi)
-                        acc /= ((min(y0 + kh, row_hi) - max(y0, row_lo))
-                                * (min(x0 + kw, col_hi) - max(x0, col_lo)))
-                    out[at + o] = acc
-                    o += 1
+            # each row's second pass one row behind its first: its loads do not wait for the
+            # stores just made
+            for r in range(args[5]):
+                down(args, plane, r, rows_at + (r & 1) * span * item)
+                if r:
+                    across(args, plane, r - 1, rows_at + ((r - 1) & 1) * span * item, inverse)
+            r = args[5] - 1
+            if r >= 0:
+                across(args, plane, r, rows_at + (r & 1) * span * item, inverse)
     return part
 
 
@@ -179,10 +277,15 @@ def _compiled(maker, *key):
     return cfunc(PART_SIGNATURE, cache=True, error_model="numpy")(maker(*key))
 
 
+def _parts(work, threads):
+    """How many parts ``work`` units are run in on up to ``threads`` threads."""
+    return max(1, min(work, threads * PARTS_PER_THREAD if threads > 1 else 1))
+
+
 def _run(function, args, work, threads):
     """Run ``function`` over ``work`` units in parts on up to ``threads`` threads; ``args``
     (int64) ends with the part count, which is set here."""
-    parts = max(1, min(work, threads * PARTS_PER_THREAD if threads > 1 else 1))
+    parts = _parts(work, threads)
     args[-1] = parts
     run_parts(function, args.ctypes.data, parts, threads)
 
@@ -194,9 +297,15 @@ def pool(kind, x, out, kernel, strides, dilations, head, count_bounds, threads):
     ``count_bounds`` ((row_lo, row_hi), (col_lo, col_hi)), in the image's coordinates (None
     for "max")."""
     n, c, h, w = x.shape
+    oh, ow = out.shape[2:]
     (row_lo, row_hi), (col_lo, col_hi) = count_bounds or ((0, 0), (0, 0))
-    args = np.array([x.ctypes.data, out.ctypes.data, n * c, h, w, *out.shape[2:], strides[0],
-                     dilations[0], *head, row_lo, row_hi, col_lo, col_hi, 0], np.int64)
+    # the scratch row: the left padding, the image's row, what the last window reaches past
+    # it, and the element a stride-2 vector reads past that
+    span = max(head[1] + w, (ow - 1) * strides[1] + (kernel[1] - 1) * dilations[1] + 1) + 1
+    rows = np.empty(_parts(n * c, threads) * (2 * span + ow), x.dtype)
+    args = np.array([x.ctypes.data, out.ctypes.data, n * c, h, w, oh, ow, strides[0],
+                     dilations[0], *head, row_lo, row_hi, col_lo, col_hi, rows.ctypes.data,
+                     span, 0], np.int64)
     function = _compiled(_pool_part, kind, x.dtype, *kernel, strides[1], dilations[1])
     _run(function.address, args, n * c, threads)
     return out
