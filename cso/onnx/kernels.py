@@ -51,20 +51,21 @@ def _share(part, parts, total):
     return part * total // parts, (part + 1) * total // parts
 
 
-def _reduce_vectors(is_max):
+def _reduce_vectors(is_max, scaled=False):
     """An intrinsic ``reduce(dst, src, step, count, stride)``: the vector of ``VECTOR_BYTES``
     at ``dst`` (a pointer) set to the max (``is_max``) or the sum of ``count`` vectors read
     from the addresses ``src + t * step``, each of the elements ``stride`` (a constant)
     apart; the reduction's identity when ``count`` is 0. Stride 2 reads two vectors and
-    keeps their even elements, so it reads an element past the last one it uses. (numba
-    leaves the SLP vectoriser off and its loop vectoriser needs rows of 32 or more.)"""
+    keeps their even elements, so it reads an element past the last one it uses. A
+    ``scaled`` sum takes two more arguments, a pointer to a vector of ``scales`` and a
+    ``factor``, and multiplies by both. (numba leaves the SLP vectoriser off and its loop
+    vectoriser needs rows of 32 or more.)"""
 
-    @intrinsic
-    def reduce(typingctx, dst, src, step, count, stride):
-        element_type = dst.dtype
+    def typed(dst, stride):
+        """The signature and code of a call with these types, or None (see ``stride``)."""
         if not isinstance(stride, types.IntegerLiteral):
             return None   # numba types a constant as a literal first
-        stride_value = stride.literal_value
+        element_type, stride_value = dst.dtype, stride.literal_value
 
         def codegen(context, builder, signature, args):
             dst_address, src, step, count = args[:4]
@@ -105,14 +106,33 @@ def _reduce_vectors(is_max):
                         builder.icmp_unsigned
                     new = builder.select(compare(">", value, old), value, old)
                 builder.store(new, acc)
-            builder.store(builder.load(acc), builder.bitcast(dst_address, vector.as_pointer()),
-                          align=1)
+            result = builder.load(acc)
+            if scaled:
+                scales = builder.load(builder.bitcast(args[5], vector.as_pointer()), align=1)
+                factor = builder.insert_element(ir.Constant(vector, ir.Undefined), args[6],
+                                                ir.Constant(ir.IntType(32), 0))
+                factor = builder.shuffle_vector(factor, ir.Constant(vector, ir.Undefined),
+                                                ir.Constant(ir.VectorType(ir.IntType(32), lanes),
+                                                            [0] * lanes))
+                result = builder.fmul(builder.fmul(result, scales), factor)
+            builder.store(result, builder.bitcast(dst_address, vector.as_pointer()), align=1)
             return context.get_dummy_value()
-        return types.void(dst, types.int64, types.int64, types.int64, stride), codegen
+        extra = (dst, element_type) if scaled else ()
+        return types.void(dst, types.int64, types.int64, types.int64, stride, *extra), codegen
+
+    if scaled:
+        @intrinsic
+        def reduce(typingctx, dst, src, step, count, stride, scales, factor):
+            return typed(dst, stride)
+    else:
+        @intrinsic
+        def reduce(typingctx, dst, src, step, count, stride):
+            return typed(dst, stride)
     return reduce
 
 
 _vector_max, _vector_sum = _reduce_vectors(True), _reduce_vectors(False)
+_vector_scaled_sum = _reduce_vectors(False, scaled=True)
 
 
 def _pool_part(kind, dtype, kh, kw, sw, dw):
@@ -164,36 +184,40 @@ def _pool_part(kind, dtype, kh, kw, sw, dw):
                 row[left + c] = acc
 
     @njit(inline="always")
-    def across(args, plane, r, row_at, inverse):
+    def across(args, plane, r, row_at, inverse_at):
         """Output row ``r`` reduced along the scratch row at ``row_at``; an average's divided
-        by its taps inside [row_lo, row_hi) x [col_lo, col_hi), ``inverse`` holding the
+        by its taps inside [row_lo, row_hi) x [col_lo, col_hi), ``inverse_at`` holding the
         columns' part."""
         oh, ow = args[5], args[6]
         out_at = args[1] + (plane * oh + r) * ow * item
         out, row = _pointer(out_at, typ), _pointer(row_at, typ)
+        y0 = r * args[7] - args[9]
+        rows = typ(1) if is_max else typ(1) / typ(min(y0 + kh, args[12]) - max(y0, args[11]))
+        inverse = _pointer(inverse_at, typ)
         if ow >= lanes:
             for b in range(0, ow, lanes):
                 o = min(b, ow - lanes)
-                reduce(_pointer(out_at + o * item, typ), row_at + o * sw * item, dw * item,
-                       kw, sw)
+                if is_max:
+                    _vector_max(_pointer(out_at + o * item, typ), row_at + o * sw * item,
+                                dw * item, kw, sw)
+                else:
+                    _vector_scaled_sum(_pointer(out_at + o * item, typ), row_at + o * sw * item,
+                                       dw * item, kw, sw, _pointer(inverse_at + o * item, typ),
+                                       rows)
         else:
             for o in range(ow):
                 acc = row[o * sw]
                 for j in range(1, kw):
                     acc = combine(acc, row[o * sw + j * dw])
-                out[o] = acc
-        if not is_max:
-            y0 = r * args[7] - args[9]
-            rows = typ(1) / typ(min(y0 + kh, args[12]) - max(y0, args[11]))
-            for o in range(ow):
-                out[o] *= inverse[o] * rows
+                out[o] = acc if is_max else acc * inverse[o] * rows
 
     def part(args, index):
         ow, left, span = args[6], args[10], args[16]
         # the part's scratch: two rows (one reduced while the other is read) and the inverse
         # column counts of an average's windows
         rows_at = args[15] + index * (2 * span + ow) * item
-        rows, inverse = _pointer(rows_at, typ), _pointer(rows_at + 2 * span * item, typ)
+        inverse_at = rows_at + 2 * span * item
+        rows, inverse = _pointer(rows_at, typ), _pointer(inverse_at, typ)
         for column in range(2 * span):
             rows[column] = identity
         if not is_max:
@@ -207,10 +231,10 @@ def _pool_part(kind, dtype, kh, kw, sw, dw):
             for r in range(args[5]):
                 down(args, plane, r, rows_at + (r & 1) * span * item)
                 if r:
-                    across(args, plane, r - 1, rows_at + ((r - 1) & 1) * span * item, inverse)
+                    across(args, plane, r - 1, rows_at + ((r - 1) & 1) * span * item, inverse_at)
             r = args[5] - 1
             if r >= 0:
-                across(args, plane, r, rows_at + (r & 1) * span * item, inverse)
+                across(args, plane, r, rows_at + (r & 1) * span * item, inverse_at)
     return part
 
 
