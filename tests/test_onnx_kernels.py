@@ -3,6 +3,9 @@ NumPy references: geometries that leave edges on every side (windows over the pa
 shorter and longer than a vector, strides and dilations), float32, float64 and int8, one and
 two threads with work that does not split evenly, and arrays flush against guard pages."""
 import itertools
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -10,6 +13,7 @@ import pytest
 import cso
 from cso.onnx import kernels
 
+from .children import CHILD_CWD
 from .guarded import guarded_copy, guarded_empty, in_child
 
 
@@ -157,3 +161,25 @@ def test_no_access_outside_the_arrays(at, threads, rng):
 
     failure = in_child(guarded_runs)
     assert failure is None, f"arrays flush at their {at}: {failure}"
+
+
+def test_a_new_process_loads_the_kernels_from_numba_cache(tmp_path):
+    """Each kernel compiled once is loaded from numba's disk cache by the next process, not
+    compiled again (a closure value numba cannot pickle the same way twice, such as a
+    dispatcher, would give every process a cache key of its own: seconds per model load)."""
+    child = """if True:
+        import numpy as np
+        from cso.onnx import kernels
+        x = np.ones((1, 3, 9, 20), np.float32)
+        made = [kernels._compiled(kernels._pool_part, kind, x.dtype, 3, 3, 2, 1)
+                for kind in ("max", "average")]
+        made += [kernels._compiled(kernels._lrn_part, x.dtype),
+                 kernels._compiled(kernels._affine_part, True, x.dtype)]
+        kernels.pool("max", x, np.empty((1, 3, 4, 9), np.float32), (3, 3), (2, 2), (1, 1),
+                     (0, 0), None, 1)
+        print(sum(f.cache_hits for f in made))
+    """
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    hits = [subprocess.run([sys.executable, "-c", child], cwd=CHILD_CWD, env=env, check=True,
+                           capture_output=True, text=True).stdout.split()[-1] for _ in range(2)]
+    assert hits == ["0", "4"]

@@ -148,93 +148,86 @@ def _pool_part(kind, dtype, kh, kw, sw, dw):
     then each output reduced along that row. Both go a vector of columns at a time, the last
     one overlapping the one before (each writes what it computes from its inputs alone); rows
     narrower than a vector go element by element."""
+    # closure values are plain constants: numba keys its disk cache on them, and a
+    # dispatcher or an intrinsic here would make a new key in every process
     typ = from_dtype(dtype)
     is_max = kind == "max"
     identity = typ(-np.inf if dtype.kind == "f" else np.iinfo(dtype).min) if is_max else typ(0)
     item = dtype.itemsize
     lanes = VECTOR_BYTES // item
-    reduce = _vector_max if is_max else _vector_sum
-
-    @njit(inline="always")
-    def combine(acc, value):
-        return _larger(acc, value) if is_max else acc + value
-
-    @njit(inline="always")
-    def down(args, plane, r, row_at):
-        """The rows of output row ``r``'s windows reduced into the scratch row at ``row_at``."""
-        h, w, sh, dh, top, left = args[3], args[4], args[7], args[8], args[9], args[10]
-        y0 = r * sh - top
-        i_lo, i_hi = 0, kh   # the window's taps on rows in the image (no divisions)
-        while i_lo < kh and y0 + i_lo * dh < 0:
-            i_lo += 1
-        while i_hi > i_lo and y0 + (i_hi - 1) * dh >= h:
-            i_hi -= 1
-        source = args[0] + ((plane * h + y0 + i_lo * dh) * w) * item
-        if w >= lanes:
-            for b in range(0, w, lanes):
-                c = min(b, w - lanes)
-                reduce(_pointer(row_at + (left + c) * item, typ), source + c * item,
-                       dh * w * item, i_hi - i_lo, 1)
-        else:
-            row = _pointer(row_at, typ)
-            for c in range(w):
-                acc = identity
-                for i in range(i_lo, i_hi):
-                    acc = combine(acc, _pointer(source, typ)[(i - i_lo) * dh * w + c])
-                row[left + c] = acc
-
-    @njit(inline="always")
-    def across(args, plane, r, row_at, inverse_at):
-        """Output row ``r`` reduced along the scratch row at ``row_at``; an average's divided
-        by its taps inside [row_lo, row_hi) x [col_lo, col_hi), ``inverse_at`` holding the
-        columns' part."""
-        oh, ow = args[5], args[6]
-        out_at = args[1] + (plane * oh + r) * ow * item
-        out, row = _pointer(out_at, typ), _pointer(row_at, typ)
-        y0 = r * args[7] - args[9]
-        rows = typ(1) if is_max else typ(1) / typ(min(y0 + kh, args[12]) - max(y0, args[11]))
-        inverse = _pointer(inverse_at, typ)
-        if ow >= lanes:
-            for b in range(0, ow, lanes):
-                o = min(b, ow - lanes)
-                if is_max:
-                    _vector_max(_pointer(out_at + o * item, typ), row_at + o * sw * item,
-                                dw * item, kw, sw)
-                else:
-                    _vector_scaled_sum(_pointer(out_at + o * item, typ), row_at + o * sw * item,
-                                       dw * item, kw, sw, _pointer(inverse_at + o * item, typ),
-                                       rows)
-        else:
-            for o in range(ow):
-                acc = row[o * sw]
-                for j in range(1, kw):
-                    acc = combine(acc, row[o * sw + j * dw])
-                out[o] = acc if is_max else acc * inverse[o] * rows
 
     def part(args, index):
-        ow, left, span = args[6], args[10], args[16]
+        h, w, oh, ow, sh, dh, top, left = (args[3], args[4], args[5], args[6], args[7],
+                                           args[8], args[9], args[10])
+        span = args[16]
         # the part's scratch: two rows (one reduced while the other is read) and the inverse
         # column counts of an average's windows
         rows_at = args[15] + index * (2 * span + ow) * item
         inverse_at = rows_at + 2 * span * item
-        rows, inverse = _pointer(rows_at, typ), _pointer(inverse_at, typ)
+        scratch, inverse = _pointer(rows_at, typ), _pointer(inverse_at, typ)
         for column in range(2 * span):
-            rows[column] = identity
+            scratch[column] = identity
         if not is_max:
             for o in range(ow):
                 x0 = o * sw - left
                 inverse[o] = typ(1) / typ(min(x0 + kw, args[14]) - max(x0, args[13]))
         first, last = _share(index, args[17], args[2])
         for plane in range(first, last):
-            # each row's second pass one row behind its first: its loads do not wait for the
-            # stores just made
-            for r in range(args[5]):
-                down(args, plane, r, rows_at + (r & 1) * span * item)
-                if r:
-                    across(args, plane, r - 1, rows_at + ((r - 1) & 1) * span * item, inverse_at)
-            r = args[5] - 1
-            if r >= 0:
-                across(args, plane, r, rows_at + (r & 1) * span * item, inverse_at)
+            # row r's first pass, then row r - 1's second (whose loads then do not wait for
+            # the stores just made)
+            for r in range(oh + 1):
+                if r < oh:   # the rows of r's windows in the image reduced into a scratch row
+                    row_at = rows_at + (r & 1) * span * item
+                    y0 = r * sh - top
+                    i_lo, i_hi = 0, kh   # the taps on rows in the image (no divisions)
+                    while i_lo < kh and y0 + i_lo * dh < 0:
+                        i_lo += 1
+                    while i_hi > i_lo and y0 + (i_hi - 1) * dh >= h:
+                        i_hi -= 1
+                    source = args[0] + ((plane * h + y0 + i_lo * dh) * w) * item
+                    if w >= lanes:
+                        for b in range(0, w, lanes):
+                            c = min(b, w - lanes)
+                            if is_max:
+                                _vector_max(_pointer(row_at + (left + c) * item, typ),
+                                            source + c * item, dh * w * item, i_hi - i_lo, 1)
+                            else:
+                                _vector_sum(_pointer(row_at + (left + c) * item, typ),
+                                            source + c * item, dh * w * item, i_hi - i_lo, 1)
+                    else:
+                        row = _pointer(row_at, typ)
+                        for c in range(w):
+                            acc = identity
+                            for i in range(i_lo, i_hi):
+                                value = _pointer(source, typ)[(i - i_lo) * dh * w + c]
+                                acc = _larger(acc, value) if is_max else acc + value
+                            row[left + c] = acc
+                if r:   # row r - 1's outputs reduced along its scratch row; an average's
+                    # divided by its taps inside [row_lo, row_hi) x [col_lo, col_hi)
+                    q = r - 1
+                    row_at = rows_at + (q & 1) * span * item
+                    y0 = q * sh - top
+                    rows = typ(1) if is_max else \
+                        typ(1) / typ(min(y0 + kh, args[12]) - max(y0, args[11]))
+                    out_at = args[1] + (plane * oh + q) * ow * item
+                    if ow >= lanes:
+                        for b in range(0, ow, lanes):
+                            o = min(b, ow - lanes)
+                            if is_max:
+                                _vector_max(_pointer(out_at + o * item, typ),
+                                            row_at + o * sw * item, dw * item, kw, sw)
+                            else:
+                                _vector_scaled_sum(_pointer(out_at + o * item, typ),
+                                                   row_at + o * sw * item, dw * item, kw, sw,
+                                                   _pointer(inverse_at + o * item, typ), rows)
+                    else:
+                        out, row = _pointer(out_at, typ), _pointer(row_at, typ)
+                        for o in range(ow):
+                            acc = row[o * sw]
+                            for j in range(1, kw):
+                                value = row[o * sw + j * dw]
+                                acc = _larger(acc, value) if is_max else acc + value
+                            out[o] = acc if is_max else acc * inverse[o] * rows
     return part
 
 
