@@ -81,6 +81,23 @@ def test_max_pool(case, dtype, threads, rng):
     np.testing.assert_array_equal(out, expected.astype(dtype))
 
 
+@pytest.mark.parametrize("case", POOLS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_max_pool_propagates_nan(case, dtype, rng):
+    """A NaN anywhere in a window (first, middle or last tap; rows wider and narrower than a
+    vector) makes that window's output NaN, as np.max and PyTorch's max pools do, and leaves
+    the other windows alone."""
+    shape, kernel, strides, dilations, head, _, out_shape = _pool_case(case)
+    x = rng.standard_normal(shape).astype(dtype)
+    x[rng.random(shape) < 0.03] = np.nan
+    x[0, 0, 0, 0] = np.nan   # the first tap of the first window inside the image
+    out = np.empty(shape[:2] + out_shape, dtype)
+    kernels.pool("max", x, out, kernel, strides, dilations, head, None, 1)
+    expected = reference_pool("max", x, out_shape, kernel, strides, dilations, head, None)
+    assert np.isnan(expected).any()
+    np.testing.assert_array_equal(out, expected.astype(dtype))
+
+
 @pytest.mark.parametrize("case", [c for c in POOLS if c[3] == (1, 1)])
 @pytest.mark.parametrize("include_pad", [False, True])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

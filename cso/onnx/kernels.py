@@ -39,10 +39,10 @@ def _pointer(typingctx, address, dtype):
 
 @njit(inline="always")
 def _larger(acc, value):
-    """max(acc, value) as one x86 max instruction (a NaN ``value`` is skipped, as
-    onnxruntime's MLAS does); on a value in a register, not in memory, where LLVM would make
-    the comparison a slow masked store."""
-    return value if value > acc else acc
+    """max(acc, value), a NaN in either giving NaN (as NumPy's max and PyTorch's max pools; so
+    GlobalMaxPool and MaxPool agree); on a value in a register, not in memory, where LLVM
+    would make the comparison a slow masked store."""
+    return value if value > acc or value != value else acc
 
 
 @njit(inline="always")
@@ -99,8 +99,10 @@ def _reduce_vectors(is_max, scaled=False):
                 old = builder.load(acc)
                 if not is_max:
                     new = builder.fadd(old, value) if floating else builder.add(old, value)
-                elif floating:   # value > acc ? value : acc, the x86 max (see _larger)
-                    new = builder.select(builder.fcmp_ordered(">", value, old), value, old)
+                elif floating:   # as _larger: NaN stays
+                    larger = builder.or_(builder.fcmp_ordered(">", value, old),
+                                         builder.fcmp_unordered("uno", value, value))
+                    new = builder.select(larger, value, old)
                 else:
                     compare = builder.icmp_signed if element_type.signed else \
                         builder.icmp_unsigned
