@@ -158,7 +158,10 @@ def main_models():
         ("Models", f"{', '.join(names)}{' (--quick)' if opts.quick else ''}: the onnx package's "
                    f"light CNNs with random weights, float32, batch {' and '.join(map(str, batches))}"),
         ("Timing", f"median of {repeat} sample{'s' * (repeat > 1)} after a warm-up, cso and "
-                   f"onnxruntime in turn; cso's outputs checked against onnxruntime's first"),
+                   f"onnxruntime in turn"
+                   + (f" (each sample after {models.SETTLE_SECONDS} s of rest and an untimed "
+                      f"run)" if opts.threads > 1 else "")
+                   + "; cso's outputs checked against onnxruntime's first"),
     ]
     report.print_facts(facts)
     print(flush=True)

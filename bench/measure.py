@@ -23,7 +23,11 @@ COPY = "copy"   # the copy-bandwidth probe timed beside depthwise convolutions
 def median_seconds(runs, repeat, settle=0.0):
     """{name: median over ``repeat`` samples of the time of one call ``runs[name]()``}, the
     samples of the different runs interleaved, ``settle`` seconds of rest after each (for the
-    thread pools that spin on after a call to stop before the next engine's sample)."""
+    thread pools that spin on after a call to stop before the next engine's sample) and then,
+    before the timed calls, one untimed call: a run that follows a rest finds its threads and
+    cores asleep (on the 2-vCPU Zen 3 VM, ShuffleNet's first run after 0.1 s took 13 ms for cso
+    and 5-10 ms for onnxruntime, against 6 and 3.5 ms run after run), which is start-up, not
+    latency."""
     calls = {}
     for name, run in runs.items():
         start = time.perf_counter()
@@ -32,6 +36,8 @@ def median_seconds(runs, repeat, settle=0.0):
     samples = {name: [] for name in runs}
     for _ in range(repeat):
         for name, run in runs.items():
+            if settle:
+                run()
             start = time.perf_counter()
             for _ in range(calls[name]):
                 run()

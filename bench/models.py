@@ -310,7 +310,9 @@ def summary_lines(results):
 
 TEXT = ("The onnx package's nine light CNNs (their graphs, with random weights: the shipped "
         "ones are all 0.02), batch-generic, each loaded once per engine and run at each batch. "
-        "Latency: median of the samples, taken in turn after a warm-up, on the same input, "
+        "Latency: median of the samples, taken in turn after a warm-up, on the same input "
+        "(with several threads, each sample after a rest, for the other engine's threads to "
+        "stop spinning, and an untimed run), "
         "after cso's outputs matched onnxruntime's (max error at most {rtol} of the largest "
         "magnitude). Speedup: onnxruntime's time over cso's. conv % / rest %: cso's time in its "
         "convolution steps (what is fused into them included) and in the other operators "
