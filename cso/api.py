@@ -16,7 +16,7 @@ import csa
 from microkernels import (ACCUMULATE, BIAS, RELU, DepthwiseSpec, KernelSpec, default_isa, get_isa,
                           supported_isas)
 from microkernels.once import fork_safe_lock
-from packing import pack_filters, unpack_filters
+from packing import aligned_empty, pack_filters, unpack_filters
 
 from . import arguments as args
 from . import autotune
@@ -245,10 +245,11 @@ def _rebuild(weight, bias, arguments):
 
 
 def _output(shape, dtype):
-    """An empty output array; one too large for the address space is a MemoryError with its
-    size, like one too large for memory (NumPy says ValueError)."""
+    """An empty output array, on a cache line (``packing.aligned_empty``: a next layer's
+    kernels may read it in place with vector loads); one too large for the address space is a
+    MemoryError with its size, like one too large for memory (NumPy says ValueError)."""
     try:
-        return np.empty(shape, dtype)
+        return aligned_empty(shape, dtype)
     except ValueError:
         size = np.prod(np.array(shape, dtype=object)) * np.dtype(dtype).itemsize
         raise MemoryError(f"Unable to allocate {size} bytes for an output array with shape "

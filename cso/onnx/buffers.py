@@ -6,21 +6,28 @@ A fresh ``np.empty`` of a few MiB is new memory to the OS: writing it costs a pa
 array here is handed out again only when nothing else refers to it: no value of a run in
 progress, no view of it, no other thread. Graph outputs never come from here (the caller keeps
 them), so the arrays kept are at most the ones live at once in a run, per concurrent run.
+
+Each array starts on a cache line (``packing.aligned_empty``: the next layer's kernels read it
+with vector loads) and is a view of a byte array, which every view of it refers to: that byte
+array's references say whether the array is free.
 """
+import math
 import sys
 import threading
 from collections import defaultdict
 
 import numpy as np
 
-# references to a free array while ``get`` looks at it: the list's, the loop variable's and
-# getrefcount's argument
+from packing import LINE, aligned_view
+
+# references to a free byte array while ``get`` looks at it: the list's, the loop variable's
+# and getrefcount's argument
 _FREE_REFS = 3
 
 
 class Buffers:
     def __init__(self):
-        self._arrays = defaultdict(list)   # (shape, dtype) -> arrays handed out before
+        self._arrays = defaultdict(list)   # (shape, dtype) -> byte arrays handed out before
         self._lock = threading.Lock()
 
     def get(self, shape, dtype):
@@ -28,12 +35,12 @@ class Buffers:
         key = (tuple(shape), np.dtype(dtype))
         with self._lock:
             arrays = self._arrays[key]
-            for array in arrays:
-                if sys.getrefcount(array) == _FREE_REFS:
-                    return array
-            array = np.empty(*key)
-            arrays.append(array)
-            return array
+            for raw in arrays:
+                if sys.getrefcount(raw) == _FREE_REFS:
+                    return aligned_view(raw, *key)
+            raw = np.empty(key[1].itemsize * math.prod(key[0]) + LINE, np.uint8)
+            arrays.append(raw)
+            return aligned_view(raw, *key)
 
     def clear(self):
         with self._lock:

@@ -1,0 +1,45 @@
+"""cso.onnx's reused output arrays (``cso.onnx.buffers``) and the line-aligned arrays cso makes
+(``packing.aligned_empty``): every array starts on a cache line, and a reused array is handed
+out again only when neither it nor any view of it is alive."""
+import numpy as np
+import pytest
+
+import cso
+from cso.onnx.buffers import Buffers
+from packing import LINE, aligned_empty
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (3,), (2, 3, 5), (1, 64, 55, 55), (0, 4)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int8])
+def test_aligned_empty(shape, dtype):
+    a = aligned_empty(shape, dtype)
+    assert a.shape == shape and a.dtype == dtype and a.flags.c_contiguous and a.flags.writeable
+    assert a.size == 0 or a.ctypes.data % LINE == 0   # an empty array has no data to align
+    a[...] = 1   # all of it is writable memory of its own
+    assert np.all(a == 1)
+
+
+def test_conv2d_output_starts_on_a_line(rng):
+    x = rng.standard_normal((1, 3, 9, 9)).astype(np.float32)
+    w = rng.standard_normal((5, 3, 3, 3)).astype(np.float32)
+    assert cso.conv2d(x, w).ctypes.data % LINE == 0
+
+
+def test_buffers_hands_out_an_array_again_only_when_nothing_refers_to_it():
+    buffers = Buffers()
+    first = buffers.get((2, 3, 4), np.float32)
+    assert first.shape == (2, 3, 4) and first.dtype == np.float32
+    assert first.ctypes.data % LINE == 0
+    address = first.ctypes.data
+    view = first.reshape(-1)[5:]
+    del first
+    second = buffers.get((2, 3, 4), np.float32)   # a view of the first is alive
+    assert second.ctypes.data != address
+    del view
+    third = buffers.get((2, 3, 4), np.float32)
+    assert third.ctypes.data == address           # nothing refers to the first any more
+    other = buffers.get((2, 3, 4), np.float64)    # another dtype: an array of its own
+    assert other.ctypes.data not in (address, second.ctypes.data)
+    assert buffers.nbytes >= 2 * 24 * 4 + 24 * 8
+    buffers.clear()
+    assert buffers.nbytes == 0
