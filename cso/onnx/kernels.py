@@ -141,8 +141,8 @@ def _pool_part(kind, dtype, kh, kw, sw, dw):
     """The pool part function of ``kind`` "max" or "average" for windows of ``kh`` x ``kw``
     taps ``dw`` columns apart, ``sw`` columns from one output to the next. Args: x, out,
     planes, H, W, OH, OW, sh, dh, top, left, then for "average" the rows [row_lo, row_hi) and
-    columns [col_lo, col_hi) a window's divisor counts, then a scratch array of ``span``
-    elements per part, ``span`` and the parts.
+    columns [col_lo, col_hi) a window's divisor counts, then a scratch array of ``2 * span +
+    OW`` elements per part, ``span`` and the parts.
 
     Separable, each output row in two passes: the rows of its windows that lie in the image
     reduced column by column into a scratch row, which holds the image's row after ``left``
