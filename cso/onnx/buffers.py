@@ -11,14 +11,13 @@ Each array starts on a cache line (``packing.aligned_empty``: the next layer's k
 with vector loads) and is a view of a byte array, which every view of it refers to: that byte
 array's references say whether the array is free.
 """
-import math
 import sys
 import threading
 from collections import defaultdict
 
 import numpy as np
 
-from packing import LINE, aligned_view
+from packing import aligned_empty, aligned_view
 
 # references to a free byte array while ``get`` looks at it: the list's, the loop variable's
 # and getrefcount's argument
@@ -38,9 +37,9 @@ class Buffers:
             for raw in arrays:
                 if sys.getrefcount(raw) == _FREE_REFS:
                     return aligned_view(raw, *key)
-            raw = np.empty(key[1].itemsize * math.prod(key[0]) + LINE, np.uint8)
-            arrays.append(raw)
-            return aligned_view(raw, *key)
+            array = aligned_empty(*key)
+            arrays.append(array.base)
+            return array
 
     def clear(self):
         with self._lock:
