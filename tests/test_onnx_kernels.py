@@ -1,4 +1,4 @@
-"""cso.onnx.kernels, the compiled pooling, LRN and per-channel affine kernels, against plain
+"""cso.onnx.kernels, the compiled pooling (windowed and global), LRN and per-channel affine kernels, against plain
 NumPy references: geometries that leave edges on every side (windows over the padding, rows
 shorter and longer than a vector, strides and dilations), float32, float64 and int8, one and
 two threads with work that does not split evenly, and arrays flush against guard pages."""
@@ -150,6 +150,32 @@ def test_affine(shape, relu, dtype, threads, rng):
     np.testing.assert_allclose(x, expected, rtol=1e-6)
 
 
+@pytest.mark.parametrize("shape", [(2, 5, 3, 7), (1, 9, 13, 13), (3, 2, 1, 1), (1, 3, 50)])
+@pytest.mark.parametrize("kind, dtype", [("max", np.float32), ("max", np.float64),
+                                         ("max", np.int8), ("average", np.float32),
+                                         ("average", np.float64)])   # averages: floats only
+def test_global_pool(shape, kind, dtype, threads, rng):
+    """Planes shorter than a vector, of vectors and a tail, of one element, 1-D."""
+    x = (rng.integers(-128, 127, shape) if dtype == np.int8
+         else rng.standard_normal(shape)).astype(dtype)
+    out = np.empty(shape[:2] + (1,) * (len(shape) - 2), dtype)
+    kernels.global_pool(kind, x, out, threads)
+    planes = x.reshape(shape[:2] + (-1,)).astype(np.float64)
+    expected = planes.max(axis=2) if kind == "max" else planes.mean(axis=2)
+    # float32 sums of up to 169 terms of order one: within 1e-6 absolute of the mean
+    np.testing.assert_allclose(out.reshape(shape[:2]), expected,
+                               rtol=1e-6 if dtype == np.float32 else 1e-13,
+                               atol=1e-6 if dtype == np.float32 else 1e-15)
+
+
+def test_global_max_pool_propagates_nan(rng):
+    x = rng.standard_normal((1, 4, 5, 7)).astype(np.float32)
+    x[0, 1, 0, 0] = x[0, 2, 4, 6] = x[0, 3, 2, 3] = np.nan   # first, tail, in a vector
+    out = np.empty((1, 4, 1, 1), np.float32)
+    kernels.global_pool("max", x, out, 1)
+    assert np.isnan(out[0, 1:, 0, 0]).all() and out[0, 0, 0, 0] == x[0, 0].max()
+
+
 @pytest.mark.parametrize("at", ["end", "start"])
 def test_no_access_outside_the_arrays(at, threads, rng):
     """Every kernel, on edge geometries, with its input and output each flush against an
@@ -168,6 +194,9 @@ def test_no_access_outside_the_arrays(at, threads, rng):
                       kernels.pool(args[0], x, out, *args[1:], threads)))
     calls.append((shape, lambda x, out: kernels.lrn(x, out, 5, 1e-4, 0.75, 1.0, threads)))
     calls.append((shape, lambda x, out: kernels.affine(x, out, scale, shift, True, threads)))
+    for kind in ("max", "average"):
+        calls.append((shape[:2] + (1, 1), lambda x, out, kind=kind:
+                      kernels.global_pool(kind, x, out, threads)))
     # compiled here, so that the child only runs
     expected = [run(x, np.empty(out_shape, np.float32)) for out_shape, run in calls]
 
@@ -192,7 +221,8 @@ def test_a_new_process_loads_the_kernels_from_numba_cache(tmp_path):
         made = [kernels._compiled(kernels._pool_part, kind, x.dtype, 3, 3, 2, 1)
                 for kind in ("max", "average")]
         made += [kernels._compiled(kernels._lrn_part, x.dtype),
-                 kernels._compiled(kernels._affine_part, True, x.dtype)]
+                 kernels._compiled(kernels._affine_part, True, x.dtype),
+                 kernels._compiled(kernels._global_pool_part, "average", x.dtype)]
         kernels.pool("max", x, np.empty((1, 3, 4, 9), np.float32), (3, 3), (2, 2), (1, 1),
                      (0, 0), None, 1)
         print(sum(f.cache_hits for f in made))
@@ -200,7 +230,7 @@ def test_a_new_process_loads_the_kernels_from_numba_cache(tmp_path):
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
     hits = [subprocess.run([sys.executable, "-c", child], cwd=CHILD_CWD, env=env, check=True,
                            capture_output=True, text=True).stdout.split()[-1] for _ in range(2)]
-    assert hits == ["0", "4"]
+    assert hits == ["0", "5"]
 
 
 def test_concurrent_first_calls_compile_each_kernel_once_and_agree(tmp_path):

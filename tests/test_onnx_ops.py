@@ -451,3 +451,14 @@ def test_refused_at_run_rather_than_wrong(rng):
         build("Gemm", inputs=("a", "b"))(rand(rng, 4), rand(rng, 4, 2))
     with pytest.raises(ValueError):       # C may not enlarge A @ B
         build("Gemm", inputs=("a", "b", "c"))(rand(rng, 1, 4), rand(rng, 4, 2), rand(rng, 3, 2))
+    # dtypes the compiled kernels have no code for, or an operator no meaning for
+    half = rand(rng, 1, 2, 5, 5).astype(np.float16)
+    for op, attrs in (("MaxPool", dict(kernel_shape=[2, 2])),
+                      ("AveragePool", dict(kernel_shape=[2, 2])), ("GlobalAveragePool", {}),
+                      ("GlobalMaxPool", {}), ("LRN", dict(size=3))):
+        with pytest.raises(UnsupportedModel, match=rf"'my_{op.lower()}'.*float16"):
+            build(op, attrs)(half)
+    with pytest.raises(UnsupportedModel, match=r"'my_averagepool'.*int32"):
+        build("AveragePool", dict(kernel_shape=[2, 2]))(np.ones((1, 2, 5, 5), np.int32))
+    with pytest.raises(UnsupportedModel, match=r"'my_globalaveragepool'.*\(1, 2, 0, 3\)"):
+        build("GlobalAveragePool")(np.ones((1, 2, 0, 3), np.float32))

@@ -1,5 +1,5 @@
 """Compiled kernels for the operators that cost the most around a model's convolutions:
-MaxPool and AveragePool, LRN, and a per-channel affine map (+Relu).
+MaxPool and AveragePool, their global forms, LRN, and a per-channel affine map (+Relu).
 
 Each is a numba ``cfunc`` ``void part(int64 *args, int64 part)`` that cso's own thread pool
 runs (``cso.threads.run_parts``), on ``cso.get_num_threads()`` threads like the convolutions:
@@ -19,6 +19,7 @@ from numba.extending import intrinsic
 
 from microkernels.once import compiled_once
 
+from ..prepared import data_address
 from ..threads import run_parts
 
 PART_SIGNATURE = types.void(types.CPointer(types.int64), types.int64)
@@ -233,6 +234,38 @@ def _pool_part(kind, dtype, kh, kw, sw, dw):
     return part
 
 
+def _global_pool_part(kind, dtype):
+    """The global pool part function of ``kind`` "max" or "average": each of ``planes`` rows of
+    ``pixels`` contiguous elements reduced to one. Args: x, out, planes, pixels, a scratch
+    array of a vector per part, the parts. A vector of columns at a time into the part's
+    scratch vector, then its lanes and the row's tail one by one."""
+    typ = from_dtype(dtype)
+    is_max = kind == "max"
+    identity = typ(-np.inf if dtype.kind == "f" else np.iinfo(dtype).min) if is_max else typ(0)
+    item = dtype.itemsize
+    lanes = VECTOR_BYTES // item
+
+    def part(args, index):
+        out, pixels = _pointer(args[1], typ), args[3]
+        lanes_at = args[4] + index * VECTOR_BYTES
+        partial = _pointer(lanes_at, typ)
+        whole = pixels // lanes
+        first, last = _share(index, args[5], args[2])
+        for plane in range(first, last):
+            at = args[0] + plane * pixels * item
+            if is_max:
+                _vector_max(partial, at, VECTOR_BYTES, whole, 1)
+            else:
+                _vector_sum(partial, at, VECTOR_BYTES, whole, 1)
+            acc, row = identity, _pointer(at, typ)
+            for lane in range(lanes):
+                acc = _larger(acc, partial[lane]) if is_max else acc + partial[lane]
+            for p in range(whole * lanes, pixels):
+                acc = _larger(acc, row[p]) if is_max else acc + row[p]
+            out[plane] = acc if is_max else acc / typ(pixels)
+    return part
+
+
 def _lrn_part(dtype):
     """The LRN part function; args: x, out, N, C, pixels, the float64 [alpha / size, beta,
     bias] address, channels before and after each channel's, the parts."""
@@ -289,6 +322,11 @@ def _affine_part(relu, dtype):
     return part
 
 
+def compiles(dtype):
+    """Whether the kernels have code for ``dtype`` (numba has none for float16 or bool)."""
+    return dtype in (np.float32, np.float64) or dtype.kind in "iu"
+
+
 @compiled_once
 def _compiled(maker, *key):
     """``maker(*key)``'s part function compiled, once per process (and kept: the pool calls
@@ -306,7 +344,7 @@ def _run(function, args, work, threads):
     (int64) ends with the part count, which is set here."""
     parts = _parts(work, threads)
     args[-1] = parts
-    run_parts(function, args.ctypes.data, parts, threads)
+    run_parts(function, data_address(args), parts, threads)
 
 
 def pool(kind, x, out, kernel, strides, dilations, head, count_bounds, threads):
@@ -322,11 +360,24 @@ def pool(kind, x, out, kernel, strides, dilations, head, count_bounds, threads):
     # it, and the element a stride-2 vector reads past that
     span = max(head[1] + w, (ow - 1) * strides[1] + (kernel[1] - 1) * dilations[1] + 1) + 1
     rows = np.empty(_parts(n * c, threads) * (2 * span + ow), x.dtype)
-    args = np.array([x.ctypes.data, out.ctypes.data, n * c, h, w, oh, ow, strides[0],
-                     dilations[0], *head, row_lo, row_hi, col_lo, col_hi, rows.ctypes.data,
+    args = np.array([data_address(x), data_address(out), n * c, h, w, oh, ow, strides[0],
+                     dilations[0], *head, row_lo, row_hi, col_lo, col_hi, data_address(rows),
                      span, 0], np.int64)
     function = _compiled(_pool_part, kind, x.dtype, *kernel, strides[1], dilations[1])
     _run(function.address, args, n * c, threads)
+    return out
+
+
+def global_pool(kind, x, out, threads):
+    """``out`` (N, C) = the ``kind`` ("max" or "average") of each (image, channel)'s spatial
+    elements of ``x`` (N, C, ...), both C-contiguous. (A BLAS matrix-vector product would be
+    as fast on one thread, but OpenBLAS's threads spin for a while after each call, on the
+    cores the next convolutions use.)"""
+    planes = x.shape[0] * x.shape[1]
+    partials = np.empty(_parts(planes, threads) * VECTOR_BYTES, np.uint8)
+    args = np.array([data_address(x), data_address(out), planes, x[0, 0].size,
+                     data_address(partials), 0], np.int64)
+    _run(_compiled(_global_pool_part, kind, x.dtype).address, args, planes, threads)
     return out
 
 
@@ -336,7 +387,7 @@ def lrn(x, out, size, alpha, beta, bias, threads):
     n, c = x.shape[:2]
     pixels = x[0, 0].size
     constants = np.array([alpha / size, beta, bias], np.float64)
-    args = np.array([x.ctypes.data, out.ctypes.data, n, c, pixels, constants.ctypes.data,
+    args = np.array([data_address(x), data_address(out), n, c, pixels, data_address(constants),
                      (size - 1) // 2, size // 2, 0], np.int64)
     _run(_compiled(_lrn_part, x.dtype).address, args, n * -(-pixels // LRN_BLOCK), threads)
     return out
@@ -347,7 +398,7 @@ def affine(x, out, scale, shift, relu, threads):
     Relu if ``relu``; ``out`` may be ``x``."""
     n, c = x.shape[:2]
     pixels = x[0, 0].size
-    args = np.array([x.ctypes.data, out.ctypes.data, n * c, c, pixels, scale.ctypes.data,
-                     shift.ctypes.data, 0], np.int64)
+    args = np.array([data_address(x), data_address(out), n * c, c, pixels, data_address(scale),
+                     data_address(shift), 0], np.int64)
     _run(_compiled(_affine_part, bool(relu), x.dtype).address, args, n * c, threads)
     return out

@@ -180,10 +180,19 @@ class _PoolGeometry:
         return out, head, head + size + tail
 
 
+def _kernel_input(node, x, floats_only):
+    """``x`` C-contiguous for a compiled kernel (``kernels``), which has code for float32,
+    float64 and, unless ``floats_only``, the integer types: another dtype is a clear error."""
+    if not kernels.compiles(x.dtype) or (floats_only and x.dtype.kind != "f"):
+        raise node.error(f"input of dtype {x.dtype} is not supported: float32, float64"
+                         f"{'' if floats_only else ' or an integer type'}")
+    return np.ascontiguousarray(x)
+
+
 def _pool(kind, x, geometry, axes, count_bounds=None):
     """The ``kind`` ("max" or "average") pool of NCHW ``x``, compiled (``kernels.pool``)."""
     (oh, top, _), (ow, left, _) = axes
-    x = np.ascontiguousarray(x)
+    x = _kernel_input(geometry.node, x, floats_only=kind == "average")
     out = np.empty(x.shape[:2] + (oh, ow), x.dtype)
     return kernels.pool(kind, x, out, geometry.kernel, geometry.strides, geometry.dilations,
                         (top, left), count_bounds, get_num_threads())
@@ -219,35 +228,26 @@ def _build_average_pool(node, constants):
     return run
 
 
-def _spatial_rows(node, x):
-    """``x`` as one row per (batch, channel) of its spatial elements."""
-    if x.ndim < 3:
-        raise node.error(f"input of shape {x.shape} has no spatial axes")
-    return x.reshape(x.shape[0] * x.shape[1], -1)
+def _global_pool(kind, node, x):
+    """The ``kind`` ("max" or "average") of each (image, channel)'s spatial elements of ``x``,
+    compiled (``kernels.global_pool``), shaped (N, C, 1, ...)."""
+    if x.ndim < 3 or x.size == 0:
+        raise node.error(f"input of shape {x.shape} has no spatial elements to pool")
+    x = _kernel_input(node, x, floats_only=kind == "average")
+    out = np.empty(x.shape[:2] + (1,) * (x.ndim - 2), x.dtype)
+    return (kernels.global_pool(kind, x, out, get_num_threads()),)
 
 
 @_operator("GlobalAveragePool")
 def _build_global_average_pool(node, constants):
     node.only()
-    weights = {}       # (spatial size, dtype) -> a vector of 1 / size
-
-    def run(x):
-        rows = _spatial_rows(node, x)
-        key = (rows.shape[1], x.dtype)
-        if key not in weights:
-            weights[key] = np.full(rows.shape[1], 1 / rows.shape[1], x.dtype)
-        # a matrix-vector product: BLAS is several times faster than np.mean on short rows
-        return ((rows @ weights[key]).reshape(x.shape[:2] + (1,) * (x.ndim - 2)),)
-    return run
+    return lambda x: _global_pool("average", node, x)
 
 
 @_operator("GlobalMaxPool")
 def _build_global_max_pool(node, constants):
     node.only()
-
-    def run(x):
-        return (_spatial_rows(node, x).max(axis=1).reshape(x.shape[:2] + (1,) * (x.ndim - 2)),)
-    return run
+    return lambda x: _global_pool("max", node, x)
 
 
 # --- normalisation -------------------------------------------------------------------------
@@ -292,10 +292,9 @@ def _build_lrn(node, constants):
     alpha, beta, bias = node.attr("alpha", 1e-4), node.attr("beta", 0.75), node.attr("bias", 1.0)
 
     def run(x):
-        if x.dtype.kind != "f" or x.ndim < 3:
-            raise node.error(f"input of shape {x.shape} and dtype {x.dtype}: LRN needs a float "
-                             f"tensor (N, C, ...)")
-        x = np.ascontiguousarray(x)
+        if x.ndim < 3:
+            raise node.error(f"input of shape {x.shape}: LRN needs a tensor (N, C, ...)")
+        x = _kernel_input(node, x, floats_only=True)
         return (kernels.lrn(x, np.empty_like(x), size, alpha, beta, bias, get_num_threads()),)
     return run
 
