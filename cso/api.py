@@ -190,9 +190,8 @@ class Conv2d:
         args.check_array("input", x)
         threads = get_num_threads()
         prepared = self._prepared(x.shape, x.dtype, threads)
-        spec = prepared.plan.spec
         batch = x.shape[0] if x.ndim == 4 else 1
-        shape = (batch,) + spec.output_shape[1:]
+        shape = (batch,) + prepared.image_output_shape
         if out is not None:
             args.check_out(out, shape if x.ndim == 4 else shape[1:], self.dtype, x)
         elif self.accumulate:
@@ -201,12 +200,13 @@ class Conv2d:
         # the kernels write rows at a stride of P*Q: a strided ``out`` goes through a temporary
         direct = out is not None and out.flags.c_contiguous
         if direct:
-            result = out.reshape(shape)
+            result = out if out.ndim == 4 else out.reshape(shape)
         elif self.accumulate:
             result = np.ascontiguousarray(out).reshape(shape)
         else:
             result = _output(shape, self.dtype)
-        x4 = np.ascontiguousarray(x.reshape((batch,) + x.shape[-3:]))
+        x4 = x if x.ndim == 4 and x.flags.c_contiguous else \
+            np.ascontiguousarray(x.reshape((batch,) + x.shape[-3:]))
         if batch:
             prepared.run(x4, self.packed_weight(prepared.plan.nf), self.bias, result, phases,
                          threads)

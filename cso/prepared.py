@@ -44,15 +44,15 @@ _HEADER = object.__basicsize__          # PyArrayObject: the object header, then
 _read_address = ctypes.c_size_t.from_address
 
 
-def _data_address(array):
+def data_address(array):
     """The address of ``array``'s data, read from the array object itself (NumPy's C ABI):
     0.2 us, against 1.4 us for ``array.ctypes.data``; a call reads five to seven."""
     return _read_address(id(array) + _HEADER).value
 
 
 _probe = np.empty(3)
-if _data_address(_probe) != _probe.ctypes.data:   # not CPython's object layout: the slow way
-    def _data_address(array):   # noqa: F811
+if data_address(_probe) != _probe.ctypes.data:   # not CPython's object layout: the slow way
+    def data_address(array):   # noqa: F811
         return array.ctypes.data
 del _probe
 
@@ -70,6 +70,7 @@ class Prepared:
 
     def __init__(self, plan, epilogue_flags, isa):
         self.plan = plan
+        self.image_output_shape = plan.spec.output_shape[1:]   # (K, P, Q)
         lowering = depthwise if isinstance(plan, DepthwisePlan) else slicing
         self.kernel = lowering.kernel_spec(plan, isa)
         self.entry = part_entry(lowering.loop_nest(plan), np.dtype(plan.spec.dtype))
@@ -109,10 +110,10 @@ class Prepared:
         if phases != ALL_PHASES:
             geom = self.geom.copy()
             geom[self.phases_at] = phases
-            args[GEOM_ARG] = _data_address(geom)
+            args[GEOM_ARG] = data_address(geom)
         held = [workspace(elements, dtype) for _, elements, dtype in self.workspaces]
         for (at, _, _), space in zip(self.workspaces, held):
-            args[at] = _data_address(space)
+            args[at] = data_address(space)
         # ``held`` and the arrays above stay referenced here until the call returns
         if len(self.parts) == 1:
             self.entry.call(args.buffer_info()[0], 0)
@@ -126,18 +127,18 @@ class Prepared:
         found, shapes = self._template, x.shape + out.shape
         if (found is None or found[0] is not packed_w or found[1] is not bias
                 or found[2] != shapes):
-            rows, none = self.row_lengths, {t: _data_address(a) for t, a in _NONE.items()}
+            rows, none = self.row_lengths, {t: data_address(a) for t, a in _NONE.items()}
             values = dict(x=0, n=x.shape[0], c=x.shape[1], h=x.shape[2], w=x.shape[3],
-                          weights=_data_address(packed_w), bias=_data_address(bias), out=0,
-                          out_k=out.shape[1], geom=_data_address(self.geom),
-                          parts=_data_address(self.parts), scratch=none[x.dtype],
+                          weights=data_address(packed_w), bias=data_address(bias), out=0,
+                          out_k=out.shape[1], geom=data_address(self.geom),
+                          parts=data_address(self.parts), scratch=none[x.dtype],
                           scratch_row=rows[SCRATCH_ARG], out_t=none[x.dtype],
                           out_t_row=rows[OUT_T_ARG], rows=none[np.dtype(np.int64)],
                           rows_row=rows[ROWS_ARG])
             found = self._template = (packed_w, bias, shapes,
                                       array.array("q", (values[a] for a in CALL_ARGS)))
         args = found[3][:]
-        args[X_ARG], args[OUT_ARG] = _data_address(x), _data_address(out)
+        args[X_ARG], args[OUT_ARG] = data_address(x), data_address(out)
         return args
 
 

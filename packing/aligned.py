@@ -16,12 +16,7 @@ def aligned_empty(shape, dtype):
     """An uninitialised C-contiguous array of ``shape`` (a tuple or an int) and ``dtype``
     starting on a ``LINE``-byte boundary."""
     shape = tuple(shape) if np.iterable(shape) else (shape,)
-    return aligned_view(np.empty(np.dtype(dtype).itemsize * math.prod(shape) + LINE, np.uint8),
-                        shape, dtype)
-
-
-def aligned_view(raw, shape, dtype):
-    """The array of ``shape`` and ``dtype`` on the first line boundary of the byte array
-    ``raw`` (at least ``LINE`` bytes longer than it)."""
+    nbytes = np.dtype(dtype).itemsize * math.prod(shape)
+    raw = np.empty(nbytes + LINE, np.uint8)
     start = -raw.ctypes.data % LINE
-    return raw[start:start + np.dtype(dtype).itemsize * math.prod(shape)].view(dtype).reshape(shape)
+    return raw[start:start + nbytes].view(dtype).reshape(shape)

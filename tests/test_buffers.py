@@ -38,8 +38,16 @@ def test_buffers_hands_out_an_array_again_only_when_nothing_refers_to_it():
     del view
     third = buffers.get((2, 3, 4), np.float32)
     assert third.ctypes.data == address           # nothing refers to the first any more
+    held = second.ctypes.data
+    assert buffers.get((2, 3, 4), np.float32).ctypes.data not in (address, held)  # both held
+    view_of_view = second[1:][0]
+    del second                                    # only a view of a view of it is alive
+    assert buffers.get((2, 3, 4), np.float32).ctypes.data not in (address, held)
+    del view_of_view
+    again = buffers.get([2, 3, 4], "float32")     # the same array, however shape and dtype say it
+    assert again.ctypes.data == held and again.shape == (2, 3, 4)
     other = buffers.get((2, 3, 4), np.float64)    # another dtype: an array of its own
-    assert other.ctypes.data not in (address, second.ctypes.data)
-    assert buffers.nbytes >= 2 * 24 * 4 + 24 * 8
+    assert other.ctypes.data not in (address, held)
+    assert buffers.nbytes >= 3 * 24 * 4 + 24 * 8
     buffers.clear()
     assert buffers.nbytes == 0

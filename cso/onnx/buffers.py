@@ -8,8 +8,10 @@ progress, no view of it, no other thread. Graph outputs never come from here (th
 them), so the arrays kept are at most the ones live at once in a run, per concurrent run.
 
 Each array starts on a cache line (``packing.aligned_empty``: the next layer's kernels read it
-with vector loads) and is a view of a byte array, which every view of it refers to: that byte
-array's references say whether the array is free.
+with vector loads) and is a view of a byte array, which every view of it refers to. The array
+is kept with its byte array and handed out as is (making the view again costs more than the
+rest of a small convolution's call): it is free when neither it nor its byte array has a
+reference besides the pool's.
 """
 import sys
 import threading
@@ -17,28 +19,30 @@ from collections import defaultdict
 
 import numpy as np
 
-from packing import aligned_empty, aligned_view
+from packing import aligned_empty
 
-# references to a free byte array while ``get`` looks at it: the list's, the loop variable's
-# and getrefcount's argument
-_FREE_REFS = 3
+# references to a free array and to its byte array while ``get`` looks at them: the pool's
+# pair's, the loop variable's and getrefcount's argument, and for the byte array the array's
+# ``base``
+_FREE_ARRAY_REFS, _FREE_BYTES_REFS = 3, 4
 
 
 class Buffers:
     def __init__(self):
-        self._arrays = defaultdict(list)   # (shape, dtype) -> byte arrays handed out before
+        self._arrays = defaultdict(list)   # (shape, dtype) -> (array, its byte array) pairs
         self._lock = threading.Lock()
 
     def get(self, shape, dtype):
         """An array of ``shape`` and ``dtype`` that nothing else refers to."""
         key = (tuple(shape), np.dtype(dtype))
         with self._lock:
-            arrays = self._arrays[key]
-            for raw in arrays:
-                if sys.getrefcount(raw) == _FREE_REFS:
-                    return aligned_view(raw, *key)
+            pairs = self._arrays[key]
+            for array, raw in pairs:
+                if (sys.getrefcount(array) == _FREE_ARRAY_REFS
+                        and sys.getrefcount(raw) == _FREE_BYTES_REFS):
+                    return array
             array = aligned_empty(*key)
-            arrays.append(array.base)
+            pairs.append((array, array.base))
             return array
 
     def clear(self):
@@ -48,4 +52,4 @@ class Buffers:
     @property
     def nbytes(self):
         with self._lock:
-            return sum(a.nbytes for arrays in self._arrays.values() for a in arrays)
+            return sum(raw.nbytes for pairs in self._arrays.values() for _, raw in pairs)
