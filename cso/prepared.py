@@ -77,6 +77,7 @@ class Prepared:
         self.geom = lowering.geometry(plan, self.kernel, epilogue_flags)
         self.phases_at = lowering.GEOM.index("phases")
         self.parts = lowering.output_parts(plan)
+        self.part_count = len(self.parts)
         self._template = None   # see _arguments
         self.scratch_elements = lowering.scratch_elements(plan)
         self.out_t_elements = lowering.out_t_elements(plan)
@@ -111,14 +112,15 @@ class Prepared:
             geom = self.geom.copy()
             geom[self.phases_at] = phases
             args[GEOM_ARG] = data_address(geom)
-        held = [workspace(elements, dtype) for _, elements, dtype in self.workspaces]
-        for (at, _, _), space in zip(self.workspaces, held):
+        held = []   # the workspaces, referenced here until the call returns
+        for at, elements, dtype in self.workspaces:
+            space = workspace(elements, dtype)
+            held.append(space)
             args[at] = data_address(space)
-        # ``held`` and the arrays above stay referenced here until the call returns
-        if len(self.parts) == 1:
+        if self.part_count == 1:
             self.entry.call(args.buffer_info()[0], 0)
         else:
-            run_parts(self.entry.address, args.buffer_info()[0], len(self.parts), threads)
+            run_parts(self.entry.address, args.buffer_info()[0], self.part_count, threads)
 
     def _arguments(self, x, packed_w, bias, out):
         """A new ``CALL_ARGS`` vector for these arrays, but the workspaces' addresses: a copy

@@ -74,6 +74,9 @@ def set_num_threads(n):
 def _pool_state(helpers):
     """The address of the pool's state words, with at least ``helpers`` workers started."""
     global _pool
+    ready = _pool   # the usual case: no lock (the tuple is never changed, its list only grows)
+    if ready is not None and len(ready[2]) >= helpers:
+        return ready[1]
     worker_entry = compiled_pool().worker   # compiled outside the lock (see fork_safe_lock)
     with _start_lock:
         if _pool is None:
@@ -96,7 +99,7 @@ def run_parts(function, args, parts, threads):
     0 .. ``parts`` - 1, ``args`` (the address of their shared int64 arguments, kept alive by
     the caller) the same for every call, on this thread and up to min(parts, threads) - 1 pool
     workers; return when every call has returned."""
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (function, args, parts)):
+    if not type(function) is type(args) is type(parts) is int:   # not bool, not NumPy's
         raise TypeError(f"run_parts: function, args and parts must be ints (addresses and a "
                         f"count), got {type(function).__name__}, {type(args).__name__}, "
                         f"{type(parts).__name__}")

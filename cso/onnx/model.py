@@ -77,17 +77,23 @@ class Model:
         names = self._check_outputs(output_names)
         values = dict(self.constants)
         values.update(self._check_feeds(feeds))
+        buffered, plain = {"buffers": self.buffers}, {}   # run's options, not changed below
         with _blas_threads(get_num_threads()):
             for step in self.steps:
                 start = time.perf_counter() if seconds is not None else 0.0
                 inputs = [values[name] if name else None for name in step.inputs]
-                options = {"buffers": self.buffers} if step.buffered else {}
+                options = buffered if step.buffered else plain
                 if step.takes_out:
                     out = self._placed(step.outputs[0], values, inputs[0])
                     if out is not None:
-                        options["out"] = out
+                        options = dict(options, out=out)
                 results = step.run(*inputs, **options)
-                values.update((name, value) for name, value in zip(step.outputs, results) if name)
+                if len(results) == 1:
+                    if step.outputs[0]:
+                        values[step.outputs[0]] = results[0]
+                else:
+                    values.update((name, value) for name, value in zip(step.outputs, results)
+                                  if name)
                 for name in step.frees:
                     del values[name]
                 if seconds is not None:
