@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..prepared import data_address
 from .conv import ConvStep
 
 
@@ -44,8 +45,7 @@ class ConcatStep:
 
 
 def _same_memory(a, b):
-    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
-            and a.shape == b.shape and a.strides == b.strides)
+    return a.shape == b.shape and a.strides == b.strides and data_address(a) == data_address(b)
 
 
 def _channel_concat(step, node_axis, shapes):
