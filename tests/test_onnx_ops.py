@@ -8,6 +8,7 @@ from onnx import helper, numpy_helper  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 from bench.models import onnxruntime_session  # noqa: E402
+from cso.onnx.graph import AffineStep  # noqa: E402
 from cso.onnx.node import Node, UnsupportedModel  # noqa: E402
 from cso.onnx.ops import OPERATORS  # noqa: E402
 
@@ -458,6 +459,9 @@ def test_refused_at_run_rather_than_wrong(rng):
                       ("GlobalMaxPool", {}), ("LRN", dict(size=3))):
         with pytest.raises(UnsupportedModel, match=rf"'my_{op.lower()}'.*float16"):
             build(op, attrs)(half)
+    affine = AffineStep(Node("BatchNormalization", "my_bn", ["x"], ["y"]), 2)
+    with pytest.raises(UnsupportedModel, match=r"'my_bn'.*float16"):
+        affine(half)
     with pytest.raises(UnsupportedModel, match=r"'my_averagepool'.*int32"):
         build("AveragePool", dict(kernel_shape=[2, 2]))(np.ones((1, 2, 5, 5), np.int32))
     with pytest.raises(UnsupportedModel, match=r"'my_globalaveragepool'.*\(1, 2, 0, 3\)"):

@@ -166,7 +166,8 @@ class AffineStep:
     """``x * scale + shift`` per channel of an NCHW tensor, then Relu if fused: one pass for a
     chain such as BatchNormalization, Mul, Add, Relu that has no Conv before it."""
 
-    def __init__(self, channels):
+    def __init__(self, node, channels):
+        self.node = node   # the chain's first, named in errors
         self.scale, self.shift = np.ones(channels), np.zeros(channels)
         self.relu = False
         self._cast = {}   # dtype -> (scale, shift) in it
@@ -175,6 +176,8 @@ class AffineStep:
         self.scale, self.shift = self.scale * scale, self.shift * scale + shift
 
     def __call__(self, x, buffers=None):
+        if x.dtype.kind != "f" or not kernels.compiles(x.dtype):
+            raise self.node.error(f"input of dtype {x.dtype} is not supported: float32, float64")
         cast = self._cast.get(x.dtype)
         if cast is None:   # scale and shift in the input's dtype, once
             cast = self._cast[x.dtype] = tuple(v.astype(x.dtype) for v in (self.scale,
@@ -250,7 +253,7 @@ class Fuser:
             shape = self.graph.shapes.get(data, ())
             channels = shape[1] if len(shape) == 4 else 0
             if channels and affine_of(node, self.graph, data, channels) is not None:
-                head, labels = AffineStep(channels), []
+                head, labels = AffineStep(node, channels), []
                 out = self.fuse_chain(head, data, channels, labels, node)
                 return Step("+".join(labels), head, [data], [out], buffered=True)
         if node.op_type in ("Add", "Sum") and not node.attrs:
