@@ -180,6 +180,30 @@ class Conv2d:
     def __call__(self, x: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
         return self._call(x, out, ALL_PHASES)
 
+    def bound(self, shape: Shape):
+        """``run(x, out)``: ``self(x, out=out)`` with the shape work done here, once, for
+        C-contiguous arrays of exactly ``shape`` (N, C, H, W) and its output shape, in the
+        filters' dtype, on the current thread count (``.out_shape`` says it): an integration
+        that runs the same shapes call after call (``cso.onnx``) skips most of a call's
+        Python. Other arrays, or ``out`` overlapping ``x``, take the checked call."""
+        shape = tuple(shape)
+        threads = get_num_threads()
+        prepared = self._prepared(shape, self.dtype, threads)
+        packed_w = self.packed_weight(prepared.plan.nf)
+        out_shape, dtype, bias = (shape[0],) + prepared.image_output_shape, self.dtype, self.bias
+        run_prepared = prepared.run
+
+        def run(x, out):
+            if (x.shape != shape or out.shape != out_shape or x.dtype != dtype
+                    or out.dtype != dtype or not x.flags.c_contiguous
+                    or not out.flags.c_contiguous or not out.flags.writeable
+                    or np.may_share_memory(x, out) or not shape[0]):
+                return self(x, out=out)
+            run_prepared(x, packed_w, bias, out, ALL_PHASES, threads)
+            return out
+        run.out_shape = out_shape
+        return run
+
     def call_phases(self, x: np.ndarray, phases: int) -> np.ndarray:
         """Run only ``phases`` (``cso.lowering`` PACK | KERNEL | POST) of the loop nest on ``x``
         and return the output, whose values are then undefined: the benchmark's time breakdown

@@ -386,3 +386,34 @@ def test_unpadded_1x1_reads_its_input_in_place_with_windows_in_vectors(rng, vect
     assert_conv_close(out, x, w, b, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1)
     prepared = conv._prepared(x.shape, x.dtype, cso.get_num_threads())
     assert prepared.geom[GEOM.index("unpacked")] == (vector == "windows")
+
+
+@pytest.mark.parametrize("name", ["pad1", "grouped", "depthwise", "pointwise"])
+def test_bound_call_matches_the_checked_call_and_falls_back_to_it(rng, name):
+    """``Conv2d.bound(shape)`` gives the checked call's result, bit for bit, on arrays of its
+    shape; other arrays go through the checked call (and its errors)."""
+    x, wt, b, geometry = make(rng, CASES[name], F32)
+    t, bo, left, right = geometry["padding"]
+    conv = cso.Conv2d(wt, b, geometry["stride"], ((t, bo), (left, right)), geometry["dilation"],
+                      geometry["groups"], activation="relu")
+    run = conv.bound(x.shape)
+    expected = conv(x)
+    assert run.out_shape == expected.shape
+    out = np.empty(run.out_shape, F32)
+    assert run(x, out) is out
+    np.testing.assert_array_equal(out, expected)
+    assert_conv_close(out, x, wt, b, relu=True, **geometry)
+    # another batch size, a strided input and a strided out: the checked call's results
+    x2 = rng.standard_normal((x.shape[0] + 1,) + x.shape[1:]).astype(F32)
+    out2 = np.empty((x2.shape[0],) + run.out_shape[1:], F32)
+    np.testing.assert_array_equal(run(x2, out2), conv(x2))
+    strided = np.repeat(x, 2, axis=3)[..., ::2]
+    np.testing.assert_array_equal(run(strided, np.empty_like(out)), expected)
+    wide = np.empty(run.out_shape[:3] + (2 * run.out_shape[3],), F32)
+    run(x, wide[..., ::2])
+    np.testing.assert_array_equal(wide[..., ::2], expected)
+    with pytest.raises(TypeError, match="dtype"):
+        run(x, np.empty(run.out_shape, F64))
+    if x.shape == run.out_shape:   # an out that is the input: refused as the checked call does
+        with pytest.raises(ValueError, match="overlaps"):
+            run(x, x)

@@ -7,6 +7,9 @@ import numpy as np
 
 from ..api import Conv2d
 from ..arguments import same_padding
+from ..threads import get_num_threads
+
+BOUND_SHAPES = 8   # input shapes (and thread counts) a ConvStep keeps its bound calls for
 
 
 def conv_attributes(node, weight):
@@ -50,21 +53,27 @@ def explicit_pads(auto_pad, pads, size, kernel, stride, dilation):
 
 class _BuiltOnce:
     """A step that builds its Conv2d on first use under ``self._lock``: it pickles without the
-    lock (the Conv2d pickles as its filters and arguments), and the copy gets a lock of its
-    own."""
+    lock and its bound calls (the Conv2d pickles as its filters and arguments), and the copy
+    gets a lock of its own and binds again."""
+
+    _per_process = {"_lock": threading.Lock}   # attributes a copy makes afresh
 
     def __getstate__(self):
-        return {name: value for name, value in self.__dict__.items() if name != "_lock"}
+        return {name: value for name, value in self.__dict__.items()
+                if name not in self._per_process}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        self._lock = threading.Lock()
+        for name, make in self._per_process.items():
+            setattr(self, name, make())
 
 
 class ConvStep(_BuiltOnce):
     """A Conv node and what was folded into it: ``step(x)`` runs it. The Conv2d is built on the
     first call, which the loader makes on the model's input shape, so that its filters are
     packed and its loop nest compiled for that shape at load time."""
+
+    _per_process = {"_lock": threading.Lock, "_bound": dict}
 
     def __init__(self, node, weight, bias):
         self.node = node
@@ -82,7 +91,7 @@ class ConvStep(_BuiltOnce):
         self.depthwise = weight.shape[1] == 1   # csa plans C/groups = 1 as depthwise
         self.conv = None
         self._lock = threading.Lock()
-        self._output_shapes = {}   # input shape -> output shape
+        self._bound = {}   # (input shape, threads) -> the Conv2d's bound call on it
 
     @property
     def channels(self):
@@ -100,6 +109,14 @@ class ConvStep(_BuiltOnce):
             with self._lock:
                 if self.conv is None:
                     self.conv = self._build(x.shape)
+        if x.ndim != 4:
+            raise self.node.error(f"input of shape {x.shape}: a 2-D convolution takes N, C, H, W")
+        key = (x.shape, get_num_threads())
+        run = self._bound.get(key)
+        if run is None:
+            if len(self._bound) >= BOUND_SHAPES:   # a stream of batch sizes cannot grow it
+                self._bound.clear()
+            run = self._bound[key] = self.conv.bound(x.shape)
         if self.residual:
             if self.in_place:
                 out = residual
@@ -108,14 +125,11 @@ class ConvStep(_BuiltOnce):
                     out = buffers.get(residual.shape, residual.dtype) if buffers else \
                         np.empty_like(residual)
                 np.copyto(out, residual)
-            return (self.conv(x, out=out),)
-        if out is None and buffers is not None:
-            shape = self._output_shapes.get(x.shape)
-            if shape is None:
-                shape = self._output_shapes[x.shape] = \
-                    (x.shape[0],) + self.conv.spec_for(x.shape).output_shape[1:]
-            out = buffers.get(shape, x.dtype)
-        return (self.conv(x, out=out),)
+        elif out is None:
+            if buffers is None:
+                return (self.conv(x),)
+            out = buffers.get(run.out_shape, x.dtype)
+        return (run(x, out),)
 
     def _build(self, shape):
         weight, dtype = self.weight, self.weight.dtype
