@@ -73,13 +73,17 @@ class Conv2d:
     machine). Everything compiled and tuned is kept in the persistent cache (``CSO_CACHE_DIR``,
     see ``microkernels.cache``): a later process loads it. A Conv2d pickles and deep-copies as
     its filters, bias and arguments: the copy packs and prepares itself again when loaded
-    (``cso.dask`` ships layers to other processes this way)."""
+    (``cso.dask`` ships layers to other processes this way). ``channel_shuffle=g`` (a
+    depthwise convolution only) reads the input's channels in the order of ShuffleNet's
+    channel shuffle of ``g`` groups, without the copy: ``conv(x)`` is the convolution of
+    ``x.reshape(N, g, C // g, H, W).transpose(0, 2, 1, 3, 4).reshape(N, C, H, W)``."""
 
     def __init__(self, weight: np.ndarray, bias: Optional[np.ndarray] = None,
                  stride: IntPair = 1, padding: Padding = 0, dilation: IntPair = 1,
                  groups: int = 1, activation: Optional[Literal["relu"]] = None, *,
                  input_shape: Optional[Shape] = None, plan_overrides: Optional[dict] = None,
-                 isa: Optional[str] = None, tune: bool = False, accumulate: bool = False) -> None:
+                 isa: Optional[str] = None, tune: bool = False, accumulate: bool = False,
+                 channel_shuffle: int = 1) -> None:
         for name, value in (("tune", tune), ("accumulate", accumulate)):
             if not isinstance(value, bool):
                 raise TypeError(f"{name} must be True or False, got {value!r}")
@@ -89,6 +93,8 @@ class Conv2d:
                              f"plan_overrides {plan_overrides} as well")
         self.tune = tune
         self.groups = args.check_weight(weight, bias, groups)
+        self.channel_shuffle = args.check_channel_shuffle(channel_shuffle, weight.shape,
+                                                          self.groups)
         self.stride = args.pair("stride", stride, 1)
         self.dilation = args.pair("dilation", dilation, 1)
         self.padding = args.padding_rule(padding)
@@ -110,7 +116,7 @@ class Conv2d:
                                                                   self.padding[2:]),
             activation=self.activation, input_shape=None if input_shape is None
             else tuple(input_shape), plan_overrides=dict(plan_overrides or {}), isa=isa,
-            tune=tune, accumulate=accumulate)
+            tune=tune, accumulate=accumulate, channel_shuffle=channel_shuffle)
         if input_shape is None:
             nf = csa.filters_per_tile(host_machine(self.isa), self.dtype.itemsize, depthwise)
         else:   # compile (or load) now what calls on that shape run
@@ -157,7 +163,11 @@ class Conv2d:
                     raise ValueError(f"accumulate=True is not supported by depthwise plans "
                                      f"(weight {self.weight_shape}, groups={self.groups}, input "
                                      f"of shape {shape})")
-                found = Prepared(plan, flags, self.isa)
+                if self.channel_shuffle > 1 and not isinstance(plan, csa.DepthwisePlan):
+                    raise ValueError(f"channel_shuffle={self.channel_shuffle} needs a "
+                                     f"depthwise plan (weight {self.weight_shape}, "
+                                     f"groups={self.groups}, input of shape {shape})")
+                found = Prepared(plan, flags, self.isa, self.channel_shuffle)
             except ValueError as err:   # an override this shape or kernel cannot take
                 if not self.overrides:
                     raise
@@ -260,6 +270,8 @@ class Conv2d:
                 f"padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
                 f"activation={self.activation}, isa={self.isa}"
                 + (", accumulate=True" if self.accumulate else "")
+                + (f", channel_shuffle={self.channel_shuffle}" if self.channel_shuffle > 1
+                   else "")
                 + (", tune=True)" if self.tune else ")"))
 
 

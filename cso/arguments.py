@@ -136,6 +136,18 @@ def conv_spec(x_shape, x_dtype, w_shape, w_dtype, stride, padding, dilation, gro
                     groups=groups, dtype=x_dtype.name)
 
 
+def check_channel_shuffle(value, weight_shape, groups):
+    """A channel shuffle's group count: it must divide the input channels of a depthwise
+    weight (one input channel per group)."""
+    _int("channel_shuffle", value, 1)
+    channels = weight_shape[1] * groups
+    if value > 1 and (weight_shape[1] != 1 or channels % value):
+        raise ValueError(f"channel_shuffle={value} needs a depthwise weight (one input channel "
+                         f"per group) and must divide its {channels} input channels; got weight "
+                         f"{weight_shape} with groups={groups}")
+    return int(value)
+
+
 def check_out(out, shape, dtype, x):
     """``out`` may have any strides (a non-contiguous one is filled through a temporary), but
     must not overlap the input ``x``."""

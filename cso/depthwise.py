@@ -20,15 +20,15 @@ from .entry import EntryCode, Geom
 from .lowering import ALL_PHASES, KERNEL, PACK, define_slab_offsets
 
 GEOM = Geom("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q", "P", "M", "nc", "band", "Hb", "Hs",
-            "Ws", "planes", "epilogue", "phases", "fill_width", "kernel", "copy_rows")
+            "Ws", "planes", "epilogue", "phases", "fill_width", "kernel", "copy_rows", "shuffle")
 # vectors per row run the slab filler moves at once: a slab row's width, up to this many (a
 # call per run and channel costs more than its few vectors on small planes; csa/TUNING.md)
 MAX_FILL_VECTORS = 4
 
 
-def geometry(plan, kspec, epilogue_flags):
+def geometry(plan, kspec, epilogue_flags, channel_shuffle=1):
     """The ``geom`` vector for ``plan`` around depthwise kernel ``kspec``, compiling the
-    functions it calls on first use."""
+    functions it calls on first use; ``channel_shuffle`` groups: see ``Conv2d``."""
     s = plan.spec
     hs, ws = plan.slab_shape
     fill_width = kspec.lanes * min(MAX_FILL_VECTORS, -(-ws // kspec.lanes))
@@ -38,7 +38,7 @@ def geometry(plan, kspec, epilogue_flags):
         band=plan.band, Hb=plan.band_rows, Hs=hs, Ws=ws, planes=plan.slab_planes,
         epilogue=epilogue_flags, phases=ALL_PHASES, fill_width=fill_width,
         kernel=native_function(depthwise.define_depthwise, kspec).address,
-        copy_rows=row_copier(kspec, fill_width))
+        copy_rows=row_copier(kspec, fill_width), shuffle=channel_shuffle)
 
 
 def kernel_spec(plan, isa):
@@ -86,7 +86,8 @@ def define_depthwise_loop_nest(module, dtype):
                                                    "Q", "P")
     M, nc_max, band, Hb, Hs, Ws, planes = code.geom("M", "nc", "band", "Hb", "Hs", "Ws", "planes")
     epilogue, phases = code.geom("epilogue", "phases")
-    fill_width, ukernel, copy_rows = code.geom("fill_width", "kernel", "copy_rows")
+    fill_width, ukernel, copy_rows, shuffle = code.geom("fill_width", "kernel", "copy_rows",
+                                                        "shuffle")
     x_addr, C, H, W, w_addr, bias_addr, out_addr, K = (
         code.call_arg(a) for a in ("x", "c", "h", "w", "weights", "bias", "out", "out_k"))
     scratch_addr, offsets = code.workspace("scratch", item), code.workspace("rows", 8)
@@ -98,17 +99,23 @@ def define_depthwise_loop_nest(module, dtype):
     code.zero(scratch_addr + nc_max * channel * item,
               (code.call_arg("scratch_row") - nc_max * channel) * item)
     bands = (P + band - 1) // band
+    # channel c reads input plane c, or with a shuffle of g groups of C/g channels (g > 1)
+    # plane (c % g) * C/g + c // g: a fill then stays in a run of g channels, C/g planes apart
+    per_group = C // shuffle
     u = code.var(first)
     with code.while_(lambda: u < end):
         n, c, b = u // (C * bands), u // bands % C, u % bands
         # channels of this fill: with whole planes, up to nc of this image in the part
-        count = code.choose(bands == 1, code.min(nc_max, end - u, C - c), 1)
+        run_left = code.choose(shuffle == 1, C - c, shuffle - c % shuffle)
+        count = code.choose(bands == 1, code.min(nc_max, end - u, run_left), 1)
+        plane = code.choose(shuffle == 1, c, c % shuffle * per_group + c // shuffle)
+        plane_step = code.choose(shuffle == 1, 1, per_group)
         oh0 = b * band
         rows = code.min(band, P - oh0)
         with code.if_(phases & PACK):
-            code.call(define_fill_slab(module, dtype), x_addr, C, H, W, n, c, count, sh, sw, Hb,
-                      Ws, oh0, code.min(Hb, Hs - oh0), pt, pl, planes, scratch_addr, fill_width,
-                      copy_rows)
+            code.call(define_fill_slab(module, dtype), x_addr + (n * C + plane) * H * W * item,
+                      plane_step * H * W * item, H, W, count, sh, sw, Hb, Ws, oh0,
+                      code.min(Hb, Hs - oh0), pt, pl, planes, scratch_addr, fill_width, copy_rows)
         with code.if_(phases & KERNEL):
             positions = (rows - 1) * Ws + Q
             with code.range(0, count) as i:

@@ -235,8 +235,9 @@ def define_conv_loop_nest(module, dtype):
                                   *window_args, dst, NWIN, copy_rows, copy_taps)
 
                     with code.if_(slab & packing):
-                        code.call(define_fill_slab(module, dtype), x_addr, C, H, W, n,
-                                  g * Cg + c0, nc, sh, sw, Hb, Ws, row0,
+                        code.call(define_fill_slab(module, dtype),
+                                  x_addr + (n * C + g * Cg + c0) * H * W * item,
+                                  H * W * item, H, W, nc, sh, sw, Hb, Ws, row0,
                                   code.min(Hb, Hs - row0), pt, pl, planes, scratch_addr,
                                   fill_width, copy_rows)
                     with code.range(outer_lo, outer_hi, outer_step) as outer:

@@ -66,15 +66,17 @@ def workspace(elements, dtype):
 class Prepared:
     """A plan bound to its micro-kernel, compiled loop nest, ``geom`` vector and output parts:
     what a call on one input shape needs besides the data. ``epilogue_flags`` (BIAS | RELU)
-    apply once, on the last channel tile (or in the transposing pass)."""
+    apply once, on the last channel tile (or in the transposing pass); a depthwise plan may
+    read its input channels through a ``channel_shuffle`` (see ``Conv2d``)."""
 
-    def __init__(self, plan, epilogue_flags, isa):
+    def __init__(self, plan, epilogue_flags, isa, channel_shuffle=1):
         self.plan = plan
         self.image_output_shape = plan.spec.output_shape[1:]   # (K, P, Q)
         lowering = depthwise if isinstance(plan, DepthwisePlan) else slicing
         self.kernel = lowering.kernel_spec(plan, isa)
         self.entry = part_entry(lowering.loop_nest(plan), np.dtype(plan.spec.dtype))
-        self.geom = lowering.geometry(plan, self.kernel, epilogue_flags)
+        shuffle = {"channel_shuffle": channel_shuffle} if channel_shuffle > 1 else {}
+        self.geom = lowering.geometry(plan, self.kernel, epilogue_flags, **shuffle)
         self.phases_at = lowering.GEOM.index("phases")
         self.parts = lowering.output_parts(plan)
         self.part_count = len(self.parts)

@@ -28,8 +28,8 @@ from microkernels.loop_ir import LoopCode
 WINDOW_FIELDS = ("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q")   # a window's geometry
 PACK_ARGS = ("x", "C", "H", "W", "n", "c_first", "nc", "p0", "nwin_used", *WINDOW_FIELDS,
              "dst", "nwin", "copy_rows", "copy_taps")
-FILL_ARGS = ("x", "C", "H", "W", "n", "c_first", "nc", "sh", "sw", "Hb", "Ws", "row0", "rows",
-             "pt", "pl", "planes", "dst", "run", "copy_rows")
+FILL_ARGS = ("src", "src_step", "H", "W", "nc", "sh", "sw", "Hb", "Ws", "row0", "rows", "pt",
+             "pl", "planes", "dst", "run", "copy_rows")
 
 
 def row_copier(kspec, width):
@@ -113,9 +113,10 @@ def _copy_tap(code, item, r, s, row0, inside, ow0, j, j1, store_end):
 
 
 def define_fill_slab(module, dtype):
-    """``fill_slab(FILL_ARGS)`` for ``dtype`` in ``module`` (defined once): channels c_first
-    .. c_first+nc-1 of image ``n`` of the C x H x W images at address ``x`` written at address
-    ``dst`` as the slab a slab micro-kernel reads in place: per channel, sh*sw phase planes of
+    """``fill_slab(FILL_ARGS)`` for ``dtype`` in ``module`` (defined once): ``nc`` channels,
+    H x W planes the first at address ``src`` and each ``src_step`` bytes after the one before,
+    written at address ``dst`` as the slab a slab micro-kernel reads in place: per channel,
+    sh*sw phase planes of
     Hb x Ws holding rows row0 .. row0+rows-1 (rows <= Hb) of the full planes, whose plane
     (a, b) row i column j holds the input at row sh*i + a - pt, column sw*j + b - pl, or zero
     outside it (see ``csa.layout.slab_shape``); only the planes in the bit mask ``planes`` (bit
@@ -128,9 +129,8 @@ def define_fill_slab(module, dtype):
         return module.globals[name]
     code = LoopCode(module, name, FILL_ARGS, internal=True)
     item = DTYPES[dtype].itemsize
-    x, C, H, W, n, c_first, nc, sh, sw, Hb, Ws, row0, rows, pt, pl, planes, dst, run, _ = (
+    src_plane, _, H, W, nc, sh, sw, Hb, Ws, row0, rows, pt, pl, planes, dst, run, _ = (
         code.args(*FILL_ARGS))
-    src_plane = x + (n * C + c_first) * H * W * item
     channel_bytes = sh * sw * Hb * Ws * item
     with code.range(0, sh) as a:
         # the plane rows on input rows: i_lo <= i < i_hi (the others are zero padding)
@@ -159,26 +159,27 @@ def define_fill_slab(module, dtype):
 
 def _fill_across_channels(code, item, src, dst, j1, lo, hi, i_lo, i_hi, channel_bytes):
     """One call per slab row, down the channels (``define_fill_slab``)."""
-    H, W, nc, sh, sw, Ws, rows, copy_rows = code.args("H", "W", "nc", "sh", "sw", "Ws", "rows",
-                                                      "copy_rows")
+    W, src_step, nc, sh, sw, Ws, rows, copy_rows = code.args("W", "src_step", "nc", "sh", "sw",
+                                                             "Ws", "rows", "copy_rows")
     with code.range(0, rows) as i:
         inside = (i >= i_lo) & (i < i_hi)
         code.call((copy_rows, row_copy.FUNCTION_TYPE), dst + i * Ws * item, channel_bytes,
-                  src + i * sh * W * item, H * W * item, nc, sw, 0, j1,
+                  src + i * sh * W * item, src_step, nc, sw, 0, j1,
                   code.choose(inside, lo, 0), code.choose(inside, hi, 0))
 
 
 def _fill_down_rows(code, item, src, dst, j1, lo, hi, i_lo, i_hi, channel_bytes):
     """Per channel, down the rows, the padding rows zeroed (``define_fill_slab``)."""
-    H, W, nc, sh, sw, Ws, rows, copy_rows = code.args("H", "W", "nc", "sh", "sw", "Ws", "rows",
-                                                      "copy_rows")
+    W, src_step, nc, sh, sw, Ws, rows, copy_rows = code.args("W", "src_step", "nc", "sh", "sw",
+                                                             "Ws", "rows", "copy_rows")
     copy = (copy_rows, row_copy.FUNCTION_TYPE)
     with code.range(0, nc) as ch:
         at = dst + ch * channel_bytes
         with code.if_(i_lo != 0):
             code.call(copy, at, Ws * item, src, 0, i_lo, sw, 0, j1, 0, 0)
-        code.call(copy, at + i_lo * Ws * item, Ws * item, src + (ch * H * W + i_lo * sh * W) * item,
-                  sh * W * item, i_hi - i_lo, sw, 0, j1, lo, hi)
+        code.call(copy, at + i_lo * Ws * item, Ws * item,
+                  src + ch * src_step + i_lo * sh * W * item, sh * W * item, i_hi - i_lo, sw, 0,
+                  j1, lo, hi)
         with code.if_(rows > i_hi):
             code.call(copy, at + i_hi * Ws * item, Ws * item, src, 0, rows - i_hi, sw, 0, j1, 0, 0)
 

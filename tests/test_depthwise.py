@@ -1,5 +1,7 @@
 """The depthwise path: its micro-kernel's contract, every geometry and edge against the NumPy
 reference, forced tilings and splits, ISAs, and CSA's choice of plan."""
+import pickle
+
 import numpy as np
 import pytest
 
@@ -205,3 +207,49 @@ def test_reference_helper_agrees_on_depthwise(rng):
             for j in range(ref.shape[3]):
                 window = xp[0, k // 2, 2 * i: 2 * i + 3: 1, j: j + 3: 2]
                 assert np.isclose(ref[0, k, i, j], np.sum(window * wt[k, 0]))
+
+
+def shuffled(x, groups):
+    """ShuffleNet's channel shuffle of ``groups`` groups, as its ONNX graph writes it."""
+    n, c, h, w = x.shape
+    return x.reshape(n, groups, c // groups, h, w).transpose(0, 2, 1, 3, 4).reshape(n, c, h, w)
+
+
+@pytest.mark.parametrize("groups", [2, 3])
+@pytest.mark.parametrize("name", ["multiplier2", "stride2", "tiny_many", "big_plane_bands"])
+def test_channel_shuffle_reads_the_shuffled_channels(rng, name, groups):
+    """``channel_shuffle=g`` gives the convolution of the shuffled input, bit for bit, on whole
+    planes filled several channels at a time (a fill stops at the end of a run of g), on
+    bands, with a channel multiplier, on 1 and 2 threads."""
+    geometry = GEOMETRIES[name]
+    c = 2 * groups * max(1, geometry[0] // (2 * groups))   # the groups of 2 or more channels
+    geometry = (c,) + geometry[1:]
+    x, wt, b = operands(rng, geometry, F32, batch=2)
+    expected = depthwise_conv(wt, b, geometry)(np.ascontiguousarray(shuffled(x, groups)))
+    check(expected, shuffled(x, groups), wt, b, geometry)
+    before = cso.get_num_threads()
+    try:
+        for threads, overrides in ((1, None), (2, None), (1, {"nc": 3}), (2, {"split": (3, 1)})):
+            cso.set_num_threads(threads)
+            conv = depthwise_conv(wt, b, geometry, channel_shuffle=groups,
+                                  plan_overrides=overrides)
+            np.testing.assert_array_equal(conv(x), expected)
+    finally:
+        cso.set_num_threads(before)
+
+
+def test_channel_shuffle_errors_and_copies(rng):
+    wt = rng.standard_normal((12, 1, 3, 3)).astype(F32)
+    for bad, error in [(0, ValueError), (5, ValueError), (2.0, TypeError), (True, TypeError)]:
+        with pytest.raises(error, match="channel_shuffle"):
+            cso.Conv2d(wt, groups=12, channel_shuffle=bad)
+    with pytest.raises(ValueError, match="channel_shuffle=2 needs a depthwise weight"):
+        cso.Conv2d(rng.standard_normal((12, 2, 3, 3)).astype(F32), groups=6, channel_shuffle=2)
+    forced = cso.Conv2d(wt, groups=12, channel_shuffle=3, plan_overrides={"depthwise": False})
+    with pytest.raises(ValueError, match="channel_shuffle=3 needs a depthwise plan"):
+        forced(rng.standard_normal((1, 12, 5, 5)).astype(F32))
+    conv = cso.Conv2d(wt, padding=1, groups=12, channel_shuffle=4)
+    x = rng.standard_normal((1, 12, 6, 7)).astype(F32)
+    copy = pickle.loads(pickle.dumps(conv))
+    assert "channel_shuffle=4" in repr(copy)
+    np.testing.assert_array_equal(copy(x), conv(x))

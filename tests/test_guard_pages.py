@@ -43,6 +43,10 @@ CASES = {
     "depthwise": (1, 9, 13, 17, 9, 3, 3, 1, 1, 1, 9, {}),
     "depthwise_s2_multiplier": (2, 5, 14, 19, 10, 5, 5, 2, 2, 1, 5, {}),
     "depthwise_7x7_small": (1, 3, 7, 7, 3, 7, 7, 1, 3, 1, 3, {}),
+    # channels read through a shuffle (not a plan override: a Conv2d argument)
+    "depthwise_shuffled": (1, 12, 13, 17, 12, 3, 3, 1, 1, 1, 12, {"channel_shuffle": 4}),
+    "depthwise_shuffled_s2_multiplier": (2, 6, 14, 19, 12, 3, 3, 2, 1, 1, 6,
+                                         {"channel_shuffle": 3}),
     "no_bias": (1, 5, 11, 13, 19, 3, 3, 1, 1, 1, 1, {"slab": False}),
 }
 
@@ -66,15 +70,18 @@ def restore_threads():
 @pytest.mark.parametrize("name,dtype,isa,threads", list(_variants()))
 def test_no_access_outside_the_arrays(rng, restore_threads, name, dtype, isa, threads):
     n, c, h, w, k, r, s, stride, padding, dilation, groups, overrides = CASES[name]
+    overrides = dict(overrides)
+    shuffle = overrides.pop("channel_shuffle", 1)
     x = rng.standard_normal((n, c, h, w)).astype(dtype)
     weight = rng.standard_normal((k, c // groups, r, s)).astype(dtype)
     bias = None if name == "no_bias" else rng.standard_normal(k).astype(dtype)
     cso.set_num_threads(threads)
     conv = cso.Conv2d(weight, bias, stride, padding, dilation, groups, "relu",
-                      plan_overrides=overrides, isa=isa)
+                      plan_overrides=overrides, isa=isa, channel_shuffle=shuffle)
     expected = conv(x)   # compiles here, in the parent, so that the children only run
     pad = (padding,) * 4 if isinstance(padding, int) else (padding[0],) * 2 + (padding[1],) * 2
-    assert_conv_close(expected, x, weight, bias, relu=True, stride=(stride, stride),
+    shuffled = x.reshape(n, shuffle, c // shuffle, h, w).transpose(0, 2, 1, 3, 4).reshape(x.shape)
+    assert_conv_close(expected, shuffled, weight, bias, relu=True, stride=(stride, stride),
                       padding=pad, dilation=(dilation, dilation), groups=groups)
 
     def guarded_run(at):
