@@ -48,7 +48,7 @@ def test_light_model_matches_onnxruntime(rng, name, weights):
     x = rng.standard_normal(model.inputs[input_name][0]).astype(np.float32)
     assert_matches_onnxruntime(proto, {input_name: x}, model)
     labels = [step.label for step in model.steps]
-    assert sum(label.startswith("Conv") for label in labels) == sum(
+    assert sum("Conv" in label.split("+") for label in labels) == sum(
         node.op_type == "Conv" for node in proto.graph.node)
     # every BatchNormalization and Scale layer (Mul, Add by constants) is fused: into a Conv,
     # or into one affine step with the Relu after it
@@ -432,3 +432,43 @@ def test_concat_input_read_in_place_by_a_residual_is_copied(rng):
     loaded = assert_matches_onnxruntime(
         model, {"x": rng.standard_normal((1, 3, 5, 6)).astype(np.float32)})
     assert loaded.slots == {}
+
+
+def channel_shuffle_model(rng, batch_dim=0, shuffled_also_read=False, c=12, g=3):
+    """ShuffleNet's unit: a grouped 1x1 Conv, the channel shuffle (Reshape, Transpose,
+    Reshape) and a depthwise 3x3 Conv; optionally the shuffled value also a graph output."""
+    inits = {"w0": rng.standard_normal((c, c // g, 1, 1)).astype(np.float32),
+             "w1": rng.standard_normal((c, 1, 3, 3)).astype(np.float32),
+             "b1": rng.standard_normal(c).astype(np.float32),
+             "split": np.array([batch_dim, g, c // g, 6, 7], np.int64),
+             "back": np.array([batch_dim, c, 6, 7], np.int64)}
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], group=g),
+             helper.make_node("Reshape", ["a", "split"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["t"], perm=[0, 2, 1, 3, 4]),
+             helper.make_node("Reshape", ["t", "back"], ["s"]),
+             helper.make_node("Conv", ["s", "w1", "b1"], ["y"], group=c, pads=[1, 1, 1, 1])]
+    outputs = [tensor("y", None)] + ([tensor("s", None)] if shuffled_also_read else [])
+    model = make_model(nodes, [tensor("x", [batch_dim or "N", c, 6, 7])], outputs, inits)
+    return model, {"x": rng.standard_normal((1, c, 6, 7)).astype(np.float32)}
+
+
+def test_channel_shuffle_read_by_the_depthwise_conv(rng):
+    """The shuffle's copy is fused away: the depthwise Conv reads the grouped Conv's output
+    through it, as onnxruntime's shuffled copy, at any batch when the Reshapes copy it."""
+    model, feeds = channel_shuffle_model(rng)
+    loaded = assert_matches_onnxruntime(model, feeds)
+    assert [s.label for s in loaded.steps] == ["Conv", "ChannelShuffle+Conv"]
+    x3 = rng.standard_normal((3, 12, 6, 7)).astype(np.float32)
+    assert relative_error(loaded.run(None, {"x": x3})[0],
+                          onnxruntime_session(model, 1).run(None, {"x": x3})[0]) <= TOLERANCE
+
+
+def test_channel_shuffle_left_alone_or_batch_kept(rng):
+    model, feeds = channel_shuffle_model(rng, shuffled_also_read=True)
+    loaded = assert_matches_onnxruntime(model, feeds)   # the shuffled value is an output
+    assert [s.label for s in loaded.steps] == ["Conv", "Reshape", "Transpose", "Reshape", "Conv"]
+    model, feeds = channel_shuffle_model(rng, batch_dim=1)   # the Reshapes fix the batch
+    loaded = assert_matches_onnxruntime(model, feeds)
+    assert [s.label for s in loaded.steps] == ["Conv", "ChannelShuffle+Conv"]
+    with pytest.raises(UnsupportedModel, match=r"Reshape.*fixes the batch at 1"):
+        loaded.run(None, {"x": np.zeros((2, 12, 6, 7), np.float32)})

@@ -89,6 +89,9 @@ class ConvStep(_BuiltOnce):
         self.residual = False   # adds its second input in the store (Conv2d accumulate)
         self.in_place = False   # ... in that input's own array (the loader says when it may)
         self.depthwise = weight.shape[1] == 1   # csa plans C/groups = 1 as depthwise
+        self.channel_shuffle = 1   # reads its input through a channel shuffle of these groups
+        # (the batch its shuffle's Reshapes fix, 0 for any; the first of them)
+        self.shuffle_batch = (0, None)
         self.conv = None
         self._lock = threading.Lock()
         self._bound = {}   # (input shape, threads) -> the Conv2d's bound call on it
@@ -111,6 +114,9 @@ class ConvStep(_BuiltOnce):
                     self.conv = self._build(x.shape)
         if x.ndim != 4:
             raise self.node.error(f"input of shape {x.shape}: a 2-D convolution takes N, C, H, W")
+        batch, reshape = self.shuffle_batch
+        if batch and x.shape[0] != batch:   # as the Reshape fused away would
+            raise reshape.error(f"input of shape {x.shape}: its shape fixes the batch at {batch}")
         key = (x.shape, get_num_threads())
         run = self._bound.get(key)
         if run is None:
@@ -141,7 +147,7 @@ class ConvStep(_BuiltOnce):
             conv = Conv2d(weight, self.bias.astype(dtype),
                           self.stride, padding, self.dilation, self.groups,
                           "relu" if self.relu else None, input_shape=shape,
-                          accumulate=self.residual)
+                          accumulate=self.residual, channel_shuffle=self.channel_shuffle)
         except (TypeError, ValueError) as err:
             raise self.node.error(f"input of shape {shape}: {err}") from None
         self.weight = None   # the Conv2d holds the filters, packed

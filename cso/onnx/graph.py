@@ -198,6 +198,16 @@ def sum_relu(*terms, buffers=None):
     return (out,)
 
 
+def _batch_of(reshape, constants):
+    """What a Reshape's constant shape makes of dimension 0: 0 when it copies (0) or infers
+    (-1) it, else the batch it fixes; None when the shape is not a constant."""
+    target = constants.get(reshape.inputs[1]) if len(reshape.inputs) > 1 else None
+    if target is None or target.ndim != 1 or target.size == 0:
+        return None
+    first = int(target[0])
+    return 0 if first == -1 or (first == 0 and not reshape.attr("allowzero", 0)) else first
+
+
 class Fuser:
     """Walks the folded graph once, fusing each head node with the single-consumer chain after
     it."""
@@ -211,6 +221,47 @@ class Fuser:
                     self.consumers[name].append(node)
         self.fused = set()   # ids of the nodes already part of a step
         self.deferred = {}   # id of an Add -> the Conv step that adds into its other input
+        self.shuffles = self.channel_shuffles()   # id of a Conv -> (value it reads, groups)
+
+    def channel_shuffles(self):
+        """{id of a depthwise Conv: (value, g, (batch, first Reshape))} for each one whose
+        input is ShuffleNet's channel shuffle of ``value`` (N, C, H, W): a Reshape to (N, g,
+        C/g, H, W), a Transpose (0, 2, 1, 3, 4) and a Reshape back, each read by the next
+        alone. The Conv reads ``value`` through the shuffle (``Conv2d(channel_shuffle=g)``)
+        and the three nodes, a copy, are fused away. ``batch`` is the batch size the Reshapes
+        fix (the onnx package's ShuffleNet says 1), which the Conv then requires as they
+        would, or 0 when they copy or infer it."""
+        made_by = {name: node for node in self.graph.nodes for name in node.outputs}
+        shapes, constants = self.graph.shapes, self.graph.constants
+        found = {}
+        for conv in self.graph.nodes:
+            chain = [conv]
+            for op_type in ("Reshape", "Transpose", "Reshape"):
+                node = made_by.get(chain[-1].inputs[0]) if chain[-1].inputs else None
+                if (node is None or node.op_type != op_type
+                        or self.only_consumer(node.outputs[0]) is not chain[-1]):
+                    break
+                chain.append(node)
+            if conv.op_type != "Conv" or len(chain) < 4:
+                continue
+            back, transpose, split = chain[1:]
+            source = split.inputs[0]
+            shape, grouped = shapes.get(source), shapes.get(split.outputs[0])
+            weight = constants.get(conv.inputs[1]) if len(conv.inputs) > 1 else None
+            if (shape is None or len(shape) != 4 or grouped is None or len(grouped) != 5
+                    or weight is None or weight.ndim != 4 or weight.shape[1] != 1
+                    or conv.attr("group", 1) != shape[1]
+                    or tuple(grouped) != (shape[0], grouped[1], shape[1] // grouped[1])
+                    + tuple(shape[2:]) or grouped[1] < 2
+                    or shapes.get(back.outputs[0]) != shape
+                    or transpose.attr("perm") != [0, 2, 1, 3, 4]):
+                continue
+            batches = {_batch_of(reshape, constants) for reshape in (split, back)}
+            if None in batches or len(batches - {0}) > 1:
+                continue
+            found[id(conv)] = (source, int(grouped[1]), (max(batches), split))
+            self.fused.update(id(node) for node in (back, transpose, split))
+        return found
 
     def only_consumer(self, name):
         """The node that alone reads ``name`` (not a graph output), or None."""
@@ -278,15 +329,16 @@ class Fuser:
             raise node.error("the bias must be a constant of the model")
         head = ConvStep(node, constants[node.inputs[1]],
                         constants[node.inputs[2]] if has_bias else None)
-        labels = ["Conv"]
+        x, head.channel_shuffle, head.shuffle_batch = self.shuffles.get(
+            id(node), (node.inputs[0], 1, (0, None)))
+        labels = ["ChannelShuffle", "Conv"] if head.channel_shuffle > 1 else ["Conv"]
         out = self.fuse_chain(head, node.outputs[0], head.channels, labels)
         add = self.only_consumer(out)
         residual = self.residual_of(head, add, out)
         if residual is not None:   # the step runs where the Add is, once its other input is made
-            self.deferred[id(add)] = (head, labels, node.inputs[0], residual)
+            self.deferred[id(add)] = (head, labels, x, residual)
             return None
-        return Step("+".join(labels), head, [node.inputs[0]], [out], buffered=True,
-                    takes_out=True)
+        return Step("+".join(labels), head, [x], [out], buffered=True, takes_out=True)
 
     def residual_of(self, head, add, out):
         """The other input of ``add`` if it can be added in ``head``'s store: an Add or Sum of
