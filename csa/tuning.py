@@ -43,6 +43,10 @@ class Tuning:
     # the kernel depth (C/groups*R*S rows) whose FMAs the transposing pass of one output costs
     # with filters in vectors (0: not measured, the lanes padding alone chooses the vectors)
     transpose_depth: int = 0
+    # with filters in vectors a plain 1x1 packs each input value once for all its filters,
+    # where windows in vectors read the input in place: the packing costs as much per value
+    # as the FMAs of this many filters (0: not measured, not counted)
+    packing_filters: int = 0
     # filters per group from which plain 1x1s pack their window tiles rather than read the
     # input in place (0: never, in place wherever it does not alias L1 sets)
     packed_1x1_filters: int = 0
@@ -105,16 +109,18 @@ AVX2 = Tuning(
     broadcast_operand=False, direct_windows=((6, 1.0), (5, 0.97), (4, 0.90)),
     filter_windows=((6, 1.0), (5, 0.98), (4, 0.96)), thread_min_flops=1e6,
     depthwise_thread_min_flops=0.2e6, direct_min_depth=144, slab_max_filter_tiles=3,
-    transpose_depth=16, packed_1x1_filters=256)
+    transpose_depth=16, packing_filters=6, packed_1x1_filters=256)
 # no CPU measured: the usual FMA core (latency 4, two pipes) with SSE/NEON-width vectors; the
 # plan constants as the AVX2 core measured them
 GENERIC = Tuning("generic", "not measured: a typical core", fma_latency=4, fma_pipes=2,
                  loads_per_cycle=2.0, broadcast_operand=False, direct_min_depth=144,
-                 slab_max_filter_tiles=3, transpose_depth=16, packed_1x1_filters=256)
+                 slab_max_filter_tiles=3, transpose_depth=16, packing_filters=6,
+                 packed_1x1_filters=256)
 NEON = Tuning("neon", "not measured (aarch64 runs here under emulation only): Neoverse/Apple "
               "cores have 2-4 FMA pipes of latency 4", fma_latency=4, fma_pipes=2,
               loads_per_cycle=2.0, broadcast_operand=False, direct_min_depth=144,
-              slab_max_filter_tiles=3, transpose_depth=16, packed_1x1_filters=256)
+              slab_max_filter_tiles=3, transpose_depth=16, packing_filters=6,
+              packed_1x1_filters=256)
 RECORDS = {t.isa: t for t in (AVX512, AVX2, GENERIC, NEON)}
 
 

@@ -33,11 +33,16 @@ def choose_vector(spec, window_tile, filter_tile, tuning):
     planes: 7x7, 14x14, 1x1) by more than their transposing pass costs: the pass over each
     output costs as much as ``tuning.transpose_depth`` more rows of kernel depth, little
     beside hundreds of channels, much beside a few dozen (0: lanes waste alone, with a 5%
-    margin)."""
+    margin). Where windows in vectors would read a plain 1x1's input in place, the packing
+    filters in vectors need costs ``tuning.packing_filters`` filters' FMAs a value: much
+    beside 16 or 32 filters (SqueezeNet's squeeze layers), little beside hundreds."""
     windows, filters = padded_work(spec, *window_tile), padded_work(spec, *filter_tile)
     depth = spec.c_per_group * spec.r * spec.s
     if tuning.transpose_depth:
-        return "filters" if filters * (1 + tuning.transpose_depth / depth) < windows else "windows"
+        extra = tuning.transpose_depth / depth
+        if tuning.packing_filters and reads_input_unpacked(spec, "windows", tuning):
+            extra += tuning.packing_filters / spec.k_per_group
+        return "filters" if filters * (1 + extra) < windows else "windows"
     return "filters" if filters < 0.95 * windows else "windows"
 
 

@@ -355,6 +355,13 @@ def test_vectors_along_the_filters_where_they_waste_fewer_lanes_than_the_transpo
     assert vector("n1c64h14w14k512r1s1p0u1", zen5) == "filters"
     assert vector("n1c768h7w7k384r1s1p0u1") == "filters"
     assert vector("n1c256h56w56k64r1s1p0u1") == "windows"
+    # 16 or 32 filters: packing the input for them costs more than windows read in place
+    # (6 filters' FMAs a value in the AVX2 record); lanes alone would say filters
+    assert vector("n1c128h55w55k16r1s1p0u1") == "windows"
+    assert vector("n1c480h13w13k16r1s1p0u1") == "windows"
+    zen3_without = dataclasses.replace(zen3, tuning=dataclasses.replace(zen3.tuning,
+                                                                        packing_filters=0))
+    assert vector("n1c128h55w55k16r1s1p0u1", zen3_without) == "filters"
 
 
 def test_slab_planes_the_taps_read():
