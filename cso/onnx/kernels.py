@@ -138,6 +138,15 @@ _vector_max, _vector_sum = _reduce_vectors(True), _reduce_vectors(False)
 _vector_scaled_sum = _reduce_vectors(False, scaled=True)
 
 
+def _reduction(kind, dtype):
+    """(numba type, whether a max, the reduction's identity, item bytes, lanes of a vector) of
+    a pool part of ``kind`` "max" or "average" over ``dtype``: constants for its closure."""
+    typ = from_dtype(dtype)
+    is_max = kind == "max"
+    identity = typ(-np.inf if dtype.kind == "f" else np.iinfo(dtype).min) if is_max else typ(0)
+    return typ, is_max, identity, dtype.itemsize, VECTOR_BYTES // dtype.itemsize
+
+
 def _pool_part(kind, dtype, kh, kw, sw, dw):
     """The pool part function of ``kind`` "max" or "average" for windows of ``kh`` x ``kw``
     taps ``dw`` columns apart, ``sw`` columns from one output to the next. Args: x, out,
@@ -153,11 +162,7 @@ def _pool_part(kind, dtype, kh, kw, sw, dw):
     narrower than a vector go element by element."""
     # closure values are plain constants: numba keys its disk cache on them, and a
     # dispatcher or an intrinsic here would make a new key in every process
-    typ = from_dtype(dtype)
-    is_max = kind == "max"
-    identity = typ(-np.inf if dtype.kind == "f" else np.iinfo(dtype).min) if is_max else typ(0)
-    item = dtype.itemsize
-    lanes = VECTOR_BYTES // item
+    typ, is_max, identity, item, lanes = _reduction(kind, dtype)
 
     def part(args, index):
         h, w, oh, ow, sh, dh, top, left = (args[3], args[4], args[5], args[6], args[7],
@@ -239,11 +244,7 @@ def _global_pool_part(kind, dtype):
     ``pixels`` contiguous elements reduced to one. Args: x, out, planes, pixels, a scratch
     array of a vector per part, the parts. A vector of columns at a time into the part's
     scratch vector, then its lanes and the row's tail one by one."""
-    typ = from_dtype(dtype)
-    is_max = kind == "max"
-    identity = typ(-np.inf if dtype.kind == "f" else np.iinfo(dtype).min) if is_max else typ(0)
-    item = dtype.itemsize
-    lanes = VECTOR_BYTES // item
+    typ, is_max, identity, item, lanes = _reduction(kind, dtype)
 
     def part(args, index):
         out, pixels = _pointer(args[1], typ), args[3]
