@@ -204,7 +204,8 @@ class Conv2d:
         run_prepared = prepared.run
 
         def run(x, out):
-            if (x.shape != shape or out.shape != out_shape or x.dtype != dtype
+            if (type(x) is not np.ndarray or type(out) is not np.ndarray
+                    or x.shape != shape or out.shape != out_shape or x.dtype != dtype
                     or out.dtype != dtype or not x.flags.c_contiguous
                     or not out.flags.c_contiguous or not out.flags.writeable
                     or np.may_share_memory(x, out) or not shape[0]):

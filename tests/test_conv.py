@@ -414,6 +414,8 @@ def test_bound_call_matches_the_checked_call_and_falls_back_to_it(rng, name):
     np.testing.assert_array_equal(wide[..., ::2], expected)
     with pytest.raises(TypeError, match="dtype"):
         run(x, np.empty(run.out_shape, F64))
+    with pytest.raises(TypeError, match="out must be a plain numpy.ndarray"):
+        run(x, out.tolist())
     if x.shape == run.out_shape:   # an out that is the input: refused as the checked call does
         with pytest.raises(ValueError, match="overlaps"):
             run(x, x)

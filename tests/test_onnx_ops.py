@@ -179,6 +179,8 @@ def test_global_pools(op, shape, rng):
     # the reference evaluator's GlobalMaxPool reduces the channels of a 3-D input too
     engines = ("ort",) if len(shape) == 3 else ("ort", "reference")
     check(op, {"x": rand(rng, *shape)}, opset=9, engines=engines)
+    (empty,) = build(op, opset=9)(rand(rng, 0, *shape[1:]))   # an empty batch
+    assert empty.shape == (0, shape[1]) + (1,) * (len(shape) - 2)
 
 
 # --- normalisation -------------------------------------------------------------------------

@@ -221,7 +221,7 @@ class Fuser:
                     self.consumers[name].append(node)
         self.fused = set()   # ids of the nodes already part of a step
         self.deferred = {}   # id of an Add -> the Conv step that adds into its other input
-        self.shuffles = self.channel_shuffles()   # id of a Conv -> (value it reads, groups)
+        self.shuffles = self.channel_shuffles()   # id of a Conv -> what it reads, shuffled
 
     def channel_shuffles(self):
         """{id of a depthwise Conv: (value, g, (batch, first Reshape))} for each one whose
@@ -251,8 +251,9 @@ class Fuser:
             if (shape is None or len(shape) != 4 or grouped is None or len(grouped) != 5
                     or weight is None or weight.ndim != 4 or weight.shape[1] != 1
                     or conv.attr("group", 1) != shape[1]
+                    or grouped[1] < 2 or shape[1] % grouped[1]
                     or tuple(grouped) != (shape[0], grouped[1], shape[1] // grouped[1])
-                    + tuple(shape[2:]) or grouped[1] < 2
+                    + tuple(shape[2:])
                     or shapes.get(back.outputs[0]) != shape
                     or transpose.attr("perm") != [0, 2, 1, 3, 4]):
                 continue

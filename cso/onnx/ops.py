@@ -231,11 +231,13 @@ def _build_average_pool(node, constants):
 def _global_pool(kind, node, x):
     """The ``kind`` ("max" or "average") of each (image, channel)'s spatial elements of ``x``,
     compiled (``kernels.global_pool``), shaped (N, C, 1, ...)."""
-    if x.ndim < 3 or x.size == 0:
+    if x.ndim < 3 or 0 in x.shape[2:]:
         raise node.error(f"input of shape {x.shape} has no spatial elements to pool")
     x = _kernel_input(node, x, floats_only=kind == "average")
     out = np.empty(x.shape[:2] + (1,) * (x.ndim - 2), x.dtype)
-    return (kernels.global_pool(kind, x, out, get_num_threads()),)
+    if out.size:   # an empty batch has nothing to pool
+        kernels.global_pool(kind, x, out, get_num_threads())
+    return (out,)
 
 
 @_operator("GlobalAveragePool")
