@@ -104,7 +104,8 @@ POOL_CASES = [
     dict(kernel_shape=[2, 2], strides=[3, 3], pads=[1, 1, 1, 1], ceil_mode=1),  # last dropped
     dict(kernel_shape=[2, 2], strides=[3, 3]),                              # strides > kernel
     dict(kernel_shape=[1, 1], strides=[2, 2]),
-    dict(kernel_shape=[7, 9]),                                              # kernel == input
+    dict(kernel_shape=[7, 9]),                                # kernel == input: a global pool
+    dict(kernel_shape=[7, 9], strides=[2, 2], pads=[0, 0, 1, 1]),   # one window, and padding
     dict(kernel_shape=[3, 3], strides=[2, 2], auto_pad="SAME_UPPER"),
     dict(kernel_shape=[4, 4], strides=[1, 1], auto_pad="SAME_UPPER"),
     dict(kernel_shape=[4, 3], strides=[2, 1], auto_pad="SAME_LOWER"),
