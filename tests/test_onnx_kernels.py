@@ -234,9 +234,9 @@ def test_a_new_process_loads_the_kernels_from_numba_cache(tmp_path):
 
 
 def test_concurrent_first_calls_compile_each_kernel_once_and_agree(tmp_path):
-    """Threads that call pools of the same and of different window shapes at once, in a
-    process whose numba cache is empty (so the kernels compile under them), all get the
-    reference's result."""
+    """Threads that call pools of the same and of different window shapes at once, then
+    global pools, in a process whose numba cache is empty (so the kernels compile under
+    them), all get the reference's result."""
     child = """if True:
         import threading
         import numpy as np
@@ -269,6 +269,25 @@ def test_concurrent_first_calls_compile_each_kernel_once_and_agree(tmp_path):
             bounds = ((0, 23), (0, 37)) if kind == "average" else None
             kernels.pool(kind, x, expected, kernel, strides, (1, 1), (1, 1), bounds, 1)
             assert np.array_equal(results[i], expected) and np.array_equal(results[i + 4], expected)
+
+        def global_pool(i, kind):   # the global pools, compiling under 8 threads too
+            try:
+                out = np.empty((2, 5, 1, 1), np.float32)
+                barrier.wait()
+                kernels.global_pool(kind, x, out, 2)
+                results[i] = out
+            except Exception as err:
+                errors.append(repr(err))
+        threads = [threading.Thread(target=global_pool, args=(i, ("max", "average")[i % 2]))
+                   for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for i in range(8):
+            planes = x.reshape(2, 5, -1)
+            want = planes.max(axis=2) if i % 2 == 0 else planes.mean(axis=2, dtype=np.float64)
+            assert np.allclose(results[i][..., 0, 0], want, rtol=1e-6, atol=1e-6)
         print(errors)
     """
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))

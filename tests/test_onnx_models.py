@@ -472,3 +472,29 @@ def test_channel_shuffle_left_alone_or_batch_kept(rng):
     assert [s.label for s in loaded.steps] == ["Conv", "ChannelShuffle+Conv"]
     with pytest.raises(UnsupportedModel, match=r"Reshape.*fixes the batch at 1"):
         loaded.run(None, {"x": np.zeros((2, 12, 6, 7), np.float32)})
+
+
+def test_concurrent_first_runs_on_new_batch_sizes_agree(rng):
+    """Threads that run one model at once on batch sizes it was not loaded for (each step
+    prepares and binds those shapes under them, the shuffle-fused depthwise Conv included)
+    get what one thread gets from a copy of the model."""
+    import threading
+    model, _ = channel_shuffle_model(rng)
+    shared, alone = cso.onnx.load(model), cso.onnx.load(model)
+    inputs = [rng.standard_normal((2 + i % 3, 12, 6, 7)).astype(np.float32) for i in range(8)]
+    barrier, results, errors = threading.Barrier(8), {}, []
+
+    def run(i):
+        try:
+            barrier.wait()
+            results[i] = shared(inputs[i])
+        except Exception as err:   # reported below, not lost in the thread
+            errors.append(err)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for i, x in enumerate(inputs):
+        np.testing.assert_array_equal(results[i], alone(x))
