@@ -192,43 +192,39 @@ def test_residual_after_a_depthwise_convolution_stays_a_sum(rng, channels, group
     assert [s.label for s in loaded.steps] == ["Conv", "Add"]
 
 
-def test_concurrent_loads_and_runs_agree(rng):
-    """Threads loading models at once, then running one model at once: each run's reused
-    arrays are its own (an in-place residual included), every result the same."""
+def in_threads(count, work):
+    """``work(i)`` on ``count`` threads started together; {i: its result}, after checking that
+    none raised (an exception in a thread is reported here, not lost)."""
     import threading
-    model, _ = residual_block(rng)
-    inputs = [rng.standard_normal((2, 4, 6, 7)).astype(np.float32) for _ in range(4)]
-    loaded, errors = [None] * 4, []
-
-    def load(i):
-        try:
-            loaded[i] = cso.onnx.load(model)
-        except Exception as err:   # reported below, not lost in the thread
-            errors.append(err)
-    threads = [threading.Thread(target=load, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
-    expected = [loaded[0](x) for x in inputs]
-    results = {}
+    barrier, results, errors = threading.Barrier(count), {}, []
 
     def run(i):
         try:
-            results[i] = [loaded[0](inputs[i % 4]) for _ in range(5)]
+            barrier.wait()
+            results[i] = work(i)
         except Exception as err:
             errors.append(err)
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert not errors
+    return results
+
+
+def test_concurrent_loads_and_runs_agree(rng):
+    """Threads loading models at once, then running one model at once: each run's reused
+    arrays are its own (an in-place residual included), every result the same."""
+    model, _ = residual_block(rng)
+    inputs = [rng.standard_normal((2, 4, 6, 7)).astype(np.float32) for _ in range(4)]
+    loaded = in_threads(4, lambda i: cso.onnx.load(model))
+    expected = [loaded[0](x) for x in inputs]
+    results = in_threads(8, lambda i: [loaded[0](inputs[i % 4]) for _ in range(5)])
     for i, outs in results.items():
         for out in outs:
             np.testing.assert_array_equal(out, expected[i % 4])
-    assert all(np.array_equal(m(inputs[0]), expected[0]) for m in loaded)
+    assert all(np.array_equal(m(inputs[0]), expected[0]) for m in loaded.values())
 
 
 def test_residual_that_is_the_input_or_a_graph_input_is_copied_not_overwritten(rng):
@@ -478,23 +474,9 @@ def test_concurrent_first_runs_on_new_batch_sizes_agree(rng):
     """Threads that run one model at once on batch sizes it was not loaded for (each step
     prepares and binds those shapes under them, the shuffle-fused depthwise Conv included)
     get what one thread gets from a copy of the model."""
-    import threading
     model, _ = channel_shuffle_model(rng)
     shared, alone = cso.onnx.load(model), cso.onnx.load(model)
     inputs = [rng.standard_normal((2 + i % 3, 12, 6, 7)).astype(np.float32) for i in range(8)]
-    barrier, results, errors = threading.Barrier(8), {}, []
-
-    def run(i):
-        try:
-            barrier.wait()
-            results[i] = shared(inputs[i])
-        except Exception as err:   # reported below, not lost in the thread
-            errors.append(err)
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    results = in_threads(8, lambda i: shared(inputs[i]))
     for i, x in enumerate(inputs):
         np.testing.assert_array_equal(results[i], alone(x))
