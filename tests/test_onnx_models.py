@@ -430,6 +430,71 @@ def test_concat_input_read_in_place_by_a_residual_is_copied(rng):
     assert loaded.slots == {}
 
 
+def shuffle_unit(rng, pool="AveragePool", pool_attrs=None, conv_read_twice=False):
+    """ShuffleNet's strided unit: Concat(Conv(x) with no Relu, a pool of Relu(x)), then
+    Relu, then a Conv; optionally the first Conv's output is also a graph output."""
+    inits = {"w0": rng.standard_normal((5, 3, 3, 3)).astype(np.float32),
+             "w1": (rng.standard_normal((2, 8, 1, 1)) / 4).astype(np.float32)}
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node(pool, ["r"], ["p"], **dict(attrs, **(pool_attrs or {}))),
+             helper.make_node("Concat", ["a", "p"], ["cat"], axis=1),
+             helper.make_node("Relu", ["cat"], ["cat_relu"]),
+             helper.make_node("Conv", ["cat_relu", "w1"], ["y"])]
+    outputs = [tensor("y", None)] + ([tensor("a", None)] if conv_read_twice else [])
+    return make_model(nodes, [tensor("x", ["N", 3, 9, 10])], outputs, inits)
+
+
+@pytest.mark.parametrize("pool", ["AveragePool", "MaxPool"])
+def test_relu_after_concat_is_taken_by_its_inputs_and_pool_made_in_place(rng, monkeypatch,
+                                                                         pool):
+    """The Relu after the Concat goes into the Conv that makes its first input (the pool's
+    input is >= 0 already), and the pool makes its output in the Concat's channels: no Relu
+    step, and nothing copied at batch 1."""
+    from cso.onnx import concat
+    in_place = []
+
+    def same_memory(a, b, check=concat._same_memory):
+        in_place.append(check(a, b))
+        return in_place[-1]
+    monkeypatch.setattr(concat, "_same_memory", same_memory)
+    model = shuffle_unit(rng, pool)
+    loaded = cso.onnx.load(model)
+    assert [s.label for s in loaded.steps] == ["Conv+Relu", "Relu", pool, "Concat", "Conv"]
+    assert {name: (s.concat, s.first, s.stop) for name, s in loaded.slots.items()} == {
+        "a": ("cat", 0, 5), "p": ("cat", 5, 8)}
+    for batch in (1, 3, 1):   # made in place at batch 1, copied at 3
+        in_place.clear()
+        x = rng.standard_normal((batch, 3, 9, 10)).astype(np.float32)
+        assert_matches_onnxruntime(model, {"x": x}, loaded)
+        assert in_place == ([True, True] if batch == 1 else [])
+
+
+@pytest.mark.parametrize("case", ["conv read twice", "dilated max pool", "average of any sign"])
+def test_relu_after_concat_stays_when_its_inputs_cannot_take_it(rng, case):
+    """The Relu stays a step when the Conv's output is read elsewhere too (the Relu would
+    change it there), or when the pool's output may be negative: a dilated max pool (whose
+    window may miss the image: a -inf), an average of values of any sign."""
+    model = shuffle_unit(rng, "MaxPool" if case == "dilated max pool" else "AveragePool",
+                         {"dilations": [2, 2], "pads": [2] * 4} if case == "dilated max pool" else None,
+                         conv_read_twice=case == "conv read twice")
+    if case == "average of any sign":   # the pool reads x, not Relu(x)
+        model.graph.node[2].input[0] = "x"
+    x = rng.standard_normal((1, 3, 9, 10)).astype(np.float32)
+    labels = [s.label for s in assert_matches_onnxruntime(model, {"x": x}).steps]
+    assert labels[labels.index("Concat"):] == ["Concat", "Relu", "Conv"]
+    assert labels[0] == "Conv"
+
+
+def test_relu_of_a_value_already_relud_is_dropped(rng):
+    tail = [("Relu", {}, {}), ("MaxPool", {}, {"kernel_shape": [2, 2]}), ("Relu", {}, {}),
+            ("Conv", {"w1": rng.standard_normal((2, 6, 1, 1)).astype(np.float32)}, {})]
+    model, feeds = conv_chain(rng, tail)
+    loaded = assert_matches_onnxruntime(model, feeds)
+    assert [s.label for s in loaded.steps] == ["Conv+Relu", "MaxPool", "Conv"]
+
+
 def channel_shuffle_model(rng, batch_dim=0, shuffled_also_read=False, c=12, g=3):
     """ShuffleNet's unit: a grouped 1x1 Conv, the channel shuffle (Reshape, Transpose,
     Reshape) and a depthwise 3x3 Conv; optionally the shuffled value also a graph output."""

@@ -174,6 +174,29 @@ def test_average_pool_divisor_excludes_ceil_region():
     np.testing.assert_allclose(y[0, 0], np.outer(per_axis, per_axis), rtol=1e-6)
 
 
+@pytest.mark.parametrize("op, kernel", [("MaxPool", [2, 3]), ("AveragePool", [2, 3]),
+                                        ("AveragePool", [4, 5])])   # the last: a global pool
+def test_pools_make_their_output_in_out_or_buffers(op, kernel, rng):
+    from cso.onnx.buffers import Buffers
+    x = rand(rng, 1, 3, 4, 5)
+    pool = build(op, dict(kernel_shape=kernel))
+    (expected,) = pool(x)[:1]
+    block = np.full((1, 5, 3, 3), 7, np.float32)   # the pool's channels are 1..3, cut to its
+    out = block[:, 1:4, :expected.shape[2], :expected.shape[3]]   # shape when it is not 3x3
+    if not out.flags.c_contiguous:
+        out = np.empty_like(expected)
+    assert pool(x, out=out)[0] is out
+    np.testing.assert_array_equal(out, expected)
+    buffers = Buffers()
+    made = pool(x, buffers=buffers)[0]
+    np.testing.assert_array_equal(made, expected)
+    assert buffers.nbytes >= made.nbytes
+    for wrong in (np.empty((1, 3, 9, 9), np.float32), np.empty(expected.shape, np.float64),
+                  np.empty((1, 6) + expected.shape[2:], np.float32)[:, ::2]):
+        with pytest.raises(UnsupportedModel, match=r"out= of shape .* for an output of shape"):
+            pool(x, out=wrong)
+
+
 @pytest.mark.parametrize("op", ["GlobalAveragePool", "GlobalMaxPool"])
 @pytest.mark.parametrize("shape", [(2, 3, 5, 4), (1, 4, 7), (2, 3, 1, 1)])
 def test_global_pools(op, shape, rng):

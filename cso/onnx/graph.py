@@ -11,7 +11,7 @@ from ..threads import get_num_threads
 from . import concat, kernels
 from .conv import ConvStep, gemm_as_conv
 from .node import Node, UnsupportedModel
-from .ops import CAPTURES_CONSTANTS, OPERATORS
+from .ops import CAPTURES_CONSTANTS, OPERATORS, TAKES_OUT
 
 AFFINE = ("BatchNormalization", "Mul", "Add")
 
@@ -99,8 +99,8 @@ class Operator:
         self.constants = {name: constants[name] for name in node.inputs if name in constants}
         self.run = OPERATORS[node.op_type](node, constants)
 
-    def __call__(self, *inputs):
-        return self.run(*inputs)
+    def __call__(self, *inputs, **options):
+        return self.run(*inputs, **options)
 
     def __reduce__(self):
         return Operator, (self.node, self.constants)
@@ -208,6 +208,14 @@ def _batch_of(reshape, constants):
     return 0 if first == -1 or (first == 0 and not reshape.attr("allowzero", 0)) else first
 
 
+def _keeps_sign(step):
+    """Whether ``step`` makes values >= 0 of inputs >= 0: a pool (a max pool's every window
+    holds an element of the image, as pads < kernel and undilated), a Concat."""
+    if step.label == "MaxPool":
+        return step.run.node.attr("dilations", [1, 1]) == [1, 1]
+    return step.label in ("AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Concat")
+
+
 class Fuser:
     """Walks the folded graph once, fusing each head node with the single-consumer chain after
     it."""
@@ -221,6 +229,9 @@ class Fuser:
                     self.consumers[name].append(node)
         self.fused = set()   # ids of the nodes already part of a step
         self.deferred = {}   # id of an Add -> the Conv step that adds into its other input
+        self.made = {}       # value -> the step that makes it (see ``note``)
+        # values >= 0 (or NaN): made by a Relu, or by a pool or Concat of such values
+        self.nonnegative = set()
         self.shuffles = self.channel_shuffles()   # id of a Conv -> what it reads, shuffled
 
     def channel_shuffles(self):
@@ -289,7 +300,55 @@ class Fuser:
             node = self.only_consumer(out)
         return out
 
+    def note(self, step):
+        """Record the outputs of ``step``, the last step made: who makes them, and whether
+        they are >= 0."""
+        for name in step.outputs:
+            self.made[name] = step
+        data = [name for name in step.inputs if name and name not in self.graph.constants]
+        if step.label.endswith("Relu") or (_keeps_sign(step) and
+                                           all(name in self.nonnegative for name in data)):
+            self.nonnegative.update(name for name in step.outputs if name)
+
+    def relu_applied(self, data, relu):
+        """Whether Relu(``data``) is ``data``: it is >= 0, or is a Concat's output read by
+        ``relu`` alone whose inputs are >= 0 or made by a Conv (or per-channel affine) step
+        that takes the Relu instead (ShuffleNet's Relu after each Concat)."""
+        if data in self.nonnegative:
+            return True
+        concat = self.made.get(data)
+        if concat is None or concat.label != "Concat" or self.only_consumer(data) is not relu:
+            return False
+        takers = []
+        for name in concat.inputs:
+            step = self.made.get(name)
+            if name in self.nonnegative:
+                continue
+            if (step is None or not isinstance(step.run, (ConvStep, AffineStep))
+                    or step.run.relu or step.outputs != [name]
+                    or self.only_consumer(name) is not concat.run.node):
+                return False
+            takers.append(step)
+        for step in takers:
+            step.run.relu = True
+            step.label += "+Relu"
+            self.nonnegative.update(step.outputs)
+        self.nonnegative.add(data)
+        return True
+
+    def alias(self, old, new, node):
+        """Let the nodes after ``node`` read ``new`` for ``old`` (``node``'s output, which
+        equals its input ``new``)."""
+        for later in self.graph.nodes:
+            later.inputs[:] = [new if name == old else name for name in later.inputs]
+        readers = [n for n in self.consumers[new] if n is not node] + self.consumers.pop(old, [])
+        self.consumers[new] = list({id(n): n for n in readers}.values())
+
     def step(self, node):
+        if (node.op_type == "Relu" and not node.attrs and node.outputs[0] not in self.graph.outputs
+                and self.relu_applied(node.inputs[0], node)):
+            self.alias(node.outputs[0], node.inputs[0], node)
+            return None
         if node.op_type == "Conv":
             return self.conv_step(node)
         if id(node) in self.deferred:
@@ -318,7 +377,9 @@ class Fuser:
         # inputs the operator keeps from load time are not passed (nor kept by the model)
         inputs = [name if index == 0 or node.op_type not in CAPTURES_CONSTANTS
                   or name not in self.graph.constants else "" for index, name in enumerate(node.inputs)]
-        return Step(node.op_type, run, inputs, node.outputs)
+        takes_out = node.op_type in TAKES_OUT
+        return Step(node.op_type, run, inputs, node.outputs, buffered=takes_out,
+                    takes_out=takes_out)
 
     def conv_step(self, node):
         constants = self.graph.constants
@@ -391,6 +452,7 @@ def build_steps(graph):
             step = fuser.step(node)
             if step is not None:
                 steps.append(step)
+                fuser.note(step)
                 if node.op_type == "Concat":
                     concat_axes[id(step)] = node.attr("axis")
     last_use = {}   # a value no step reads (Dropout's mask, say) is dropped where it is made

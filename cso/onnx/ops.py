@@ -18,6 +18,8 @@ OPERATORS = {}
 # operators whose builders keep every constant input they use beyond the first: the model
 # passes None for those at run time, and does not keep the constants themselves
 CAPTURES_CONSTANTS = {"BatchNormalization", "Dropout", "Gemm", "Reshape", "Unsqueeze"}
+# operators whose run takes ``out=`` (an array to make the output in) and ``buffers=``
+TAKES_OUT = {"MaxPool", "AveragePool"}
 
 
 def _operator(*op_types):
@@ -189,19 +191,32 @@ def _kernel_input(node, x, floats_only):
     return np.ascontiguousarray(x)
 
 
-def _pool(kind, x, geometry, axes, count_bounds=None):
-    """The ``kind`` ("max" or "average") pool of NCHW ``x``, compiled (``kernels.pool``); one
-    window that is the whole plane (the 7x7 average pools that end ResNet and DenseNet) as a
-    global pool, whose pass goes a vector at a time down the plane (21 against 140 us on
-    ResNet-50's 2048 planes of 7x7, Zen 3)."""
+def _pool(kind, x, geometry, axes, count_bounds=None, out=None, buffers=None):
+    """The ``kind`` ("max" or "average") pool of NCHW ``x``, compiled (``kernels.pool``), made
+    in ``out`` (a C-contiguous array of its shape: the model hands a pool its channels of the
+    Concat that reads it), else in an array from ``buffers``; one window that is the whole
+    plane (the 7x7 average pools that end ResNet and DenseNet) as a global pool, whose pass
+    goes a vector at a time down the plane (21 against 140 us on ResNet-50's 2048 planes of
+    7x7, Zen 3)."""
     (oh, top, bottom), (ow, left, right) = axes
+    out = _output(geometry.node, x.shape[:2] + (oh, ow), x.dtype, out, buffers)
     if ((oh, ow, top, left, bottom, right) == (1, 1, 0, 0) + x.shape[2:]
             and tuple(geometry.kernel) == x.shape[2:] and tuple(geometry.dilations) == (1, 1)):
-        return _global_pool(kind, geometry.node, x)[0]
+        return _global_pool(kind, geometry.node, x, out)[0]
     x = _kernel_input(geometry.node, x, floats_only=kind == "average")
-    out = np.empty(x.shape[:2] + (oh, ow), x.dtype)
     return kernels.pool(kind, x, out, geometry.kernel, geometry.strides, geometry.dilations,
                         (top, left), count_bounds, get_num_threads())
+
+
+def _output(node, shape, dtype, out, buffers):
+    """``out`` if given (checked: a kernel writes it whole), else a new array (from
+    ``buffers`` when given)."""
+    if out is None:
+        return buffers.get(shape, dtype) if buffers else np.empty(shape, dtype)
+    if out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
+        raise node.error(f"out= of shape {out.shape}, dtype {out.dtype} for an output of "
+                         f"shape {shape}, dtype {dtype} (C-contiguous)")
+    return out
 
 
 @_operator("MaxPool")
@@ -212,8 +227,8 @@ def _build_max_pool(node, constants):
     geometry = _PoolGeometry(node, dilations=True)
     omitted = (None,) * (len(node.outputs) - 1)
 
-    def run(x):
-        return (_pool("max", x, geometry, geometry.axes(x)),) + omitted
+    def run(x, out=None, buffers=None):
+        return (_pool("max", x, geometry, geometry.axes(x), None, out, buffers),) + omitted
     return run
 
 
@@ -225,22 +240,22 @@ def _build_average_pool(node, constants):
     if include_pad not in (0, 1):
         raise node.error(f"count_include_pad={include_pad!r} must be 0 or 1")
 
-    def run(x):
+    def run(x, out=None, buffers=None):
         axes = geometry.axes(x)
         # count_include_pad counts the padding, not what ceil_mode adds past it
         bounds = [(-head, end - head) if include_pad else (0, size)
                   for (_, head, end), size in zip(axes, x.shape[2:])]
-        return (_pool("average", x, geometry, axes, bounds),)
+        return (_pool("average", x, geometry, axes, bounds, out, buffers),)
     return run
 
 
-def _global_pool(kind, node, x):
+def _global_pool(kind, node, x, out=None):
     """The ``kind`` ("max" or "average") of each (image, channel)'s spatial elements of ``x``,
-    compiled (``kernels.global_pool``), shaped (N, C, 1, ...)."""
+    compiled (``kernels.global_pool``), shaped (N, C, 1, ...) (in ``out`` if given)."""
     if x.ndim < 3 or 0 in x.shape[2:]:
         raise node.error(f"input of shape {x.shape} has no spatial elements to pool")
     x = _kernel_input(node, x, floats_only=kind == "average")
-    out = np.empty(x.shape[:2] + (1,) * (x.ndim - 2), x.dtype)
+    out = _output(node, x.shape[:2] + (1,) * (x.ndim - 2), x.dtype, out, None)
     if out.size:   # an empty batch has nothing to pool
         kernels.global_pool(kind, x, out, get_num_threads())
     return (out,)
