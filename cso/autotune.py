@@ -20,6 +20,7 @@ from microkernels.once import compiled_once
 
 from .calibration import _seconds, calibration, enabled as calibrated
 from .lowering import ALL_PHASES
+from .threads import unrecorded
 
 BUDGET = 1.0     # seconds of timed calls per convolution
 ROUNDS = 3       # each candidate timed once a round, the rounds interleaved: drift hits all
@@ -53,6 +54,7 @@ def tuned_plan(plan, record):
         f"{1e3 * record['model_seconds']:.3f} ms{bound}; overrides kept: {kept}"))
 
 
+@unrecorded
 def measure(spec, isa_name, threads, budget):
     """Time each candidate plan of ``spec`` and choose (see the module's docstring)."""
     from .api import Conv2d, host_machine

@@ -33,7 +33,7 @@ from microkernels.jit import JitModule
 from microkernels.once import compiled_once
 from microkernels import probe
 
-from .threads import available_cpus, run_parts
+from .threads import available_cpus, run_parts, unrecorded
 
 ENV_VAR = "CSO_CALIBRATE"
 VERSION = 2                 # of the record's layout: a record of another version is measured anew
@@ -82,6 +82,7 @@ def calibration(isa_name, again=False):
     return found
 
 
+@unrecorded
 def measure(machine, isa_name):
     """Measure what the record holds: ``fma_gflops`` (one core), ``fma_in_flight``,
     ``kernels`` {kernel variant: {broadcasts: fraction of the FMA peak}}, ``read_gbs`` {cache

@@ -17,7 +17,10 @@ pool's state is one int64 array (``STATE_WORDS``, its hot words a cache line apa
 ``pool_worker(state, spin, rank)`` never returns: a worker thread lives in it. ``pool_run(state,
 fn, args, nparts, helpers, spin)`` runs a job on the caller and up to ``helpers``
 workers, or on the caller alone when another caller owns the pool, and returns when every part
-has run. Both are called through ctypes, which releases the GIL for their whole run.
+has run. ``pool_run_jobs(state, jobs, count, threads, spin)`` runs ``count`` jobs one after the
+other, each an (fn, args, nparts) triple of int64 at ``jobs``, on up to ``threads`` threads: a
+model's recorded steps in one call. All are called through ctypes, which releases the GIL for
+their whole run.
 """
 import ctypes
 import platform
@@ -250,21 +253,50 @@ def _define_run(module, triple, run_one, wake_all):
     return fn
 
 
+def _define_run_jobs(module, run):
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I64, I64]),
+                     "pool_run_jobs")
+    state, jobs, count, threads, spin = fn.args
+    bld = _Builder(fn.append_basic_block("entry"))
+    loop, body, done = (bld.new_block(n) for n in ("loop", "body", "done"))
+    entered = bld.block
+    bld.branch(loop)
+    bld.position_at_end(loop)
+    i = bld.phi(I64)
+    i.add_incoming(ir.Constant(I64, 0), entered)
+    bld.cbranch(bld.icmp_unsigned("<", i, count), body, done)
+    bld.position_at_end(body)
+    target, args, nparts = (
+        bld.load(bld.gep(jobs, [bld.add(bld.mul(i, ir.Constant(I64, 3)), ir.Constant(I64, word))],
+                         source_etype=I64), typ=I64)
+        for word in range(3))
+    share = bld.select(bld.icmp_unsigned("<", nparts, threads), nparts, threads)
+    bld.call(run, [state, target, args, nparts, bld.sub(share, ir.Constant(I64, 1)), spin])
+    i.add_incoming(bld.add(i, ir.Constant(I64, 1)), body)
+    bld.branch(loop)
+    bld.position_at_end(done)
+    bld.ret_void()
+
+
 def define_pool(module):
-    """The pool's functions in ``module`` (whose triple chooses the sleep): ``pool_worker`` and
-    ``pool_run``, returned."""
+    """The pool's functions in ``module`` (whose triple chooses the sleep): ``pool_worker``,
+    ``pool_run_jobs`` and ``pool_run``, returned."""
     triple = module.triple
     run_one = _define_run_one(module)
     sleep, wake_all = _define_sleep_and_wake(module, triple)
     _define_worker(module, triple, run_one, sleep)
-    return _define_run(module, triple, run_one, wake_all)
+    run = _define_run(module, triple, run_one, wake_all)
+    _define_run_jobs(module, run)
+    return run
 
 
 @compiled_once
 def compiled_pool():
-    """``.worker(state, spin, rank)`` and ``.run(state, fn, args, nparts, helpers, spin)``
-    (ctypes, addresses as integers)."""
+    """``.worker(state, spin, rank)``, ``.run(state, fn, args, nparts, helpers, spin)`` and
+    ``.run_jobs(state, jobs, count, threads, spin)`` (ctypes, addresses as integers)."""
     compiled = native_function(define_pool).module
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     return SimpleNamespace(worker=compiled.function("pool_worker", None, ptr, i64, i64),
-                           run=compiled.function("pool_run", None, ptr, i64, i64, i64, i64, i64))
+                           run=compiled.function("pool_run", None, ptr, i64, i64, i64, i64, i64),
+                           run_jobs=compiled.function("pool_run_jobs", None, ptr, ptr, i64, i64,
+                                                      i64))

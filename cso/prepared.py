@@ -14,7 +14,7 @@ from . import lowering as slicing
 from .entry import CALL_ARGS
 from .lowering import ALL_PHASES
 from .pool import compiled_pool
-from .threads import run_parts
+from .threads import recording, run_parts
 
 X_ARG, W_ARG, BIAS_ARG, OUT_ARG, GEOM_ARG, PARTS_ARG, SCRATCH_ARG, OUT_T_ARG, ROWS_ARG = (
     CALL_ARGS.index(name)
@@ -119,10 +119,11 @@ class Prepared:
             space = workspace(elements, dtype)
             held.append(space)
             args[at] = data_address(space)
-        if self.part_count == 1:
+        if self.part_count == 1 and recording() is None:
             self.entry.call(args.buffer_info()[0], 0)
-        else:
-            run_parts(self.entry.address, args.buffer_info()[0], self.part_count, threads)
+        else:   # (a recorded job keeps what its arguments point to but ``x`` and ``out``)
+            run_parts(self.entry.address, args.buffer_info()[0], self.part_count, threads,
+                      keep=(args, held, self, packed_w, bias))
 
     def _arguments(self, x, packed_w, bias, out):
         """A new ``CALL_ARGS`` vector for these arrays, but the workspaces' addresses: a copy

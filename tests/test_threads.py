@@ -12,7 +12,7 @@ from numba import cfunc, types
 
 import csa
 import cso
-from cso.threads import run_parts
+from cso.threads import record_jobs, recording, run_jobs, run_parts, unrecorded
 
 from .children import CHILD_CWD
 from .machines import ZEN5_CCD
@@ -233,6 +233,48 @@ def test_run_parts_from_several_threads_at_once():
     for caller in callers:
         caller.join()
     assert [c.tolist() for c in counters] == [[300] * 4] * 4
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_run_jobs_runs_every_part_of_every_job_once(threads):
+    """Jobs of 1-7 parts on their own counters, in one call: each part once per job."""
+    counters = [np.zeros(parts, np.int64) for parts in range(1, 8)]
+    jobs = np.array([(_count_part.address, c.ctypes.data, c.size) for c in counters] * 50,
+                    np.int64).reshape(-1)
+    run_jobs(jobs, threads)
+    assert [c.tolist() for c in counters] == [[50] * c.size for c in counters]
+    run_jobs(np.zeros(0, np.int64), threads)   # no jobs
+    for wrong, match in ((jobs[:4], "triples"), (jobs.astype(np.int32), "int64"),
+                         (np.array([_count_part.address, 0, 0], np.int64), "parts")):
+        with pytest.raises(ValueError, match=match):
+            run_jobs(wrong, threads)
+
+
+def test_recorded_jobs_leave_out_unrecorded_functions():
+    """A recorder sees this thread's run_parts calls (with what they keep), not those of a
+    function marked ``unrecorded`` (timing trials), nor another thread's."""
+    class Recorder:
+        def __init__(self):
+            self.jobs = []
+
+        def add(self, function, args, parts, keep):
+            self.jobs.append((function, args, parts, keep))
+
+    counters = np.zeros(3, np.int64)
+    trial = unrecorded(lambda: run_parts(_count_part.address, counters.ctypes.data, 2, 2))
+    recorder = Recorder()
+    record_jobs(recorder)
+    try:
+        run_parts(_count_part.address, counters.ctypes.data, 3, 2, keep=(counters,))
+        trial()
+        other = threading.Thread(target=_count_jobs, args=(1, 1, 1, counters))
+        other.start()
+        other.join()
+        assert recording() is recorder
+    finally:
+        record_jobs(None)
+    assert recorder.jobs == [(_count_part.address, counters.ctypes.data, 3, (counters,))]
+    assert counters.tolist() == [3, 2, 1]
 
 
 def test_run_parts_checks_its_arguments():
