@@ -150,6 +150,18 @@ def test_affine(shape, relu, dtype, threads, rng):
     np.testing.assert_allclose(x, expected, rtol=1e-6)
 
 
+@pytest.mark.parametrize("size", [1, 15, 16, 17, 100, 1000, 4099])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int8])
+def test_copy(size, dtype, threads, rng):
+    """Sizes of a line, lines and a tail, shares that do not divide evenly; bytes past the
+    end untouched."""
+    x = rng.integers(-100, 100, size).astype(dtype)
+    out = np.full(size + 3, 7, dtype)
+    assert kernels.copy(x, out[:size], threads) is not None
+    np.testing.assert_array_equal(out[:size], x)
+    assert (out[size:] == 7).all()
+
+
 @pytest.mark.parametrize("shape", [(2, 5, 3, 7), (1, 9, 13, 13), (3, 2, 1, 1), (1, 3, 50)])
 @pytest.mark.parametrize("kind, dtype", [("max", np.float32), ("max", np.float64),
                                          ("max", np.int8), ("average", np.float32),
@@ -194,6 +206,7 @@ def test_no_access_outside_the_arrays(at, threads, rng):
                       kernels.pool(args[0], x, out, *args[1:], threads)))
     calls.append((shape, lambda x, out: kernels.lrn(x, out, 5, 1e-4, 0.75, 1.0, threads)))
     calls.append((shape, lambda x, out: kernels.affine(x, out, scale, shift, True, threads)))
+    calls.append((shape, lambda x, out: kernels.copy(x, out, threads)))
     for kind in ("max", "average"):
         calls.append((shape[:2] + (1, 1), lambda x, out, kind=kind:
                       kernels.global_pool(kind, x, out, threads)))

@@ -8,6 +8,7 @@ import numpy as np
 from ..api import Conv2d
 from ..arguments import same_padding
 from ..threads import get_num_threads
+from . import kernels
 
 BOUND_SHAPES = 8   # input shapes (and thread counts) a ConvStep keeps its bound calls for
 
@@ -100,6 +101,10 @@ class ConvStep(_BuiltOnce):
     def channels(self):
         return self.bias.shape[0]
 
+    # a call on C-contiguous arrays given ``buffers`` or ``out`` runs compiled code alone (the
+    # residual's copy too; see ``cso.onnx.program``)
+    jobs_only = True
+
     def fold_affine(self, scale, shift):
         """Fold ``y * scale + shift`` (per output channel) into the filters and bias (kept in
         float64 until the Conv2d is built in the model's dtype)."""
@@ -130,7 +135,12 @@ class ConvStep(_BuiltOnce):
                 if out is None:
                     out = buffers.get(residual.shape, residual.dtype) if buffers else \
                         np.empty_like(residual)
-                np.copyto(out, residual)
+                if (residual.flags.c_contiguous and out.flags.c_contiguous
+                        and residual.dtype == out.dtype and residual.shape == out.shape
+                        and not np.may_share_memory(residual, out)):
+                    kernels.copy(residual, out, get_num_threads())
+                else:
+                    np.copyto(out, residual)
         elif out is None:
             if buffers is None:
                 return (self.conv(x),)

@@ -1,5 +1,5 @@
 """Compiled kernels for the operators that cost the most around a model's convolutions:
-MaxPool and AveragePool, their global forms, LRN, and a per-channel affine map (+Relu).
+MaxPool and AveragePool, their global forms, LRN, a per-channel affine map (+Relu), and a copy.
 
 Each is a numba ``cfunc`` ``void part(int64 *args, int64 part)`` that cso's own thread pool
 runs (``cso.threads.run_parts``), on ``cso.get_num_threads()`` threads like the convolutions:
@@ -323,6 +323,17 @@ def _affine_part(relu, dtype):
     return part
 
 
+def _copy_part():
+    """The part function copying a share of an array's bytes; args: source and destination
+    addresses, 64-byte lines, bytes, the parts."""
+    def part(args, index):
+        source, destination = _pointer(args[0], types.uint8), _pointer(args[1], types.uint8)
+        first, last = _share(index, args[4], args[2])
+        for at in range(first * 64, min(last * 64, args[3])):
+            destination[at] = source[at]
+    return part
+
+
 def compiles(dtype):
     """Whether the kernels have code for ``dtype`` (numba has none for float16 or bool)."""
     return dtype in (np.float32, np.float64) or dtype.kind in "iu"
@@ -340,12 +351,12 @@ def _parts(work, threads):
     return max(1, min(work, threads * PARTS_PER_THREAD if threads > 1 else 1))
 
 
-def _run(function, args, work, threads):
+def _run(function, args, work, threads, *arrays):
     """Run ``function`` over ``work`` units in parts on up to ``threads`` threads; ``args``
-    (int64) ends with the part count, which is set here."""
+    (int64) ends with the part count, which is set here; ``arrays``: those it points to."""
     parts = _parts(work, threads)
     args[-1] = parts
-    run_parts(function, data_address(args), parts, threads)
+    run_parts(function, data_address(args), parts, threads, keep=(args,) + arrays)
 
 
 def pool(kind, x, out, kernel, strides, dilations, head, count_bounds, threads):
@@ -365,7 +376,7 @@ def pool(kind, x, out, kernel, strides, dilations, head, count_bounds, threads):
                      dilations[0], *head, row_lo, row_hi, col_lo, col_hi, data_address(rows),
                      span, 0], np.int64)
     function = _compiled(_pool_part, kind, x.dtype, *kernel, strides[1], dilations[1])
-    _run(function.address, args, n * c, threads)
+    _run(function.address, args, n * c, threads, x, out, rows)
     return out
 
 
@@ -378,7 +389,8 @@ def global_pool(kind, x, out, threads):
     partials = np.empty(_parts(planes, threads) * VECTOR_BYTES, np.uint8)
     args = np.array([data_address(x), data_address(out), planes, x[0, 0].size,
                      data_address(partials), 0], np.int64)
-    _run(_compiled(_global_pool_part, kind, x.dtype).address, args, planes, threads)
+    _run(_compiled(_global_pool_part, kind, x.dtype).address, args, planes, threads, x, out,
+         partials)
     return out
 
 
@@ -390,7 +402,16 @@ def lrn(x, out, size, alpha, beta, bias, threads):
     constants = np.array([alpha / size, beta, bias], np.float64)
     args = np.array([data_address(x), data_address(out), n, c, pixels, data_address(constants),
                      (size - 1) // 2, size // 2, 0], np.int64)
-    _run(_compiled(_lrn_part, x.dtype).address, args, n * -(-pixels // LRN_BLOCK), threads)
+    _run(_compiled(_lrn_part, x.dtype).address, args, n * -(-pixels // LRN_BLOCK), threads, x,
+         out, constants)
+    return out
+
+
+def copy(x, out, threads):
+    """``out`` = ``x``, both C-contiguous of one shape and dtype, not overlapping."""
+    lines = -(-x.nbytes // 64)
+    args = np.array([data_address(x), data_address(out), lines, x.nbytes, 0], np.int64)
+    _run(_compiled(_copy_part).address, args, lines, threads, x, out)
     return out
 
 
@@ -401,5 +422,6 @@ def affine(x, out, scale, shift, relu, threads):
     pixels = x[0, 0].size
     args = np.array([data_address(x), data_address(out), n * c, c, pixels, data_address(scale),
                      data_address(shift), 0], np.int64)
-    _run(_compiled(_affine_part, bool(relu), x.dtype).address, args, n * c, threads)
+    _run(_compiled(_affine_part, bool(relu), x.dtype).address, args, n * c, threads, x, out,
+         scale, shift)
     return out
