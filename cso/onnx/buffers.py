@@ -45,6 +45,13 @@ class Buffers:
             pairs.append((array, array.base))
             return array
 
+    def owns(self, array):
+        """Whether ``array`` is one of the arrays here or a view of one."""
+        while array.base is not None:
+            array = array.base
+        with self._lock:
+            return any(raw is array for pairs in self._arrays.values() for _, raw in pairs)
+
     def clear(self):
         with self._lock:
             self._arrays.clear()

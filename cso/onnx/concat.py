@@ -34,14 +34,22 @@ class ConcatStep:
     def __call__(self, *xs, out=None):
         if out is None:
             return (np.concatenate(xs, axis=1),)
-        first = 0
-        for x in xs:
-            stop = first + x.shape[1]
-            slot = out[:, first:stop]
+        for x, slot in _slots(xs, out):
             if not _same_memory(x, slot):
                 np.copyto(slot, x)
-            first = stop
         return (out,)
+
+    def made_in_place(self, xs, out):
+        """Whether every one of ``xs`` is in its channels of ``out`` already (nothing to copy)."""
+        return all(_same_memory(x, slot) for x, slot in _slots(xs, out))
+
+
+def _slots(xs, out):
+    """Each of ``xs`` with its channels of ``out``."""
+    first = 0
+    for x in xs:
+        yield x, out[:, first:first + x.shape[1]]
+        first += x.shape[1]
 
 
 def _same_memory(a, b):

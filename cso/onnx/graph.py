@@ -102,6 +102,12 @@ class Operator:
     def __call__(self, *inputs, **options):
         return self.run(*inputs, **options)
 
+    @property
+    def jobs_only(self):
+        """Whether a call given ``buffers`` or ``out`` does nothing but run compiled kernels
+        (see ``cso.onnx.program``)."""
+        return self.node.op_type in TAKES_OUT
+
     def __reduce__(self):
         return Operator, (self.node, self.constants)
 
@@ -165,6 +171,8 @@ def affine_of(node, graph, data, channels):
 class AffineStep:
     """``x * scale + shift`` per channel of an NCHW tensor, then Relu if fused: one pass for a
     chain such as BatchNormalization, Mul, Add, Relu that has no Conv before it."""
+
+    jobs_only = True   # a call runs the compiled kernel alone (see ``cso.onnx.program``)
 
     def __init__(self, node, channels):
         self.node = node   # the chain's first, named in errors

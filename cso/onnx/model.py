@@ -10,6 +10,9 @@ import numpy as np
 from ..threads import get_num_threads
 from .buffers import Buffers
 from .graph import build_steps, read
+from .program import Program
+
+PROGRAMS = 4   # input shapes (and thread counts) a model keeps its recorded program for
 
 
 _blas = None   # NumPy's BLAS libraries as threadpoolctl found them on the first run
@@ -34,18 +37,20 @@ class Model:
     def __init__(self, steps, inputs, outputs, constants, slots=None):
         self.steps = steps
         self.slots = slots or {}        # value -> its concat.Slot (made in a Concat's array)
-        self.buffers = Buffers()
+        self.buffers = Buffers()        # the arrays of runs that do not use a Program
+        self._programs = {}             # (input shapes, threads) -> its Program
         self.inputs = inputs            # name -> (shape loaded for, dtype)
         self.outputs = outputs
         used = {name for step in steps for name in step.inputs} | set(outputs)
         self.constants = {name: constants[name] for name in used if name in constants}
 
     def __getstate__(self):   # pickled and copied without the arrays it reuses
-        return {name: value for name, value in self.__dict__.items() if name != "buffers"}
+        return {name: value for name, value in self.__dict__.items()
+                if name not in ("buffers", "_programs")}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        self.buffers = Buffers()
+        self.buffers, self._programs = Buffers(), {}
 
     @property
     def input_names(self):
@@ -75,16 +80,53 @@ class Model:
 
     def _run(self, output_names, feeds, seconds):
         names = self._check_outputs(output_names)
-        values = dict(self.constants)
-        values.update(self._check_feeds(feeds))
-        buffered, plain = {"buffers": self.buffers}, {}   # run's options, not changed below
-        with _blas_threads(get_num_threads()):
-            for step in self.steps:
+        feeds = self._check_feeds(feeds)
+        threads = get_num_threads()
+        with _blas_threads(threads):
+            if seconds is not None:   # step by step, timed
+                return self._outputs(names, self._steps(feeds, self.buffers, seconds))
+            key = (tuple((name, value.shape) for name, value in feeds.items()), threads)
+            program = self._programs.get(key)
+            if program is None:
+                program = Program(feeds)
+                with program.lock:
+                    values = self._steps(feeds, program.buffers, None, program)
+                    outputs = self._outputs(names, values, program)
+                if len(self._programs) >= PROGRAMS:   # a stream of batch sizes cannot grow it
+                    self._programs.clear()
+                self._programs[key] = program
+                return outputs
+            if not program.lock.acquire(blocking=False):   # another thread runs it: run plain
+                return self._outputs(names, self._steps(feeds, self.buffers, None))
+            try:
+                values = program.replay(feeds, threads)
+                values = self._steps(values, program.buffers, None, first=program.resume)
+                return self._outputs(names, values, program)
+            finally:
+                program.lock.release()
+
+    def _steps(self, values, buffers, seconds, program=None, first=0):
+        """Run the steps from ``first`` on ``values`` (the feeds, or the values a replay left),
+        their arrays from ``buffers``; return the values after the last. A ``program`` given
+        records the run's leading steps that it can replay."""
+        feeds, values = values, dict(values)
+        if first == 0:
+            values.update(self.constants)
+        if program is not None:   # its jobs read its own copies of the feeds
+            values.update(program.feeds(feeds))
+            program.start()
+        outputs = set(self.outputs)
+        buffered, plain = {"buffers": buffers}, {}   # run's options, not changed below
+        try:
+            for index in range(first, len(self.steps)):
+                step = self.steps[index]
                 start = time.perf_counter() if seconds is not None else 0.0
+                if program is not None and program.resume is None:
+                    before, jobs = dict(values), len(program.jobs)
                 inputs = [values[name] if name else None for name in step.inputs]
                 options = buffered if step.buffered else plain
                 if step.takes_out:
-                    out = self._placed(step.outputs[0], values, inputs[0])
+                    out = self._placed(step.outputs[0], values, inputs[0], buffers)
                     if out is not None:
                         options = dict(options, out=out)
                 results = step.run(*inputs, **options)
@@ -98,21 +140,39 @@ class Model:
                     del values[name]
                 if seconds is not None:
                     seconds[step.label] += time.perf_counter() - start
-        return [values[name] for name in names]
+                if (program is not None and program.resume is None
+                        and not program.takes(step, inputs, results, jobs, outputs)):
+                    program.stop(index, before, jobs)
+                    # the steps after the replayed ones read the caller's feeds (which they may
+                    # return), as in a replay
+                    values.update((name, feeds[name]) for name in feeds if name in values)
+        finally:   # (a run that raised leaves its program unused)
+            if program is not None:
+                program.finish(self.steps, values)
+        return values
 
-    def _placed(self, name, values, like):
+    def _outputs(self, names, values, program=None):
+        """The outputs ``names``; a copy of one that is an array of ``program``'s, or a view of
+        one, which the next replay would overwrite."""
+        found = [values[name] for name in names]
+        if program is not None:
+            found = [value.copy() if isinstance(value, np.ndarray) and program.owns(value)
+                     else value for value in found]
+        return found
+
+    def _placed(self, name, values, like, buffers):
         """The array value ``name`` is to be made in, or None: its channels of its Concat's
-        array (``concat``) at batch 1, that array made here for the first of them; or the
-        Concat's own array, once made."""
+        array (``concat``) at batch 1, that array made here (from ``buffers``) for the first of
+        them; or the Concat's own array, once made."""
         found = values.get(name)
         slot = self.slots.get(name)
         if found is not None or slot is None or like.shape[0] != 1:
             return found
         block = values.get(slot.concat)
         if block is None:
-            block = self._placed(slot.concat, values, like)
+            block = self._placed(slot.concat, values, like, buffers)
             if block is None:
-                block = self.buffers.get((1,) + slot.shape, like.dtype)
+                block = buffers.get((1,) + slot.shape, like.dtype)
             values[slot.concat] = block
         return block[:, slot.first:slot.stop]
 

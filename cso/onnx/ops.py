@@ -18,8 +18,9 @@ OPERATORS = {}
 # operators whose builders keep every constant input they use beyond the first: the model
 # passes None for those at run time, and does not keep the constants themselves
 CAPTURES_CONSTANTS = {"BatchNormalization", "Dropout", "Gemm", "Reshape", "Unsqueeze"}
-# operators whose run takes ``out=`` (an array to make the output in) and ``buffers=``
-TAKES_OUT = {"MaxPool", "AveragePool"}
+# operators whose run takes ``out=`` (an array to make the output in) and ``buffers=`` (a
+# ``Buffers`` to take it from), and does nothing but run compiled kernels on C-contiguous input
+TAKES_OUT = {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LRN"}
 
 
 def _operator(*op_types):
@@ -249,13 +250,14 @@ def _build_average_pool(node, constants):
     return run
 
 
-def _global_pool(kind, node, x, out=None):
+def _global_pool(kind, node, x, out=None, buffers=None):
     """The ``kind`` ("max" or "average") of each (image, channel)'s spatial elements of ``x``,
-    compiled (``kernels.global_pool``), shaped (N, C, 1, ...) (in ``out`` if given)."""
+    compiled (``kernels.global_pool``), shaped (N, C, 1, ...) (in ``out`` or an array from
+    ``buffers`` if given)."""
     if x.ndim < 3 or 0 in x.shape[2:]:
         raise node.error(f"input of shape {x.shape} has no spatial elements to pool")
     x = _kernel_input(node, x, floats_only=kind == "average")
-    out = _output(node, x.shape[:2] + (1,) * (x.ndim - 2), x.dtype, out, None)
+    out = _output(node, x.shape[:2] + (1,) * (x.ndim - 2), x.dtype, out, buffers)
     if out.size:   # an empty batch has nothing to pool
         kernels.global_pool(kind, x, out, get_num_threads())
     return (out,)
@@ -264,13 +266,13 @@ def _global_pool(kind, node, x, out=None):
 @_operator("GlobalAveragePool")
 def _build_global_average_pool(node, constants):
     node.only()
-    return lambda x: _global_pool("average", node, x)
+    return lambda x, out=None, buffers=None: _global_pool("average", node, x, out, buffers)
 
 
 @_operator("GlobalMaxPool")
 def _build_global_max_pool(node, constants):
     node.only()
-    return lambda x: _global_pool("max", node, x)
+    return lambda x, out=None, buffers=None: _global_pool("max", node, x, out, buffers)
 
 
 # --- normalisation -------------------------------------------------------------------------
@@ -314,11 +316,12 @@ def _build_lrn(node, constants):
         raise node.error(f"attribute size={size!r}: expected a positive integer")
     alpha, beta, bias = node.attr("alpha", 1e-4), node.attr("beta", 0.75), node.attr("bias", 1.0)
 
-    def run(x):
+    def run(x, out=None, buffers=None):
         if x.ndim < 3:
             raise node.error(f"input of shape {x.shape}: LRN needs a tensor (N, C, ...)")
         x = _kernel_input(node, x, floats_only=True)
-        return (kernels.lrn(x, np.empty_like(x), size, alpha, beta, bias, get_num_threads()),)
+        out = _output(node, x.shape, x.dtype, out, buffers)
+        return (kernels.lrn(x, out, size, alpha, beta, bias, get_num_threads()),)
     return run
 
 

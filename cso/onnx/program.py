@@ -1,0 +1,102 @@
+"""A model's steps as one compiled call: the jobs (``cso.threads.run_parts`` calls) its first
+run on an input shape made, recorded, and run again with no Python between them.
+
+Python between the steps costs a model more than its hot cost: the convolutions evict the
+interpreter's code and data, and each step's few microseconds of Python grew to 10-30 (py-spy
+put 10-20% of SqueezeNet's and ShuffleNet's runs in the interpreter, Zen 3). Yet once a run's
+input shape and thread count are known, every convolution and compiled kernel of it calls the
+same function on the same arguments at the same addresses, run after run, provided its arrays
+are the same ones: a ``Program`` gives them their own ``Buffers``, copies the feeds into arrays
+of its own, and records the jobs of the run's leading steps that are nothing else (``takes``).
+A replay runs those jobs in one ``run_jobs`` call, then the remaining steps (a Gemm, a Softmax,
+those that make the outputs the caller keeps) as a plain run does.
+"""
+import threading
+
+import numpy as np
+
+from ..prepared import data_address
+from ..threads import record_jobs, run_jobs
+from .buffers import Buffers
+from .concat import ConcatStep
+
+
+class Program:
+    """The recording, then the replay, of a model's run on one set of input shapes and one
+    thread count; ``lock`` is held by the run using it (one at a time: its arrays are
+    shared)."""
+
+    def __init__(self, feeds):
+        self.lock = threading.Lock()
+        self.buffers = Buffers()
+        self.inputs = {name: np.empty_like(value) for name, value in feeds.items()}
+        self.jobs = []        # while recording: (function, args, parts) of each job in turn
+        self.keep = []        # what the jobs point to besides the model's values
+        self.resume = None    # the first step not replayed (None: all of them so far)
+        self.values = None    # the values live after the replayed steps
+
+    def feeds(self, feeds):
+        """``feeds`` copied into the program's own input arrays, which its jobs read."""
+        for name, value in feeds.items():
+            np.copyto(self.inputs[name], value)
+        return dict(self.inputs)
+
+    # --- recording: the model's run calls ``add`` (through run_parts), ``takes``, ``stop``
+
+    def start(self):
+        record_jobs(self)
+
+    def add(self, function, args, parts, keep):
+        self.jobs.append((function, args, parts))
+        self.keep.append(keep)
+
+    def takes(self, step, inputs, results, jobs_before, graph_outputs):
+        """Whether the replay can stand for ``step``, which made ``self.jobs[jobs_before:]``:
+        it only ran jobs on C-contiguous inputs into an array the model gave it, or it made a
+        view of its first input (Reshape, Dropout), or it is a Concat whose inputs were all made
+        in its array; and no output of it is one the caller keeps."""
+        if any(name in graph_outputs for name in step.outputs):
+            return False
+        arrays = [x for x in inputs if x is not None]
+        if not all(isinstance(a, np.ndarray) and a.flags.c_contiguous for a in arrays):
+            return False
+        if len(self.jobs) > jobs_before:
+            return step.buffered and getattr(step.run, "jobs_only", False)
+        if isinstance(step.run, ConcatStep):
+            return step.run.made_in_place(arrays, results[0])
+        return bool(arrays) and all(
+            r is None or (isinstance(r, np.ndarray) and data_address(r) == data_address(arrays[0])
+                          and r.nbytes == arrays[0].nbytes) for r in results)
+
+    def stop(self, index, values, jobs):
+        """The replay stops before step ``index``, which finds ``values``, after the first
+        ``jobs`` jobs."""
+        record_jobs(None)
+        self.resume, self.values = index, dict(values)
+        del self.jobs[jobs:], self.keep[jobs:]
+
+    def finish(self, steps, values):
+        """After the recording run: ``values`` are those after its last step."""
+        record_jobs(None)
+        if self.resume is None:
+            self.resume, self.values = len(steps), dict(values)
+        self.jobs = np.array(self.jobs, np.int64).reshape(-1)
+
+    def owns(self, array):
+        """Whether ``array`` is one of the program's arrays, or a view of one."""
+        root = array
+        while root.base is not None:
+            root = root.base
+        return any(root is value for value in self.inputs.values()) or self.buffers.owns(root)
+
+    # --- replay
+
+    def replay(self, feeds, threads):
+        """Run the recorded jobs on ``feeds``; return the values the remaining steps start
+        from (the caller's feeds for the inputs, which those steps may return)."""
+        self.feeds(feeds)
+        if self.jobs.size:
+            run_jobs(self.jobs, threads)
+        values = dict(self.values)
+        values.update((name, value) for name, value in feeds.items() if name in values)
+        return values

@@ -1,0 +1,145 @@
+"""A model's recorded program (``cso.onnx.program``): its replay gives what a plain run gives,
+bit for bit, stops before the steps it cannot stand for, and never hands the caller an array
+that a later replay overwrites."""
+import numpy as np
+import pytest
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+from onnx import helper  # noqa: E402
+
+import cso  # noqa: E402
+import cso.onnx  # noqa: E402
+from cso.onnx import model as model_module  # noqa: E402
+
+from .onnx_models import make_model, tensor  # noqa: E402
+from .test_onnx_models import assert_matches_onnxruntime, in_threads  # noqa: E402
+
+
+def fire_model(rng, tail=("Flatten",), extra_outputs=()):
+    """SqueezeNet's pattern: Conv, Relu, MaxPool, two Convs made in a Concat's channels, a
+    Conv with its residual, a global pool, then ``tail`` (operators of one input)."""
+    inits = {"w0": rng.standard_normal((6, 3, 3, 3)), "w1": rng.standard_normal((4, 6, 1, 1)),
+             "w2": rng.standard_normal((4, 6, 3, 3)), "w3": rng.standard_normal((6, 8, 1, 1)),
+             "w4": rng.standard_normal((6, 6, 1, 1))}
+    inits = {name: (w / 4).astype(np.float32) for name, w in inits.items()}
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Conv", ["p", "w1"], ["b"]),
+             helper.make_node("Conv", ["p", "w2"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Concat", ["b", "c"], ["cat"], axis=1),
+             helper.make_node("Conv", ["cat", "w3"], ["d"]),
+             helper.make_node("Conv", ["d", "w4"], ["e"]),
+             helper.make_node("Add", ["e", "p"], ["s"]),
+             helper.make_node("GlobalAveragePool", ["s"], ["g"])]
+    previous = "g"
+    for i, op in enumerate(tail):
+        nodes.append(helper.make_node(op, [previous], [f"t{i}"]))
+        previous = f"t{i}"
+    outputs = [tensor(previous, None)] + [tensor(name, None) for name in extra_outputs]
+    return make_model(nodes, [tensor("x", ["N", 3, 10, 12])], outputs, inits)
+
+
+def plain_run(loaded, feeds):
+    """The model's outputs from a run without its program (``time_by_operator``'s path)."""
+    checked = loaded._check_feeds(feeds)
+    return loaded._outputs(loaded.outputs, loaded._steps(checked, loaded.buffers, None))
+
+
+def test_replay_matches_a_plain_run_and_keeps_earlier_outputs(rng):
+    model = fire_model(rng)
+    loaded = cso.onnx.load(model)
+    (program,) = loaded._programs.values()   # recorded by the load's run
+    labels = [step.label for step in loaded.steps]
+    # replayed: everything but the Flatten that makes the output (a view of the pool's array)
+    assert program.resume == labels.index("Flatten") == len(labels) - 1
+    assert program.jobs.size // 3 == labels.index("Flatten") - labels.count("Concat")
+    kept = []
+    for batch in (1, 1, 2, 2, 1):
+        x = rng.standard_normal((batch, 3, 10, 12)).astype(np.float32)
+        assert_matches_onnxruntime(model, {"x": x}, loaded)
+        outputs = loaded.run(None, {"x": x})
+        np.testing.assert_array_equal(outputs[0], plain_run(loaded, {"x": x})[0])
+        kept.append((x, outputs[0], outputs[0].copy()))
+    assert len(loaded._programs) == 2
+    for x, output, copy in kept:   # later runs wrote nothing into an earlier one's output
+        np.testing.assert_array_equal(output, copy)
+
+
+def test_outputs_that_are_inputs_or_views_are_the_callers(rng):
+    """An output that is the input (Identity) or a view of a replayed step's array is the
+    caller's to keep: the next run does not change it."""
+    model = fire_model(rng, tail=("Flatten", "Identity"), extra_outputs=("x_again",))
+    model.graph.node.append(helper.make_node("Identity", ["x"], ["x_again"]))
+    loaded = cso.onnx.load(model)
+    first = rng.standard_normal((1, 3, 10, 12)).astype(np.float32)
+    y, x_again = loaded.run(None, {"x": first})
+    assert x_again is first or np.array_equal(x_again, first)
+    y_copy = y.copy()
+    loaded.run(None, {"x": rng.standard_normal((1, 3, 10, 12)).astype(np.float32)})
+    np.testing.assert_array_equal(y, y_copy)
+    np.testing.assert_array_equal(x_again, first)
+
+
+def test_replay_stops_before_a_step_it_cannot_stand_for(rng):
+    """A Softmax (NumPy) in the middle: the steps before it are replayed, it and the rest run
+    as in a plain run, on inputs that change from run to run."""
+    model = fire_model(rng, tail=("Softmax", "Relu", "Flatten"))
+    loaded = cso.onnx.load(model)
+    (program,) = loaded._programs.values()
+    assert loaded.steps[program.resume].label == "Softmax"
+    for _ in range(3):
+        x = rng.standard_normal((1, 3, 10, 12)).astype(np.float32)
+        assert_matches_onnxruntime(model, {"x": x}, loaded)
+
+
+def test_programs_per_shape_and_thread_count_are_bounded(rng, monkeypatch):
+    monkeypatch.setattr(model_module, "PROGRAMS", 2)
+    model = fire_model(rng)
+    loaded = cso.onnx.load(model)
+    before = cso.get_num_threads()
+    try:
+        for threads, batch in ((1, 1), (2, 1), (1, 3), (2, 2), (1, 1)):
+            cso.set_num_threads(threads)
+            x = rng.standard_normal((batch, 3, 10, 12)).astype(np.float32)
+            assert_matches_onnxruntime(model, {"x": x}, loaded)
+            assert len(loaded._programs) <= 2
+            assert ((("x", x.shape),), threads) in loaded._programs
+    finally:
+        cso.set_num_threads(before)
+
+
+def test_runs_from_several_threads_share_a_program_or_run_plain(rng):
+    """Threads running one model at once: one replays, the others find the program taken and
+    run plainly; every result is right."""
+    model = fire_model(rng)
+    loaded = cso.onnx.load(model)
+    xs = [rng.standard_normal((1, 3, 10, 12)).astype(np.float32) for _ in range(8)]
+    expected = [plain_run(loaded, {"x": x})[0] for x in xs]
+
+    def work(i):
+        for _ in range(5):
+            np.testing.assert_array_equal(loaded(xs[i]), expected[i])
+    in_threads(8, work)
+
+
+def test_timing_trials_are_not_recorded():
+    """Autotuning's and calibration's timing runs, which a model's first call may start, are
+    not jobs of the model's program."""
+    import csa
+    from cso import autotune, calibration
+    from cso.threads import record_jobs
+
+    class Recorder:
+        jobs = []
+
+        def add(self, *job):
+            self.jobs.append(job)
+    record_jobs(Recorder())
+    try:
+        autotune.measure(csa.ConvSpec.parse("n1c8h6w6k8r3s3p1u1"), "generic", 1, budget=0.01)
+    finally:
+        record_jobs(None)
+    assert Recorder.jobs == []
+    assert calibration.measure.__wrapped__   # the same wrapper
