@@ -115,11 +115,13 @@ class Prepared:
             geom[self.phases_at] = phases
             args[GEOM_ARG] = data_address(geom)
         held = []   # the workspaces, referenced here until the call returns
+        recorder = recording()   # (whose jobs, run one at a time, share their workspaces)
         for at, elements, dtype in self.workspaces:
-            space = workspace(elements, dtype)
+            space = (workspace(elements, dtype) if recorder is None
+                     else recorder.workspace(at, elements, dtype))
             held.append(space)
             args[at] = data_address(space)
-        if self.part_count == 1 and recording() is None:
+        if self.part_count == 1 and recorder is None:
             self.entry.call(args.buffer_info()[0], 0)
         else:   # (a recorded job keeps what its arguments point to but ``x`` and ``out``)
             run_parts(self.entry.address, args.buffer_info()[0], self.part_count, threads,

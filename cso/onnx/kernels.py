@@ -353,7 +353,8 @@ def _parts(work, threads):
 
 def _run(function, args, work, threads, *arrays):
     """Run ``function`` over ``work`` units in parts on up to ``threads`` threads; ``args``
-    (int64) ends with the part count, which is set here; ``arrays``: those it points to."""
+    (int64) ends with the part count, which is set here; ``arrays``: those it points to
+    besides its input and output (scratch, constants), which a recording keeps."""
     parts = _parts(work, threads)
     args[-1] = parts
     run_parts(function, data_address(args), parts, threads, keep=(args,) + arrays)
@@ -376,7 +377,7 @@ def pool(kind, x, out, kernel, strides, dilations, head, count_bounds, threads):
                      dilations[0], *head, row_lo, row_hi, col_lo, col_hi, data_address(rows),
                      span, 0], np.int64)
     function = _compiled(_pool_part, kind, x.dtype, *kernel, strides[1], dilations[1])
-    _run(function.address, args, n * c, threads, x, out, rows)
+    _run(function.address, args, n * c, threads, rows)
     return out
 
 
@@ -389,8 +390,7 @@ def global_pool(kind, x, out, threads):
     partials = np.empty(_parts(planes, threads) * VECTOR_BYTES, np.uint8)
     args = np.array([data_address(x), data_address(out), planes, x[0, 0].size,
                      data_address(partials), 0], np.int64)
-    _run(_compiled(_global_pool_part, kind, x.dtype).address, args, planes, threads, x, out,
-         partials)
+    _run(_compiled(_global_pool_part, kind, x.dtype).address, args, planes, threads, partials)
     return out
 
 
@@ -402,8 +402,8 @@ def lrn(x, out, size, alpha, beta, bias, threads):
     constants = np.array([alpha / size, beta, bias], np.float64)
     args = np.array([data_address(x), data_address(out), n, c, pixels, data_address(constants),
                      (size - 1) // 2, size // 2, 0], np.int64)
-    _run(_compiled(_lrn_part, x.dtype).address, args, n * -(-pixels // LRN_BLOCK), threads, x,
-         out, constants)
+    _run(_compiled(_lrn_part, x.dtype).address, args, n * -(-pixels // LRN_BLOCK), threads,
+         constants)
     return out
 
 
@@ -411,7 +411,7 @@ def copy(x, out, threads):
     """``out`` = ``x``, both C-contiguous of one shape and dtype, not overlapping."""
     lines = -(-x.nbytes // 64)
     args = np.array([data_address(x), data_address(out), lines, x.nbytes, 0], np.int64)
-    _run(_compiled(_copy_part).address, args, lines, threads, x, out)
+    _run(_compiled(_copy_part).address, args, lines, threads)
     return out
 
 
@@ -422,6 +422,6 @@ def affine(x, out, scale, shift, relu, threads):
     pixels = x[0, 0].size
     args = np.array([data_address(x), data_address(out), n * c, c, pixels, data_address(scale),
                      data_address(shift), 0], np.int64)
-    _run(_compiled(_affine_part, bool(relu), x.dtype).address, args, n * c, threads, x, out,
-         scale, shift)
+    _run(_compiled(_affine_part, bool(relu), x.dtype).address, args, n * c, threads, scale,
+         shift)
     return out

@@ -122,7 +122,7 @@ class Model:
                 step = self.steps[index]
                 start = time.perf_counter() if seconds is not None else 0.0
                 if program is not None and program.resume is None:
-                    before, jobs = dict(values), len(program.jobs)
+                    jobs = len(program.jobs)
                 inputs = [values[name] if name else None for name in step.inputs]
                 options = buffered if step.buffered else plain
                 if step.takes_out:
@@ -136,16 +136,18 @@ class Model:
                 else:
                     values.update((name, value) for name, value in zip(step.outputs, results)
                                   if name)
+                if (program is not None and program.resume is None
+                        and not program.takes(step, inputs, results, jobs, outputs)):
+                    # the values before the step: those now but its outputs (none freed yet)
+                    program.stop(index, {name: value for name, value in values.items()
+                                         if name not in step.outputs}, jobs)
+                    # the steps after the replayed ones read the caller's feeds (which they may
+                    # return), as in a replay
+                    values.update((name, feeds[name]) for name in feeds if name in values)
                 for name in step.frees:
                     del values[name]
                 if seconds is not None:
                     seconds[step.label] += time.perf_counter() - start
-                if (program is not None and program.resume is None
-                        and not program.takes(step, inputs, results, jobs, outputs)):
-                    program.stop(index, before, jobs)
-                    # the steps after the replayed ones read the caller's feeds (which they may
-                    # return), as in a replay
-                    values.update((name, feeds[name]) for name in feeds if name in values)
         finally:   # (a run that raised leaves its program unused)
             if program is not None:
                 program.finish(self.steps, values)

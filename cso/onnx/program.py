@@ -15,6 +15,7 @@ import threading
 
 import numpy as np
 
+from .. import prepared
 from ..prepared import data_address
 from ..threads import record_jobs, run_jobs
 from .buffers import Buffers
@@ -32,6 +33,7 @@ class Program:
         self.inputs = {name: np.empty_like(value) for name, value in feeds.items()}
         self.jobs = []        # while recording: (function, args, parts) of each job in turn
         self.keep = []        # what the jobs point to besides the model's values
+        self.scratch = {}     # (kind, dtype) -> the largest workspace of that kind made so far
         self.resume = None    # the first step not replayed (None: all of them so far)
         self.values = None    # the values live after the replayed steps
 
@@ -49,6 +51,16 @@ class Program:
     def add(self, function, args, parts, keep):
         self.jobs.append((function, args, parts))
         self.keep.append(keep)
+
+    def workspace(self, kind, elements, dtype):
+        """A workspace of at least ``elements`` for a job (a convolution's scratch, of
+        ``kind``): the one an earlier job had when it is large enough, as the jobs run one at a
+        time (a workspace per convolution would hold tens of MiB)."""
+        key = (kind, np.dtype(dtype))
+        found = self.scratch.get(key)
+        if found is None or found.size < elements:
+            found = self.scratch[key] = prepared.workspace(elements, dtype)
+        return found
 
     def takes(self, step, inputs, results, jobs_before, graph_outputs):
         """Whether the replay can stand for ``step``, which made ``self.jobs[jobs_before:]``:
