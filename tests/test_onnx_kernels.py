@@ -160,6 +160,12 @@ def test_copy(size, dtype, threads, rng):
     assert kernels.copy(x, out[:size], threads) is not None
     np.testing.assert_array_equal(out[:size], x)
     assert (out[size:] == 7).all()
+    # 3 images of 2 channels into channels 1-2 of 4: blocks at the output's stride
+    x = rng.integers(-100, 100, (3, 2, size)).astype(dtype)
+    out = np.full((3, 4, size), 7, dtype)
+    kernels.copy(x, out[:, 1:3], threads)
+    np.testing.assert_array_equal(out[:, 1:3], x)
+    assert (out[:, [0, 3]] == 7).all()
 
 
 @pytest.mark.parametrize("shape", [(2, 5, 3, 7), (1, 9, 13, 13), (3, 2, 1, 1), (1, 3, 50)])

@@ -406,11 +406,36 @@ def test_concat_inputs_are_made_in_the_concat_array(rng, monkeypatch, concat_is_
         del expected["c0"]
     assert {name: (s.concat, s.first, s.stop) for name, s in loaded.slots.items()} == expected
     for batch in (1, 2, 1):   # slices at batch 1, copies at 2; reused arrays the second time
-        in_place.clear()
         x = rng.standard_normal((batch, 3, 6, 7)).astype(np.float32)
-        assert_matches_onnxruntime(model, {"x": x}, loaded)
+        assert_matches_onnxruntime(model, {"x": x}, loaded)   # (a replay: no Concat step runs)
+        in_place.clear()
+        loaded.time_by_operator({"x": x})   # step by step
         # at batch 1 every placed value is found in its channels; at 2 the Concats copy all
         assert in_place.count(True) == (len(expected) if batch == 1 else 0)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_concat_step_copies_into_out_or_buffers_and_checks_shapes(rng, threads):
+    from cso.onnx.buffers import Buffers
+    from cso.onnx.concat import ConcatStep
+    xs = [rng.standard_normal((3, c, 5, 7)).astype(np.float32) for c in (2, 17, 1)]
+    xs[1] = xs[1][:, ::-1]   # not C-contiguous: copied by NumPy
+    expected = np.concatenate(xs, axis=1)
+    before = cso.get_num_threads()
+    cso.set_num_threads(threads)
+    try:
+        (made,) = ConcatStep()(*xs, buffers=Buffers())
+        np.testing.assert_array_equal(made, expected)
+        out = np.full((3, 20, 5, 7), np.nan, np.float32)
+        assert ConcatStep()(*xs, out=out)[0] is out
+        np.testing.assert_array_equal(out, expected)
+        for wrong in ([xs[0], xs[2][:, :, :4]], [xs[0], xs[2].astype(np.float64)]):
+            with pytest.raises(ValueError, match="Concat along the channels of"):
+                ConcatStep()(*wrong, buffers=Buffers())
+        with pytest.raises(ValueError, match="into"):
+            ConcatStep()(*xs, out=out[:, :19])
+    finally:
+        cso.set_num_threads(before)
 
 
 def test_concat_input_read_in_place_by_a_residual_is_copied(rng):
@@ -468,7 +493,7 @@ def test_relu_after_concat_is_taken_by_its_inputs_and_pool_made_in_place(rng, mo
         in_place.clear()
         x = rng.standard_normal((batch, 3, 9, 10)).astype(np.float32)
         assert_matches_onnxruntime(model, {"x": x}, loaded)
-        assert in_place == ([True, True] if batch == 1 else [])
+        assert in_place == [batch == 1] * 2
 
 
 @pytest.mark.parametrize("case", ["conv read twice", "dilated max pool", "average of any sign"])

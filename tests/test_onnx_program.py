@@ -63,6 +63,8 @@ def test_replay_matches_a_plain_run_and_keeps_earlier_outputs(rng):
         np.testing.assert_array_equal(outputs[0], plain_run(loaded, {"x": x})[0])
         kept.append((x, outputs[0], outputs[0].copy()))
     assert len(loaded._programs) == 2
+    for program in loaded._programs.values():   # at batch 2 the Concat's copies are jobs too
+        assert program.resume == labels.index("Flatten")
     for x, output, copy in kept:   # later runs wrote nothing into an earlier one's output
         np.testing.assert_array_equal(output, copy)
 

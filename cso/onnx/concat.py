@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..prepared import data_address
+from ..threads import get_num_threads
+from . import kernels
 from .conv import ConvStep
 
 
@@ -28,14 +30,29 @@ class Slot:
 
 
 class ConcatStep:
-    """Concat of NCHW tensors along the channels; ``out=`` (its array, some inputs possibly
-    made in it already) when the model has one for it."""
+    """Concat of NCHW tensors along the channels, in ``out=`` (its array, some inputs possibly
+    made in it already) when the model has one for it, else in an array from ``buffers=``;
+    the copies are compiled jobs on the model's threads."""
 
-    def __call__(self, *xs, out=None):
-        if out is None:
+    jobs_only = True   # on C-contiguous inputs (see ``cso.onnx.program``)
+
+    def __call__(self, *xs, out=None, buffers=None):
+        if out is None and buffers is None:
             return (np.concatenate(xs, axis=1),)
+        shape = (xs[0].shape[0], sum(x.shape[1] for x in xs)) + xs[0].shape[2:]
+        if out is None:
+            out = buffers.get(shape, xs[0].dtype)
+        if (out.shape != shape or any(x.dtype != out.dtype or x.ndim != 4
+                                      or x.shape[::2] + x.shape[3:] != shape[::2] + shape[3:]
+                                      for x in xs)):
+            raise ValueError(f"Concat along the channels of {[x.shape for x in xs]} (dtypes "
+                             f"{[str(x.dtype) for x in xs]}) into {out.shape} {out.dtype}")
         for x, slot in _slots(xs, out):
-            if not _same_memory(x, slot):
+            if _same_memory(x, slot):
+                continue
+            if x.flags.c_contiguous:
+                kernels.copy(x, slot, get_num_threads())
+            else:
                 np.copyto(slot, x)
         return (out,)
 
@@ -84,6 +101,7 @@ def plan(steps, graph, axes):
             continue
         step.run = ConcatStep()
         step.takes_out = True
+        step.buffered = step.outputs[0] not in graph.outputs
         concat = step.outputs[0]
         first = 0
         for name in step.inputs:

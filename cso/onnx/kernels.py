@@ -324,13 +324,22 @@ def _affine_part(relu, dtype):
 
 
 def _copy_part():
-    """The part function copying a share of an array's bytes; args: source and destination
-    addresses, 64-byte lines, bytes, the parts."""
+    """The part function copying a share of ``blocks`` blocks of ``size`` bytes, block b from
+    ``source + b * source_step`` to ``destination + b * destination_step``; args: source and
+    destination addresses, blocks, size, the two steps, 64-byte lines per block, the parts."""
     def part(args, index):
-        source, destination = _pointer(args[0], types.uint8), _pointer(args[1], types.uint8)
-        first, last = _share(index, args[4], args[2])
-        for at in range(first * 64, min(last * 64, args[3])):
-            destination[at] = source[at]
+        blocks, size, lines = args[2], args[3], args[6]
+        first, last = _share(index, args[7], blocks * lines)
+        unit = first
+        while unit < last:   # the part's lines of one block at a time
+            block = unit // lines
+            line = unit - block * lines
+            stop = min(lines, line + last - unit)
+            source = _pointer(args[0] + block * args[4], types.uint8)
+            destination = _pointer(args[1] + block * args[5], types.uint8)
+            for at in range(line * 64, min(stop * 64, size)):
+                destination[at] = source[at]
+            unit += stop - line
     return part
 
 
@@ -408,10 +417,14 @@ def lrn(x, out, size, alpha, beta, bias, threads):
 
 
 def copy(x, out, threads):
-    """``out`` = ``x``, both C-contiguous of one shape and dtype, not overlapping."""
-    lines = -(-x.nbytes // 64)
-    args = np.array([data_address(x), data_address(out), lines, x.nbytes, 0], np.int64)
-    _run(_compiled(_copy_part).address, args, lines, threads)
+    """``out`` = ``x``, of one shape and dtype, not overlapping: ``x`` C-contiguous, ``out``
+    C-contiguous from its second dimension on (a batch's channels of a larger array)."""
+    blocks = x.shape[0] if x.ndim > 1 else 1   # each a block, at out's stride
+    size = x.nbytes // blocks if blocks else 0
+    lines = -(-size // 64)
+    args = np.array([data_address(x), data_address(out), blocks, size, size,
+                     out.strides[0] if x.ndim > 1 else 0, lines, 0], np.int64)
+    _run(_compiled(_copy_part).address, args, blocks * lines, threads)
     return out
 
 
