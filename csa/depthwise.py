@@ -126,5 +126,5 @@ def analyze_depthwise(spec, machine, threads, overrides):
         parts = max(1, min(threads, int(spec.flops // machine.tuning.depthwise_thread_min_flops),
                            units))
     return DepthwisePlan(spec, machine, block_vectors, lanes, nc, band, (parts, 1),
-                         tuple(overrides))
+                         tuple(sorted(overrides)))
 

@@ -241,4 +241,4 @@ def analyze_slicing(spec, machine, threads, overrides):
                                       key=lambda option: option[2][option[3]]["total"])
     b2, b3 = blocks[chosen]
     return SlicingPlan(spec, plan_machine, nwin, nf, nc, k2 or b2, k3 or b3, chosen,
-                       vectors_along, slab, band, costs, tuple(overrides), split)
+                       vectors_along, slab, band, costs, tuple(sorted(overrides)), split)

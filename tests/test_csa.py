@@ -222,6 +222,11 @@ def test_overrides_are_applied_and_reported():
         csa.analyze(LAYER, SMALL, schedule="XS")
     with pytest.raises(ValueError, match="nc"):
         csa.analyze(LAYER, SMALL, nc=0)
+    # the same overrides in another order make the same plan (a tuning record's are sorted)
+    assert csa.analyze(LAYER, SMALL, schedule="WS", k3=5, nc=3, k2=2) == plan
+    depthwise = ConvSpec.parse("n1c32h14w14k32r3s3p1u1g32")
+    assert csa.analyze(depthwise, SMALL, nc=8, split=(1, 1)) == \
+        csa.analyze(depthwise, SMALL, split=(1, 1), nc=8)
 
 
 def test_slab_where_it_applies_and_pays():
