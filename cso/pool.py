@@ -76,6 +76,25 @@ class _Builder(ir.IRBuilder):
     def new_block(self, name):
         return self.function.append_basic_block(name)
 
+    def count_up(self, count, after, name):
+        """Start ``for i in range(count)`` from the current block: return ``i``, with the
+        builder in the loop's body, and ``close()``, which ends the body and leaves the
+        builder in ``after``, the block the loop exits to."""
+        entered = self.block
+        test, body = self.new_block(f"{name}_loop"), self.new_block(f"{name}_body")
+        self.branch(test)
+        self.position_at_end(test)
+        i = self.phi(I64)
+        i.add_incoming(ir.Constant(I64, 0), entered)
+        self.cbranch(self.icmp_unsigned("<", i, count), body, after)
+        self.position_at_end(body)
+
+        def close():
+            i.add_incoming(self.add(i, ir.Constant(I64, 1)), self.block)
+            self.branch(test)
+            self.position_at_end(after)
+        return i, close
+
 
 def _declare(module, name, ret, args, var_arg=False):
     return ir.Function(module, ir.FunctionType(ret, args, var_arg=var_arg), name)
@@ -188,10 +207,8 @@ def _define_run(module, triple, run_one, wake_all):
                      "pool_run")
     state, target, args, nparts, helpers, spin = fn.args
     bld = _Builder(fn.append_basic_block("entry"))
-    names = ("alone", "alone_loop", "alone_body", "posted", "wake", "work", "wait", "yield",
-             "finished", "return")
-    alone, alone_loop, alone_body, posted, wake, work, wait, give_way, finished, done = (
-        bld.new_block(n) for n in names)
+    names = ("alone", "posted", "wake", "work", "wait", "yield", "finished", "return")
+    alone, posted, wake, work, wait, give_way, finished, done = (bld.new_block(n) for n in names)
     # the pool, if no other caller owns it and there are parts and threads to share
     owned = bld.extract_value(bld.cmpxchg(bld.word(state, BUSY), ir.Constant(I64, 0),
                                           ir.Constant(I64, 1), "acquire", "monotonic"), 1)
@@ -202,16 +219,9 @@ def _define_run(module, triple, run_one, wake_all):
     bld.position_at_end(alone)   # every part on this thread; give the pool back if taken
     with bld.if_then(owned):
         bld.store_word(ir.Constant(I64, 0), state, BUSY)
-    entered = bld.block
-    bld.branch(alone_loop)
-    bld.position_at_end(alone_loop)
-    i = bld.phi(I64)
-    i.add_incoming(ir.Constant(I64, 0), entered)
-    bld.cbranch(bld.icmp_unsigned("<", i, nparts), alone_body, done)
-    bld.position_at_end(alone_body)
+    i, close = bld.count_up(nparts, done, "alone")
     bld.call_part(target, args, i)
-    i.add_incoming(bld.add(i, ir.Constant(I64, 1)), alone_body)
-    bld.branch(alone_loop)
+    close()
 
     bld.position_at_end(posted)   # publish the job, then its claim word, then wake sleepers
     for index, value in ((FN, target), (ARGS, args), (HELPERS, helpers),
@@ -258,23 +268,15 @@ def _define_run_jobs(module, run):
                      "pool_run_jobs")
     state, jobs, count, threads, spin = fn.args
     bld = _Builder(fn.append_basic_block("entry"))
-    loop, body, done = (bld.new_block(n) for n in ("loop", "body", "done"))
-    entered = bld.block
-    bld.branch(loop)
-    bld.position_at_end(loop)
-    i = bld.phi(I64)
-    i.add_incoming(ir.Constant(I64, 0), entered)
-    bld.cbranch(bld.icmp_unsigned("<", i, count), body, done)
-    bld.position_at_end(body)
+    done = bld.new_block("done")
+    i, close = bld.count_up(count, done, "jobs")
     target, args, nparts = (
         bld.load(bld.gep(jobs, [bld.add(bld.mul(i, ir.Constant(I64, 3)), ir.Constant(I64, word))],
                          source_etype=I64), typ=I64)
         for word in range(3))
     share = bld.select(bld.icmp_unsigned("<", nparts, threads), nparts, threads)
     bld.call(run, [state, target, args, nparts, bld.sub(share, ir.Constant(I64, 1)), spin])
-    i.add_incoming(bld.add(i, ir.Constant(I64, 1)), body)
-    bld.branch(loop)
-    bld.position_at_end(done)
+    close()
     bld.ret_void()
 
 
