@@ -72,8 +72,9 @@ class Program:
         arrays = [x for x in inputs if x is not None]
         if not all(isinstance(a, np.ndarray) and a.flags.c_contiguous for a in arrays):
             return False
-        if len(self.jobs) > jobs_before:
-            return step.buffered and getattr(step.run, "jobs_only", False)
+        if len(self.jobs) > jobs_before:   # (into C-contiguous arrays: no temporary either)
+            return (step.buffered and getattr(step.run, "jobs_only", False)
+                    and all(r is None or r.flags.c_contiguous for r in results))
         if isinstance(step.run, ConcatStep):
             return step.run.made_in_place(arrays, results[0])
         return bool(arrays) and all(
