@@ -6,6 +6,7 @@ left, every part running the compiled loop nest on its own scratch. The pool is 
 (``cso.pool``): from the moment a call posts its parts until they are all done, no
 thread involved needs the GIL. It is shared by all calls: while one call owns it, a call from
 another Python thread runs its parts itself, so nothing waits on a worker that never comes.
+A list of such jobs can run in one compiled call (``run_jobs``: a model's recorded steps).
 Workers are daemon threads living in compiled code (no threading layer of numba's), and
 after ``os.fork()`` the child starts with an empty pool (``microkernels.once`` makes the fork
 wait for a pool start under way).
@@ -105,8 +106,9 @@ def recording():
 
 def record_jobs(recorder):
     """From now on, until ``record_jobs(None)``, this thread's ``run_parts`` calls also call
-    ``recorder.add(function, args, parts, keep)``: a model records the jobs its steps run, to
-    run them again in one ``run_jobs`` call."""
+    ``recorder.add(function, args, parts, keep)``, and convolutions take their workspaces from
+    ``recorder.workspace(kind, elements, dtype)``: a model records the jobs its steps run, to
+    run them again in one ``run_jobs`` call (``cso.onnx.program``)."""
     _recorders.active = recorder
 
 
