@@ -51,6 +51,13 @@ class SlicingPlan(SlabGeometry):
         return "direct" if self.direct else "slab" if self.slab else "packed"
 
     @property
+    def output_prefetch(self):
+        """Window tiles ahead the kernel prefetches its output rows (``Tuning.output_prefetch``)
+        with windows in vectors; 0 with filters in vectors, whose kernel stores to the band's
+        transposed output, in L2."""
+        return self.machine.tuning.output_prefetch if self.vectors_along == "windows" else 0
+
+    @property
     def row_tiles(self):
         return row_tiles(self.spec, self.nwin, self.slab, self.vectors_along)
 

@@ -50,6 +50,11 @@ class Tuning:
     # filters per group from which plain 1x1s pack their window tiles rather than read the
     # input in place (0: never, in place wherever it does not alias L1 sets)
     packed_1x1_filters: int = 0
+    # with windows in vectors the kernel prefetches its output rows' lines this many window
+    # tiles ahead, where the loop nest's next tiles store: a store to a line not in the cache
+    # waits for it, and a tile's rows lie in as many planes as it has filters, more streams
+    # than the hardware prefetcher follows (0: no prefetch)
+    output_prefetch: int = 0
     # measured on this host by a calibration: ((kernel variant, vectors, broadcasts, fraction
     # of the FMA peak), ...), variants as KernelSpec names them ("packed", "slab", "direct");
     # and what the calibration measured on ("": not calibrated)
@@ -109,18 +114,18 @@ AVX2 = Tuning(
     broadcast_operand=False, direct_windows=((6, 1.0), (5, 0.97), (4, 0.90)),
     filter_windows=((6, 1.0), (5, 0.98), (4, 0.96)), thread_min_flops=1e6,
     depthwise_thread_min_flops=0.2e6, direct_min_depth=144, slab_max_filter_tiles=3,
-    transpose_depth=16, packing_filters=6, packed_1x1_filters=256)
+    transpose_depth=16, packing_filters=6, packed_1x1_filters=256, output_prefetch=2)
 # no CPU measured: the usual FMA core (latency 4, two pipes) with SSE/NEON-width vectors; the
 # plan constants as the AVX2 core measured them
 GENERIC = Tuning("generic", "not measured: a typical core", fma_latency=4, fma_pipes=2,
                  loads_per_cycle=2.0, broadcast_operand=False, direct_min_depth=144,
                  slab_max_filter_tiles=3, transpose_depth=16, packing_filters=6,
-                 packed_1x1_filters=256)
+                 packed_1x1_filters=256, output_prefetch=2)
 NEON = Tuning("neon", "not measured (aarch64 runs here under emulation only): Neoverse/Apple "
               "cores have 2-4 FMA pipes of latency 4", fma_latency=4, fma_pipes=2,
               loads_per_cycle=2.0, broadcast_operand=False, direct_min_depth=144,
               slab_max_filter_tiles=3, transpose_depth=16, packing_filters=6,
-              packed_1x1_filters=256)
+              packed_1x1_filters=256, output_prefetch=2)
 RECORDS = {t.isa: t for t in (AVX512, AVX2, GENERIC, NEON)}
 
 

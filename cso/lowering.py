@@ -102,10 +102,12 @@ def scratch_elements(plan):
 def kernel_spec(plan, isa):
     """The micro-kernel a plan runs: windows x filters when windows are the vector dimension,
     else filters (vector) x windows (broadcast). A slab plan's kernel reads its windows in
-    place, as vectors ("slab") or as broadcasts ("direct")."""
+    place, as vectors ("slab") or as broadcasts ("direct"). With windows in vectors it
+    prefetches the output rows of the window tiles after it (``plan.output_prefetch``)."""
     width, broadcasts = ((plan.nwin, plan.nf) if plan.vectors_along == "windows"
                          else (plan.nf, plan.nwin))
-    return KernelSpec(dtype_name(plan.spec.dtype), broadcasts, width, isa, plan.variant)
+    return KernelSpec(dtype_name(plan.spec.dtype), broadcasts, width, isa, plan.variant,
+                      plan.output_prefetch)
 
 
 def define_slab_offsets(module):

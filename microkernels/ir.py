@@ -70,6 +70,17 @@ def masked_access(module, vec):
     return load, store
 
 
+CACHE_LINE = 64   # bytes: a prefetch brings one line
+
+
+def prefetch_for_write(module, bld, address):
+    """Ask for the cache line at ``address`` (a pointer) to be written soon (llvm.prefetch:
+    a hint that never faults, so it may point past the data)."""
+    prefetch = declare(module, "llvm.prefetch.p0",
+                       ir.FunctionType(ir.VoidType(), [PTR, I32, I32, I32]))
+    bld.call(prefetch, [address, ir.Constant(I32, 1), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+
+
 def new_function(module, name, fnty, arg_names, noalias=()):
     """A new nounwind function ``name`` in ``module`` with named arguments (those named in
     ``noalias`` marked so)."""

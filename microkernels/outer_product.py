@@ -24,14 +24,19 @@ reads B in place instead: row i at ``b + slab_rows[i]`` (``ldb`` unused), its ``
 values consecutive (filters in vectors: that many windows along one slab row); it stores like a
 packed kernel. Other kernels ignore ``slab_rows``, ``col0``, ``row_width`` and ``gap``.
 
+``spec.prefetch`` > 0 adds prefetch hints for C's rows that many tiles further along (the
+loop nest's later window tiles with windows in vectors): hints, not accesses, they never fault
+past the output.
+
 ``flags``: ACCUMULATE adds to C (later channel tiles) instead of overwriting it, BIAS adds
 ``bias[f]`` (``bias`` is read only when this flag is set), RELU clamps at zero (NaN passes).
 One generator serves every dtype and ISA: only the vector width and tile shape change.
 """
 from llvmlite import ir
 
-from .ir import (ACCUMULATE, BIAS, I64, PTR, RELU, KernelBuilder, accumulate, bias_splat,
-                 flags_on, fma, lane_ids, masked_access, relu, splat, zero_slot)
+from .ir import (ACCUMULATE, BIAS, CACHE_LINE, I64, PTR, RELU, KernelBuilder, accumulate,
+                 bias_splat, flags_on, fma, lane_ids, masked_access, prefetch_for_write, relu,
+                 splat, zero_slot)
 
 UNROLL = 4  # k-loop unroll; a power of two
 
@@ -58,6 +63,7 @@ class _KernelBuilder(KernelBuilder):
         spec, k = self.spec, self.args["k"]
         bld = ir.IRBuilder(self.fn.append_basic_block("entry"))
         slot = zero_slot(bld, self.scalar, "zero_slot")
+        self._prefetch_output(bld)
         k_main = bld.and_(k, ir.Constant(I64, -UNROLL), name="k_main")
         # UNROLL rows of A and B per trip, then the last k mod UNROLL one at a time
         tests = (lambda bld, i: bld.icmp_unsigned("<", i, k_main),
@@ -66,6 +72,23 @@ class _KernelBuilder(KernelBuilder):
                            UNROLL, tests)
         self._epilogue(bld, accs, slot)
         return self.fn
+
+    def _prefetch_output(self, bld):
+        """With ``spec.prefetch``, each line of C's rows ``prefetch`` tiles past this one
+        (a slab kernel's from ``col0``): the stores of a later tile, which a cold line would
+        stall (issued first, to arrive while this tile's FMAs run)."""
+        spec, args = self.spec, self.args
+        if not spec.prefetch:
+            return
+        ahead = ir.Constant(I64, spec.prefetch * spec.width)
+        if spec.variant == "slab":
+            ahead = bld.add(ahead, args["col0"])
+        line = CACHE_LINE // self.align
+        for f in range(spec.broadcasts):
+            row = bld.add(bld.mul(ir.Constant(I64, f), args["ldc"]), ahead)
+            for at in range(0, max(spec.width, line), line):
+                prefetch_for_write(self.module, bld, bld.gep(
+                    args["c"], [bld.add(row, ir.Constant(I64, at))], source_etype=self.scalar))
 
     def _step(self, bld, row, accs):
         """One rank-1 update: accs[f][v] += A[row][v-th vector] * B[row][f]."""

@@ -12,15 +12,17 @@ VARIANTS = {"packed": "", "slab": "_slab", "direct": "_direct"}   # KernelSpec v
 
 class _Spec:
     """What every spec has: a ``dtype`` (short name, ``microkernels.dtypes``) and an ``isa``
-    name, checked, and counts (its int fields), at least 1; a ``name`` (the family's
-    ``_FORMAT`` filled with fields and properties) and ``parse``, its inverse."""
+    name, checked, and counts (its int fields), at least 1 (at least 0 for a count whose
+    default is 0: an option left off); a ``name`` (the family's ``_FORMAT`` filled with fields
+    and properties) and ``parse``, its inverse."""
 
     def __post_init__(self):
         get_dtype(self.dtype)
         get_isa(self.isa)
         for field in fields(self):
-            if field.type is int and getattr(self, field.name) < 1:
-                raise ValueError(f"{type(self).__name__} needs {field.name} >= 1, got "
+            least = 0 if field.default == 0 else 1
+            if field.type is int and getattr(self, field.name) < least:
+                raise ValueError(f"{type(self).__name__} needs {field.name} >= {least}, got "
                                  f"{getattr(self, field.name)}")
 
     @property
@@ -63,12 +65,15 @@ class KernelSpec(_Spec):
     the lanes), for one dtype and ISA. With windows in vectors, ``broadcasts`` are filters and
     ``width`` windows; with filters in vectors the other way round. ``variant``: "packed"
     (operand A, the vectors, a packed tile), "slab" (A read in place from a padded slab) or
-    "direct" (B, the broadcasts, read in place from a slab)."""
+    "direct" (B, the broadcasts, read in place from a slab). ``prefetch``: the kernel asks for
+    the cache lines of C's rows this many tiles (``width`` elements) further along, to be
+    written (0: none); with windows in vectors the loop nest's later tiles store there."""
     dtype: str
     broadcasts: int
     width: int
     isa: str
     variant: str = "packed"
+    prefetch: int = 0
 
     _FORMAT = "{dtype}_conv_ukernel_{broadcasts}x{width}{suffix}__{isa}"
 
@@ -88,10 +93,17 @@ class KernelSpec(_Spec):
 
     @property
     def suffix(self):
-        return VARIANTS[self.variant]
+        return VARIANTS[self.variant] + (f"_pf{self.prefetch}" if self.prefetch else "")
 
     @classmethod
     def parse(cls, name):
+        prefetch = re.search(r"_pf(\d+)__", name)
+        if prefetch:
+            spec = replace(cls.parse(name[:prefetch.start()] + "__" + name[prefetch.end():]),
+                           prefetch=int(prefetch.group(1)))
+            if spec.name != name:   # _pf0, or a leading zero
+                raise ValueError(f"not a {cls.__name__} name: {name!r}")
+            return spec
         for variant, suffix in VARIANTS.items():
             if suffix and suffix + "__" in name:
                 return replace(super().parse(name.replace(suffix + "__", "__", 1)),

@@ -14,15 +14,17 @@ SENTINEL = 12345.0
 
 def host_specs():
     """The kernels plans choose on each ISA of this CPU: windows in vectors (filters
-    broadcast), filters in vectors (windows broadcast) on a 2x2, a 7x7 and a 14x14 plane."""
+    broadcast; with and without the prefetch of later tiles' output rows its record asks
+    for), filters in vectors (windows broadcast) on a 2x2, a 7x7 and a 14x14 plane."""
     specs = set()
     for isa in mk.supported_isas():
         for dtype, itemsize in (("f32", 4), ("f64", 8)):
+            tuning = csa.tuning.record(isa.name)
             machine = csa.Machine(vector_bytes=isa.vector_bytes,
-                                  vector_registers=isa.vector_registers,
-                                  tuning=csa.tuning.record(isa.name))
+                                  vector_registers=isa.vector_registers, tuning=tuning)
             nwin, nf = csa.register_blocking.microtile(machine, itemsize)
             specs.add(mk.KernelSpec(dtype, nf, nwin, isa.name))
+            specs.add(mk.KernelSpec(dtype, nf, nwin, isa.name, prefetch=tuning.output_prefetch))
             for positions in (4, 49, 196):
                 windows, filters = csa.register_blocking.filter_vector_tile(machine, itemsize, positions)
                 specs.add(mk.KernelSpec(dtype, windows, filters, isa.name))
@@ -119,8 +121,8 @@ def run_slab(spec, rng, k, width_used, rows_used, flags, col0, width, gap):
     return actual, expected, inside
 
 
-@pytest.mark.parametrize("spec", [mk.KernelSpec(s.dtype, s.broadcasts, s.width, s.isa, "slab") for s in SPECS],
-                         ids=str)
+@pytest.mark.parametrize("spec", sorted({mk.KernelSpec(s.dtype, s.broadcasts, s.width, s.isa, "slab",
+                                                        s.prefetch) for s in SPECS}, key=str), ids=str)
 def test_slab_kernel_virtual_rows(spec, rng):
     """Every first column of a tile on virtual rows as narrow as the tile, with no padding, one
     column or all but one: windows in padding columns are never stored, the second row's land
@@ -223,6 +225,7 @@ def test_python_wrapper_refuses_what_would_touch_foreign_memory():
 
 
 FAMILY_SPECS = [mk.KernelSpec("f64", 3, 8, "avx512"), mk.KernelSpec("f32", 8, 32, "avx2", "slab"),
+                mk.KernelSpec("f32", 6, 16, "avx2", "slab", 2), mk.KernelSpec("f64", 8, 8, "neon", prefetch=12),
                 mk.KernelSpec("f32", 14, 32, "avx512", "direct"), mk.DepthwiseSpec("f64", 3, "avx2"),
                 mk.TransposeSpec("f32", "avx2"), mk.TransposeSpec("f64", "neon"),
                 mk.RowCopySpec("f32", 21, "avx2"), mk.TapCopySpec("f64", 8, "generic")]
@@ -238,13 +241,18 @@ def test_kernel_spec_names():
     assert mk.KernelSpec.parse("f32_conv_ukernel_14x32__avx512") == mk.KernelSpec("f32", 14, 32, "avx512")
     assert mk.KernelSpec("f32", 6, 16, "avx2", "direct").name == "f32_conv_ukernel_6x16_direct__avx2"
     assert mk.KernelSpec("f32", 6, 16, "avx2").vectors == 2
+    assert mk.KernelSpec("f32", 6, 16, "avx2", "slab", 2).name == "f32_conv_ukernel_6x16_slab_pf2__avx2"
+    with pytest.raises(ValueError, match="prefetch >= 0"):
+        mk.KernelSpec("f32", 6, 16, "avx2", prefetch=-1)
 
 
 @pytest.mark.parametrize("name", ["f16_conv_ukernel_4x16__avx512", "f32_conv_ukernel_4x16",
                                   "f32_conv_ukernel_4x17__avx512", "f32_conv_ukernel_0x16__avx512",
                                   "f32_conv_ukernel_4x16__sse9", "f32_conv_ukernel_4x16_bslab__avx2",
                                   "f32_transpose_16x16__avx2", "f32_dw_ukernel_0v__avx2",
-                                  "f32_row_copy_0__avx2", "f32_pack_rows_8__avx2", ""])
+                                  "f32_row_copy_0__avx2", "f32_pack_rows_8__avx2", "",
+                                  "f32_conv_ukernel_4x16_pf0__avx2", "f32_conv_ukernel_4x16_pf02__avx2",
+                                  "f32_conv_ukernel_4x16_pf2_slab__avx2", "f32_conv_ukernel_4x16_pf__avx2"])
 def test_spec_names_refused(name):
     with pytest.raises(ValueError):
         mk.parse_name(name)
@@ -291,15 +299,36 @@ def test_neon_kernels_compile_for_aarch64(dtype, itemsize, suffix):
     nwin, nf = csa.register_blocking.microtile(NEON, itemsize)
     windows, filters = csa.register_blocking.filter_vector_tile(NEON, itemsize, 49)
     direct = csa.register_blocking.direct_windows(csa.ConvSpec(1, 64, 56, 56, 64, 3, 3), NEON)
-    specs = [mk.KernelSpec(dtype, nf, nwin, "neon"), mk.KernelSpec(dtype, nf, nwin, "neon", "slab"),
+    prefetch = NEON.tuning.output_prefetch
+    specs = [mk.KernelSpec(dtype, nf, nwin, "neon", prefetch=prefetch),
+             mk.KernelSpec(dtype, nf, nwin, "neon", "slab", prefetch),
              mk.KernelSpec(dtype, windows, filters, "neon"),
              mk.KernelSpec(dtype, direct, filters, "neon", "direct")]
     assert (nwin // (16 // itemsize), nf) == (2, 8)   # 16 accumulators + 2 rows + 1 broadcast
     for spec in specs:
-        blocks = re.split(r"^\.LBB\w+:", cross_assembly(generator(spec), spec), flags=re.M)
+        asm = cross_assembly(generator(spec), spec)
+        blocks = re.split(r"^\.LBB\w+:", asm, flags=re.M)
         loop = max(blocks, key=lambda b: len(re.findall(r"\bfmla\b", b)))
         assert len(re.findall(rf"\bfmla\s+v\d+\.{suffix}", loop)) == spec.broadcasts * spec.vectors * UNROLL
         assert not re.search(r"\bq\d+.*\[sp", loop), spec
+        # a row of 8 values is 32 or 64 bytes: one line, one prefetch (prfm) per row
+        assert prefetches(asm) == (spec.broadcasts if spec.prefetch else 0)
+
+
+def prefetches(asm):
+    """The prefetch instructions in assembly ``asm`` (x86 or aarch64)."""
+    import re
+    return len(re.findall(r"^\s*(?:prefetch\w*|prfm)\s", asm, flags=re.M))
+
+
+@pytest.mark.parametrize("spec", [s for s in SPECS if s.prefetch], ids=str)
+def test_prefetching_kernel_asks_for_each_line_of_a_later_tile(spec):
+    """A kernel with ``prefetch`` has one prefetch per cache line of each C row's later tile
+    (a row of ``width`` elements: 64 bytes on AVX2 is one line); without, none."""
+    from dataclasses import replace
+    lines = -(-spec.width * spec.np_dtype.itemsize // 64)
+    assert prefetches(mk.compile(spec).asm) == spec.broadcasts * lines
+    assert prefetches(mk.compile(replace(spec, prefetch=0)).asm) == 0
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=str)
