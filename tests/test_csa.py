@@ -1,6 +1,7 @@
 """CSA: specs, machine facts and plans checked against hand-computed values."""
 import dataclasses
 
+import numpy as np
 import pytest
 
 import csa
@@ -367,6 +368,28 @@ def test_vectors_along_the_filters_where_they_waste_fewer_lanes_than_the_transpo
     zen3_without = dataclasses.replace(zen3, tuning=dataclasses.replace(zen3.tuning,
                                                                         packing_filters=0))
     assert vector("n1c128h55w55k16r1s1p0u1", zen3_without) == "filters"
+
+
+def test_output_prefetch_with_windows_in_vectors_only():
+    """Plans whose kernel stores NCHW output rows (windows in vectors, packed or slab) ask it
+    to prefetch them the record's tiles ahead; filters in vectors (stores to the band's
+    transposed output) and the AVX-512 record (not measured) do not; the kernel a Conv2d runs
+    carries it."""
+    import cso
+    from cso.lowering import kernel_spec
+    stem, deep = ConvSpec.parse("n1c3h224w224k64r3s3p0u2"), ConvSpec.parse("n1c512h14w14k512r3s3p1u1")
+    windows, filters = csa.analyze(stem, ZEN3), csa.analyze(deep, ZEN3)
+    assert (windows.vectors_along, filters.vectors_along) == ("windows", "filters")
+    assert windows.output_prefetch == csa.tuning.AVX2.output_prefetch == 2
+    assert kernel_spec(windows, "avx2").name == "f32_conv_ukernel_6x16_pf2__avx2"
+    assert filters.output_prefetch == 0 == kernel_spec(filters, "avx2").prefetch
+    slab = csa.analyze(stem, ZEN3, slab=True)
+    assert slab.slab and kernel_spec(slab, "avx2").name == "f32_conv_ukernel_6x16_slab_pf2__avx2"
+    assert csa.analyze(stem, ZEN5).output_prefetch == 0
+    conv = cso.Conv2d(np.ones((64, 3, 3, 3), np.float32), stride=2, isa="generic")
+    plan = conv.plan_for((1, 3, 224, 224))
+    assert conv.kernel_for((1, 3, 224, 224)).prefetch == plan.output_prefetch == (
+        csa.tuning.GENERIC.output_prefetch if plan.vectors_along == "windows" else 0)
 
 
 def test_slab_planes_the_taps_read():
