@@ -186,6 +186,15 @@ def test_global_pool(shape, kind, dtype, threads, rng):
                                atol=1e-6 if dtype == np.float32 else 1e-15)
 
 
+@pytest.mark.parametrize("parts, nbytes", [(1, 4), (8, 32), (8, 1132), (3, 64), (5, 65)])
+def test_part_scratch_gives_each_part_lines_of_its_own(parts, nbytes):
+    """A pool part's scratch starts on a cache line and ends before the next part's line:
+    parts on two threads writing one line took turns at it."""
+    scratch, stride = kernels._part_scratch(parts, nbytes)
+    assert stride >= nbytes and stride % 64 == 0 and stride - nbytes < 64
+    assert scratch.ctypes.data % 64 == 0 and scratch.nbytes == parts * stride
+
+
 def test_global_max_pool_propagates_nan(rng):
     x = rng.standard_normal((1, 4, 5, 7)).astype(np.float32)
     x[0, 1, 0, 0] = x[0, 2, 4, 6] = x[0, 3, 2, 3] = np.nan   # first, tail, in a vector

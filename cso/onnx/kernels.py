@@ -18,6 +18,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from microkernels.once import compiled_once
+from packing.aligned import LINE, aligned_empty
 
 from ..prepared import data_address
 from ..threads import run_parts
@@ -152,7 +153,8 @@ def _pool_part(kind, dtype, kh, kw, sw, dw):
     taps ``dw`` columns apart, ``sw`` columns from one output to the next. Args: x, out,
     planes, H, W, OH, OW, sh, dh, top, left, then for "average" the rows [row_lo, row_hi) and
     columns [col_lo, col_hi) a window's divisor counts, then a scratch array of ``2 * span +
-    OW`` elements per part, ``span`` and the parts.
+    OW`` elements per part (``_part_scratch``), ``span``, the bytes from one part's scratch
+    to the next and the parts.
 
     Separable, each output row in two passes: the rows of its windows that lie in the image
     reduced column by column into a scratch row, which holds the image's row after ``left``
@@ -170,7 +172,7 @@ def _pool_part(kind, dtype, kh, kw, sw, dw):
         span = args[16]
         # the part's scratch: two rows (one reduced while the other is read) and the inverse
         # column counts of an average's windows
-        rows_at = args[15] + index * (2 * span + ow) * item
+        rows_at = args[15] + index * args[17]
         inverse_at = rows_at + 2 * span * item
         scratch, inverse = _pointer(rows_at, typ), _pointer(inverse_at, typ)
         for column in range(2 * span):
@@ -179,7 +181,7 @@ def _pool_part(kind, dtype, kh, kw, sw, dw):
             for o in range(ow):
                 x0 = o * sw - left
                 inverse[o] = typ(1) / typ(min(x0 + kw, args[14]) - max(x0, args[13]))
-        first, last = _share(index, args[17], args[2])
+        first, last = _share(index, args[18], args[2])
         for plane in range(first, last):
             # row r's first pass, then row r - 1's second (whose loads then do not wait for
             # the stores just made)
@@ -242,16 +244,17 @@ def _pool_part(kind, dtype, kh, kw, sw, dw):
 def _global_pool_part(kind, dtype):
     """The global pool part function of ``kind`` "max" or "average": each of ``planes`` rows of
     ``pixels`` contiguous elements reduced to one. Args: x, out, planes, pixels, a scratch
-    array of a vector per part, the parts. A vector of columns at a time into the part's
-    scratch vector, then its lanes and the row's tail one by one."""
+    array of a vector per part (``_part_scratch``), the bytes from one part's vector to the
+    next, the parts. A vector of columns at a time into the part's scratch vector, then its
+    lanes and the row's tail one by one."""
     typ, is_max, identity, item, lanes = _reduction(kind, dtype)
 
     def part(args, index):
         out, pixels = _pointer(args[1], typ), args[3]
-        lanes_at = args[4] + index * VECTOR_BYTES
+        lanes_at = args[4] + index * args[5]
         partial = _pointer(lanes_at, typ)
         whole = pixels // lanes
-        first, last = _share(index, args[5], args[2])
+        first, last = _share(index, args[6], args[2])
         for plane in range(first, last):
             at = args[0] + plane * pixels * item
             if is_max:
@@ -360,6 +363,15 @@ def _parts(work, threads):
     return max(1, min(work, threads * PARTS_PER_THREAD if threads > 1 else 1))
 
 
+def _part_scratch(parts, nbytes):
+    """(array, bytes from one part's share to the next): scratch of at least ``nbytes`` for
+    each of ``parts`` parts, every share on cache lines of its own (parts that shared a line
+    on two threads took turns at it: a 3x3 average pool ran slower on two threads than on
+    one)."""
+    stride = -(-nbytes // LINE) * LINE
+    return aligned_empty(parts * stride, np.uint8), stride
+
+
 def _run(function, args, work, threads, *arrays):
     """Run ``function`` over ``work`` units in parts on up to ``threads`` threads; ``args``
     (int64) ends with the part count, which is set here; ``arrays``: those it points to
@@ -381,10 +393,10 @@ def pool(kind, x, out, kernel, strides, dilations, head, count_bounds, threads):
     # the scratch row: the left padding, the image's row, what the last window reaches past
     # it, and the element a stride-2 vector reads past that
     span = max(head[1] + w, (ow - 1) * strides[1] + (kernel[1] - 1) * dilations[1] + 1) + 1
-    rows = np.empty(_parts(n * c, threads) * (2 * span + ow), x.dtype)
+    rows, stride = _part_scratch(_parts(n * c, threads), (2 * span + ow) * x.itemsize)
     args = np.array([data_address(x), data_address(out), n * c, h, w, oh, ow, strides[0],
                      dilations[0], *head, row_lo, row_hi, col_lo, col_hi, data_address(rows),
-                     span, 0], np.int64)
+                     span, stride, 0], np.int64)
     function = _compiled(_pool_part, kind, x.dtype, *kernel, strides[1], dilations[1])
     _run(function.address, args, n * c, threads, rows)
     return out
@@ -396,9 +408,9 @@ def global_pool(kind, x, out, threads):
     as fast on one thread, but OpenBLAS's threads spin for a while after each call, on the
     cores the next convolutions use.)"""
     planes = x.shape[0] * x.shape[1]
-    partials = np.empty(_parts(planes, threads) * VECTOR_BYTES, np.uint8)
+    partials, stride = _part_scratch(_parts(planes, threads), VECTOR_BYTES)
     args = np.array([data_address(x), data_address(out), planes, x[0, 0].size,
-                     data_address(partials), 0], np.int64)
+                     data_address(partials), stride, 0], np.int64)
     _run(_compiled(_global_pool_part, kind, x.dtype).address, args, planes, threads, partials)
     return out
 
