@@ -195,6 +195,35 @@ def test_part_scratch_gives_each_part_lines_of_its_own(parts, nbytes):
     assert scratch.ctypes.data % 64 == 0 and scratch.nbytes == parts * stride
 
 
+@pytest.mark.parametrize("shape", [(1, 1000), (3, 7), (5, 1), (2, 3, 17), (0, 4), (4, 0)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_softmax(shape, dtype, threads, rng):
+    """Rows along the last axis, against float64 NumPy: of one element, of none, none at all;
+    large values (exp overflows without the max taken off), -inf (a zero)."""
+    x = (rng.standard_normal(shape) * 30).astype(dtype)
+    wide = shape[-1] > 1 and x.size
+    if wide:
+        x.flat[0], x.flat[-1] = 1e4, -np.inf
+    out = np.full(shape, np.nan, dtype)
+    kernels.softmax(x, out, threads)
+    if not x.size:
+        return
+    double = x.astype(np.float64)
+    expected = np.exp(double - double.max(axis=-1, keepdims=True))
+    expected /= expected.sum(axis=-1, keepdims=True)
+    np.testing.assert_allclose(out, expected, rtol=1e-5 if dtype == np.float32 else 1e-13,
+                               atol=1e-30)
+    if wide:
+        assert out.flat[-1] == 0 and out.flat[0] == 1
+
+
+def test_softmax_propagates_nan():
+    x = np.array([[1.0, np.nan, 2.0], [1.0, 2.0, 3.0]], np.float32)
+    out = np.empty_like(x)
+    kernels.softmax(x, out, 1)
+    assert np.isnan(out[0]).all() and np.isfinite(out[1]).all()
+
+
 def test_global_max_pool_propagates_nan(rng):
     x = rng.standard_normal((1, 4, 5, 7)).astype(np.float32)
     x[0, 1, 0, 0] = x[0, 2, 4, 6] = x[0, 3, 2, 3] = np.nan   # first, tail, in a vector
@@ -222,6 +251,7 @@ def test_no_access_outside_the_arrays(at, threads, rng):
     calls.append((shape, lambda x, out: kernels.lrn(x, out, 5, 1e-4, 0.75, 1.0, threads)))
     calls.append((shape, lambda x, out: kernels.affine(x, out, scale, shift, True, threads)))
     calls.append((shape, lambda x, out: kernels.copy(x, out, threads)))
+    calls.append((shape, lambda x, out: kernels.softmax(x, out, threads)))
     for kind in ("max", "average"):
         calls.append((shape[:2] + (1, 1), lambda x, out, kind=kind:
                       kernels.global_pool(kind, x, out, threads)))

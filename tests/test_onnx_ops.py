@@ -386,6 +386,29 @@ def test_softmax(shape, axis, opset, rng):
     assert y.dtype == np.float32
 
 
+def test_softmax_kernel_takes_out_and_buffers_and_leaves_other_dtypes_to_numpy(rng):
+    """Rows along the last axis (or before opset 13 the flattened tail) run the compiled
+    kernel into ``out=`` or an array of ``buffers=``; float16, which it has no code for, and
+    other axes still run (NumPy), into a new array."""
+    from cso.onnx.buffers import Buffers
+    x = rand(rng, 2, 3, 4, 5)
+    for opset, axis in ((9, 1), (13, -1)):
+        run = OPERATORS["Softmax"](Node.from_proto(_model("Softmax", ["x"], ["y"], dict(axis=axis),
+                                                          opset, {"x": x}, {}).graph.node[0], opset), {})
+        (want,) = run(x)
+        out = np.empty_like(x)
+        (got,) = run(x, out=out)
+        assert got is out and np.array_equal(out, want)
+        buffers = Buffers()
+        (made,) = run(x, buffers=buffers)
+        assert buffers.owns(made) and np.array_equal(made, want)
+        with pytest.raises(ValueError, match="out= of shape"):
+            run(x, out=np.empty((2, 3, 4, 6), np.float32))
+    half = x.astype(np.float16)
+    (y,) = check("Softmax", {"x": half}, dict(axis=-1), rtol=2e-3, atol=1e-3, engines=("reference",))
+    assert y.dtype == np.float16
+
+
 def test_softmax_opset_9_and_13_differ_on_4d_axis_1(rng):
     x = rand(rng, 2, 3, 4, 5)
     (old,) = check("Softmax", {"x": x}, dict(axis=1), opset=9, engines=("ort",))

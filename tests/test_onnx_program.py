@@ -52,8 +52,9 @@ def test_replay_matches_a_plain_run_and_keeps_earlier_outputs(rng):
     loaded = cso.onnx.load(model)
     (program,) = loaded._programs.values()   # recorded by the load's run
     labels = [step.label for step in loaded.steps]
-    # replayed: everything but the Flatten that makes the output (a view of the pool's array)
-    assert program.resume == labels.index("Flatten") == len(labels) - 1
+    # replayed: every step, the Flatten that makes the output too (a view of the pool's
+    # array, which the model copies for the caller)
+    assert program.resume == len(labels) == labels.index("Flatten") + 1
     assert program.jobs.size // 3 == labels.index("Flatten") - labels.count("Concat")
     kept = []
     for batch in (1, 1, 2, 2, 1):
@@ -64,9 +65,26 @@ def test_replay_matches_a_plain_run_and_keeps_earlier_outputs(rng):
         kept.append((x, outputs[0], outputs[0].copy()))
     assert len(loaded._programs) == 2
     for program in loaded._programs.values():   # at batch 2 the Concat's copies are jobs too
-        assert program.resume == labels.index("Flatten")
+        assert program.resume == len(labels)
     for x, output, copy in kept:   # later runs wrote nothing into an earlier one's output
         np.testing.assert_array_equal(output, copy)
+
+
+def test_a_softmax_that_makes_the_output_is_replayed(rng):
+    """SqueezeNet's end: a Softmax over the last axis runs its compiled kernel, so the replay
+    covers the whole model; the output the caller gets is a copy, which the next run leaves
+    alone."""
+    model = fire_model(rng, tail=("Flatten", "Softmax"))
+    loaded = cso.onnx.load(model)
+    (program,) = loaded._programs.values()
+    assert program.resume == len(loaded.steps) and loaded.steps[-1].label == "Softmax"
+    x = rng.standard_normal((1, 3, 10, 12)).astype(np.float32)
+    (y,) = loaded.run(None, {"x": x})
+    assert not program.owns(y)
+    np.testing.assert_array_equal(y, plain_run(loaded, {"x": x})[0])
+    y_copy = y.copy()
+    assert_matches_onnxruntime(model, {"x": -x}, loaded)
+    np.testing.assert_array_equal(y, y_copy)
 
 
 def test_outputs_that_are_inputs_or_views_are_the_callers(rng):
@@ -85,9 +103,12 @@ def test_outputs_that_are_inputs_or_views_are_the_callers(rng):
 
 
 def test_replay_stops_before_a_step_it_cannot_stand_for(rng):
-    """A Softmax (NumPy) in the middle: the steps before it are replayed, it and the rest run
-    as in a plain run, on inputs that change from run to run."""
+    """A Softmax over a channel axis (NumPy; the kernel takes the last) in the middle: the
+    steps before it are replayed, it and the rest run as in a plain run, on inputs that change
+    from run to run."""
     model = fire_model(rng, tail=("Softmax", "Relu", "Flatten"))
+    (softmax,) = [node for node in model.graph.node if node.op_type == "Softmax"]
+    softmax.attribute.append(helper.make_attribute("axis", 1))
     loaded = cso.onnx.load(model)
     (program,) = loaded._programs.values()
     assert loaded.steps[program.resume].label == "Softmax"

@@ -470,8 +470,6 @@ def build_steps(graph):
     for name, index in last_use.items():
         if name and name not in graph.outputs and name not in graph.constants:
             steps[index].frees.append(name)
-    for step in steps:   # the caller keeps the outputs: they are never reused buffers
-        step.buffered = step.buffered and not set(step.outputs) & set(graph.outputs)
     made_by = {name: step for step in steps for name in step.outputs}
     for step in steps:
         if isinstance(step.run, ConvStep) and step.run.residual:

@@ -1,5 +1,7 @@
 """Compiled kernels for the operators that cost the most around a model's convolutions:
-MaxPool and AveragePool, their global forms, LRN, a per-channel affine map (+Relu), and a copy.
+MaxPool and AveragePool, their global forms, LRN, a per-channel affine map (+Relu), a copy,
+and Softmax (cheap, but as a kernel a recorded program replays it: no Python after the last
+convolution).
 
 Each is a numba ``cfunc`` ``void part(int64 *args, int64 part)`` that cso's own thread pool
 runs (``cso.threads.run_parts``), on ``cso.get_num_threads()`` threads like the convolutions:
@@ -326,6 +328,31 @@ def _affine_part(relu, dtype):
     return part
 
 
+def _softmax_part(dtype):
+    """The Softmax part function: each of ``rows`` contiguous rows of ``length`` elements
+    mapped to exp(x - max) / sum, the sum in float64 (a max that is NaN makes the row NaN, as
+    NumPy's). Args: x, out, rows, length, the parts."""
+    typ = from_dtype(dtype)
+
+    def part(args, index):
+        x, out, length = _pointer(args[0], typ), _pointer(args[1], typ), args[3]
+        first, last = _share(index, args[4], args[2])
+        for row in range(first, last):
+            at = row * length
+            top = x[at]
+            for i in range(1, length):
+                top = _larger(top, x[at + i])
+            total = 0.0
+            for i in range(length):
+                value = math.exp(x[at + i] - top)
+                out[at + i] = value
+                total += value
+            scale = typ(1.0 / total)
+            for i in range(length):
+                out[at + i] *= scale
+    return part
+
+
 def _copy_part():
     """The part function copying a share of ``blocks`` blocks of ``size`` bytes, block b from
     ``source + b * source_step`` to ``destination + b * destination_step``; args: source and
@@ -437,6 +464,16 @@ def copy(x, out, threads):
     args = np.array([data_address(x), data_address(out), blocks, size, size,
                      out.strides[0] if x.ndim > 1 else 0, lines, 0], np.int64)
     _run(_compiled(_copy_part).address, args, blocks * lines, threads)
+    return out
+
+
+def softmax(x, out, threads):
+    """``out`` = the softmax of each row (the last dimension) of ``x``, both C-contiguous, of
+    one shape and a float dtype."""
+    length = x.shape[-1] if x.ndim else 1
+    rows = x.size // length if length else 0
+    args = np.array([data_address(x), data_address(out), rows, length, 0], np.int64)
+    _run(_compiled(_softmax_part, x.dtype).address, args, rows, threads)
     return out
 
 

@@ -115,8 +115,10 @@ class Model:
         if program is not None:   # its jobs read its own copies of the feeds
             values.update(program.feeds(feeds))
             program.start()
-        outputs = set(self.outputs)
         buffered, plain = {"buffers": buffers}, {}   # run's options, not changed below
+        # the caller keeps the outputs: a plain run makes them in arrays of their own, a
+        # recording in the program's (which ``_outputs`` copies)
+        fresh = set(self.outputs) if program is None else set()
         try:
             for index in range(first, len(self.steps)):
                 step = self.steps[index]
@@ -124,7 +126,8 @@ class Model:
                 if program is not None and program.resume is None:
                     jobs = len(program.jobs)
                 inputs = [values[name] if name else None for name in step.inputs]
-                options = buffered if step.buffered else plain
+                options = (buffered if step.buffered and fresh.isdisjoint(step.outputs)
+                           else plain)
                 if step.takes_out:
                     out = self._placed(step.outputs[0], values, inputs[0], buffers)
                     if out is not None:
@@ -137,7 +140,7 @@ class Model:
                     values.update((name, value) for name, value in zip(step.outputs, results)
                                   if name)
                 if (program is not None and program.resume is None
-                        and not program.takes(step, inputs, results, jobs, outputs)):
+                        and not program.takes(step, inputs, results, jobs)):
                     # the values before the step: those now but its outputs (none freed yet)
                     program.stop(index, {name: value for name, value in values.items()
                                          if name not in step.outputs}, jobs)

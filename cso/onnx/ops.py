@@ -20,7 +20,7 @@ OPERATORS = {}
 CAPTURES_CONSTANTS = {"BatchNormalization", "Dropout", "Gemm", "Reshape", "Unsqueeze"}
 # operators whose run takes ``out=`` (an array to make the output in) and ``buffers=`` (a
 # ``Buffers`` to take it from), and does nothing but run compiled kernels on C-contiguous input
-TAKES_OUT = {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LRN"}
+TAKES_OUT = {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LRN", "Softmax"}
 
 
 def _operator(*op_types):
@@ -488,12 +488,19 @@ def _build_softmax(node, constants):
     coerce = node.opset < 13          # before opset 13: softmax over the flattened tail
     axis = node.attr("axis", 1 if coerce else -1)
 
-    def run(x):
+    def run(x, out=None, buffers=None):
         if not -x.ndim <= axis < x.ndim:
             raise node.error(f"axis={axis} is out of range for input of shape {x.shape}")
+        split = axis % x.ndim
+        # rows along the last axis, or (before opset 13) the flattened tail: the kernel's
+        if (coerce or split == x.ndim - 1) and x.dtype in (np.float32, np.float64):
+            x = np.ascontiguousarray(x)
+            out = _output(node, x.shape, x.dtype, out, buffers)
+            rows = (int(np.prod(x.shape[:split])), int(np.prod(x.shape[split:])))
+            kernels.softmax(x.reshape(rows), out.reshape(rows), get_num_threads())
+            return (out,)
         if not coerce:
             return (_softmax(x, axis),)
-        split = axis % x.ndim
         flat = x.reshape(int(np.prod(x.shape[:split])), -1)
         return (_softmax(flat, 1).reshape(x.shape),)
     return run

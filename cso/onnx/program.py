@@ -8,8 +8,8 @@ input shape and thread count are known, every convolution and compiled kernel of
 same function on the same arguments at the same addresses, run after run, provided its arrays
 are the same ones: a ``Program`` gives them their own ``Buffers``, copies the feeds into arrays
 of its own, and records the jobs of the run's leading steps that are nothing else (``takes``).
-A replay runs those jobs in one ``run_jobs`` call, then the remaining steps (a Gemm, a Softmax,
-those that make the outputs the caller keeps) as a plain run does.
+A replay runs those jobs in one ``run_jobs`` call, then the remaining steps (a Gemm, and what
+follows it) as a plain run does.
 """
 import threading
 
@@ -62,13 +62,12 @@ class Program:
             found = self.scratch[key] = prepared.workspace(elements, dtype)
         return found
 
-    def takes(self, step, inputs, results, jobs_before, graph_outputs):
+    def takes(self, step, inputs, results, jobs_before):
         """Whether the replay can stand for ``step``, which made ``self.jobs[jobs_before:]``:
         it only ran jobs on C-contiguous inputs into an array the model gave it, or it made a
         view of its first input (Reshape, Dropout), or it is a Concat whose inputs were all made
-        in its array; and no output of it is one the caller keeps."""
-        if any(name in graph_outputs for name in step.outputs):
-            return False
+        in its array. (An output the caller keeps is then an array of the program's, or a view
+        of one, which the model copies: ``owns``.)"""
         arrays = [x for x in inputs if x is not None]
         if not all(isinstance(a, np.ndarray) and a.flags.c_contiguous for a in arrays):
             return False
