@@ -20,6 +20,7 @@ OPERATORS = {}
 CAPTURES_CONSTANTS = {"BatchNormalization", "Dropout", "Gemm", "Reshape", "Unsqueeze"}
 # operators whose run takes ``out=`` (an array to make the output in) and ``buffers=`` (a
 # ``Buffers`` to take it from), and does nothing but run compiled kernels on C-contiguous input
+# (a Softmax over another axis or in float16 runs NumPy, and a recording, seeing no job, stops)
 TAKES_OUT = {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LRN", "Softmax"}
 
 
