@@ -153,7 +153,7 @@ def run_parts(function, args, parts, threads, keep=()):
     if not 1 <= parts <= MAX_PARTS:
         raise ValueError(f"run_parts: from 1 to {MAX_PARTS} parts, got {parts}")
     helpers = max(0, min(parts, threads) - 1)
-    recorder = getattr(_recorders, "active", None)
+    recorder = recording()
     if recorder is not None:
         recorder.add(function, args, parts, keep)
     compiled_pool().run(_pool_state(helpers), function, args, parts, helpers, SPIN_ROUNDS)

@@ -494,8 +494,8 @@ def _build_softmax(node, constants):
             raise node.error(f"axis={axis} is out of range for input of shape {x.shape}")
         split = axis % x.ndim
         # rows along the last axis, or (before opset 13) the flattened tail: the kernel's
-        if (coerce or split == x.ndim - 1) and x.dtype in (np.float32, np.float64):
-            x = np.ascontiguousarray(x)
+        if (coerce or split == x.ndim - 1) and x.dtype.kind == "f" and kernels.compiles(x.dtype):
+            x = _kernel_input(node, x, floats_only=True)
             out = _output(node, x.shape, x.dtype, out, buffers)
             rows = (int(np.prod(x.shape[:split])), int(np.prod(x.shape[split:])))
             kernels.softmax(x.reshape(rows), out.reshape(rows), get_num_threads())
