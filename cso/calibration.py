@@ -39,6 +39,7 @@ ENV_VAR = "CSO_CALIBRATE"
 VERSION = 2                 # of the record's layout: a record of another version is measured anew
 TRIAL_FLOPS = 2e8           # per timed run of a micro-kernel (about 2 ms at 100 GFLOP/s)
 TRIALS = 5                  # best of: a calibration must not keep one disturbed run
+TILE_SECONDS = 0.4          # at least, for the tiles' rounds: longer than most disturbances
 HANDOFF_CALLS, SLEEPS = 400, 12
 SLEEP_SECONDS = 0.01        # longer than the workers spin (cso.threads.SPIN_ROUNDS): they sleep
 NOOP_PART = "define void @noop(ptr %args, i64 %part) {\n  ret void\n}\n"
@@ -90,13 +91,23 @@ def measure(machine, isa_name):
     two parts on two threads; None on one CPU}, with the CPU, ISA, date and seconds taken."""
     start = time.perf_counter()
     isa = get_isa(isa_name)
+    candidates = calibration_candidates(machine)
+    runs = {}
+    for variant, counts in candidates.items():
+        for b in counts:
+            spec = KernelSpec("f32", b, TILE_VECTORS * isa.lanes(4), isa_name, variant)
+            runs[variant, b] = probe.kernel_run(spec, _tile_calls(spec))
+    # the tiles in turn, a run of each a round, for at least TILE_SECONDS: a disturbance or
+    # the core's first, slower, milliseconds then slow every tile's runs alike, or some rounds
+    # only, where back to back they took all the runs of the tiles measured first and dropped
+    # those tiles from the plans (csa/TUNING.md, "Calibration")
+    best = probe.best_of_rounds(runs, TRIALS, TILE_SECONDS)
+    # the probes after (the core is up to speed), apart: a tile run just after the peak
+    # probe's long burst of FMAs measured up to 30% slow
     peak, _ = probe.fma_peak(1 << 24, isa)
     chain, _ = probe.fma_peak(1 << 22, isa, chains=1)
-    kernels = {}
-    for variant, counts in calibration_candidates(machine).items():
-        kernels[variant] = {b: round(_tile_gflops(KernelSpec("f32", b, TILE_VECTORS * isa.lanes(4),
-                                                             isa_name, variant)) / peak, 3)
-                            for b in counts}
+    kernels = {variant: {b: round(best[variant, b] / peak, 3) for b in counts}
+               for variant, counts in candidates.items()}
     return {
         "version": VERSION, "cpu": cpu_name(), "isa": isa_name,
         "date": time.strftime("%Y-%m-%d"), "fma_gflops": round(peak, 1),
@@ -105,9 +116,9 @@ def measure(machine, isa_name):
         "seconds": round(time.perf_counter() - start, 2)}
 
 
-def _tile_gflops(spec):
-    calls = max(100, int(TRIAL_FLOPS / (2 * probe.UKERNEL_K * spec.broadcasts * spec.width)))
-    return probe.kernel_throughput(spec, calls, trials=TRIALS)
+def _tile_calls(spec):
+    """Calls of ``spec``'s micro-kernel in a timed run: about TRIAL_FLOPS."""
+    return max(100, int(TRIAL_FLOPS / (2 * probe.UKERNEL_K * spec.broadcasts * spec.width)))
 
 
 def cpu_name():

@@ -8,6 +8,8 @@ import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
 
+from packing.aligned import aligned_empty
+
 from .ir import ACCUMULATE, fma, splat
 from .isa import default_isa
 from .jit import JitModule, native_function
@@ -20,12 +22,27 @@ UKERNEL_K = 256            # packed rows per call; 8x32 float32 tiles: A 32 KiB 
 SHIFT = 16                 # elements (a 64-byte line in f32) the tiles move by from one call to the next
 
 
+def _seconds(run):
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
 def _best_seconds(run, trials=3):
-    best = float("inf")
-    for _ in range(trials):
-        start = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - start)
+    return min(_seconds(run) for _ in range(trials))
+
+
+def best_of_rounds(runs, rounds=3, seconds=0.0):
+    """{name: the highest rate runs[name]() returned}, each run once a round, in turn, for
+    ``rounds`` rounds and until ``seconds`` have passed: a disturbance (another process, a
+    VM's slow phase) then slows the runs of every name alike, or some rounds only, where runs
+    of one name back to back could all fall in it and leave that name alone measured slow."""
+    best = dict.fromkeys(runs, 0.0)
+    start, done = time.perf_counter(), 0
+    while done < rounds or time.perf_counter() - start < seconds:
+        for name, run in runs.items():
+            best[name] = max(best[name], run())
+        done += 1
     return best
 
 
@@ -71,11 +88,12 @@ def _fma_probe(lanes, chains):
     return JitModule(_fma_probe_module(lanes, chains))
 
 
-def fma_peak(iterations=1 << 27, isa=None, chains=FMA_CHAINS):
-    """(GFLOP/s, full-width vector FMA instructions in the compiled probe: x86 vfmadd, aarch64
-    fmla) at the vector width of ``isa`` (default: the kernel ISA). One ctypes call runs ~10^8
-    iterations, so the call overhead is negligible. With ``chains=1`` every FMA waits for the
-    one before: the rate then measures the FMA latency."""
+def fma_probe(iterations=1 << 27, isa=None, chains=FMA_CHAINS):
+    """(a function that runs the probe once and returns its GFLOP/s, full-width vector FMA
+    instructions in the compiled probe: x86 vfmadd, aarch64 fmla) at the vector width of
+    ``isa`` (default: the kernel ISA). One ctypes call runs ``iterations`` of ``chains``
+    FMAs, so the call overhead is negligible. With ``chains=1`` every FMA waits for the one
+    before: the rate then measures the FMA latency."""
     vector_bytes = (isa or default_isa()).vector_bytes
     lanes, register = vector_bytes // 4, {64: "zmm", 32: "ymm", 16: "xmm"}[vector_bytes]
     compiled = _fma_probe(lanes, chains)
@@ -84,8 +102,14 @@ def fma_peak(iterations=1 << 27, isa=None, chains=FMA_CHAINS):
     probe = compiled.function("fma_probe", ctypes.c_float, ctypes.c_int64, ctypes.c_float,
                               ctypes.c_float)
     probe(1000, 1.0, 1e-7)  # page in the code, spin the core up
-    seconds = _best_seconds(lambda: probe(iterations, 1.0, 1e-7))
-    return 2 * chains * lanes * iterations / seconds / 1e9, fma_count
+    flops = 2 * chains * lanes * iterations
+    return lambda: flops / _seconds(lambda: probe(iterations, 1.0, 1e-7)) / 1e9, fma_count
+
+
+def fma_peak(iterations=1 << 27, isa=None, chains=FMA_CHAINS):
+    """(GFLOP/s, FMA instructions in the probe): the best of 3 runs of ``fma_probe``."""
+    run, fma_count = fma_probe(iterations, isa, chains)
+    return best_of_rounds({"probe": run})["probe"], fma_count
 
 
 READ_CHAINS = 8   # independent sums: enough vector adds in flight for two loads a cycle
@@ -178,13 +202,17 @@ def _define_kernel_loop(module):
     return code.function
 
 
-def kernel_throughput(spec, calls=200_000, trials=3):
-    """GFLOP/s of micro-kernel ``spec`` called back to back from compiled code on L1-resident
-    tiles of UKERNEL_K rows, accumulating into one C tile. A slab kernel reads the same tiles
-    through its row offsets (rows as packed: one virtual row as wide as the tile)."""
+def kernel_run(spec, calls=200_000):
+    """A function that calls micro-kernel ``spec`` ``calls`` times back to back from compiled
+    code on L1-resident tiles of UKERNEL_K rows, accumulating into one C tile, and returns its
+    GFLOP/s. A slab kernel reads the same tiles through its row offsets (rows as packed: one
+    virtual row as wide as the tile)."""
     rng = np.random.default_rng(0)
-    a = rng.standard_normal(UKERNEL_K * spec.width + 3 * SHIFT).astype(spec.np_dtype)
-    b = rng.standard_normal(UKERNEL_K * spec.broadcasts + 3 * SHIFT).astype(spec.np_dtype)
+    a, b = (aligned_empty(UKERNEL_K * n + 3 * SHIFT, spec.np_dtype)
+            for n in (spec.width, spec.broadcasts))
+    # on cache lines, as the packed tiles: NumPy's 16-byte alignment made every other vector
+    # load cross a line, and a tile's speed depended on where its arrays happened to lie
+    a[:], b[:] = rng.standard_normal(a.size), rng.standard_normal(b.size)
     c = np.zeros(spec.broadcasts * spec.width, spec.np_dtype)
     bias = np.zeros(spec.broadcasts, spec.np_dtype)
     rows = np.arange(UKERNEL_K, dtype=np.int64) * (spec.broadcasts if spec.variant == "direct"
@@ -199,5 +227,10 @@ def kernel_throughput(spec, calls=200_000, trials=3):
              count, kernel, spec.width, spec.broadcasts, SHIFT * a.itemsize)
 
     run(10)  # warm
-    seconds = _best_seconds(lambda: run(calls), trials)
-    return 2 * UKERNEL_K * spec.width * spec.broadcasts * calls / seconds / 1e9
+    flops = 2 * UKERNEL_K * spec.width * spec.broadcasts * calls
+    return lambda: flops / _seconds(lambda: run(calls)) / 1e9
+
+
+def kernel_throughput(spec, calls=200_000, trials=3):
+    """GFLOP/s of micro-kernel ``spec``: the best of ``trials`` runs of ``kernel_run``."""
+    return best_of_rounds({"kernel": kernel_run(spec, calls)}, trials)["kernel"]

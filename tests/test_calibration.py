@@ -6,12 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import csa
 import cso
 from cso import calibration
-from microkernels import default_isa
+from microkernels import KernelSpec, default_isa, probe
+from packing.aligned import aligned_empty
 
 from .children import CHILD_CWD
 
@@ -112,3 +114,44 @@ def test_command_prints_the_record(first):
     bad = subprocess.run([sys.executable, "-m", "cso", "calibrate"], cwd=CHILD_CWD, env=env,
                          capture_output=True, text=True, timeout=600)
     assert bad.returncode != 0 and "usage: python -m cso calibration" in bad.stderr
+
+
+def test_tiles_are_measured_in_turn_and_the_best_run_kept():
+    """A disturbance must slow every tile's runs alike: each run once a round, in turn, for
+    the rounds asked and until the seconds have passed, and each name's best rate kept."""
+    calls = []
+    rates = {"a": iter([1.0, 5.0, 2.0, 2.0]), "b": iter([3.0, 1.0, 4.0, 1.0])}
+
+    def run_of(name):
+        def run():
+            calls.append(name)
+            return next(rates[name])
+        return run
+
+    best = probe.best_of_rounds({name: run_of(name) for name in rates}, rounds=3)
+    assert calls == ["a", "b"] * 3
+    assert best == {"a": 5.0, "b": 4.0}
+
+    clock = iter(range(100))   # 1 s a reading: the seconds ask for more rounds than 1
+    calls.clear()
+    rates = {"a": iter([1.0] * 10)}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(probe.time, "perf_counter", lambda: float(next(clock)))
+        probe.best_of_rounds({"a": run_of("a")}, rounds=1, seconds=2.5)
+    assert calls == ["a"] * 3   # readings 1, 2 and 3 s after the start: 3 rounds
+
+
+def test_probe_tiles_lie_on_cache_lines(monkeypatch):
+    """The probe's tiles start on a line, as packed tiles do (a 16-byte start made every
+    other vector load cross a line): its speed is the kernel's, not the allocation's."""
+    made = []
+
+    def recorded(*args):
+        made.append(aligned_empty(*args))
+        return made[-1]
+    monkeypatch.setattr(probe, "aligned_empty", recorded)
+    isa = default_isa()
+    run = probe.kernel_run(KernelSpec("f32", 4, isa.lanes(4), isa.name, "packed"), calls=10)
+    assert len(made) == 2 and all(tile.ctypes.data % 64 == 0 for tile in made)
+    assert all(np.isfinite(tile).all() for tile in made)
+    assert run() > 0
