@@ -100,7 +100,7 @@ def measure(machine, isa_name):
     # the tiles in turn, a run of each a round, for at least TILE_SECONDS: a disturbance or
     # the core's first, slower, milliseconds then slow every tile's runs alike, or some rounds
     # only, where back to back they took all the runs of the tiles measured first and dropped
-    # those tiles from the plans (csa/TUNING.md, "Calibration")
+    # those tiles from the plans (csa/TUNING.md, "Host calibration")
     best = probe.best_of_rounds(runs, TRIALS, TILE_SECONDS)
     # the probes after (the core is up to speed), apart: a tile run just after the peak
     # probe's long burst of FMAs measured up to 30% slow
