@@ -5,8 +5,9 @@ The first plan made for a kernel ISA on a CPU measures, in about 1-2 s:
 - the FMA peak (independent chains) and the FMA latency (one chain): their ratio is the FMAs
   a tile must keep in flight (latency x pipes), which the register-blocking model uses;
 - the speed of each candidate micro-tile in each kernel variant
-  (``csa.register_blocking.calibration_candidates``: the tiles the rules pick from the model and their neighbours), as
-  a fraction of that peak: the rules then choose only among tiles measured fast;
+  (``csa.register_blocking.calibration_candidates``: the tiles the rules pick from the model
+  and their neighbours), as a fraction of that peak, the tiles measured in turn (a run of
+  each a round): the rules then choose only among tiles measured fast;
 - the read bandwidth of each cache level and of memory, and the cost of handing parts to the
   pool's workers, awake (back-to-back calls) and asleep: shown beside the plans, for reading
   the benchmark figures (the cost model's weights and the thread thresholds stay the record's,

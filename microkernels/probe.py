@@ -210,8 +210,8 @@ def kernel_run(spec, calls=200_000):
     rng = np.random.default_rng(0)
     a, b = (aligned_empty(UKERNEL_K * n + 3 * SHIFT, spec.np_dtype)
             for n in (spec.width, spec.broadcasts))
-    # on cache lines, as the packed tiles: NumPy's 16-byte alignment made every other vector
-    # load cross a line, and a tile's speed depended on where its arrays happened to lie
+    # on cache lines, as the packed tiles a convolution reads (NumPy aligns to 16 bytes only:
+    # every other vector load could cross a line, depending on where the arrays fell)
     a[:], b[:] = rng.standard_normal(a.size), rng.standard_normal(b.size)
     c = np.zeros(spec.broadcasts * spec.width, spec.np_dtype)
     bias = np.zeros(spec.broadcasts, spec.np_dtype)
