@@ -1,5 +1,7 @@
 """cso.onnx end to end: the nine light models against onnxruntime (their own constant weights
 and random ones), what the loader fuses and frees, its load-time errors, feeds and threads."""
+import weakref
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,8 @@ from onnx import helper  # noqa: E402
 import cso  # noqa: E402
 import cso.onnx  # noqa: E402
 from cso.onnx import UnsupportedModel  # noqa: E402
+from cso.onnx import model as model_module  # noqa: E402
+from cso.onnx.conv import ConvStep  # noqa: E402
 
 from bench.models import (MODELS, model_path, onnxruntime_session, random_weights,  # noqa: E402
                           relative_error)
@@ -360,6 +364,36 @@ def test_load_takes_a_path_and_rejects_other_things(tmp_path, rng):
     with pytest.raises(TypeError, match="model must be a path or an onnx.ModelProto"):
         cso.onnx.load(42)
 
+
+
+def test_a_loaded_constant_lives_until_its_step_packed_it(tmp_path, rng, monkeypatch):
+    """Loading from a path, neither the proto nor the graph's constants outlive their use: when
+    the load's first run reaches the second convolution, the first one's weight, packed, is
+    gone (VGG-19 peaked at the proto, its constants and the packed filters at once)."""
+    model, feeds = conv_chain(rng, [("Conv", {"w2": rng.standard_normal((5, 6, 1, 1)).astype(
+        np.float32)}, {})])
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    weights, alive_at_second = {}, []
+    read = model_module.read
+
+    def read_and_watch(proto, shapes):
+        graph = read(proto, shapes)
+        weights.update((name, weakref.ref(graph.constants[name])) for name in ("w", "w2"))
+        return graph
+
+    call = ConvStep.__call__
+
+    def watched_call(step, x, *args, **kwargs):
+        if step.node.inputs[1] == "w2" and step.conv is None:
+            alive_at_second.append(weights["w"]() is not None)
+        return call(step, x, *args, **kwargs)
+    monkeypatch.setattr(model_module, "read", read_and_watch)
+    monkeypatch.setattr(ConvStep, "__call__", watched_call)
+    loaded = cso.onnx.load(path)
+    assert alive_at_second == [False]
+    assert weights["w2"]() is None   # packed too, once the load returned
+    np.testing.assert_array_equal(loaded(feeds["x"]), cso.onnx.load(model)(feeds["x"]))
 
 def dense_block(rng, layers=3, k=3, concat_is_output=False, conv_is_output=False):
     """DenseNet's pattern: each layer's input is the Concat of the block input and every

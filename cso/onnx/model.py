@@ -236,9 +236,14 @@ def load(model, input_shapes=None):
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"model must be a path or an onnx.ModelProto, got {type(model).__name__}")
     graph = read(model, _input_shapes(model, input_shapes or {}))
+    # the proto, if read from a path here, and the graph's constants are dropped before the
+    # first run packs the filters: each constant then lives on only until its step has packed
+    # it (VGG-19 peaked at the proto, the constants and the packed filters at once)
+    del model
     inputs = graph.inputs
     steps, slots = build_steps(graph)
     loaded = Model(steps, inputs, graph.outputs, graph.constants, slots)
+    del graph
     # a first run on zeros builds every convolution for its input shape: packs its filters and
     # compiles (or loads) its kernels now, not on the user's first call
     loaded.run(None, {name: np.zeros(shape, dtype) for name, (shape, dtype) in inputs.items()})
