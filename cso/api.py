@@ -16,7 +16,7 @@ import csa
 from microkernels import (ACCUMULATE, BIAS, RELU, DepthwiseSpec, KernelSpec, default_isa, get_isa,
                           supported_isas)
 from microkernels.once import fork_safe_lock
-from packing import aligned_empty, pack_filters, unpack_filters
+from packing import aligned_empty, pack_filters, repack_filters, unpack_filters
 
 from . import arguments as args
 from . import autotune
@@ -132,7 +132,7 @@ class Conv2d:
         if found is None:
             with _tables:
                 any_packed = next(iter(self._packed.values()))
-            found = pack_filters(unpack_filters(any_packed, self.weight_shape[0]), nf, self.groups)
+            found = repack_filters(any_packed, self.weight_shape[0], nf, self.groups)
             with _tables:
                 found = self._packed.setdefault(nf, found)
         return found

@@ -30,6 +30,29 @@ def pack_filters(w, nf, groups=1):
     return np.ascontiguousarray(tiles.transpose(0, 1, 3, 4, 5, 2))
 
 
+REPACK_BYTES = 8 << 20   # of filters unpacked at a time by repack_filters
+
+
+def repack_filters(packed, k, nf, groups=1):
+    """``pack_filters`` of the K filters ``packed`` holds (in tiles of any size), in tiles of
+    ``nf``, unpacking a few MiB of them at a time: VGG-19's 4096 x 25088 classifier, packed
+    again for another batch size, took a 392 MiB unpacked copy besides the two packings."""
+    g, _, c_g, r, s, old_nf = packed.shape
+    k_g = k // groups
+    out = np.zeros(packed_filters_shape((k, c_g, r, s), nf, groups), packed.dtype)
+    filter_bytes = g * c_g * r * s * packed.itemsize
+    step = max(1, REPACK_BYTES // (nf * filter_bytes))   # new tiles a chunk fills
+    for t0 in range(0, out.shape[1], step):
+        first, end = t0 * nf, min((t0 + step) * nf, k_g)   # the chunk's filters
+        o0 = first // old_nf                                  # their old tiles from o0
+        tiles = packed[:, o0:-(-end // old_nf)]
+        filters = tiles.transpose(0, 1, 5, 2, 3, 4).reshape(g, -1, c_g, r, s)
+        count = -(-(end - first) // nf)
+        chunk = np.zeros((g, count * nf, c_g, r, s), packed.dtype)   # zero past K
+        chunk[:, :end - first] = filters[:, first - o0 * old_nf:end - o0 * old_nf]
+        out[:, t0:t0 + count] = chunk.reshape(g, count, nf, c_g, r, s).transpose(0, 1, 3, 4, 5, 2)
+    return out
+
 def unpack_filters(packed, k):
     """Inverse of ``pack_filters``: the K x C/groups x R x S weights."""
     groups, t_w, c_g, r, s, nf = packed.shape

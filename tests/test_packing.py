@@ -7,7 +7,9 @@ from llvmlite import ir
 from microkernels import KernelSpec
 from microkernels.jit import native_function
 from microkernels.row_copy import TAP_FUNCTION_TYPE
-from packing import pack_filters, pack_input_tile, packed_filters_shape, tile_copiers, unpack_filters
+import packing.filters
+from packing import (pack_filters, pack_input_tile, packed_filters_shape, repack_filters,
+                     tile_copiers, unpack_filters)
 
 
 @pytest.mark.parametrize("k,c_g,r,s,nf,groups", [
@@ -25,6 +27,20 @@ def test_filters_round_trip_and_layout(rng, k, c_g, r, s, nf, groups):
     np.testing.assert_array_equal(packed[g, t, :, :, :, f], w[g * k_g + k_g - 1])
     assert np.all(packed[g, t, ..., f + 1:] == 0)            # padding filters are zero
 
+
+
+@pytest.mark.parametrize("k,c_g,r,s,groups", [(29, 2, 3, 1, 1), (12, 4, 3, 3, 3), (64, 16, 1, 1, 1),
+                                              (8, 1, 3, 3, 8), (1000, 3, 1, 1, 1)])
+@pytest.mark.parametrize("repack_bytes", [1, 4096, 1 << 20])   # chunks of 1 tile to all of them
+def test_repacking_equals_packing_anew(rng, monkeypatch, k, c_g, r, s, groups, repack_bytes):
+    """Filters packed in one tile size, repacked in another a chunk at a time, are exactly
+    those packed anew, padding filters zero."""
+    monkeypatch.setattr(packing.filters, "REPACK_BYTES", repack_bytes)
+    w = rng.standard_normal((k, c_g, r, s)).astype(np.float32)
+    for old, new in ((32, 16), (16, 32), (6, 16), (16, 6), (14, 14), (1, 5)):
+        repacked = repack_filters(pack_filters(w, old, groups), k, new, groups)
+        assert repacked.flags.c_contiguous and repacked.dtype == w.dtype
+        np.testing.assert_array_equal(repacked, pack_filters(w, new, groups))
 
 def gather_tile(x, n, c_first, nc, p0, nwin_used, nwin, R, S, stride, dil, pt, pl, P, Q):
     """The packed tile by definition: A[(c, r, s)][j] = padded input under window p0 + j."""
