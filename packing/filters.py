@@ -53,6 +53,7 @@ def repack_filters(packed, k, nf, groups=1):
         out[:, t0:t0 + count] = chunk.reshape(g, count, nf, c_g, r, s).transpose(0, 1, 3, 4, 5, 2)
     return out
 
+
 def unpack_filters(packed, k):
     """Inverse of ``pack_filters``: the K x C/groups x R x S weights."""
     groups, t_w, c_g, r, s, nf = packed.shape
