@@ -40,17 +40,14 @@ def repack_filters(packed, k, nf, groups=1):
     g, _, c_g, r, s, old_nf = packed.shape
     k_g = k // groups
     out = np.zeros(packed_filters_shape((k, c_g, r, s), nf, groups), packed.dtype)
-    filter_bytes = g * c_g * r * s * packed.itemsize
-    step = max(1, REPACK_BYTES // (nf * filter_bytes))   # new tiles a chunk fills
+    step = max(1, REPACK_BYTES // (nf * g * c_g * r * s * packed.itemsize))   # new tiles a chunk
     for t0 in range(0, out.shape[1], step):
-        first, end = t0 * nf, min((t0 + step) * nf, k_g)   # the chunk's filters
-        o0 = first // old_nf                                  # their old tiles from o0
-        tiles = packed[:, o0:-(-end // old_nf)]
-        filters = tiles.transpose(0, 1, 5, 2, 3, 4).reshape(g, -1, c_g, r, s)
-        count = -(-(end - first) // nf)
-        chunk = np.zeros((g, count * nf, c_g, r, s), packed.dtype)   # zero past K
-        chunk[:, :end - first] = filters[:, first - o0 * old_nf:end - o0 * old_nf]
-        out[:, t0:t0 + count] = chunk.reshape(g, count, nf, c_g, r, s).transpose(0, 1, 3, 4, 5, 2)
+        first, end = t0 * nf, min((t0 + step) * nf, k_g)   # the chunk's filters in each group
+        o0 = first // old_nf                                  # the old tile holding the first
+        held = unpack_filters(packed[:, o0:-(-end // old_nf)], (end - o0 * old_nf) * groups)
+        chunk = held.reshape(g, -1, c_g, r, s)[:, first - o0 * old_nf:]
+        out[:, t0:t0 + -(-(end - first) // nf)] = pack_filters(chunk.reshape(-1, c_g, r, s), nf,
+                                                               groups)
     return out
 
 
