@@ -1,7 +1,8 @@
-"""cso.onnx.kernels, the compiled pooling (windowed and global), LRN and per-channel affine kernels, against plain
-NumPy references: geometries that leave edges on every side (windows over the padding, rows
-shorter and longer than a vector, strides and dilations), float32, float64 and int8, one and
-two threads with work that does not split evenly, and arrays flush against guard pages."""
+"""cso.onnx.kernels, the compiled pooling (windowed and global), LRN, per-channel affine, copy,
+transpose and softmax kernels, against plain NumPy references: geometries that leave edges on
+every side (windows over the padding, rows shorter and longer than a vector, strides and
+dilations), float32, float64 and int8, one and two threads with work that does not split
+evenly, and arrays flush against guard pages."""
 import itertools
 import os
 import subprocess
@@ -168,6 +169,19 @@ def test_copy(size, dtype, threads, rng):
     assert (out[:, [0, 3]] == 7).all()
 
 
+@pytest.mark.parametrize("shape", [(1, 1), (1, 37), (37, 1), (16, 16), (8, 4096), (33, 17),
+                                   (100, 3)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int8])
+def test_transpose(shape, dtype, threads, rng):
+    """Squares whole and cut at both edges, one row or column, more parts than blocks; the
+    elements past the output untouched."""
+    x = rng.integers(-100, 100, shape).astype(dtype)
+    out = np.full(x.size + 5, 7, dtype)
+    assert kernels.transpose(x, out[:x.size].reshape(shape[::-1]), threads) is not None
+    np.testing.assert_array_equal(out[:x.size].reshape(shape[::-1]), x.T)
+    assert (out[x.size:] == 7).all()
+
+
 @pytest.mark.parametrize("shape", [(2, 5, 3, 7), (1, 9, 13, 13), (3, 2, 1, 1), (1, 3, 50)])
 @pytest.mark.parametrize("kind, dtype", [("max", np.float32), ("max", np.float64),
                                          ("max", np.int8), ("average", np.float32),
@@ -252,6 +266,7 @@ def test_no_access_outside_the_arrays(at, threads, rng):
     calls.append((shape, lambda x, out: kernels.affine(x, out, scale, shift, True, threads)))
     calls.append((shape, lambda x, out: kernels.copy(x, out, threads)))
     calls.append((shape, lambda x, out: kernels.softmax(x, out, threads)))
+    calls.append(((143, 10), lambda x, out: kernels.transpose(x.reshape(10, 143), out, threads)))
     for kind in ("max", "average"):
         calls.append((shape[:2] + (1, 1), lambda x, out, kind=kind:
                       kernels.global_pool(kind, x, out, threads)))

@@ -6,6 +6,7 @@ import pytest
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
+import onnx  # noqa: E402
 from onnx import helper  # noqa: E402
 
 import cso  # noqa: E402
@@ -115,6 +116,34 @@ def test_replay_stops_before_a_step_it_cannot_stand_for(rng):
     for _ in range(3):
         x = rng.standard_normal((1, 3, 10, 12)).astype(np.float32)
         assert_matches_onnxruntime(model, {"x": x}, loaded)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_classifier_gemm_and_its_softmax_are_replayed(rng, batch):
+    """The models' usual end, Flatten, Gemm (+Relu) and Softmax: the Gemm's convolution, and
+    at more than one row the transposes around it, are compiled jobs, so the replay covers the
+    whole model, bit for bit as a plain run, at the loaded batch and at another."""
+    model = fire_model(rng, tail=("Flatten",))
+    b = helper.make_tensor("gemm_b", onnx.TensorProto.FLOAT, (6, 5),
+                           (rng.standard_normal(30) / 4).astype(np.float32))
+    c = helper.make_tensor("gemm_c", onnx.TensorProto.FLOAT, (5,), rng.standard_normal(5).astype(
+        np.float32))
+    model.graph.initializer.extend([b, c])
+    flat = model.graph.output[0].name
+    model.graph.node.extend([helper.make_node("Gemm", [flat, "gemm_b", "gemm_c"], ["gemm"]),
+                             helper.make_node("Relu", ["gemm"], ["gemm_relu"]),
+                             helper.make_node("Softmax", ["gemm_relu"], ["y"])])
+    model.graph.output[0].name = "y"
+    loaded = cso.onnx.load(model, input_shapes={"x": (batch, 3, 10, 12)})
+    (program,) = loaded._programs.values()
+    assert [s.label for s in loaded.steps[-2:]] == ["Gemm+Relu", "Softmax"]
+    assert program.resume == len(loaded.steps)
+    for run_batch in (batch, 2, batch):
+        x = rng.standard_normal((run_batch, 3, 10, 12)).astype(np.float32)
+        assert_matches_onnxruntime(model, {"x": x}, loaded)
+        np.testing.assert_array_equal(loaded.run(None, {"x": x})[0],
+                                      plain_run(loaded, {"x": x})[0])
+    assert all(p.resume == len(loaded.steps) for p in loaded._programs.values())
 
 
 def test_programs_per_shape_and_thread_count_are_bounded(rng, monkeypatch):

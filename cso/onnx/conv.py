@@ -170,6 +170,11 @@ class GemmStep(_BuiltOnce):
     C (one value per column) the bias. (NumPy's BLAS would bring threads of its own, which
     spin on the cores the convolutions use.) ``step(a)`` runs it; a Relu after it is fused."""
 
+    # a call on a C-contiguous A given ``buffers`` runs compiled jobs alone: the convolution,
+    # and for more than one row the transposes around it (so a recorded program replays a
+    # model's classifier and what follows it; see ``cso.onnx.program``)
+    jobs_only = True
+
     def __init__(self, node, b, c, channels_last_b):
         alpha, beta = node.attr("alpha", 1.0), node.attr("beta", 1.0)
         filters = b if channels_last_b else b.T         # (N, K)
@@ -187,19 +192,32 @@ class GemmStep(_BuiltOnce):
     def channels(self):
         return self.shape[0]
 
-    def __call__(self, a):
+    def __call__(self, a, buffers=None):
         n, k = self.shape
         if a.ndim != 2 or a.shape[1] != k:
             raise self.node.error(f"A of shape {a.shape} does not match B's {k} rows")
-        x = np.ascontiguousarray(a.T).reshape(1, k, a.shape[0], 1)
+        if a.dtype != self.bias.dtype:
+            raise self.node.error(f"A of dtype {a.dtype} does not match B's {self.bias.dtype}")
+        m = a.shape[0]
         if self.conv is None:
             with self._lock:
                 if self.conv is None:
                     self.conv = Conv2d(self.weight, self.bias,
                                        activation="relu" if self.relu else None,
-                                       input_shape=x.shape)
+                                       input_shape=(1, k, m, 1))
                     self.weight = None   # packed in the Conv2d
-        return (self.conv(x).reshape(n, a.shape[0]).T,)
+        a = np.ascontiguousarray(a)
+
+        def empty(shape):
+            return buffers.get(shape, a.dtype) if buffers else np.empty(shape, a.dtype)
+        out, threads = empty((m, n)), get_num_threads()
+        if m == 1:   # the row is the image's column, the output's row its filters' column
+            self.conv(a.reshape(1, k, 1, 1), out=out.reshape(1, n, 1, 1))
+            return (out,)
+        x, y = empty((k, m)), empty((n, m))
+        kernels.transpose(a, x, threads)
+        self.conv(x.reshape(1, k, m, 1), out=y.reshape(1, n, m, 1))
+        return (kernels.transpose(y, out, threads),)
 
 
 def gemm_as_conv(node, constants):

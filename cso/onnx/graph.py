@@ -366,7 +366,7 @@ class Fuser:
             if head is not None:
                 labels = ["Gemm"]
                 out = self.fuse_relu(head, node.outputs[0], labels)
-                return Step("+".join(labels), head, node.inputs[:1], [out])
+                return Step("+".join(labels), head, node.inputs[:1], [out], buffered=True)
         if node.op_type in AFFINE:
             data = next((n for n in node.inputs if n not in self.graph.constants), None)
             shape = self.graph.shapes.get(data, ())

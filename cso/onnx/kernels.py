@@ -1,7 +1,7 @@
 """Compiled kernels for the operators that cost the most around a model's convolutions:
 MaxPool and AveragePool, their global forms, LRN, a per-channel affine map (+Relu), a copy,
-and Softmax (cheap, but as a kernel a recorded program replays it: no Python after the last
-convolution).
+a matrix transpose (a Gemm's rows to a convolution's columns), and Softmax (cheap, but as a
+kernel a recorded program replays it: no Python after the last convolution).
 
 Each is a numba ``cfunc`` ``void part(int64 *args, int64 part)`` that cso's own thread pool
 runs (``cso.threads.run_parts``), on ``cso.get_num_threads()`` threads like the convolutions:
@@ -29,6 +29,7 @@ PART_SIGNATURE = types.void(types.CPointer(types.int64), types.int64)
 PARTS_PER_THREAD = 4   # shares smaller than a thread's so that an uneven part evens out
 VECTOR_BYTES = 32      # a pool pass's vectors: AVX2's (twice NEON's, half AVX-512's)
 LRN_BLOCK = 256        # pixels an LRN part sums over at a time: channels x block stay in L2
+TRANSPOSE_BLOCK = 16   # a transpose goes in squares of this side: whole lines read and written
 
 
 @intrinsic
@@ -373,6 +374,28 @@ def _copy_part():
     return part
 
 
+def _transpose_part(dtype):
+    """The part function writing a share of the columns of the ``rows`` x ``cols`` matrix at
+    ``source`` as the rows of the ``cols`` x ``rows`` one at ``destination``; args: source and
+    destination addresses, rows, cols, the parts. Each part takes whole blocks of
+    ``TRANSPOSE_BLOCK`` columns, a square of rows of them at a time."""
+    typ = from_dtype(dtype)
+
+    def part(args, index):
+        rows, cols = args[2], args[3]
+        source, destination = _pointer(args[0], typ), _pointer(args[1], typ)
+        first, last = _share(index, args[4], -(-cols // TRANSPOSE_BLOCK))
+        for block in range(first, last):
+            c0 = block * TRANSPOSE_BLOCK
+            c1 = min(cols, c0 + TRANSPOSE_BLOCK)
+            for r0 in range(0, rows, TRANSPOSE_BLOCK):
+                r1 = min(rows, r0 + TRANSPOSE_BLOCK)
+                for c in range(c0, c1):
+                    for r in range(r0, r1):
+                        destination[c * rows + r] = source[r * cols + c]
+    return part
+
+
 def compiles(dtype):
     """Whether the kernels have code for ``dtype`` (numba has none for float16 or bool)."""
     return dtype in (np.float32, np.float64) or dtype.kind in "iu"
@@ -464,6 +487,15 @@ def copy(x, out, threads):
     args = np.array([data_address(x), data_address(out), blocks, size, size,
                      out.strides[0] if x.ndim > 1 else 0, lines, 0], np.int64)
     _run(_compiled(_copy_part).address, args, blocks * lines, threads)
+    return out
+
+
+def transpose(x, out, threads):
+    """``out`` (C, R) = the transpose of ``x`` (R, C), both 2-D C-contiguous of one dtype, not
+    overlapping."""
+    rows, cols = x.shape
+    args = np.array([data_address(x), data_address(out), rows, cols, 0], np.int64)
+    _run(_compiled(_transpose_part, x.dtype).address, args, -(-cols // TRANSPOSE_BLOCK), threads)
     return out
 
 
