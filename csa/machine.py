@@ -15,8 +15,9 @@ FALLBACK = {"l1d": 32 * 1024, "l2": 1024 * 1024, "l3": 8 * 1024 * 1024, "line": 
 class Machine:
     """Sizes in bytes; caches are per core except L3, shared by ``l3_cpus`` CPUs (threads
     running on them share it: see ``threads``). Vector facts are plain numbers
-    (the micro-kernel ISA's register width and count); latencies (and ``stream_l2``) are cycles
-    per line, used only to weigh the cost model's terms against each other."""
+    (the micro-kernel ISA's register width and count); latencies (and ``stream_l2``,
+    ``stream_mem``) are cycles per line, used only to weigh the cost model's terms against each
+    other."""
     l1d: int = FALLBACK["l1d"]
     l2: int = FALLBACK["l2"]
     l3: int = FALLBACK["l3"]
@@ -32,6 +33,12 @@ class Machine:
     # sustained), not a latency per line (with latency weights the model picked the wrong
     # schedule: csa/TUNING.md)
     stream_l2: float = 4.0
+    # Filters a thread streams from memory (cold, as in a model's run), weighed against its
+    # FMAs where a convolution is split across threads (csa.thread_split). One Zen 3 core reads
+    # memory at 13 GB/s, 15 cycles a line at 3 GHz; the models ran fastest with 9, which
+    # allows for the core overlapping the stream with its FMAs, and for two threads that read
+    # the same filters finding them in L3 for one of them (csa/TUNING.md, "Thread split")
+    stream_mem: float = 9.0
     source: str = "defaults"
     tuning: Tuning = GENERIC   # the kernel ISA's tuning record (csa.tuning)
 

@@ -226,8 +226,7 @@ def analyze_slicing(spec, machine, threads, overrides):
     if split:
         split = (min(split[0], units), min(split[1], t_w) if splittable else 1)
     else:
-        split = thread_split(spec, units, t_w, threads, splittable,
-                             machine.tuning.thread_min_flops)
+        split = thread_split(spec, units, t_w, threads, splittable, machine)
     plan_machine, machine = machine, machine.per_thread(split[0] * split[1])
 
     def costed(band):

@@ -5,22 +5,34 @@ from math import ceil
 FILTER_SPLIT_COST = 0.05  # filter parts each pack (or fill) the whole input again
 
 
-def thread_split(spec, units, filter_tiles, threads, filters_splittable, min_flops):
+def thread_split(spec, units, filter_tiles, threads, filters_splittable, machine):
     """(window parts, filter parts) of the output, one thread each: the split whose busiest
-    thread has the least work, a filter part costing FILTER_SPLIT_COST more, since each
-    repacks the input. The output is split, never the reduction, so the result does not
-    depend on it. A thread is only added for at least ``min_flops`` of work (the record's
-    ``thread_min_flops``: small convolutions stay on one), and only where it makes the busiest
-    thread's share smaller."""
-    worth = max(1, min(threads, int(spec.flops // min_flops)))
-    best, best_share = (1, 1), 1.0
+    thread takes the least time. Its FMAs: its share of the output, a filter part costing
+    FILTER_SPLIT_COST more, since each repacks the input. Its bytes, streamed from memory at
+    ``machine.stream_mem`` cycles a line against its FMAs at the peak: each window part reads
+    the filters of its filter part, each filter part the input of its window part; so where
+    the filters outweigh the work on them (a classifier, the last 7x7 layers of a CNN at batch
+    1) filter parts halve what each thread streams, where window parts would each read them
+    all. The output is split, never the reduction, so the result does not depend on it. A
+    thread is only added for at least ``thread_min_flops`` of work (the record's: small
+    convolutions stay on one), and only where it makes the busiest thread faster."""
+    worth = max(1, min(threads, int(spec.flops // machine.tuning.thread_min_flops)))
+    flops_a_cycle = 2 * machine.tuning.fma_pipes * machine.vector_bytes / spec.itemsize
+    byte_share = machine.stream_mem / machine.line * flops_a_cycle / spec.flops
+    filter_bytes = spec.k * spec.c_per_group * spec.r * spec.s * spec.itemsize
+    input_bytes = spec.n * spec.c * spec.h * spec.w * spec.itemsize
+
+    def cost(a, b):   # the busiest thread's time, in shares of the whole work's FMAs
+        share = (ceil(units / a) * ceil(filter_tiles / b) / (units * filter_tiles)
+                 * (1 + FILTER_SPLIT_COST * (b > 1)))
+        return share + (filter_bytes / b + input_bytes / a) * byte_share
+
+    best, best_cost = (1, 1), cost(1, 1)
     for t in range(2, worth + 1):
         for a in range(1, t + 1):
             b = t // a
             if a * b != t or a > units or b > filter_tiles or (b > 1 and not filters_splittable):
                 continue
-            share = (ceil(units / a) * ceil(filter_tiles / b) / (units * filter_tiles)
-                     * (1 + FILTER_SPLIT_COST * (b > 1)))
-            if share < best_share - 1e-9:
-                best, best_share = (a, b), share
+            if cost(a, b) < best_cost - 1e-9:
+                best, best_cost = (a, b), cost(a, b)
     return best

@@ -15,7 +15,7 @@ import cso
 from cso.threads import record_jobs, recording, run_jobs, run_parts, unrecorded
 
 from .children import CHILD_CWD
-from .machines import ZEN5_CCD
+from .machines import ZEN3, ZEN5_CCD
 from .reference import conv2d_reference
 
 
@@ -298,6 +298,14 @@ def test_thread_split_rules():
     # 7 rows, 16 filter tiles: filters split evenly, rows would not
     deep = csa.ConvSpec.parse("n1c512h7w7k512r3s3p1u1")
     assert csa.analyze(deep, ZEN5_CCD, threads=2).split == (1, 2)
+    # filters that outweigh the work on them (4 MiB for 49 windows): split, so that each
+    # thread streams half of them from memory (Machine.stream_mem); weighed by the work
+    # alone, or at batch 8 (8 times the work on each filter), the windows split
+    late, late8 = (csa.ConvSpec.parse(f"n{n}c512h7w7k2048r1s1p0u1") for n in (1, 8))
+    assert csa.analyze(late, ZEN3, threads=2).split == (1, 2)
+    assert csa.analyze(late, ZEN3.with_(stream_mem=0), threads=2).split == (2, 1)
+    assert csa.analyze(late8, ZEN3, threads=2).split == (2, 1)
+    assert csa.analyze(big, ZEN3, threads=2).split == (2, 1)   # 2.4 MiB for 3136 windows
     # work per thread bounds the count: 40 MFLOP each at least
     mid = csa.ConvSpec.parse("n1c64h28w28k64r3s3p1u1")
     assert (csa.analyze(mid, ZEN5_CCD, threads=64).threads
