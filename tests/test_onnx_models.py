@@ -264,6 +264,16 @@ def test_gemm_with_constant_b_runs_as_a_convolution(rng, attrs, c_shape, label):
     assert loaded.steps[0].label == label
 
 
+def test_gemm_of_another_dtype_than_its_b_is_refused(rng):
+    """A float64 A against a float32 constant B: an error naming the node, not a cast."""
+    b = rng.standard_normal((4, 3)).astype(np.float32)
+    nodes = [helper.make_node("Gemm", ["a", "b"], ["y"], name="my_gemm")]
+    model = make_model(nodes, [tensor("a", [2, 4], onnx.TensorProto.DOUBLE)],
+                       [tensor("y", None, onnx.TensorProto.DOUBLE)], {"b": b})
+    with pytest.raises(cso.onnx.UnsupportedModel, match=r"'my_gemm'.*float64.*float32"):
+        cso.onnx.load(model)
+
+
 def test_values_are_freed_after_their_last_use(rng):
     model = cso.onnx.load(random_weights(onnx.load(model_path("squeezenet"))))
     produced = [name for step in model.steps for name in step.outputs if name]
