@@ -33,6 +33,7 @@ def thread_split(spec, units, filter_tiles, threads, filters_splittable, machine
             b = t // a
             if a * b != t or a > units or b > filter_tiles or (b > 1 and not filters_splittable):
                 continue
-            if cost(a, b) < best_cost - 1e-9:
-                best, best_cost = (a, b), cost(a, b)
+            c = cost(a, b)
+            if c < best_cost - 1e-9:
+                best, best_cost = (a, b), c
     return best
