@@ -57,8 +57,9 @@ def direct_windows(spec, machine):
     the one whose row-aligned tiles (a tile never spans two output rows) cover Q fastest
     (``fastest_windows``, the record's ``direct_windows``). AVX-512: 56, 28, 112, 14 and 104
     wide planes take 14, 7, 21 and 35 wide ones 7; AVX2: 14 wide planes 5, 7 wide 4, the
-    others 6. A row's short last tile runs a kernel of its own (``cso.lowering.tail_kernel``);
-    the choice still counts it padded to a whole tile, as the records' speeds were measured
+    others 6. The plan then evens a row's tiles out (``csa.layout.balanced_row_windows``: 56 =
+    6 x 6 + 4 x 5), its short tiles run by a kernel of their own (``cso.lowering.tail_kernel``);
+    the choice still counts tiles padded, as the records' speeds were measured
     (csa/TUNING.md)."""
     tuning = machine.tuning
     counts = tuning.broadcast_counts(machine.vector_registers, TILE_VECTORS, DIRECT_VARIANTS)

@@ -8,8 +8,8 @@ from .bands import band_buffers, output_band, slab_within, workspace_band_cap
 from .blocking import (CACHE_FILL, DIRECT_FILTER_FILL, OUTPUT_BAND_FILL, SCHEDULES, band_fits_l2,
                        blocking, channel_tile, direct_channel_tile, schedule_costs,
                        tile_footprints)
-from .layout import (SlabGeometry, row_tiles, slab_band_rows, slab_shape, window_positions,
-                     window_tiles, window_units)
+from .layout import (SlabGeometry, balanced_row_windows, row_tiles, slab_band_rows, slab_shape,
+                     window_positions, window_tiles, window_units)
 from .machine import Machine
 from .register_blocking import TILE_VECTORS, direct_windows, filter_vector_tile, microtile
 from .overrides import SLICING_OVERRIDES, forced_note
@@ -66,6 +66,12 @@ class SlicingPlan(SlabGeometry):
         return window_tiles(self.spec, self.nwin, self.slab, self.vectors_along)
 
     @property
+    def computed_windows(self):
+        """Windows the tiles compute per image and group, edge padding included: a direct
+        plan's rows of even tiles pad none."""
+        return self.spec.p * self.spec.q if self.direct else self.window_tiles * self.nwin
+
+    @property
     def filter_tiles(self):
         return ceil(self.spec.k_per_group / self.nf)
 
@@ -114,7 +120,7 @@ class SlicingPlan(SlabGeometry):
             f"  micro-tile: {self.nwin} windows x {self.nf} filters, vectors along the "
             f"{self.vectors_along} "
             f"(from {m.vector_registers} registers of {m.vector_bytes // ds} lanes; computes "
-            f"{self.window_tiles * self.nwin * self.filter_tiles * self.nf} outputs for "
+            f"{self.computed_windows * self.filter_tiles * self.nf} outputs for "
             f"{s.p * s.q * s.k_per_group}){forced_note(self, 'microtile_shape', 'vectors_along')}",
             (f"  Nc = {self.nc}: {nc_rule} Nf*R*S*Nc*ds <= {DIRECT_FILTER_FILL}*L2: "
              f"{fw} vs {int(DIRECT_FILTER_FILL * m.l2)}" if self.direct else
@@ -142,9 +148,10 @@ class SlicingPlan(SlabGeometry):
             f"tiles" if self.channel_tiles > 1 else " (one channel tile: no partial outputs)")
             + forced_note(self, "band"))
         if self.slab:
-            tail = s.q % self.nwin
+            short = self.row_tiles * self.nwin - s.q
             why = (f"direct: windows broadcast from it, {self.row_tiles} tiles per output row"
-                   + (f", the last of {tail} windows by a {tail}-window kernel" if tail else "")
+                   + (f", {short} of them of {self.nwin - 1} windows by a kernel of their own"
+                      if short else "")
                    if self.direct else f"{self.filter_tiles} <= "
                    f"{self.machine.tuning.slab_max_filter_tiles} filter tiles per packed tile")
             lines.append(f"  input: a padded slab of {s.stride[0] * s.stride[1]} phase plane(s) per "
@@ -177,7 +184,7 @@ class SlicingPlan(SlabGeometry):
                                else (self.nf, self.nwin // lanes))
         speed = (m.tuning.measured_speeds(vectors, (self.variant,)).get(broadcasts)
                  or m.tuning.kernel_efficiency(m.vector_registers, broadcasts, vectors))
-        flops = (2 * s.n * s.groups * self.window_tiles * self.nwin * self.filter_tiles * self.nf
+        flops = (2 * s.n * s.groups * self.computed_windows * self.filter_tiles * self.nf
                  * s.c_per_group * s.r * s.s)
         return flops / (max(speed, 0.05) * peak_gflops * 1e9 * self.threads)
 
@@ -203,6 +210,8 @@ def analyze_slicing(spec, machine, threads, overrides):
                   choose_vector(spec, tiles["windows"], tiles["filters"], machine.tuning))
     direct = vectors_along == "filters" and (fits_direct if slab is None else slab)
     nwin, nf = microtile_shape or (direct_tile if direct else tiles[vectors_along])
+    if direct:
+        nwin = balanced_row_windows(spec.q, nwin)
     if slab and not slab_fits(spec, nwin, vectors_along):
         raise ValueError(f"slab override: {spec} is an unpadded stride-1 1x1, or needs slab rows "
                          f"of at least {nwin} columns with windows in vectors "

@@ -67,12 +67,12 @@ def geometry(plan, kspec, epilogue_flags):
 
 
 def tail_kernel(plan, kspec):
-    """The address of the kernel of a direct plan's last tile in each output row, when the row
-    does not divide into tiles: a tile of Q % nwin windows, so that the row's last tile does
-    not pad the FMAs of a whole one (csa/TUNING.md); else 0."""
-    tail = plan.spec.q % plan.nwin if plan.direct else 0
-    return (native_function(outer_product.define_kernel, replace(kspec, broadcasts=tail)).address
-            if tail else 0)
+    """The address of the kernel of a direct plan's short tiles, when its rows do not divide
+    into tiles of nwin: the rows' tiles are evened out (``csa.layout.balanced_row_windows``),
+    some of nwin - 1 windows, which this kernel computes without padding their FMAs; else 0."""
+    short = plan.direct and plan.spec.q % plan.row_tiles
+    return (native_function(outer_product.define_kernel,
+                            replace(kspec, broadcasts=plan.nwin - 1)).address if short else 0)
 
 
 def scratch_tiles(plan):
@@ -131,10 +131,17 @@ def define_slab_offsets(module):
     return code.function
 
 
+def row_column(tile_in_row, row_tiles, Q):
+    """The first column of a direct row's tile: the row's ``row_tiles`` tiles even, of
+    Q // row_tiles or one more windows each (``csa.layout.balanced_row_windows``)."""
+    return tile_in_row * Q // row_tiles
+
+
 def first_window(code, tile, row_tiles, Q, nwin):
     """The output position (p = oh*Q + ow) of a window tile's first window: direct tiles lie
     ``row_tiles`` to an output row (``row_tiles`` > 0), other tiles back to back."""
-    return code.cond(row_tiles != 0, lambda: tile // row_tiles * Q + tile % row_tiles * nwin,
+    return code.cond(row_tiles != 0,
+                     lambda: tile // row_tiles * Q + row_column(tile % row_tiles, row_tiles, Q),
                      lambda: tile * nwin)
 
 
@@ -273,9 +280,10 @@ def define_conv_loop_nest(module, dtype):
                                 c_at, col0 = code.var(p0), code.var(0)
                                 in_place = ~direct & ~slab & unpacked & (p0 + NWIN <= PQ)
                                 with code.if_(direct):   # the tile's windows: part of one row
-                                    oh, ow0 = wt // row_tiles, wt % row_tiles * NWIN
+                                    oh, j = wt // row_tiles, wt % row_tiles
+                                    ow0 = row_column(j, row_tiles, Q)
                                     in_addr.set(scratch_addr + ((oh - row0) * Ws + ow0) * item)
-                                    nwin_used.set(code.min(NWIN, Q - ow0))
+                                    nwin_used.set(row_column(j + 1, row_tiles, Q) - ow0)
                                     c_at.set(oh * Q + ow0)
                                 with code.if_(slab & ~direct):
                                     in_addr.set(scratch_addr + (p0 - row0 * Ws) * item)

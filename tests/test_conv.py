@@ -176,21 +176,29 @@ def test_direct_and_packed_tiles_identical(rng, name, dtype, overrides):
     assert_conv_close(results[0], x, wt, b, relu=True, **geometry)
 
 
-@pytest.mark.parametrize("q", [24, 28, 29])
-def test_direct_rows_end_in_a_tile_of_their_own(rng, q):
-    """A direct row that does not divide into tiles (28 = 4*6 + 4) runs its last tile with a
-    kernel of that many windows, and matches the reference with bias and ReLU; one that
-    divides (24) has no such kernel."""
+@pytest.mark.parametrize("q, nwin, short", [(24, 6, 0), (28, 6, 2), (29, 6, 1), (56, 6, 4),
+                                             (13, 5, 2), (7, 4, 1)])
+def test_direct_rows_are_cut_into_even_tiles(rng, q, nwin, short):
+    """A direct row that does not divide into tiles of 6 takes as many tiles, evened out: 56 =
+    6 x 6 + 4 x 5, not 9 x 6 + 2 (whose 2-window tile keeps too few accumulators), 13 = 5 + 4 +
+    4; its ``short`` tiles of nwin - 1 windows run a kernel of their own, a row that divides
+    (24) has none; on 5 rows in 1-3 parts, matches the reference with bias and ReLU."""
     from cso.lowering import tail_kernel
     x = rng.standard_normal((1, 8, 5, q)).astype(np.float32)
     wt = rng.standard_normal((20, 8, 3, 3)).astype(np.float32)
     b = rng.standard_normal(20).astype(np.float32)
-    conv = cso.Conv2d(wt, b, padding=1, activation="relu",
-                      plan_overrides=dict(vectors_along="filters", slab=True, microtile_shape=(6, 16)))
-    plan = conv.plan_for(x.shape)
-    assert plan.direct and plan.row_tiles == -(-q // 6)
-    assert bool(tail_kernel(plan, conv.kernel_for(x.shape))) == (q % 6 != 0)
-    assert_conv_close(conv(x), x, wt, b, padding=(1, 1, 1, 1), relu=True)
+    results = []
+    for split in ((1, 1), (2, 1), (3, 2)):
+        conv = cso.Conv2d(wt, b, padding=1, activation="relu", plan_overrides=dict(
+            vectors_along="filters", slab=True, microtile_shape=(6, 16), split=split))
+        plan = conv.plan_for(x.shape)
+        assert plan.direct and (plan.nwin, plan.row_tiles) == (nwin, -(-q // 6))
+        assert plan.row_tiles * nwin - q == short
+        assert bool(tail_kernel(plan, conv.kernel_for(x.shape))) == bool(short)
+        assert not short or f"{short} of them of {nwin - 1} windows" in plan.explain()
+        results.append(conv(x))
+    assert_conv_close(results[0], x, wt, b, padding=(1, 1, 1, 1), relu=True)
+    assert all(np.array_equal(other, results[0]) for other in results[1:])
 
 
 @pytest.mark.parametrize("vector", ["windows", "filters"])
