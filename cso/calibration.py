@@ -7,7 +7,9 @@ The first plan made for a kernel ISA on a CPU measures, in about 1-2 s:
 - the speed of each candidate micro-tile in each kernel variant
   (``csa.register_blocking.calibration_candidates``: the tiles the rules pick from the model
   and their neighbours), as a fraction of that peak, the tiles measured in turn (a run of
-  each a round): the rules then choose only among tiles measured fast;
+  each a round): the rules then choose only among tiles measured fast; a measurement in which
+  no tile comes within ``PLAUSIBLE`` of the peak (a slow spell) is made again, at most
+  ``RETRIES`` more times, each rate's best kept;
 - the read bandwidth of each cache level and of memory, and the cost of handing parts to the
   pool's workers, awake (back-to-back calls) and asleep: shown beside the plans, for reading
   the benchmark figures (the cost model's weights and the thread thresholds stay the record's,
@@ -41,6 +43,9 @@ VERSION = 2                 # of the record's layout: a record of another versio
 TRIAL_FLOPS = 2e8           # per timed run of a micro-kernel (about 2 ms at 100 GFLOP/s)
 TRIALS = 5                  # best of: a calibration must not keep one disturbed run
 TILE_SECONDS = 0.4          # at least, for the tiles' rounds: longer than most disturbances
+PLAUSIBLE = 0.9             # the fastest tile reaches this share of the peak on every host seen
+RETRIES = 2                 # measurements more, at most, of a record no tile of which does
+PROBES = ("peak", "chain")
 HANDOFF_CALLS, SLEEPS = 400, 12
 SLEEP_SECONDS = 0.01        # longer than the workers spin (cso.threads.SPIN_ROUNDS): they sleep
 NOOP_PART = "define void @noop(ptr %args, i64 %part) {\n  ret void\n}\n"
@@ -98,15 +103,15 @@ def measure(machine, isa_name):
         for b in counts:
             spec = KernelSpec("f32", b, TILE_VECTORS * isa.lanes(4), isa_name, variant)
             runs[variant, b] = probe.kernel_run(spec, _tile_calls(spec))
-    # the tiles in turn, a run of each a round, for at least TILE_SECONDS: a disturbance or
-    # the core's first, slower, milliseconds then slow every tile's runs alike, or some rounds
-    # only, where back to back they took all the runs of the tiles measured first and dropped
-    # those tiles from the plans (csa/TUNING.md, "Host calibration")
-    best = probe.best_of_rounds(runs, TRIALS, TILE_SECONDS)
-    # the probes after (the core is up to speed), apart: a tile run just after the peak
-    # probe's long burst of FMAs measured up to 30% slow
-    peak, _ = probe.fma_peak(1 << 24, isa)
-    chain, _ = probe.fma_peak(1 << 22, isa, chains=1)
+    best = _rates(runs, isa)
+    for _ in range(RETRIES):
+        if max(rate for key, rate in best.items() if key not in PROBES) >= PLAUSIBLE * best["peak"]:
+            break
+        # no tile near the peak: a slow spell took the tiles' runs and not the probes' (a VM
+        # kept a record of tiles at 67-90% of a peak itself 20% low); each rate's best of both
+        again = _rates(runs, isa)
+        best = {key: max(rate, again[key]) for key, rate in best.items()}
+    peak, chain = best.pop("peak"), best.pop("chain")
     kernels = {variant: {b: round(best[variant, b] / peak, 3) for b in counts}
                for variant, counts in candidates.items()}
     return {
@@ -115,6 +120,20 @@ def measure(machine, isa_name):
         "fma_in_flight": max(1, round(peak / chain)), "kernels": kernels,
         "read_gbs": read_bandwidth(machine, isa), "handoff_us": handoff(),
         "seconds": round(time.perf_counter() - start, 2)}
+
+
+def _rates(runs, isa):
+    """{key: the best rate}: of the tiles' ``runs``, in turn, a run of each a round, for at
+    least TILE_SECONDS (a disturbance or the core's first, slower, milliseconds then slow every
+    tile's runs alike, or some rounds only, where back to back they took all the runs of the
+    tiles measured first and dropped those tiles from the plans: csa/TUNING.md, "Host
+    calibration"); then of the FMA probes, "peak" (independent chains) and "chain" (one
+    chain: the latency), after the tiles (the core up to speed) and apart (a tile run just
+    after the peak probe's long burst of FMAs measured up to 30% slow)."""
+    best = probe.best_of_rounds(runs, TRIALS, TILE_SECONDS)
+    best["peak"] = probe.fma_peak(1 << 24, isa)[0]
+    best["chain"] = probe.fma_peak(1 << 22, isa, chains=1)[0]
+    return best
 
 
 def _tile_calls(spec):
