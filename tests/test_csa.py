@@ -405,8 +405,9 @@ def test_slab_planes_the_taps_read():
 def test_direct_where_it_applies():
     """Direct plans (filters in vectors, windows broadcast in place from the slab): stride-1
     convolutions deep enough per kernel call whose tiles waste little; 14 windows per tile, 7
-    on planes a multiple of 7 but not 14, rows of tiles evened out; channel tiles by the filter tile's share of L2; bands
-    of whole output rows even with one channel tile (each band transposes its own rows)."""
+    on planes a multiple of 7 but not 14, rows of tiles evened out; channel tiles by the filter
+    tile's share of L2; bands of whole output rows even with one channel tile (each band
+    transposes its own rows)."""
     zen = ZEN5
     plan = csa.analyze(ConvSpec.parse("n1c256h56w56k256r3s3p1u1"), zen)
     assert plan.direct and (plan.vectors_along, plan.nwin, plan.nf, plan.row_tiles) == ("filters", 14, 32, 4)
