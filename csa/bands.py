@@ -1,6 +1,6 @@
 """Output bands and the workspace they need: the window tiles whose partial outputs stay in L2
 from one channel tile to the next, capped so that a call's workspace is bounded by its tiles."""
-from .blocking import CACHE_FILL, OUTPUT_BAND_FILL
+from .blocking import CACHE_FILL, OUTPUT_BAND_FILL, even_channel_tile
 from .layout import row_tiles as tiles_per_row, slab_band_rows, slab_shape
 
 
@@ -41,6 +41,29 @@ def band_buffers(spec, nwin, nc, band, slab, vectors_along, row_tiles=0):
     if vectors_along == "filters":
         out_t_elements = min(spec.p * spec.q, band * nwin) * spec.k
     return slab_elements, out_t_elements
+
+
+def direct_l2_set(spec, nwin, nf, nc, band, row_tiles):
+    """Bytes a direct plan's kernel calls keep in L2 within a band: the filter tile they
+    stream, the channel tile's slab rows they broadcast from, and the band's transposed partial
+    outputs of one group (its windows x K_g: every call adds to a part of them)."""
+    slab_row, out_t = band_buffers(spec, nwin, 1, band, True, "filters", row_tiles)
+    return (nc * (nf * spec.r * spec.s + slab_row) + out_t // spec.groups) * spec.itemsize
+
+
+def direct_band_channel_tile(spec, nwin, nf, nc, band, row_tiles, machine):
+    """A direct plan's Nc, cut from ``nc`` (``blocking.direct_channel_tile``) into the fewest
+    even tiles whose ``direct_l2_set`` fits CACHE_FILL*L2: past it the calls' filters, slab rows
+    and partial outputs evict each other (csa/TUNING.md, "Plan rules"). Not where the partial
+    outputs leave room only for calls shallower than ``tuning.direct_min_depth`` rows, whose
+    C tile would cost more than L2 saves: there ``nc`` stays."""
+    per_channel = direct_l2_set(spec, nwin, nf, 1, band, row_tiles) - direct_l2_set(
+        spec, nwin, nf, 0, band, row_tiles)
+    room = CACHE_FILL * machine.l2 - direct_l2_set(spec, nwin, nf, 0, band, row_tiles)
+    fit = int(room // per_channel)
+    if fit * spec.r * spec.s < machine.tuning.direct_min_depth:
+        return nc
+    return min(nc, even_channel_tile(spec, fit))
 
 
 def band_workspace(spec, nwin, nc, band, slab, vectors_along, row_tiles=0):

@@ -24,10 +24,10 @@ def channel_tile(spec, nwin, nf, l1d):
     outputs for a few channels (csa/TUNING.md, "Plan rules")."""
     ds, rs = spec.itemsize, spec.r * spec.s
     room = CACHE_FILL * l1d - nwin * nf * ds
-    return _even_channel_tile(spec, room // ((nwin + nf) * rs * ds))
+    return even_channel_tile(spec, room // ((nwin + nf) * rs * ds))
 
 
-def _even_channel_tile(spec, largest):
+def even_channel_tile(spec, largest):
     """The channels of the fewest tiles of at most ``largest`` (at least 1), split evenly."""
     largest = int(min(spec.c_per_group, max(1, largest)))
     return ceil(spec.c_per_group / ceil(spec.c_per_group / largest))
@@ -37,12 +37,12 @@ DIRECT_FILTER_FILL = 0.25   # share of L2 a direct plan's filter tile may take
 
 
 def direct_channel_tile(spec, nf, l2):
-    """Nc of a direct plan: its filter tile streams from L2 (the windows' slab rows, a few
-    hundred bytes per channel, sit in L1), so the fewest channel tiles with
+    """Nc of a direct plan, before its band: its filter tile streams from L2 (the windows'
+    slab rows, a few hundred bytes per channel, sit in L1), so the fewest channel tiles with
     Nf*R*S*Nc*ds <= DIRECT_FILTER_FILL*L2, split evenly: fewer channel tiles read the partial
-    outputs less often, and the speed hardly depends on Nc there (csa/TUNING.md)."""
+    outputs less often. ``bands.direct_band_channel_tile`` cuts it to the band's L2."""
     filter_row = nf * spec.r * spec.s * spec.itemsize   # one channel's share of the tile
-    return _even_channel_tile(spec, DIRECT_FILTER_FILL * l2 // filter_row)
+    return even_channel_tile(spec, DIRECT_FILTER_FILL * l2 // filter_row)
 
 
 def blocking(stationary, streamed, out, streamed_tiles, resident_tiles, machine):

@@ -4,7 +4,8 @@ for the lowering (its properties)."""
 from dataclasses import dataclass, field
 from math import ceil
 
-from .bands import band_buffers, output_band, slab_within, workspace_band_cap
+from .bands import (band_buffers, direct_band_channel_tile, direct_l2_set, output_band,
+                    slab_within, workspace_band_cap)
 from .blocking import (CACHE_FILL, DIRECT_FILTER_FILL, OUTPUT_BAND_FILL, SCHEDULES, band_fits_l2,
                        blocking, channel_tile, direct_channel_tile, schedule_costs,
                        tile_footprints)
@@ -104,6 +105,11 @@ class SlicingPlan(SlabGeometry):
         return band_buffers(self.spec, self.nwin, self.nc, self.band, self.slab, self.vectors_along,
                             self.row_tiles)
 
+    @property
+    def direct_l2_set(self):
+        """Bytes a direct plan's calls keep in L2 within a band (``csa.bands.direct_l2_set``)."""
+        return direct_l2_set(self.spec, self.nwin, self.nf, self.nc, self.band, self.row_tiles)
+
     def footprints(self):
         return tile_footprints(self.spec, self.nwin, self.nf, self.nc)
 
@@ -122,8 +128,11 @@ class SlicingPlan(SlabGeometry):
             f"(from {m.vector_registers} registers of {m.vector_bytes // ds} lanes; computes "
             f"{self.computed_windows * self.filter_tiles * self.nf} outputs for "
             f"{s.p * s.q * s.k_per_group}){forced_note(self, 'microtile_shape', 'vectors_along')}",
-            (f"  Nc = {self.nc}: {nc_rule} Nf*R*S*Nc*ds <= {DIRECT_FILTER_FILL}*L2: "
-             f"{fw} vs {int(DIRECT_FILTER_FILL * m.l2)}" if self.direct else
+            (f"  Nc = {self.nc}: {nc_rule} Nf*R*S*Nc*ds <= {DIRECT_FILTER_FILL}*L2 ({fw} vs "
+             f"{int(DIRECT_FILTER_FILL * m.l2)}) and, unless calls would be shallower than "
+             f"{m.tuning.direct_min_depth} rows, the filter tile, slab rows and a group's partial "
+             f"outputs of a band <= {CACHE_FILL}*L2 ({self.direct_l2_set} vs "
+             f"{int(CACHE_FILL * m.l2)})" if self.direct else
              f"  Nc = {self.nc}: {nc_rule} Nc*(Nwin+Nf)*R*S*ds + Nwin*Nf*ds <= {CACHE_FILL}*L1: "
              f"{self.nc}*{self.nwin + self.nf}*{rs}*{ds} + {fout} = "
              f"{self.nc * (self.nwin + self.nf) * rs * ds + fout} vs {int(CACHE_FILL * m.l1d)}")
@@ -226,7 +235,6 @@ def analyze_slicing(spec, machine, threads, overrides):
     elif slab is None:
         slab = (use_slab(spec, nwin, nf, nc, vectors_along, machine)
                 and slab_within(spec, nwin, nc, vectors_along, machine.l3))
-    fin, fw, fout = tile_footprints(spec, nwin, nf, nc)
     per_row = row_tiles(spec, nwin, slab, vectors_along)
     t_in, t_w = window_tiles(spec, nwin, slab, vectors_along), ceil(spec.k_per_group / nf)
     # filter parts of grouped filters-in-vectors plans would transpose a group's filters apart
@@ -252,6 +260,9 @@ def analyze_slicing(spec, machine, threads, overrides):
     cap = workspace_band_cap(spec, nwin, nc, slab, vectors_along, t_in, machine.l3, per_row)
     bands = ([min(band, t_in)] if band else [min(banded, cap)] if per_row else
              sorted({min(t_in, cap), min(banded, cap)}, reverse=True))
+    if direct and "nc" not in overrides:   # a direct plan has one band (per_row)
+        nc = direct_band_channel_tile(spec, nwin, nf, nc, bands[0], per_row, machine)
+    fin, fw, fout = tile_footprints(spec, nwin, nf, nc)
     band, blocks, costs, chosen = min((costed(b) for b in bands),
                                       key=lambda option: option[2][option[3]]["total"])
     b2, b3 = blocks[chosen]

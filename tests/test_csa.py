@@ -429,3 +429,28 @@ def test_direct_where_it_applies():
     assert csa.analyze(strided, zen, vectors_along="filters", slab=True).direct
     assert not csa.analyze(ConvSpec.parse("n1c256h56w56k256r3s3p1u1"), zen, slab=False).direct
     assert csa.blocking.direct_channel_tile(ConvSpec.parse("n1c512h28w28k512r3s3p1u1"), 32, zen.l2) == 171
+
+
+def test_direct_channel_tile_fits_the_band_in_l2():
+    """A direct plan's channel tile is cut so that the filter tile, its slab rows and the
+    band's partial outputs of one group fit 0.9*L2, unless the partial outputs alone leave
+    calls shallower than ``direct_min_depth`` rows."""
+    zen = ZEN3   # 6 x 16 direct tiles, 512 KiB of L2: 471859 B to fill
+    deep = csa.analyze(ConvSpec.parse("n1c512h28w28k512r3s3p1u1"), zen)
+    assert csa.blocking.direct_channel_tile(deep.spec, 16, zen.l2) == 171   # the filter rule's
+    # per channel 16*9*4 B of filters + 8 slab rows of 30 columns * 4 B; 30 tiles of 6 windows
+    # x 512 filters * 4 B of outputs: (471859 - 368640) // 1536 = 67 -> 8 tiles of 64
+    assert (deep.band, deep.row_tiles, deep.band_rows) == (30, 5, 8)
+    assert deep.nc == 64 and deep.direct_l2_set == 64 * 1536 + 368640
+    assert "a group's partial outputs of a band <= 0.9*L2 (466944 vs 471859)" in deep.explain()
+    # already within: 128 * (576 + 5 * 58 * 4) + 30*6*256*4 = 406528
+    fits = csa.analyze(ConvSpec.parse("n1c256h56w56k256r3s3p1u1"), zen)
+    assert fits.nc == 128 and fits.direct_l2_set == 406528
+    # one group's outputs count: 4 groups of 256 filters take 184320 B, not 737280
+    grouped = csa.analyze(ConvSpec.parse("n1c1024h28w28k1024r3s3p1u1g4"), zen)
+    assert grouped.direct and grouped.nc == 128 and grouped.direct_l2_set == 380928
+    # 30*5*2048*4 B of partial outputs overflow L2 on their own: the filter rule's tile stays
+    wide = csa.analyze(ConvSpec.parse("n1c2048h15w15k2048r3s3p1u1"), zen)
+    assert wide.nc == 205 == csa.blocking.direct_channel_tile(wide.spec, 16, zen.l2)
+    # forced values win
+    assert csa.analyze(deep.spec, zen, nc=171).nc == 171
