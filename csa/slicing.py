@@ -237,6 +237,17 @@ def analyze_slicing(spec, machine, threads, overrides):
                 and slab_within(spec, nwin, nc, vectors_along, machine.l3))
     per_row = row_tiles(spec, nwin, slab, vectors_along)
     t_in, t_w = window_tiles(spec, nwin, slab, vectors_along), ceil(spec.k_per_group / nf)
+
+    def banded_and_cap(machine):
+        return (output_band(spec, nwin, nc, t_in, vectors_along, machine, per_row),
+                workspace_band_cap(spec, nwin, nc, slab, vectors_along, t_in, machine.l3, per_row))
+
+    if direct and "nc" not in overrides:
+        # within the band of one thread, no smaller than a thread's: the channel tiles, and so
+        # the order of the sums, are the same for any thread count
+        one_thread = min(band or min(banded_and_cap(machine)), t_in)
+        nc = direct_band_channel_tile(spec, nwin, nf, nc, one_thread, per_row, machine)
+    fin, fw, fout = tile_footprints(spec, nwin, nf, nc)
     # filter parts of grouped filters-in-vectors plans would transpose a group's filters apart
     units = window_units(spec, nwin, slab, vectors_along)
     splittable = spec.groups == 1 or vectors_along == "windows"
@@ -256,13 +267,9 @@ def analyze_slicing(spec, machine, threads, overrides):
 
     # output bands where the model finds the partial outputs they keep in L2 worth the filters
     # they read again (one band on a tie); a direct plan is always banded (see output_band)
-    banded = output_band(spec, nwin, nc, t_in, vectors_along, machine, per_row)
-    cap = workspace_band_cap(spec, nwin, nc, slab, vectors_along, t_in, machine.l3, per_row)
+    banded, cap = banded_and_cap(machine)
     bands = ([min(band, t_in)] if band else [min(banded, cap)] if per_row else
              sorted({min(t_in, cap), min(banded, cap)}, reverse=True))
-    if direct and "nc" not in overrides:   # a direct plan has one band (per_row)
-        nc = direct_band_channel_tile(spec, nwin, nf, nc, bands[0], per_row, machine)
-    fin, fw, fout = tile_footprints(spec, nwin, nf, nc)
     band, blocks, costs, chosen = min((costed(b) for b in bands),
                                       key=lambda option: option[2][option[3]]["total"])
     b2, b3 = blocks[chosen]
