@@ -47,8 +47,14 @@ def direct_l2_set(spec, nwin, nf, nc, band, row_tiles):
     """Bytes a direct plan's kernel calls keep in L2 within a band: the filter tile they
     stream, the channel tile's slab rows they broadcast from, and the band's transposed partial
     outputs of one group (its windows x K_g: every call adds to a part of them)."""
+    per_channel, outputs = _direct_l2_terms(spec, nwin, nf, band, row_tiles)
+    return nc * per_channel + outputs
+
+
+def _direct_l2_terms(spec, nwin, nf, band, row_tiles):
+    """(bytes per channel of the tile, bytes of the partial outputs) of ``direct_l2_set``."""
     slab_row, out_t = band_buffers(spec, nwin, 1, band, True, "filters", row_tiles)
-    return (nc * (nf * spec.r * spec.s + slab_row) + out_t // spec.groups) * spec.itemsize
+    return (nf * spec.r * spec.s + slab_row) * spec.itemsize, out_t // spec.groups * spec.itemsize
 
 
 def direct_band_channel_tile(spec, nwin, nf, nc, band, row_tiles, machine):
@@ -57,10 +63,8 @@ def direct_band_channel_tile(spec, nwin, nf, nc, band, row_tiles, machine):
     and partial outputs evict each other (csa/TUNING.md, "Plan rules"). Not where the partial
     outputs leave room only for calls shallower than ``tuning.direct_min_depth`` rows, whose
     C tile would cost more than L2 saves: there ``nc`` stays."""
-    per_channel = direct_l2_set(spec, nwin, nf, 1, band, row_tiles) - direct_l2_set(
-        spec, nwin, nf, 0, band, row_tiles)
-    room = CACHE_FILL * machine.l2 - direct_l2_set(spec, nwin, nf, 0, band, row_tiles)
-    fit = int(room // per_channel)
+    per_channel, outputs = _direct_l2_terms(spec, nwin, nf, band, row_tiles)
+    fit = int((CACHE_FILL * machine.l2 - outputs) // per_channel)
     if fit * spec.r * spec.s < machine.tuning.direct_min_depth:
         return nc
     return min(nc, even_channel_tile(spec, fit))

@@ -42,7 +42,7 @@ def row_tiles(spec, nwin, slab, vectors_along):
 
 def balanced_row_windows(q, nwin):
     """Windows per tile of a direct plan whose output rows are ``q`` wide, for tiles of at
-    most ``nwin``: as many tiles as ``nwin`` makes, evened out, so that each has the result or
+    most ``nwin``: as many tiles as ``nwin`` makes, evened out, so that each has that many or
     one fewer (56 = 6 x 6 + 4 x 5, not 9 x 6 + 2): a short tile of 1-3 windows keeps too few
     accumulators to hide the FMA latency (csa/TUNING.md)."""
     return ceil(q / ceil(q / nwin))
