@@ -264,13 +264,11 @@ def define_conv_loop_nest(module, dtype):
                                     with code.if_(~unpacked | (p0 + NWIN > PQ)):
                                         pack_tile(p0, code.min(NWIN, PQ - p0),
                                                   scratch_addr + (wt - wb) * tile_bytes)
-                            # the vector operand's tile stays in L1 while the broadcast
-                            # operand's tiles stream past it: filter tiles innermost with
-                            # windows in vectors, window tiles innermost with filters in vectors
-                            nw, nfb = wend - wb, fend - fb
-                            with code.range(0, nw * nfb) as i:
-                                ft = code.choose(filters_in_vectors, fb + i // nw, fb + i % nfb)
-                                wt = code.choose(filters_in_vectors, wb + i % nw, wb + i // nfb)
+
+                            def run_tile(ft, wt, row):
+                                """The kernel call on filter tile ``ft`` and window tile
+                                ``wt`` (a direct one at ``row``: its output row, tile in the row
+                                and first column, as Vars, stepped here to the next tile's)."""
                                 p0 = wt * NWIN
                                 slot = code.choose(slots > 1, wt - wb, 0)   # see scratch_tiles
                                 in_addr = code.var(scratch_addr + slot * tile_bytes)
@@ -280,11 +278,15 @@ def define_conv_loop_nest(module, dtype):
                                 c_at, col0 = code.var(p0), code.var(0)
                                 in_place = ~direct & ~slab & unpacked & (p0 + NWIN <= PQ)
                                 with code.if_(direct):   # the tile's windows: part of one row
-                                    oh, j = wt // row_tiles, wt % row_tiles
-                                    ow0 = row_column(j, row_tiles, Q)
+                                    oh, j, ow0 = row
+                                    ow1 = row_column(j + 1, row_tiles, Q)
                                     in_addr.set(scratch_addr + ((oh - row0) * Ws + ow0) * item)
-                                    nwin_used.set(row_column(j + 1, row_tiles, Q) - ow0)
+                                    nwin_used.set(ow1 - ow0)
                                     c_at.set(oh * Q + ow0)
+                                    row_end = j + 1 == row_tiles   # the next tile's, along it
+                                    oh.set(oh + code.choose(row_end, 1, 0))
+                                    j.set(code.choose(row_end, 0, j + 1))
+                                    ow0.set(code.choose(row_end, 0, ow1))
                                 with code.if_(slab & ~direct):
                                     in_addr.set(scratch_addr + (p0 - row0 * Ws) * item)
                                     c_at.set(p0 // Ws * Q)
@@ -321,6 +323,23 @@ def define_conv_loop_nest(module, dtype):
                                                 nwin_used, code.min(NF, Kg - f0),
                                                 bias_addr + (g * Kg + f0) * item, flags,
                                                 rows_addr, col0, Ws, Ws - Q)
+
+                            # the vector operand's tile stays in L1 while the broadcast
+                            # operand's tiles stream past it: filter tiles innermost with
+                            # windows in vectors, window tiles innermost with filters in vectors
+                            # (two loops, and a direct tile's row stepped along, not divisions:
+                            # they cost a shallow kernel call up to a tenth of its time)
+                            with code.range(code.choose(filters_in_vectors, fb, wb),
+                                            code.choose(filters_in_vectors, fend, wend)) as a:
+                                row = code.var(), code.var(), code.var()
+                                with code.if_(direct):
+                                    row[0].set(wb // row_tiles)
+                                    row[1].set(wb % row_tiles)
+                                    row[2].set(row_column(wb % row_tiles, row_tiles, Q))
+                                with code.range(code.choose(filters_in_vectors, wb, fb),
+                                                code.choose(filters_in_vectors, wend, fend)) as b:
+                                    run_tile(code.choose(filters_in_vectors, a, b),
+                                             code.choose(filters_in_vectors, b, a), row)
             with code.if_(filters_in_vectors & post):
                 # the band's out[n, k, p] = out_t[p - p_lo, k] (+ bias[k], ReLU) while its rows
                 # are hot in L2, one vector-square block at a time (the part's filters: a plan
