@@ -265,17 +265,23 @@ def define_conv_loop_nest(module, dtype):
                                         pack_tile(p0, code.min(NWIN, PQ - p0),
                                                   scratch_addr + (wt - wb) * tile_bytes)
 
-                            def run_tile(ft, wt, row):
-                                """The kernel call on filter tile ``ft`` and window tile
-                                ``wt`` (a direct one at ``row``: its output row, tile in the row
-                                and first column, as Vars, stepped here to the next tile's)."""
+                            def window_tile(wt, row, tile):
+                                """Set ``tile`` (Vars: the input tile's address and row
+                                stride, windows used, C's first window, and for a slab its
+                                column on that row) to window tile ``wt``'s, a direct one at
+                                ``row`` (Vars: its output row, tile in the row and first
+                                column, stepped here to the next tile's); with windows in
+                                vectors, pack it for the block's filter tiles (WS; they use
+                                it in turn while it is hot in L1), or on the first pass over
+                                the filter blocks (IS)."""
+                                in_addr, ld_in, nwin_used, c_at, col0 = tile
                                 p0 = wt * NWIN
                                 slot = code.choose(slots > 1, wt - wb, 0)   # see scratch_tiles
-                                in_addr = code.var(scratch_addr + slot * tile_bytes)
-                                ld_in = code.var(NWIN)
-                                # c_at: C's first window (slab: its output row, col0 on it)
-                                nwin_used = code.var(code.min(NWIN, windows - p0))
-                                c_at, col0 = code.var(p0), code.var(0)
+                                in_addr.set(scratch_addr + slot * tile_bytes)
+                                ld_in.set(NWIN)
+                                nwin_used.set(code.min(NWIN, windows - p0))
+                                c_at.set(p0)
+                                col0.set(0)
                                 in_place = ~direct & ~slab & unpacked & (p0 + NWIN <= PQ)
                                 with code.if_(direct):   # the tile's windows: part of one row
                                     oh, j, ow0 = row
@@ -294,13 +300,14 @@ def define_conv_loop_nest(module, dtype):
                                 with code.if_(in_place):
                                     in_addr.set(x_base + p0 * item)
                                     ld_in.set(PQ)
-                                # with windows in vectors a tile is packed right before the
-                                # block's filter tiles use it, in turn (WS; still hot in L1),
-                                # or on the first pass over the filter blocks (IS)
                                 with code.if_(~direct & ~slab & ~in_place & ~filters_in_vectors
-                                              & (ft == fb) & packing
+                                              & packing
                                               & ((inner == inner_lo) | ~input_stationary)):
                                     pack_tile(p0, nwin_used, in_addr)
+
+                            def call_kernel(ft, tile):
+                                """The kernel on filter tile ``ft`` and the window tile."""
+                                in_addr, ld_in, nwin_used, c_at, col0 = tile
                                 f0 = ft * NF
                                 w_tile = w_base + ft * w_tile_bytes
                                 with code.if_(kernels):
@@ -326,9 +333,10 @@ def define_conv_loop_nest(module, dtype):
 
                             # the vector operand's tile stays in L1 while the broadcast
                             # operand's tiles stream past it: filter tiles innermost with
-                            # windows in vectors, window tiles innermost with filters in vectors
-                            # (two loops, and a direct tile's row stepped along, not divisions:
-                            # they cost a shallow kernel call up to a tenth of its time)
+                            # windows in vectors (each window tile set up once for them),
+                            # window tiles innermost with filters in vectors (a direct tile's
+                            # row stepped along: a division per call costs a shallow kernel
+                            # call up to a tenth of its time)
                             with code.range(code.choose(filters_in_vectors, fb, wb),
                                             code.choose(filters_in_vectors, fend, wend)) as a:
                                 row = code.var(), code.var(), code.var()
@@ -336,10 +344,14 @@ def define_conv_loop_nest(module, dtype):
                                     row[0].set(wb // row_tiles)
                                     row[1].set(wb % row_tiles)
                                     row[2].set(row_column(wb % row_tiles, row_tiles, Q))
+                                tile = tuple(code.var() for _ in range(5))
+                                with code.if_(~filters_in_vectors):
+                                    window_tile(a, row, tile)
                                 with code.range(code.choose(filters_in_vectors, wb, fb),
                                                 code.choose(filters_in_vectors, wend, fend)) as b:
-                                    run_tile(code.choose(filters_in_vectors, a, b),
-                                             code.choose(filters_in_vectors, b, a), row)
+                                    with code.if_(filters_in_vectors):
+                                        window_tile(b, row, tile)
+                                    call_kernel(code.choose(filters_in_vectors, a, b), tile)
             with code.if_(filters_in_vectors & post):
                 # the band's out[n, k, p] = out_t[p - p_lo, k] (+ bias[k], ReLU) while its rows
                 # are hot in L2, one vector-square block at a time (the part's filters: a plan
