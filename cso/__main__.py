@@ -1,9 +1,27 @@
 """``python -m cso calibration [--isa ISA] [--again]``: print (or re-measure) this host's
 calibration record (``cso.calibration``)."""
+import argparse
 import sys
 
-from .calibration import main
+from . import calibration
+from .host import check_isa
 
-if len(sys.argv) < 2 or sys.argv[1] != "calibration":
-    sys.exit("usage: python -m cso calibration [--isa ISA] [--again]")
-main(sys.argv[2:])
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m cso",
+                                     usage="python -m cso calibration [--isa ISA] [--again]",
+                                     description="Print this host's calibration record.")
+    parser.add_argument("command", choices=["calibration"])
+    parser.add_argument("--isa", help="kernel ISA (default: CSO_ISA or the host's best)")
+    parser.add_argument("--again", action="store_true",
+                        help="measure anew and replace the saved record")
+    options = parser.parse_args(argv)
+    record = calibration.calibration(check_isa(options.isa), options.again)
+    print("\n".join(calibration.describe(record)))
+    if not calibration.enabled():
+        print(f"{calibration.ENV_VAR}=0: plans use the {record['isa']} tuning record alone",
+              file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -7,20 +7,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from functools import lru_cache
 from typing import Literal, Optional, Union
 
 import numpy as np
 
 import csa
-from microkernels import (ACCUMULATE, BIAS, RELU, DepthwiseSpec, KernelSpec, default_isa, get_isa,
-                          supported_isas)
+from microkernels import ACCUMULATE, BIAS, RELU, DepthwiseSpec, KernelSpec
+from microkernels.aligned import aligned_empty
 from microkernels.once import fork_safe_lock
-from packing import aligned_empty, pack_filters, repack_filters, unpack_filters
+from packing import pack_filters, repack_filters, unpack_filters
 
 from . import arguments as args
 from . import autotune
-from .calibration import calibrated_machine
+from . import host
 from .lowering import ALL_PHASES
 from .prepared import Prepared
 from .threads import get_num_threads
@@ -33,28 +32,6 @@ Shape = tuple[int, ...]
 
 PREPARED_SHAPES = 64  # input shapes a Conv2d keeps prepared
 _tables = fork_safe_lock()   # guards every Conv2d's tables of packed filters and prepared shapes
-
-
-@lru_cache(maxsize=None)
-def host_machine(isa_name: Optional[str] = None) -> csa.Machine:
-    """The machine CSA plans for: the host's caches, the vector facts of the kernel ISA and its
-    tuning record as this host's calibration corrects it (``cso.calibration``)."""
-    return calibrated_machine(isa_name or default_isa().name)
-
-
-@lru_cache(maxsize=1024)
-def _plan(spec, isa_name, overrides, threads):
-    return csa.analyze(spec, host_machine(isa_name), threads=threads, **dict(overrides))
-
-
-def _check_isa(name):
-    if name is None:
-        return default_isa().name
-    isa = get_isa(name)
-    if isa not in supported_isas():
-        raise ValueError(f"isa {name!r} is not supported by this CPU; supported: "
-                         f"{[i.name for i in supported_isas()]}")
-    return isa.name
 
 
 class Conv2d:
@@ -99,7 +76,7 @@ class Conv2d:
         self.dilation = args.pair("dilation", dilation, 1)
         self.padding = args.padding_rule(padding)
         self.activation = args.check_activation(activation)
-        self.isa = _check_isa(isa)
+        self.isa = host.check_isa(isa)
         try:
             depthwise, overrides = csa.check_overrides(weight.shape[1], **(plan_overrides or {}))
         except (TypeError, ValueError) as err:
@@ -118,7 +95,7 @@ class Conv2d:
             else tuple(input_shape), plan_overrides=dict(plan_overrides or {}), isa=isa,
             tune=tune, accumulate=accumulate, channel_shuffle=channel_shuffle)
         if input_shape is None:
-            nf = csa.filters_per_tile(host_machine(self.isa), self.dtype.itemsize, depthwise)
+            nf = csa.filters_per_tile(host.host_machine(self.isa), self.dtype.itemsize, depthwise)
         else:   # compile (or load) now what calls on that shape run
             threads = get_num_threads()
             prepared = self._prepared(tuple(input_shape), self.dtype, threads)
@@ -181,11 +158,11 @@ class Conv2d:
 
     def _plan_for(self, spec, threads):
         if not self.tune:
-            return _plan(spec, self.isa, self.overrides, threads)
+            return host.plan(spec, self.isa, self.overrides, threads)
         record = autotune.tuned(spec, self.isa, threads)
         _, given = csa.check_overrides(spec.c_per_group, **record["overrides"])
         overrides = tuple(sorted(given.items()))
-        return autotune.tuned_plan(_plan(spec, self.isa, overrides, threads), record)
+        return autotune.tuned_plan(host.plan(spec, self.isa, overrides, threads), record)
 
     def __call__(self, x: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
         return self._call(x, out, ALL_PHASES)
@@ -282,7 +259,7 @@ def _rebuild(weight, bias, arguments):
 
 
 def _output(shape, dtype):
-    """An empty output array, on a cache line (``packing.aligned_empty``: a next layer's
+    """An empty output array, on a cache line (``microkernels.aligned``: a next layer's
     kernels may read it in place with vector loads); one too large for the address space is a
     MemoryError with its size, like one too large for memory (NumPy says ValueError)."""
     try:
@@ -322,19 +299,9 @@ def warmup(convolutions: Iterable[Union[csa.ConvSpec, str]],
     (A ``Conv2d`` built with ``input_shape`` does the same for its own shape.)"""
     start = time.perf_counter()
     threads = get_num_threads() if threads is None else threads
-    for spec in (_as_spec(c, "warmup") for c in convolutions):
+    for spec in (host.as_spec(c, "warmup") for c in convolutions):
         t, b, left, right = spec.padding
         conv = Conv2d(np.zeros(spec.weight_shape, spec.dtype), None, spec.stride,
                       ((t, b), (left, right)), spec.dilation, spec.groups)
         conv._prepared(spec.input_shape, np.dtype(spec.dtype), threads).warm(threads)
     return time.perf_counter() - start
-
-
-def _as_spec(spec, caller):
-    """A ``csa.ConvSpec`` given as one or as its name (to ``caller``)."""
-    if isinstance(spec, str):
-        spec = csa.ConvSpec.parse(spec)
-    if not isinstance(spec, csa.ConvSpec):
-        raise TypeError(f"{caller}: convolutions must be csa.ConvSpec or their names, got "
-                        f"{type(spec).__name__}")
-    return spec

@@ -68,7 +68,9 @@ def padding_rule(value):
 
 
 def same_padding(size, kernel, stride, dilation):
-    """ONNX SAME_UPPER / TensorFlow 'SAME': output = ceil(size / stride); an odd pad goes at the end."""
+    """(before, after) zero padding of one spatial dimension of ``size`` that ``padding='same'``
+    gives (ONNX SAME_UPPER, TensorFlow 'SAME'): output = ceil(size / stride), an odd pad at
+    the end."""
     extent = dilation * (kernel - 1) + 1
     total = max(0, (ceil(size / stride) - 1) * stride + extent - size)
     return total // 2, total - total // 2

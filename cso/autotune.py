@@ -17,10 +17,15 @@ import numpy as np
 import csa
 from microkernels import cache
 from microkernels.once import compiled_once
+from microkernels import probe
+from packing import pack_filters
 
-from .calibration import _seconds, calibration, enabled as calibrated
+from . import host
+from .calibration import calibration, enabled as calibrated
+from .jobs import unrecorded
 from .lowering import ALL_PHASES
-from .threads import unrecorded
+from .prepared import Prepared
+from .threads import get_num_threads
 
 BUDGET = 1.0     # seconds of timed calls per convolution
 ROUNDS = 3       # each candidate timed once a round, the rounds interleaved: drift hits all
@@ -57,29 +62,27 @@ def tuned_plan(plan, record):
 @unrecorded
 def measure(spec, isa_name, threads, budget):
     """Time each candidate plan of ``spec`` and choose (see the module's docstring)."""
-    from .api import Conv2d, host_machine
-    candidates = csa.tuning_candidates(spec, host_machine(isa_name), threads)
+    candidates = csa.tuning_candidates(spec, host.host_machine(isa_name), threads)
     rng = np.random.default_rng(0)
     x = rng.standard_normal(spec.input_shape).astype(spec.dtype)
     w = rng.standard_normal(spec.weight_shape).astype(spec.dtype)
-    t, b, left, right = spec.padding
     peak = calibration(isa_name)["fma_gflops"] if calibrated() else None
     runs = []
-    for overrides, _ in candidates:
-        conv = Conv2d(w, None, spec.stride, ((t, b), (left, right)), spec.dilation, spec.groups,
-                      plan_overrides=overrides, isa=isa_name)
-        prepared = conv._prepared(spec.input_shape, np.dtype(spec.dtype), threads)
-        packed, out = conv.packed_weight(prepared.plan.nf), np.empty(spec.output_shape, spec.dtype)
-        runs.append(lambda p=prepared, packed=packed, out=out, bias=conv.bias:
+    bias = np.empty(0, spec.dtype)
+    for _, plan in candidates:   # each run as a Conv2d of its overrides would
+        prepared = Prepared(plan, 0, isa_name)
+        packed = pack_filters(w, plan.nf, spec.groups)
+        out = np.empty(spec.output_shape, spec.dtype)
+        runs.append(lambda p=prepared, packed=packed, out=out:
                     p.run(x, packed, bias, out, ALL_PHASES, threads))
     for run in runs:   # compiles (or loads) each plan's code: not timed
         run()
-    first = [_seconds(run, 1) for run in runs]
+    first = [probe.seconds(run) for run in runs]
     calls = [max(1, int(budget / ROUNDS / len(runs) / max(f, 1e-6))) for f in first]
     best = [float("inf")] * len(runs)
     for _ in range(ROUNDS):
         for i, run in enumerate(runs):
-            best[i] = min(best[i], _seconds(run, calls[i]) / calls[i])
+            best[i] = min(best[i], probe.seconds(run, calls[i]) / calls[i])
     timed = [{"overrides": _plain(overrides), "seconds": seconds,
               "predicted": plan.compute_bound(peak) if peak else None}
              for (overrides, plan), seconds in zip(candidates, best)]
@@ -105,8 +108,6 @@ def tune(convolutions, isa=None, budget=BUDGET):
     """Tune each of ``convolutions`` (``csa.ConvSpec`` or their names, as for ``cso.warmup``)
     for ``get_num_threads()`` threads, or load its earlier result: ``Conv2d(..., tune=True)``
     then runs the plan kept. Returns [(spec, record)] (see ``tuned``)."""
-    from .api import _check_isa, _as_spec
-    from .threads import get_num_threads
-    isa_name, threads = _check_isa(isa), get_num_threads()
+    isa_name, threads = host.check_isa(isa), get_num_threads()
     return [(spec, tuned(spec, isa_name, threads, budget))
-            for spec in (_as_spec(c, "tune") for c in convolutions)]
+            for spec in (host.as_spec(c, "tune") for c in convolutions)]

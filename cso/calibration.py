@@ -19,10 +19,8 @@ The record is saved in the persistent cache (``microkernels.cache``), keyed by t
 its features and the ISA; later processes load it. ``CSO_CALIBRATE=0`` plans from the tuning
 record alone. ``python -m cso calibration`` prints the record (``--again``: measure anew).
 """
-import argparse
 import os
 import platform
-import sys
 import time
 
 import llvmlite.binding as llvm
@@ -36,7 +34,8 @@ from microkernels.jit import JitModule
 from microkernels.once import compiled_once
 from microkernels import probe
 
-from .threads import available_cpus, run_parts, unrecorded
+from .jobs import run_parts, unrecorded
+from .threads import available_cpus
 
 ENV_VAR = "CSO_CALIBRATE"
 VERSION = 2                 # of the record's layout: a record of another version is measured anew
@@ -177,7 +176,7 @@ def handoff():
         for _ in range(calls):
             if pause:
                 time.sleep(pause)
-            times.append(_seconds(lambda: run_parts(noop, args.ctypes.data, parts, threads)))
+            times.append(probe.seconds(lambda: run_parts(noop, args.ctypes.data, parts, threads)))
         return 1e6 * float(np.median(times))
 
     base = median_us(1, 1, HANDOFF_CALLS)
@@ -189,13 +188,6 @@ def handoff():
 @compiled_once
 def _noop_part():
     return JitModule(NOOP_PART).address("noop")
-
-
-def _seconds(run, calls=1):
-    start = time.perf_counter()
-    for _ in range(calls):
-        run()
-    return time.perf_counter() - start
 
 
 def describe(record):
@@ -214,17 +206,3 @@ def describe(record):
                                          f"{handoff_us['awake']} us to awake workers, "
                                          f"{handoff_us['asleep']} us to sleeping ones"),
     ]
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m cso calibration",
-                                     description="Print this host's calibration record.")
-    parser.add_argument("--isa", help="kernel ISA (default: CSO_ISA or the host's best)")
-    parser.add_argument("--again", action="store_true",
-                        help="measure anew and replace the saved record")
-    options = parser.parse_args(argv)
-    from .api import _check_isa
-    record = calibration(_check_isa(options.isa), options.again)
-    print("\n".join(describe(record)))
-    if not enabled():
-        print(f"{ENV_VAR}=0: plans use the {record['isa']} tuning record alone", file=sys.stderr)

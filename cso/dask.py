@@ -26,9 +26,8 @@ try:
 except ImportError:
     raise ImportError("cso.dask needs dask: pip install 'cso[dask]'") from None
 
-from .api import Conv2d
-from .onnx.model import Model
-from .threads import set_num_threads
+from . import Conv2d, set_num_threads
+from .onnx import Model
 
 REGISTRY_SIZE = 8   # layers a process keeps unpickled, the least recently used dropped first
 

@@ -13,8 +13,8 @@ from . import depthwise
 from . import lowering as slicing
 from .entry import CALL_ARGS
 from .lowering import ALL_PHASES
+from .jobs import active_recording, data_address, run_parts, workspace
 from .pool import compiled_pool
-from .threads import recording, run_parts
 
 X_ARG, W_ARG, BIAS_ARG, OUT_ARG, GEOM_ARG, PARTS_ARG, SCRATCH_ARG, OUT_T_ARG, ROWS_ARG = (
     CALL_ARGS.index(name)
@@ -38,29 +38,6 @@ def part_entry(define_loop_nest, dtype):
     ``depthwise.define_depthwise_loop_nest``) generates for ``dtype``, compiled once (or
     loaded from the persistent cache)."""
     return PartEntry(native_function(define_loop_nest, dtype_name(dtype)))
-
-
-_HEADER = object.__basicsize__          # PyArrayObject: the object header, then char *data
-_read_address = ctypes.c_size_t.from_address
-
-
-def data_address(array):
-    """The address of ``array``'s data, read from the array object itself (NumPy's C ABI):
-    0.2 us, against 1.4 us for ``array.ctypes.data``; a call reads five to seven."""
-    return _read_address(id(array) + _HEADER).value
-
-
-_probe = np.empty(3)
-if data_address(_probe) != _probe.ctypes.data:   # not CPython's object layout: the slow way
-    def data_address(array):   # noqa: F811
-        return array.ctypes.data
-del _probe
-
-
-def workspace(elements, dtype):
-    """Every scratch and transposed-output buffer a call uses (a module attribute, so that the
-    guard-page tests can place them against inaccessible pages)."""
-    return np.empty(elements, dtype)
 
 
 class Prepared:
@@ -115,13 +92,11 @@ class Prepared:
             geom[self.phases_at] = phases
             args[GEOM_ARG] = data_address(geom)
         held = []   # the workspaces, referenced here until the call returns
-        recorder = recording()   # (whose jobs, run one at a time, share their workspaces)
         for at, elements, dtype in self.workspaces:
-            space = (workspace(elements, dtype) if recorder is None
-                     else recorder.workspace(at, elements, dtype))
+            space = workspace(at, elements, dtype)
             held.append(space)
             args[at] = data_address(space)
-        if self.part_count == 1 and recorder is None:
+        if self.part_count == 1 and active_recording() is None:
             self.entry.call(args.buffer_info()[0], 0)
         else:   # (a recorded job keeps what its arguments point to but ``x`` and ``out``)
             run_parts(self.entry.address, args.buffer_info()[0], self.part_count, threads,

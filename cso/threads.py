@@ -6,12 +6,11 @@ left, every part running the compiled loop nest on its own scratch. The pool is 
 (``cso.pool``): from the moment a call posts its parts until they are all done, no
 thread involved needs the GIL. It is shared by all calls: while one call owns it, a call from
 another Python thread runs its parts itself, so nothing waits on a worker that never comes.
-A list of such jobs can run in one compiled call (``run_jobs``: a model's recorded steps).
+``cso.jobs`` runs calls' parts on it (``run_parts``), one or a list of them at a time.
 Workers are daemon threads living in compiled code (no threading layer of numba's), and
 after ``os.fork()`` the child starts with an empty pool (``microkernels.once`` makes the fork
 wait for a pool start under way).
 """
-import functools
 import os
 import threading
 
@@ -19,7 +18,7 @@ import numpy as np
 
 from microkernels.once import fork_safe_lock
 
-from .pool import MAX_PARTS, STATE_WORDS, compiled_pool
+from .pool import STATE_WORDS, compiled_pool
 
 ENV_VAR = "CSO_NUM_THREADS"
 # polls a worker spins for the next job before it sleeps, and a caller for the end of its job
@@ -73,7 +72,7 @@ def set_num_threads(n):
     _threads = n
 
 
-def _pool_state(helpers):
+def pool_address(helpers):
     """The address of the pool's state words, with at least ``helpers`` workers started."""
     global _pool
     ready = _pool   # the usual case: no lock (the tuple is never changed, its list only grows)
@@ -94,69 +93,6 @@ def _pool_state(helpers):
             worker.start()
             started.append(worker)
     return address
-
-
-_recorders = threading.local()   # .active: the recorder of this thread's calls, or None
-
-
-def recording():
-    """The recorder of this thread's ``run_parts`` calls, or None (see ``record_jobs``)."""
-    return getattr(_recorders, "active", None)
-
-
-def record_jobs(recorder):
-    """From now on, until ``record_jobs(None)``, this thread's ``run_parts`` calls also call
-    ``recorder.add(function, args, parts, keep)``, and convolutions take their workspaces from
-    ``recorder.workspace(kind, elements, dtype)``: a model records the jobs its steps run, to
-    run them again in one ``run_jobs`` call (``cso.onnx.program``)."""
-    _recorders.active = recorder
-
-
-def unrecorded(function):
-    """``function`` with this thread's recorder off while it runs: timing trials (autotuning,
-    calibration) that a model's first call may run are not its jobs."""
-    @functools.wraps(function)
-    def run(*args, **kwargs):
-        recorder = recording()
-        record_jobs(None)
-        try:
-            return function(*args, **kwargs)
-        finally:
-            record_jobs(recorder)
-    return run
-
-
-def run_jobs(jobs, threads):
-    """Run the jobs of ``jobs``, an int64 array of (function, args, parts) triples as
-    ``run_parts`` takes them, one after the other, each on up to ``threads`` threads, in one
-    compiled call: no Python between them."""
-    if jobs.dtype != np.int64 or jobs.ndim != 1 or jobs.size % 3 or not jobs.flags.c_contiguous:
-        raise ValueError(f"run_jobs: jobs must be a contiguous int64 vector of triples, got "
-                         f"{jobs.dtype} of shape {jobs.shape}")
-    parts = jobs[2::3]
-    if parts.size and not (parts.min() >= 1 and parts.max() <= MAX_PARTS):
-        raise ValueError(f"run_jobs: from 1 to {MAX_PARTS} parts per job, got {parts}")
-    compiled_pool().run_jobs(_pool_state(max(0, threads - 1)), jobs.ctypes.data, jobs.size // 3,
-                             max(1, threads), SPIN_ROUNDS)
-
-
-def run_parts(function, args, parts, threads, keep=()):
-    """Call the compiled ``void function(int64 *args, int64 part)`` (an address) for ``part`` =
-    0 .. ``parts`` - 1, ``args`` (the address of their shared int64 arguments, kept alive by
-    the caller) the same for every call, on this thread and up to min(parts, threads) - 1 pool
-    workers; return when every call has returned. ``keep``: what the call reads or writes that
-    its caller drops after it (its ``args`` array, scratch), which a recorder keeps."""
-    if not type(function) is type(args) is type(parts) is int:   # not bool, not NumPy's
-        raise TypeError(f"run_parts: function, args and parts must be ints (addresses and a "
-                        f"count), got {type(function).__name__}, {type(args).__name__}, "
-                        f"{type(parts).__name__}")
-    if not 1 <= parts <= MAX_PARTS:
-        raise ValueError(f"run_parts: from 1 to {MAX_PARTS} parts, got {parts}")
-    helpers = max(0, min(parts, threads) - 1)
-    recorder = recording()
-    if recorder is not None:
-        recorder.add(function, args, parts, keep)
-    compiled_pool().run(_pool_state(helpers), function, args, parts, helpers, SPIN_ROUNDS)
 
 
 def _forget_pool():

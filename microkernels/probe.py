@@ -8,8 +8,7 @@ import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
 
-from packing.aligned import aligned_empty
-
+from .aligned import aligned_empty
 from .ir import ACCUMULATE, fma, splat
 from .isa import default_isa
 from .jit import JitModule, native_function
@@ -22,14 +21,16 @@ UKERNEL_K = 256            # packed rows per call; 8x32 float32 tiles: A 32 KiB 
 SHIFT = 16                 # elements (a 64-byte line in f32) the tiles move by from one call to the next
 
 
-def _seconds(run):
+def seconds(run, calls=1):
+    """The wall time of ``calls`` back-to-back calls of ``run()``."""
     start = time.perf_counter()
-    run()
+    for _ in range(calls):
+        run()
     return time.perf_counter() - start
 
 
 def _best_seconds(run, trials=3):
-    return min(_seconds(run) for _ in range(trials))
+    return min(seconds(run) for _ in range(trials))
 
 
 def best_of_rounds(runs, rounds=3, seconds=0.0):
@@ -103,7 +104,7 @@ def fma_probe(iterations=1 << 27, isa=None, chains=FMA_CHAINS):
                               ctypes.c_float)
     probe(1000, 1.0, 1e-7)  # page in the code, spin the core up
     flops = 2 * chains * lanes * iterations
-    return lambda: flops / _seconds(lambda: probe(iterations, 1.0, 1e-7)) / 1e9, fma_count
+    return lambda: flops / seconds(lambda: probe(iterations, 1.0, 1e-7)) / 1e9, fma_count
 
 
 def fma_peak(iterations=1 << 27, isa=None, chains=FMA_CHAINS):
@@ -179,8 +180,8 @@ def read_bandwidth(size, isa=None, trial_bytes=64e6):
                                         ctypes.c_int64, ctypes.c_int64)
     passes = max(1, int(trial_bytes // values.nbytes))
     probe(values.ctypes.data, values.size, 1)   # page in
-    seconds = _best_seconds(lambda: probe(values.ctypes.data, values.size, passes))
-    return passes * values.nbytes / seconds / 1e9
+    best = _best_seconds(lambda: probe(values.ctypes.data, values.size, passes))
+    return passes * values.nbytes / best / 1e9
 
 
 LOOP_ARGS = ("a", "b", "c", "bias", "rows", "calls", "kernel", "width", "broadcasts",
@@ -228,7 +229,7 @@ def kernel_run(spec, calls=200_000):
 
     run(10)  # warm
     flops = 2 * UKERNEL_K * spec.width * spec.broadcasts * calls
-    return lambda: flops / _seconds(lambda: run(calls)) / 1e9
+    return lambda: flops / seconds(lambda: run(calls)) / 1e9
 
 
 def kernel_throughput(spec, calls=200_000, trials=3):

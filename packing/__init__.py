@@ -1,10 +1,9 @@
 """Packing: filters once at load time, input tiles (or padded slabs) on the fly, with zero padding."""
-from .aligned import LINE, aligned_empty
 from .filters import pack_filters, packed_filters_shape, repack_filters, unpack_filters
 from .inputs import pack_input_tile, row_copier, tile_copiers
 from microkernels.cache import include_sources
 
-__all__ = ["LINE", "aligned_empty", "pack_filters", "packed_filters_shape", "repack_filters",
+__all__ = ["pack_filters", "packed_filters_shape", "repack_filters",
            "unpack_filters", "pack_input_tile",
            "row_copier", "tile_copiers"]
 

@@ -1,12 +1,12 @@
 """cso.onnx's reused output arrays (``cso.onnx.buffers``) and the line-aligned arrays cso makes
-(``packing.aligned_empty``): every array starts on a cache line, and a reused array is handed
+(``microkernels.aligned``): every array starts on a cache line, and a reused array is handed
 out again only when neither it nor any view of it is alive."""
 import numpy as np
 import pytest
 
 import cso
 from cso.onnx.buffers import Buffers
-from packing import LINE, aligned_empty
+from microkernels.aligned import LINE, aligned_empty
 
 
 @pytest.mark.parametrize("shape", [(), (1,), (3,), (2, 3, 5), (1, 64, 55, 55), (0, 4)])

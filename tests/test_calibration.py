@@ -13,7 +13,7 @@ import csa
 import cso
 from cso import calibration
 from microkernels import KernelSpec, default_isa, probe
-from packing.aligned import aligned_empty
+from microkernels.aligned import aligned_empty
 
 from .children import CHILD_CWD
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import cso
-import cso.prepared
+import cso.jobs
 from microkernels import supported_isas
 
 from .guarded import guarded_copy, guarded_empty, in_child
@@ -85,7 +85,7 @@ def test_no_access_outside_the_arrays(rng, restore_threads, name, dtype, isa, th
                       padding=pad, dilation=(dilation, dilation), groups=groups)
 
     def guarded_run(at):
-        cso.prepared.workspace = lambda elements, dt: guarded_empty((elements,), dt, at)
+        cso.jobs.new_workspace = lambda elements, dt: guarded_empty((elements,), dt, at)
         conv.bias = guarded_copy(conv.bias, at)
         conv._packed = {nf: guarded_copy(p, at) for nf, p in conv._packed.items()}
         out = guarded_empty(expected.shape, dtype, at)

@@ -8,7 +8,7 @@ import pytest
 
 import cso
 from bench.memory import peak_extra
-from cso.api import host_machine
+from cso import host_machine
 
 LONG = os.environ.get("CSO_LONG_TESTS") == "1"
 

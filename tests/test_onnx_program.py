@@ -56,7 +56,7 @@ def test_replay_matches_a_plain_run_and_keeps_earlier_outputs(rng):
     # replayed: every step, the Flatten that makes the output too (a view of the pool's
     # array, which the model copies for the caller)
     assert program.resume == len(labels) == labels.index("Flatten") + 1
-    assert program.jobs.size // 3 == labels.index("Flatten") - labels.count("Concat")
+    assert len(program.recording) == labels.index("Flatten") - labels.count("Concat")
     kept = []
     for batch in (1, 1, 2, 2, 1):
         x = rng.standard_normal((batch, 3, 10, 12)).astype(np.float32)
@@ -181,17 +181,9 @@ def test_timing_trials_are_not_recorded():
     not jobs of the model's program."""
     import csa
     from cso import autotune, calibration
-    from cso.threads import record_jobs
+    from cso.jobs import Recording
 
-    class Recorder:
-        jobs = []
-
-        def add(self, *job):
-            self.jobs.append(job)
-    record_jobs(Recorder())
-    try:
+    with Recording() as recording:
         autotune.measure(csa.ConvSpec.parse("n1c8h6w6k8r3s3p1u1"), "generic", 1, budget=0.01)
-    finally:
-        record_jobs(None)
-    assert Recorder.jobs == []
+    assert len(recording) == 0
     assert calibration.measure.__wrapped__   # the same wrapper

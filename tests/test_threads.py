@@ -12,7 +12,7 @@ from numba import cfunc, types
 
 import csa
 import cso
-from cso.threads import record_jobs, recording, run_jobs, run_parts, unrecorded
+from cso.jobs import Recording, active_recording, run_jobs, run_parts, unrecorded
 
 from .children import CHILD_CWD
 from .machines import ZEN3, ZEN5_CCD
@@ -251,30 +251,39 @@ def test_run_jobs_runs_every_part_of_every_job_once(threads):
 
 
 def test_recorded_jobs_leave_out_unrecorded_functions():
-    """A recorder sees this thread's run_parts calls (with what they keep), not those of a
-    function marked ``unrecorded`` (timing trials), nor another thread's."""
-    class Recorder:
-        def __init__(self):
-            self.jobs = []
-
-        def add(self, function, args, parts, keep):
-            self.jobs.append((function, args, parts, keep))
-
+    """A recording sees this thread's run_parts calls, not those of a function marked
+    ``unrecorded`` (timing trials), nor another thread's; it replays them, and only them."""
     counters = np.zeros(3, np.int64)
     trial = unrecorded(lambda: run_parts(_count_part.address, counters.ctypes.data, 2, 2))
-    recorder = Recorder()
-    record_jobs(recorder)
-    try:
+    with Recording() as recording:
         run_parts(_count_part.address, counters.ctypes.data, 3, 2, keep=(counters,))
         trial()
         other = threading.Thread(target=_count_jobs, args=(1, 1, 1, counters))
         other.start()
         other.join()
-        assert recording() is recorder
-    finally:
-        record_jobs(None)
-    assert recorder.jobs == [(_count_part.address, counters.ctypes.data, 3, (counters,))]
-    assert counters.tolist() == [3, 2, 1]
+        assert active_recording() is recording
+        with pytest.raises(RuntimeError, match="already active"):
+            Recording().start()
+    assert active_recording() is None
+    assert len(recording) == 1 and counters.tolist() == [3, 2, 1]
+    recording.replay(2)
+    recording.replay(1)
+    assert counters.tolist() == [5, 4, 3]
+
+
+def test_a_recording_truncated_replays_its_first_jobs_and_shares_workspaces():
+    counters = np.zeros(4, np.int64)
+    with Recording() as recording:
+        for parts in (1, 2, 3, 4):
+            run_parts(_count_part.address, counters.ctypes.data, parts, 2)
+        small = recording.workspace("scratch", 10, np.float32)
+        assert recording.workspace("scratch", 8, np.float32) is small      # large enough
+        assert recording.workspace("scratch", 8, np.float64) is not small  # another dtype
+        assert recording.workspace("scratch", 11, np.float32).size >= 11   # grown
+    assert counters.tolist() == [4, 3, 2, 1]
+    recording.truncate(2)
+    recording.replay(2)
+    assert len(recording) == 2 and counters.tolist() == [6, 4, 2, 1]
 
 
 def test_run_parts_checks_its_arguments():

@@ -7,7 +7,7 @@ array here is handed out again only when nothing else refers to it: no value of 
 progress, no view of it, no other thread. Graph outputs never come from here (the caller keeps
 them), so the arrays kept are at most the ones live at once in a run, per concurrent run.
 
-Each array starts on a cache line (``packing.aligned_empty``: the next layer's kernels read it
+Each array starts on a cache line (``cso.jobs.aligned_empty``: the next layer's kernels read it
 with vector loads) and is a view of a byte array, which every view of it refers to. The array
 is kept with its byte array and handed out as is (making the view again costs more than the
 rest of a small convolution's call): it is free when neither it nor its byte array has a
@@ -19,7 +19,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from packing import aligned_empty
+from ..jobs import aligned_empty
 
 # references to a free array and to its byte array while ``get`` looks at them: the pool's
 # pair's, the loop variable's and getrefcount's argument, and for the byte array the array's

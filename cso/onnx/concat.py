@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..prepared import data_address
-from ..threads import get_num_threads
+from .. import get_num_threads
+from ..jobs import data_address
 from . import kernels
 from .conv import ConvStep
 

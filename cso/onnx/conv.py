@@ -5,9 +5,7 @@ import threading
 
 import numpy as np
 
-from ..api import Conv2d
-from ..arguments import same_padding
-from ..threads import get_num_threads
+from .. import Conv2d, get_num_threads, same_padding
 from . import kernels
 
 BOUND_SHAPES = 8   # input shapes (and thread counts) a ConvStep keeps its bound calls for

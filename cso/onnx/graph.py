@@ -7,7 +7,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..threads import get_num_threads
+from .. import get_num_threads
 from . import concat, kernels
 from .conv import ConvStep, gemm_as_conv
 from .node import Node, UnsupportedModel

@@ -4,7 +4,7 @@ a matrix transpose (a Gemm's rows to a convolution's columns), and Softmax (chea
 kernel a recorded program replays it: no Python after the last convolution).
 
 Each is a numba ``cfunc`` ``void part(int64 *args, int64 part)`` that cso's own thread pool
-runs (``cso.threads.run_parts``), on ``cso.get_num_threads()`` threads like the convolutions:
+runs (``cso.jobs.run_parts``), on ``cso.get_num_threads()`` threads like the convolutions:
 NumPy would run them on one thread, in several passes over memory, and a second thread pool
 would spin on the cores the convolutions use. ``args`` holds the arrays' addresses and the
 geometry; each part takes a contiguous share of the work (channel planes, or for LRN, whose
@@ -19,11 +19,7 @@ from numba import cfunc, from_dtype, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from microkernels.once import compiled_once
-from packing.aligned import LINE, aligned_empty
-
-from ..prepared import data_address
-from ..threads import run_parts
+from ..jobs import LINE, aligned_empty, compiled_once, data_address, run_parts
 
 PART_SIGNATURE = types.void(types.CPointer(types.int64), types.int64)
 PARTS_PER_THREAD = 4   # shares smaller than a thread's so that an uneven part evens out

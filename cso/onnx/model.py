@@ -7,7 +7,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from ..threads import get_num_threads
+from .. import get_num_threads
 from .buffers import Buffers
 from .graph import build_steps, read
 from .program import Program
@@ -129,7 +129,7 @@ class Model:
                 step = self.steps[index]
                 start = time.perf_counter() if seconds is not None else 0.0
                 if program is not None and program.resume is None:
-                    jobs = len(program.jobs)
+                    jobs = len(program.recording)
                 inputs = [values[name] if name else None for name in step.inputs]
                 options = (buffered if step.buffered and fresh.isdisjoint(step.outputs)
                            else plain)

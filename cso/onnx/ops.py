@@ -11,7 +11,7 @@ their input, so no operator writes into its inputs.
 """
 import numpy as np
 
-from ..threads import get_num_threads
+from .. import get_num_threads
 from . import kernels
 
 OPERATORS = {}

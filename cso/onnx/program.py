@@ -1,5 +1,5 @@
-"""A model's steps as one compiled call: the jobs (``cso.threads.run_parts`` calls) its first
-run on an input shape made, recorded, and run again with no Python between them.
+"""A model's steps as one compiled call: the jobs (``cso.jobs``) its first run on an input
+shape made, recorded, and run again with no Python between them.
 
 Python between the steps costs a model more than its hot cost: the convolutions evict the
 interpreter's code and data, and each step's few microseconds of Python grew to 10-30 (py-spy
@@ -8,16 +8,14 @@ input shape and thread count are known, every convolution and compiled kernel of
 same function on the same arguments at the same addresses, run after run, provided its arrays
 are the same ones: a ``Program`` gives them their own ``Buffers``, copies the feeds into arrays
 of its own, and records the jobs of the run's leading steps that are nothing else (``takes``).
-A replay runs those jobs in one ``run_jobs`` call, then the remaining steps (a Gemm, and what
-follows it) as a plain run does.
+A replay runs those jobs in one compiled call (``cso.jobs.Recording.replay``), then the
+remaining steps (a Gemm, and what follows it) as a plain run does.
 """
 import threading
 
 import numpy as np
 
-from .. import prepared
-from ..prepared import data_address
-from ..threads import record_jobs, run_jobs
+from ..jobs import Recording, data_address
 from .buffers import Buffers
 from .concat import ConcatStep
 
@@ -31,9 +29,7 @@ class Program:
         self.lock = threading.Lock()
         self.buffers = Buffers()
         self.inputs = {name: np.empty_like(value) for name, value in feeds.items()}
-        self.jobs = []        # while recording: (function, args, parts) of each job in turn
-        self.keep = []        # what the jobs point to besides the model's values
-        self.scratch = {}     # (kind, dtype) -> the largest workspace of that kind made so far
+        self.recording = Recording()   # the jobs of the steps replayed
         self.resume = None    # the first step not replayed (None: all of them so far)
         self.values = None    # the values live after the replayed steps
 
@@ -43,27 +39,13 @@ class Program:
             np.copyto(self.inputs[name], value)
         return dict(self.inputs)
 
-    # --- recording: the model's run calls ``add`` (through run_parts), ``takes``, ``stop``
+    # --- recording: the model's run calls ``start``, ``takes``, ``stop`` and ``finish``
 
     def start(self):
-        record_jobs(self)
-
-    def add(self, function, args, parts, keep):
-        self.jobs.append((function, args, parts))
-        self.keep.append(keep)
-
-    def workspace(self, kind, elements, dtype):
-        """A workspace of at least ``elements`` for a job (a convolution's scratch, of
-        ``kind``): the one an earlier job had when it is large enough, as the jobs run one at a
-        time (a workspace per convolution would hold tens of MiB)."""
-        key = (kind, np.dtype(dtype))
-        found = self.scratch.get(key)
-        if found is None or found.size < elements:
-            found = self.scratch[key] = prepared.workspace(elements, dtype)
-        return found
+        self.recording.start()
 
     def takes(self, step, inputs, results, jobs_before):
-        """Whether the replay can stand for ``step``, which made ``self.jobs[jobs_before:]``:
+        """Whether the replay can stand for ``step``, which made the jobs from ``jobs_before`` on:
         it only ran jobs on C-contiguous inputs into an array the model gave it, or it made a
         view of its first input (Reshape, Dropout), or it is a Concat whose inputs were all made
         in its array. (An output the caller keeps is then an array of the program's, or a view
@@ -71,7 +53,7 @@ class Program:
         arrays = [x for x in inputs if x is not None]
         if not all(isinstance(a, np.ndarray) and a.flags.c_contiguous for a in arrays):
             return False
-        if len(self.jobs) > jobs_before:   # (into C-contiguous arrays: no temporary either)
+        if len(self.recording) > jobs_before:   # (into C-contiguous arrays: no temporary either)
             return (step.buffered and getattr(step.run, "jobs_only", False)
                     and all(r is None or r.flags.c_contiguous for r in results))
         if isinstance(step.run, ConcatStep):
@@ -83,16 +65,15 @@ class Program:
     def stop(self, index, values, jobs):
         """The replay stops before step ``index``, which finds ``values``, after the first
         ``jobs`` jobs."""
-        record_jobs(None)
+        self.recording.stop()
         self.resume, self.values = index, dict(values)
-        del self.jobs[jobs:], self.keep[jobs:]
+        self.recording.truncate(jobs)
 
     def finish(self, steps, values):
         """After the recording run: ``values`` are those after its last step."""
-        record_jobs(None)
+        self.recording.stop()
         if self.resume is None:
             self.resume, self.values = len(steps), dict(values)
-        self.jobs = np.array(self.jobs, np.int64).reshape(-1)
 
     def owns(self, array):
         """Whether ``array`` is one of the program's arrays, or a view of one."""
@@ -107,8 +88,7 @@ class Program:
         """Run the recorded jobs on ``feeds``; return the values the remaining steps start
         from (the caller's feeds for the inputs, which those steps may return)."""
         self.feeds(feeds)
-        if self.jobs.size:
-            run_jobs(self.jobs, threads)
+        self.recording.replay(threads)
         values = dict(self.values)
         values.update((name, value) for name, value in feeds.items() if name in values)
         return values

@@ -1,0 +1,195 @@
+"""Compiled jobs on arrays: run them on cso's threads, record them, replay them without Python.
+
+A *job* is a compiled part function ``void function(int64 *args, int64 part)`` called for
+``part`` = 0 .. ``parts`` - 1 with one shared vector of int64 arguments (the arrays'
+addresses, ``data_address``, and their geometry). Every ``Conv2d`` call runs as jobs, and so
+can an integration's own compiled kernels (``cso.onnx``'s pools, copies and transposes):
+``run_parts`` runs one job on the calling thread and the pool's workers.
+
+Once the shapes and the thread count are fixed, a sequence of calls runs the same jobs on the
+same arguments, call after call, provided its arrays are the same ones. A ``Recording``
+collects the jobs its thread runs (with what they point to) and ``replay`` runs them again in
+one compiled call, with no Python between them:
+
+    recording = Recording()
+    with recording:             # this thread's jobs are recorded (and run) as usual
+        conv(x, out=y)          # x, y: arrays that stay alive and in place
+        other(y, out=z)
+    recording.replay(threads)   # the same jobs again, on whatever x now holds
+
+While a recording is active, convolutions take their scratch workspaces from it
+(``workspace``): its jobs run one after the other, so they share them. Timing trials that a
+recorded call may start (calibration, autotuning) are kept out with ``unrecorded``.
+
+For writing jobs of one's own: ``data_address`` (an array's address, for the arguments),
+``aligned_empty`` (arrays that start on a ``LINE``-byte cache line, which kernels read with
+vector loads) and ``compiled_once`` (build a part function once per process, safely beside
+numba's compiler lock and ``os.fork``).
+"""
+import ctypes
+import functools
+import threading
+
+import numpy as np
+
+from microkernels.aligned import LINE, aligned_empty
+from microkernels.once import compiled_once
+
+from .pool import MAX_PARTS, compiled_pool
+from .threads import SPIN_ROUNDS, pool_address
+
+__all__ = ["LINE", "Recording", "aligned_empty", "compiled_once", "data_address",
+           "active_recording", "run_jobs", "run_parts", "unrecorded", "workspace"]
+
+_active = threading.local()   # .recording: this thread's active Recording, or None
+
+
+def active_recording():
+    """The ``Recording`` this thread's jobs go to, or None."""
+    return getattr(_active, "recording", None)
+
+
+def _set_active(recording):
+    _active.recording = recording
+
+
+class Recording:
+    """The jobs one thread runs while the recording is active (``start`` .. ``stop``, or a
+    ``with`` block), kept with what they read and write besides the caller's arrays, and the
+    workspaces they share; ``replay`` runs them again in one compiled call. The caller keeps
+    the arrays the jobs read and write alive and in place for as long as it replays them."""
+
+    def __init__(self):
+        self._jobs = []       # (function, args, parts) of each job in turn
+        self._keep = []       # what each job points to besides the caller's arrays
+        self._scratch = {}    # (kind, dtype) -> the largest workspace of that kind made so far
+        self._compiled = None   # the jobs as run_jobs takes them, made on the first replay
+
+    def start(self):
+        """Record this thread's jobs from now on (one recording active per thread)."""
+        if active_recording() is not None:
+            raise RuntimeError("a recording is already active on this thread")
+        _set_active(self)
+
+    def stop(self):
+        """Stop recording this thread's jobs."""
+        if active_recording() is self:
+            _set_active(None)
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def __len__(self):
+        return len(self._jobs)
+
+    def add(self, function, args, parts, keep=()):
+        """Append a job (``run_parts`` calls this while the recording is active)."""
+        self._jobs.append((function, args, parts))
+        self._keep.append(keep)
+        self._compiled = None
+
+    def truncate(self, count):
+        """Keep the first ``count`` jobs only (the later ones will not be replayed)."""
+        del self._jobs[count:], self._keep[count:]
+        self._compiled = None
+
+    def workspace(self, kind, elements, dtype):
+        """A workspace of at least ``elements`` for a job's scratch of ``kind``: the one an
+        earlier job had when it is large enough, as the jobs run one at a time (a workspace
+        per convolution would hold tens of MiB)."""
+        key = (kind, np.dtype(dtype))
+        found = self._scratch.get(key)
+        if found is None or found.size < elements:
+            found = self._scratch[key] = new_workspace(elements, dtype)
+        return found
+
+    def replay(self, threads):
+        """Run the recorded jobs again, in order, each on up to ``threads`` threads."""
+        if self._compiled is None:
+            self._compiled = np.array(self._jobs, np.int64).reshape(-1)
+        if self._compiled.size:
+            run_jobs(self._compiled, threads)
+
+
+def unrecorded(function):
+    """``function`` with this thread's recording off while it runs: timing trials
+    (autotuning, calibration) that a recorded call may run are not its jobs."""
+    @functools.wraps(function)
+    def run(*args, **kwargs):
+        recording = active_recording()
+        _set_active(None)
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _set_active(recording)
+    return run
+
+
+def new_workspace(elements, dtype):
+    """A new scratch buffer of ``elements`` (a module attribute, so that the guard-page tests
+    can place workspaces against inaccessible pages)."""
+    return np.empty(elements, dtype)
+
+
+def workspace(kind, elements, dtype):
+    """A scratch buffer of at least ``elements`` for a job about to run: the active
+    recording's shared one of ``kind``, else a new one."""
+    recording = active_recording()
+    if recording is None:
+        return new_workspace(elements, dtype)
+    return recording.workspace(kind, elements, dtype)
+
+
+_HEADER = object.__basicsize__          # PyArrayObject: the object header, then char *data
+_read_address = ctypes.c_size_t.from_address
+
+
+def data_address(array):
+    """The address of ``array``'s data, for a job's arguments: read from the array object
+    itself (NumPy's C ABI), 0.2 us against 1.4 us for ``array.ctypes.data`` (a convolution's
+    call reads five to seven)."""
+    return _read_address(id(array) + _HEADER).value
+
+
+_probe = np.empty(3)
+if data_address(_probe) != _probe.ctypes.data:   # not CPython's object layout: the slow way
+    def data_address(array):   # noqa: F811
+        return array.ctypes.data
+del _probe
+
+
+def run_jobs(jobs, threads):
+    """Run the jobs of ``jobs``, an int64 array of (function, args, parts) triples as
+    ``run_parts`` takes them, one after the other, each on up to ``threads`` threads, in one
+    compiled call: no Python between them."""
+    if jobs.dtype != np.int64 or jobs.ndim != 1 or jobs.size % 3 or not jobs.flags.c_contiguous:
+        raise ValueError(f"run_jobs: jobs must be a contiguous int64 vector of triples, got "
+                         f"{jobs.dtype} of shape {jobs.shape}")
+    parts = jobs[2::3]
+    if parts.size and not (parts.min() >= 1 and parts.max() <= MAX_PARTS):
+        raise ValueError(f"run_jobs: from 1 to {MAX_PARTS} parts per job, got {parts}")
+    compiled_pool().run_jobs(pool_address(max(0, threads - 1)), jobs.ctypes.data,
+                             jobs.size // 3, max(1, threads), SPIN_ROUNDS)
+
+
+def run_parts(function, args, parts, threads, keep=()):
+    """Call the compiled ``void function(int64 *args, int64 part)`` (an address) for ``part`` =
+    0 .. ``parts`` - 1, ``args`` (the address of their shared int64 arguments, kept alive by
+    the caller) the same for every call, on this thread and up to min(parts, threads) - 1 pool
+    workers; return when every call has returned. ``keep``: what the call reads or writes that
+    its caller drops after it (its ``args`` array, scratch), which a recording keeps."""
+    if not type(function) is type(args) is type(parts) is int:   # not bool, not NumPy's
+        raise TypeError(f"run_parts: function, args and parts must be ints (addresses and a "
+                        f"count), got {type(function).__name__}, {type(args).__name__}, "
+                        f"{type(parts).__name__}")
+    if not 1 <= parts <= MAX_PARTS:
+        raise ValueError(f"run_parts: from 1 to {MAX_PARTS} parts, got {parts}")
+    helpers = max(0, min(parts, threads) - 1)
+    recording = active_recording()
+    if recording is not None:
+        recording.add(function, args, parts, keep)
+    compiled_pool().run(pool_address(helpers), function, args, parts, helpers, SPIN_ROUNDS)
