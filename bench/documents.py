@@ -6,7 +6,8 @@ import json
 import os
 
 from . import models, plots
-from .report import BANDWIDTH_TEXT, bandwidth_rows, geomean, win_lines, wins
+from .report import BANDWIDTH_TEXT, bandwidth_rows, win_lines, wins
+from .stats import geomean
 from .memory import memory_lines
 from .startup import startup_lines
 

@@ -300,7 +300,7 @@ def rows(results):
 
 def geomean_speedups(results):
     """{batch: geomean of onnxruntime's time over cso's across the models}."""
-    from .report import geomean
+    from .stats import geomean
     batches = dict.fromkeys(b for r in results for b in r["batches"])
     return {b: geomean(r["batches"][b]["speedup"] for r in results if b in r["batches"])
             for b in batches}

@@ -6,7 +6,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .report import geomean  # noqa: E402
+from .stats import geomean  # noqa: E402
 
 COLORS = {"cso": "#1f77b4", "im2col": "#7f7f7f", "onnxruntime": "#ff7f0e", "torch": "#d62728"}
 PHASE_COLORS = {"packing": "#ff7f0e", "micro-kernel": "#1f77b4", "post-conv": "#2ca02c",

@@ -3,7 +3,6 @@ and a geomean row."""
 import os
 import sys
 import time
-from math import exp, log
 
 import llvmlite.binding as llvm
 import numpy as np
@@ -16,8 +15,9 @@ from cso.threads import available_cpus
 from microkernels import default_isa, host_isa
 from microkernels.probe import UKERNEL_K, fma_peak, kernel_throughput
 
+from .stats import geomean
 
-NOMINAL_PEAK_GFLOPS = 117  # per core: the design document's figure for its reference machine
+
 # a convolution planned in each micro-kernel orientation (the overrides make sure of it)
 ORIENTATIONS = (
     ("windows in vectors", "n1c64h56w56k64r3s3p1u1", {"vectors_along": "windows", "slab": False}),
@@ -60,8 +60,7 @@ def machine_facts(threads):
                     f"{cores} core(s)"),
         ("NumPy", f"{np.__version__}, BLAS {blas}"),
         ("FMA peak", f"{fma_gflops:.1f} GFLOP/s measured on one core ({fma_count} full-width vector FMAs "
-                     f"in the probe's asm; x {cores} core(s) = {cores * fma_gflops:.1f}); the "
-                     f"design doc's nominal {NOMINAL_PEAK_GFLOPS} GFLOP/s per core"),
+                     f"in the probe's asm; x {cores} core(s) = {cores * fma_gflops:.1f})"),
         ("u-kernels", "; ".join(f"{name} {kernel.name} {gflops:.1f} GFLOP/s "
                                 f"({100 * gflops / fma_gflops:.0f}%)"
                                 for name, kernel, gflops in kernels)
@@ -228,11 +227,6 @@ def print_scaling(results, threads, peak):
           f"{len(scaling)} convolutions at least {0.9 * threads:.2f}x faster than on 1; lowest "
           f"{scaling[0][0]:.2f}x on {scaling[0][1]} (CSA keeps convolutions too small for "
           f"several threads on one)")
-
-
-def geomean(values):
-    values = list(values)
-    return exp(sum(map(log, values)) / len(values))
 
 
 def print_dask(results):

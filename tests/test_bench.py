@@ -21,6 +21,7 @@ def test_bench_writes_a_checked_report(tmp_path):
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "FMA peak" in out and "u-kernel" in out and "Threads" in out
+    assert "nominal" not in out and "design doc" not in out   # only what was measured here
     rows = [line for line in out.splitlines() if line.startswith("n1c512h7w7k512r3s3p1u1")]
     assert len(rows) == 1 and rows[0].split()[-2].endswith("x")
     assert "cso faster than im2col on" in out
@@ -110,6 +111,39 @@ def test_measure_scaling_checks_and_times_both_thread_counts():
 def test_bench_rejects_bad_options(argv, message):
     result = run_bench(*argv, timeout=120)
     assert result.returncode == 2 and message in result.stderr
+
+
+def test_bench_imports_form_no_circle():
+    """bench's modules import one another (at module or function level) without a cycle."""
+    import ast
+    from pathlib import Path
+
+    import bench
+    root = Path(bench.__file__).parent
+    names = {path.stem for path in root.glob("*.py")}
+    graph = {}
+    for path in root.glob("*.py"):
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("bench")):
+                parts = (node.module or "").split(".")[0 if node.level else 1:]
+                deps.update(parts[:1] or [a.name for a in node.names])
+            elif isinstance(node, ast.Import):
+                deps.update(a.name.split(".")[1] for a in node.names if a.name.startswith("bench."))
+        graph[path.stem] = (deps & names) - {path.stem}
+    state = {}
+
+    def visit(name, trail):
+        state[name] = "open"
+        for dep in sorted(graph[name]):
+            assert state.get(dep) != "open", f"import circle: {' -> '.join(trail + [name, dep])}"
+            if dep not in state:
+                visit(dep, trail + [name])
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [])
 
 
 def test_named_suites():
