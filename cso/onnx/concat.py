@@ -76,7 +76,7 @@ def _same_memory(a, b):
 def _channel_concat(step, node_axis, shapes):
     """Whether ``step`` is a Concat of 4-D tensors along the channels, of known shapes."""
     out_shape = shapes.get(step.outputs[0])
-    return (step.label == "Concat" and out_shape is not None and len(out_shape) == 4
+    return (step.ops == ("Concat",) and out_shape is not None and len(out_shape) == 4
             and node_axis in (1, -3) and all(len(shapes.get(name, ())) == 4
                                              for name in step.inputs))
 

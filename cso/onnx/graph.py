@@ -1,6 +1,7 @@
 """From an ONNX graph to the steps a model runs: constants folded, each Conv made a ``ConvStep``
 with the affine operators and Relu after it fused in, per-channel affine chains and residual
-sums fused into one NumPy step each, every other node an operator of ``ops``."""
+sums fused into one NumPy step each, every other node an operator of ``ops``. What fuses is
+decided by the operator types' roles in ``fusion.ROLES`` and the graph's structure."""
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable
@@ -8,23 +9,26 @@ from typing import Callable
 import numpy as np
 
 from .. import get_num_threads
-from . import concat, kernels
+from . import concat, fusion, kernels
 from .conv import ConvStep, gemm_as_conv
 from .node import Node, UnsupportedModel
 from .ops import CAPTURES_CONSTANTS, OPERATORS, TAKES_OUT
 
-AFFINE = ("BatchNormalization", "Mul", "Add")
-
 
 @dataclass
 class Step:
-    label: str                 # the operators it runs, e.g. "Conv+BatchNormalization+Relu"
+    ops: tuple[str, ...]       # the operators it runs, e.g. ("Conv", "BatchNormalization", "Relu")
     run: Callable              # run(*inputs) -> tuple of outputs
     inputs: list[str]
     outputs: list[str]
     buffered: bool = False     # run takes ``buffers=`` (a ``Buffers``) for its output array
     takes_out: bool = False    # run takes ``out=``, an array to make its output in
     frees: list[str] = field(default_factory=list)   # values last used here, dropped after it
+
+    @property
+    def label(self):
+        """The operators it runs as printed, e.g. "Conv+BatchNormalization+Relu"."""
+        return "+".join(self.ops)
 
 
 @dataclass
@@ -132,42 +136,6 @@ def fold_constants(graph):
     graph.nodes = remaining
 
 
-def per_channel(value, channels):
-    """``value``'s broadcast over an (N, ``channels``, H, W) tensor as a (channels,) float64
-    vector, or None if it is not one value per channel (or does not keep the shape)."""
-    if value is None or value.ndim > 4:
-        return None
-    shape = (1,) * (4 - value.ndim) + value.shape
-    if shape[0] != 1 or shape[2:] != (1, 1) or shape[1] not in (1, channels):
-        return None
-    return np.broadcast_to(value.reshape(-1).astype(np.float64), (channels,))
-
-
-def affine_of(node, graph, data, channels):
-    """(scale, shift) per channel if ``node`` computes ``data * scale + shift`` with constant
-    per-channel operands and one output, else None."""
-    if node.op_type not in AFFINE or len([n for n in node.outputs if n]) != 1:
-        return None
-    if node.op_type == "BatchNormalization":
-        node.only("epsilon", "momentum", "spatial", "training_mode")
-        if node.attr("spatial", 1) != 1 or node.attr("training_mode", 0) != 0:
-            return None   # left to the operator, which says what it does not support
-        params = [graph.constants.get(n) for n in node.inputs[1:5]]
-        if node.inputs[0] != data or len(params) != 4 or any(
-                p is None or p.shape != (channels,) for p in params):
-            return None
-        scale, bias, mean, var = (p.astype(np.float64) for p in params)
-        factor = scale / np.sqrt(var + node.attr("epsilon", 1e-5))
-        return factor, bias - mean * factor
-    if len(node.inputs) != 2 or data not in node.inputs:
-        return None
-    other = per_channel(graph.constants.get(node.inputs[1 - node.inputs.index(data)]), channels)
-    if other is None:
-        return None
-    ones, zeros = np.ones(channels), np.zeros(channels)
-    return (other, zeros) if node.op_type == "Mul" else (ones, other)
-
-
 class AffineStep:
     """``x * scale + shift`` per channel of an NCHW tensor, then Relu if fused: one pass for a
     chain such as BatchNormalization, Mul, Add, Relu that has no Conv before it."""
@@ -216,12 +184,14 @@ def _batch_of(reshape, constants):
     return 0 if first == -1 or (first == 0 and not reshape.attr("allowzero", 0)) else first
 
 
-def _keeps_sign(step):
-    """Whether ``step`` makes values >= 0 of inputs >= 0: a pool (a max pool's every window
-    holds an element of the image, as pads < kernel and undilated), a Concat."""
-    if step.label == "MaxPool":
-        return step.run.node.attr("dilations", [1, 1]) == [1, 1]
-    return step.label in ("AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Concat")
+def _apply(run, activation):
+    """Have ``run`` (a ConvStep, GemmStep or AffineStep) apply ``activation`` as it stores its
+    output: their flag ``relu`` asks for the one activation the stores have code for."""
+    run.relu = True
+
+
+# the steps that can take the activation after the Concat they feed, by their store
+_TAKERS = {ConvStep: "conv", AffineStep: "affine"}
 
 
 class Fuser:
@@ -238,7 +208,8 @@ class Fuser:
         self.fused = set()   # ids of the nodes already part of a step
         self.deferred = {}   # id of an Add -> the Conv step that adds into its other input
         self.made = {}       # value -> the step that makes it (see ``note``)
-        # values >= 0 (or NaN): made by a Relu, or by a pool or Concat of such values
+        # values >= 0 (or NaN): made by an activation such as Relu, or by an operator that
+        # keeps the sign (a pool, a Concat) of such values
         self.nonnegative = set()
         self.shuffles = self.channel_shuffles()   # id of a Conv -> what it reads, shuffled
 
@@ -290,58 +261,89 @@ class Fuser:
             return users[0]
         return None
 
-    def fuse_chain(self, head, out, channels, labels, node=None):
-        """Fold into ``head`` the affine operators, then a Relu, that read ``out`` (from
-        ``node``, else from ``out``'s only consumer), each the only reader of the one before;
-        return the chain's output name."""
+    def fuse_after(self, run, out, head, ops, channels=0, node=None):
+        """Fold into ``run``, the step of ``head``, what reads ``out`` that it takes: the
+        per-channel affine maps (from ``node``, else from ``out``'s only reader), then an
+        activation, each the only reader of the one before; their op types join ``ops``.
+        Return the output name of the last."""
         node = node or self.only_consumer(out)
-        while node is not None:
-            if node.op_type == "Relu":
-                return self.fuse_relu(head, out, labels)
-            affine = affine_of(node, self.graph, out, channels)
+        while head.affine and node is not None:
+            affine = fusion.affine_of(node, out, self.graph.constants, channels)
             if affine is None:
-                return out
-            head.fold_affine(*affine)
+                break
+            run.fold_affine(*affine)
             self.fused.add(id(node))
-            labels.append(node.op_type)
+            ops.append(node.op_type)
             out = node.outputs[0]
             node = self.only_consumer(out)
+        return self.fuse_activation(run, out, head.store, ops)
+
+    def fuse_activation(self, run, out, store, ops):
+        """Fuse into ``run``, whose store is ``store``, the activation that alone reads
+        ``out`` if that store applies it; return the output name."""
+        activation, out = self.take_activation(out, store, ops)
+        if activation is not None:
+            _apply(run, activation)
         return out
+
+    def take_activation(self, out, store, ops):
+        """(the Activation, its output name) of the node that alone reads ``out`` if
+        ``store`` applies it, the node then fused and its op type added to ``ops``; else (None,
+        ``out``)."""
+        node = self.only_consumer(out)
+        activation = (fusion.activation_of(node, self.graph.constants) if node is not None
+                      else None)
+        if activation is None or store not in activation.stores:
+            return None, out
+        assert activation.name == "relu", f"no store has code for {activation.name} yet"
+        self.fused.add(id(node))
+        ops.append(node.op_type)
+        if activation.nonnegative:
+            self.nonnegative.add(node.outputs[0])
+        return activation, node.outputs[0]
 
     def note(self, step):
         """Record the outputs of ``step``, the last step made: who makes them, and whether
-        they are >= 0."""
+        an operator's are >= 0 (a fused activation's are recorded as it is fused)."""
         for name in step.outputs:
             self.made[name] = step
+        if not isinstance(step.run, Operator):
+            return
+        node = step.run.node
+        activation = fusion.activation_of(node, self.graph.constants)
         data = [name for name in step.inputs if name and name not in self.graph.constants]
-        if step.label.endswith("Relu") or (_keeps_sign(step) and
-                                           all(name in self.nonnegative for name in data)):
+        if (activation is not None and activation.nonnegative) or (
+                fusion.keeps_sign(node) and all(name in self.nonnegative for name in data)):
             self.nonnegative.update(name for name in step.outputs if name)
 
-    def relu_applied(self, data, relu):
-        """Whether Relu(``data``) is ``data``: it is >= 0, or is a Concat's output read by
-        ``relu`` alone whose inputs are >= 0 or made by a Conv (or per-channel affine) step
-        that takes the Relu instead (ShuffleNet's Relu after each Concat)."""
-        if data in self.nonnegative:
+    def applied(self, activation, node):
+        """Whether ``node``'s ``activation`` of its input is that input already: a value
+        >= 0 that the activation leaves as it is, or a Concat's output read by ``node`` alone
+        whose inputs are such values or are made by a Conv (or per-channel affine) step that
+        takes the activation instead (ShuffleNet's Relu after each Concat)."""
+        data = node.inputs[0]
+        if activation.identity_on_nonnegative and data in self.nonnegative:
             return True
         concat = self.made.get(data)
-        if concat is None or concat.label != "Concat" or self.only_consumer(data) is not relu:
+        if concat is None or concat.ops != ("Concat",) or self.only_consumer(data) is not node:
             return False
         takers = []
         for name in concat.inputs:
             step = self.made.get(name)
-            if name in self.nonnegative:
+            if activation.identity_on_nonnegative and name in self.nonnegative:
                 continue
-            if (step is None or not isinstance(step.run, (ConvStep, AffineStep))
+            if (step is None or _TAKERS.get(type(step.run)) not in activation.stores
                     or step.run.relu or step.outputs != [name]
                     or self.only_consumer(name) is not concat.run.node):
                 return False
             takers.append(step)
         for step in takers:
-            step.run.relu = True
-            step.label += "+Relu"
-            self.nonnegative.update(step.outputs)
-        self.nonnegative.add(data)
+            _apply(step.run, activation)
+            step.ops += (node.op_type,)
+            if activation.nonnegative:
+                self.nonnegative.update(step.outputs)
+        if activation.nonnegative:
+            self.nonnegative.add(data)
         return True
 
     def alias(self, old, new, node):
@@ -353,43 +355,47 @@ class Fuser:
         self.consumers[new] = list({id(n): n for n in readers}.values())
 
     def step(self, node):
-        if (node.op_type == "Relu" and not node.attrs and node.outputs[0] not in self.graph.outputs
-                and self.relu_applied(node.inputs[0], node)):
+        """The step of ``node`` with what fuses into it, or None: ``node`` elided, or its step
+        deferred to the sum its store adds."""
+        role = fusion.role(node.op_type)
+        activation = fusion.activation_of(node, self.graph.constants)
+        if (activation is not None and node.outputs[0] not in self.graph.outputs
+                and self.applied(activation, node)):
             self.alias(node.outputs[0], node.inputs[0], node)
             return None
         if node.op_type == "Conv":
-            return self.conv_step(node)
+            return self.conv_step(node, role.head)
         if id(node) in self.deferred:
             return self.residual_step(node)
         if node.op_type == "Gemm":
-            head = gemm_as_conv(node, self.graph.constants)
-            if head is not None:
-                labels = ["Gemm"]
-                out = self.fuse_relu(head, node.outputs[0], labels)
-                return Step("+".join(labels), head, node.inputs[:1], [out], buffered=True)
-        if node.op_type in AFFINE:
+            run = gemm_as_conv(node, self.graph.constants)
+            if run is not None:
+                ops = [node.op_type]
+                out = self.fuse_after(run, node.outputs[0], role.head, ops)
+                return Step(tuple(ops), run, node.inputs[:1], [out], buffered=True)
+        if role.affine is not None:
             data = next((n for n in node.inputs if n not in self.graph.constants), None)
             shape = self.graph.shapes.get(data, ())
             channels = shape[1] if len(shape) == 4 else 0
-            if channels and affine_of(node, self.graph, data, channels) is not None:
-                head, labels = AffineStep(node, channels), []
-                out = self.fuse_chain(head, data, channels, labels, node)
-                return Step("+".join(labels), head, [data], [out], buffered=True)
-        if node.op_type in ("Add", "Sum") and not node.attrs:
-            relu = self.only_consumer(node.outputs[0])
-            if relu is not None and relu.op_type == "Relu" and not relu.attrs:
-                self.fused.add(id(relu))
-                return Step(f"{node.op_type}+Relu", sum_relu, node.inputs, relu.outputs,
-                            buffered=True)
+            if channels and fusion.affine_of(node, data, self.graph.constants,
+                                             channels) is not None:
+                run, ops = AffineStep(node, channels), []
+                out = self.fuse_after(run, data, fusion.AFFINE_CHAIN, ops, channels, node)
+                return Step(tuple(ops), run, [data], [out], buffered=True)
+        if role.residual and not node.attrs:
+            ops = [node.op_type]
+            activation, out = self.take_activation(node.outputs[0], fusion.SUM.store, ops)
+            if activation is not None:
+                return Step(tuple(ops), sum_relu, node.inputs, [out], buffered=True)
         run = operator(node, self.graph.constants)
         # inputs the operator keeps from load time are not passed (nor kept by the model)
         inputs = [name if index == 0 or node.op_type not in CAPTURES_CONSTANTS
                   or name not in self.graph.constants else "" for index, name in enumerate(node.inputs)]
         takes_out = node.op_type in TAKES_OUT
-        return Step(node.op_type, run, inputs, node.outputs, buffered=takes_out,
+        return Step((node.op_type,), run, inputs, node.outputs, buffered=takes_out,
                     takes_out=takes_out)
 
-    def conv_step(self, node):
+    def conv_step(self, node, head):
         constants = self.graph.constants
         if len(node.inputs) < 2 or node.inputs[1] not in constants:
             raise node.error("the weight must be a constant of the model (an initializer or "
@@ -397,25 +403,25 @@ class Fuser:
         has_bias = len(node.inputs) > 2 and node.inputs[2]
         if has_bias and node.inputs[2] not in constants:
             raise node.error("the bias must be a constant of the model")
-        head = ConvStep(node, constants[node.inputs[1]],
-                        constants[node.inputs[2]] if has_bias else None)
-        x, head.channel_shuffle, head.shuffle_batch = self.shuffles.get(
+        run = ConvStep(node, constants[node.inputs[1]],
+                       constants[node.inputs[2]] if has_bias else None)
+        x, run.channel_shuffle, run.shuffle_batch = self.shuffles.get(
             id(node), (node.inputs[0], 1, (0, None)))
-        labels = ["ChannelShuffle", "Conv"] if head.channel_shuffle > 1 else ["Conv"]
-        out = self.fuse_chain(head, node.outputs[0], head.channels, labels)
+        ops = ["ChannelShuffle", "Conv"] if run.channel_shuffle > 1 else ["Conv"]
+        out = self.fuse_after(run, node.outputs[0], head, ops, run.channels)
         add = self.only_consumer(out)
-        residual = self.residual_of(head, add, out)
+        residual = self.residual_of(run, add, out) if head.residual else None
         if residual is not None:   # the step runs where the Add is, once its other input is made
-            self.deferred[id(add)] = (head, labels, x, residual)
+            self.deferred[id(add)] = (run, head, ops, x, residual)
             return None
-        return Step("+".join(labels), head, [x], [out], buffered=True, takes_out=True)
+        return Step(tuple(ops), run, [x], [out], buffered=True, takes_out=True)
 
-    def residual_of(self, head, add, out):
-        """The other input of ``add`` if it can be added in ``head``'s store: an Add or Sum of
-        two values of one shape, after a Conv with no Relu yet and not depthwise."""
-        if (add is None or add.op_type not in ("Add", "Sum") or add.attrs or head.relu
+    def residual_of(self, run, add, out):
+        """The other input of ``add`` if it can be added in ``run``'s store: a sum of two
+        values of one shape, after a Conv with no activation yet and not depthwise."""
+        if (add is None or not fusion.role(add.op_type).residual or add.attrs or run.relu
                 or id(add) in self.deferred   # a sum of two convolutions: the first adds
-                or len(add.inputs) != 2 or add.inputs[0] == add.inputs[1] or head.depthwise):
+                or len(add.inputs) != 2 or add.inputs[0] == add.inputs[1] or run.depthwise):
             return None
         other = add.inputs[1 - add.inputs.index(out)]
         shape = self.graph.shapes.get(out)
@@ -425,24 +431,13 @@ class Fuser:
 
     def residual_step(self, add):
         """The Conv deferred to ``add``: its output added to the residual in its store, and
-        the Relu after the sum."""
-        head, labels, x, residual = self.deferred.pop(id(add))
-        head.residual = True
-        labels.append(add.op_type)
-        # (an affine operator after the sum would scale the residual too: Relu only)
-        out = self.fuse_relu(head, add.outputs[0], labels)
-        return Step("+".join(labels), head, [x, residual], [out], buffered=True,
-                    takes_out=True)
-
-    def fuse_relu(self, head, out, labels):
-        """Fuse the Relu that alone reads ``out`` into ``head``; return the output name."""
-        relu = self.only_consumer(out)
-        if relu is None or relu.op_type != "Relu" or relu.attrs:
-            return out
-        head.relu = True
-        self.fused.add(id(relu))
-        labels.append("Relu")
-        return relu.outputs[0]
+        the activation after the sum."""
+        run, head, ops, x, residual = self.deferred.pop(id(add))
+        run.residual = True
+        ops.append(add.op_type)
+        # (an affine operator after the sum would scale the residual too: an activation only)
+        out = self.fuse_activation(run, add.outputs[0], head.store, ops)
+        return Step(tuple(ops), run, [x, residual], [out], buffered=True, takes_out=True)
 
 
 def build_steps(graph):

@@ -221,7 +221,7 @@ class Model:
         return values
 
     def __repr__(self):
-        convs = sum(step.label.startswith("Conv") for step in self.steps)
+        convs = sum(step.ops.count("Conv") for step in self.steps)
         return (f"cso.onnx.Model(inputs {dict((n, s) for n, (s, _) in self.inputs.items())}, "
                 f"outputs {self.output_names}, {len(self.steps)} steps, {convs} convolutions)")
 

@@ -15,19 +15,24 @@ from .. import get_num_threads
 from . import kernels
 
 OPERATORS = {}
-# operators whose builders keep every constant input they use beyond the first: the model
-# passes None for those at run time, and does not keep the constants themselves
-CAPTURES_CONSTANTS = {"BatchNormalization", "Dropout", "Gemm", "Reshape", "Unsqueeze"}
-# operators whose run takes ``out=`` (an array to make the output in) and ``buffers=`` (a
-# ``Buffers`` to take it from), and does nothing but run compiled kernels on C-contiguous input
-# (a Softmax over another axis or in float16 runs NumPy, and a recording, seeing no job, stops)
-TAKES_OUT = {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LRN", "Softmax"}
+CAPTURES_CONSTANTS = set()   # op types registered with captures_constants=True
+TAKES_OUT = set()            # op types registered with takes_out=True
 
 
-def _operator(*op_types):
+def _operator(*op_types, captures_constants=False, takes_out=False):
+    """Register the decorated builder for ``op_types``. ``captures_constants``: it keeps every
+    constant input it uses beyond the first, so the model passes None for those at run time
+    and does not keep the constants themselves. ``takes_out``: its run takes ``out=`` (an array
+    to make the output in) and ``buffers=`` (a ``Buffers`` to take it from), and does nothing
+    but run compiled kernels on C-contiguous input (a Softmax over another axis or in float16
+    runs NumPy, and a recording, seeing no job, stops)."""
     def register(build):
         for op_type in op_types:
             OPERATORS[op_type] = build
+            if captures_constants:
+                CAPTURES_CONSTANTS.add(op_type)
+            if takes_out:
+                TAKES_OUT.add(op_type)
         return build
     return register
 
@@ -221,7 +226,7 @@ def _output(node, shape, dtype, out, buffers):
     return out
 
 
-@_operator("MaxPool")
+@_operator("MaxPool", takes_out=True)
 def _build_max_pool(node, constants):
     node.only("auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads", "storage_order",
               "strides")
@@ -234,7 +239,7 @@ def _build_max_pool(node, constants):
     return run
 
 
-@_operator("AveragePool")
+@_operator("AveragePool", takes_out=True)
 def _build_average_pool(node, constants):
     node.only("auto_pad", "ceil_mode", "count_include_pad", "kernel_shape", "pads", "strides")
     geometry = _PoolGeometry(node, dilations=False)
@@ -264,13 +269,13 @@ def _global_pool(kind, node, x, out=None, buffers=None):
     return (out,)
 
 
-@_operator("GlobalAveragePool")
+@_operator("GlobalAveragePool", takes_out=True)
 def _build_global_average_pool(node, constants):
     node.only()
     return lambda x, out=None, buffers=None: _global_pool("average", node, x, out, buffers)
 
 
-@_operator("GlobalMaxPool")
+@_operator("GlobalMaxPool", takes_out=True)
 def _build_global_max_pool(node, constants):
     node.only()
     return lambda x, out=None, buffers=None: _global_pool("max", node, x, out, buffers)
@@ -278,7 +283,7 @@ def _build_global_max_pool(node, constants):
 
 # --- normalisation -------------------------------------------------------------------------
 
-@_operator("BatchNormalization")
+@_operator("BatchNormalization", captures_constants=True)
 def _build_batch_normalization(node, constants):
     node.only("epsilon", "momentum", "spatial", "training_mode")
     if node.attr("spatial", 1) != 1:
@@ -309,7 +314,7 @@ def _build_batch_normalization(node, constants):
     return run
 
 
-@_operator("LRN")
+@_operator("LRN", takes_out=True)
 def _build_lrn(node, constants):
     node.only("alpha", "beta", "bias", "size")
     size = node.attr("size")
@@ -362,7 +367,7 @@ def _build_constant_of_shape(node, constants):
     return run
 
 
-@_operator("Dropout")
+@_operator("Dropout", captures_constants=True)
 def _build_dropout(node, constants):
     node.only("ratio", "seed")
     training = _constant(node, constants, 2, "training_mode", required=False)
@@ -393,7 +398,7 @@ def _build_flatten(node, constants):
     return run
 
 
-@_operator("Reshape")
+@_operator("Reshape", captures_constants=True)
 def _build_reshape(node, constants):
     node.only("allowzero")
     shape = _constant(node, constants, 1, "shape")
@@ -426,7 +431,7 @@ def _build_transpose(node, constants):
     return lambda x: (np.transpose(x, perm),)
 
 
-@_operator("Unsqueeze")
+@_operator("Unsqueeze", captures_constants=True)
 def _build_unsqueeze(node, constants):
     if node.opset < 13:
         node.only("axes")
@@ -444,7 +449,7 @@ def _build_unsqueeze(node, constants):
 
 # --- matrix products and softmax -----------------------------------------------------------
 
-@_operator("Gemm")
+@_operator("Gemm", captures_constants=True)
 def _build_gemm(node, constants):
     node.only("alpha", "beta", "transA", "transB")
     alpha, beta = node.attr("alpha", 1.0), node.attr("beta", 1.0)
@@ -483,7 +488,7 @@ def _build_gemm(node, constants):
     return run
 
 
-@_operator("Softmax")
+@_operator("Softmax", takes_out=True)
 def _build_softmax(node, constants):
     node.only("axis")
     coerce = node.opset < 13          # before opset 13: softmax over the flattened tail

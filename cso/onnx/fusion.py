@@ -1,0 +1,163 @@
+"""What the loader fuses, per ONNX operator type: the table ``ROLES`` that the fusion pass
+(``graph.Fuser``) reads, so that an operator or activation joins fusion in one entry here.
+
+A fused step is led by a head (a Conv, a Gemm with a constant B, a per-channel affine chain
+with no head before it, a sum) and runs the nodes after it that its store can apply: the
+per-channel affine maps folded into a head's filters and bias, a sum's other term added in a
+convolution's store, an activation applied as the store writes. Each store applies the
+activations it has code for (``STORES``); a value >= 0 needs no Relu, which is then dropped.
+
+A new activation is a ``Role(activation=Activation(...))`` entry in ``ROLES``; its node runs
+as its operator (registered in ``ops``) where nothing takes it. The entry's ``stores`` are
+those with code for it: none at first (what it says of the sign still elides Relus and keeps
+values >= 0), then ``"conv"`` once ``cso.Conv2d(activation=name)`` takes it, ``"affine"`` once
+``kernels.affine`` does, ``"sum"`` once ``graph.sum_relu`` does; the steps' flag ``relu``
+(``graph._apply``) then becomes the activation's name.
+"""
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+
+# the stores that apply activations, by the steps that use them
+STORES = {
+    "conv": "cso.Conv2d(activation=name), for Conv and Gemm (conv.ConvStep, conv.GemmStep)",
+    "affine": "kernels.affine, for a per-channel affine chain (graph.AffineStep)",
+    "sum": "graph.sum_relu, for an Add or Sum",
+}
+
+
+@dataclass(frozen=True)
+class Head:
+    """An operator whose step fuses the nodes after it, each the only reader of the one
+    before."""
+    store: str               # the key of STORES its step applies an activation in
+    affine: bool = False     # folds the per-channel affine maps after it
+    residual: bool = False   # adds the other term of a sum after it in its store
+
+
+@dataclass(frozen=True)
+class Activation:
+    """An elementwise function a step can apply as it stores its output."""
+    name: str                # the stores' name for it: cso.Conv2d(activation=name)
+    stores: frozenset        # the keys of STORES whose store applies it
+    nonnegative: bool        # its outputs are >= 0 (or NaN): a Relu after it is dropped
+    identity_on_nonnegative: bool   # f(x) = x for x >= 0: it is dropped after a value >= 0
+    # (node, constants) -> whether a node of its type computes it (a Relu with attributes is
+    # left to its operator, which refuses them; a Clip would check its constant bounds)
+    computes: Callable = lambda node, constants: not node.attrs
+
+
+@dataclass(frozen=True)
+class Role:
+    """What one operator type is to fusion: any of these roles, or none."""
+    head: Optional[Head] = None
+    # (node, data, constants, channels) -> (scale, shift) per channel when the node computes
+    # ``data * scale + shift`` with constant operands, else None
+    affine: Optional[Callable] = None
+    activation: Optional[Activation] = None
+    residual: bool = False   # a sum: its other term added in a head's store, or a sum step
+    # node -> whether its outputs are >= 0 when its inputs are
+    keeps_sign: Optional[Callable] = None
+
+
+def per_channel(value, channels):
+    """``value``'s broadcast over an (N, ``channels``, H, W) tensor as a (channels,) float64
+    vector, or None if it is not one value per channel (or does not keep the shape)."""
+    if value is None or value.ndim > 4:
+        return None
+    shape = (1,) * (4 - value.ndim) + value.shape
+    if shape[0] != 1 or shape[2:] != (1, 1) or shape[1] not in (1, channels):
+        return None
+    return np.broadcast_to(value.reshape(-1).astype(np.float64), (channels,))
+
+
+def _batch_normalization(node, data, constants, channels):
+    node.only("epsilon", "momentum", "spatial", "training_mode")
+    if node.attr("spatial", 1) != 1 or node.attr("training_mode", 0) != 0:
+        return None   # left to the operator, which says what it does not support
+    params = [constants.get(n) for n in node.inputs[1:5]]
+    if node.inputs[0] != data or len(params) != 4 or any(
+            p is None or p.shape != (channels,) for p in params):
+        return None
+    scale, bias, mean, var = (p.astype(np.float64) for p in params)
+    factor = scale / np.sqrt(var + node.attr("epsilon", 1e-5))
+    return factor, bias - mean * factor
+
+
+def _other_operand(node, data, constants, channels):
+    """The constant per-channel operand of a binary node that reads ``data``, or None."""
+    if len(node.inputs) != 2 or data not in node.inputs:
+        return None
+    return per_channel(constants.get(node.inputs[1 - node.inputs.index(data)]), channels)
+
+
+def _scale(node, data, constants, channels):
+    other = _other_operand(node, data, constants, channels)
+    return None if other is None else (other, np.zeros(channels))
+
+
+def _shift(node, data, constants, channels):
+    other = _other_operand(node, data, constants, channels)
+    return None if other is None else (np.ones(channels), other)
+
+
+def _always(node):
+    return True
+
+
+def _undilated(node):
+    """A max pool's every window holds an element of the image (pads < kernel, checked by the
+    operator) unless dilated past it."""
+    return node.attr("dilations", [1, 1]) == [1, 1]
+
+
+RELU = Activation("relu", frozenset({"conv", "affine", "sum"}), nonnegative=True,
+                  identity_on_nonnegative=True)
+
+ROLES = {
+    "Conv": Role(head=Head("conv", affine=True, residual=True)),
+    "Gemm": Role(head=Head("conv")),   # with a constant B: a 1x1 convolution (conv.gemm_as_conv)
+    "BatchNormalization": Role(affine=_batch_normalization),
+    "Mul": Role(affine=_scale),
+    "Add": Role(affine=_shift, residual=True),
+    "Sum": Role(residual=True),
+    "Relu": Role(activation=RELU),
+    "MaxPool": Role(keeps_sign=_undilated),
+    "AveragePool": Role(keeps_sign=_always),
+    "GlobalAveragePool": Role(keeps_sign=_always),
+    "GlobalMaxPool": Role(keeps_sign=_always),
+    "Concat": Role(keeps_sign=_always),
+}
+
+# the heads that are no operator: a per-channel affine chain with no head before it, a sum
+AFFINE_CHAIN = Head("affine", affine=True)
+SUM = Head("sum")
+
+_NONE = Role()
+
+
+def role(op_type):
+    """The Role of ``op_type`` (one with no part in fusion when the table has none)."""
+    return ROLES.get(op_type, _NONE)
+
+
+def activation_of(node, constants):
+    """The Activation ``node`` computes (``constants``: the graph's), or None."""
+    activation = role(node.op_type).activation
+    return activation if activation is not None and activation.computes(node, constants) else None
+
+
+def affine_of(node, data, constants, channels):
+    """(scale, shift) per channel if ``node`` computes ``data * scale + shift`` with constant
+    per-channel operands and one output, else None."""
+    affine = role(node.op_type).affine
+    if affine is None or len([n for n in node.outputs if n]) != 1:
+        return None
+    return affine(node, data, constants, channels)
+
+
+def keeps_sign(node):
+    """Whether ``node``'s outputs are >= 0 when its inputs are."""
+    check = role(node.op_type).keeps_sign
+    return check is not None and check(node)

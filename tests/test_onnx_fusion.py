@@ -1,0 +1,181 @@
+"""cso.onnx.fusion: the table of operator roles decides what the loader fuses (each case also
+with the table changed, to show it is the table that decides), the fused models give
+onnxruntime's values, and the table names only operators and stores that exist."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+from onnx import helper  # noqa: E402
+
+import cso.arguments  # noqa: E402
+import cso.onnx  # noqa: E402
+from cso.onnx import fusion  # noqa: E402
+from cso.onnx.ops import OPERATORS  # noqa: E402
+
+from bench.models import onnxruntime_session, relative_error  # noqa: E402
+
+from .onnx_models import make_model, tensor  # noqa: E402
+
+TOLERANCE = 1e-4   # max |cso - onnxruntime| / max |onnxruntime|
+
+
+def load_and_check(model, feeds):
+    """The loaded model, after checking its outputs on ``feeds`` against onnxruntime's."""
+    loaded = cso.onnx.load(model)
+    ours = loaded.run(None, feeds)
+    theirs = onnxruntime_session(model, 1).run(None, feeds)
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        assert (a.shape, a.dtype) == (b.shape, b.dtype)
+        assert relative_error(a, b) <= TOLERANCE
+    return loaded
+
+
+def without(op_type, **changes):
+    """The table's Role of ``op_type`` with ``changes`` (for monkeypatch.setitem)."""
+    return dataclasses.replace(fusion.ROLES[op_type], **changes)
+
+
+def relu_without_store(store):
+    return without("Relu", activation=dataclasses.replace(
+        fusion.RELU, stores=fusion.RELU.stores - {store}))
+
+
+def conv_batchnorm_relu(rng):
+    k = 6
+    inits = {"w": rng.standard_normal((k, 4, 3, 3)).astype(np.float32),
+             "s": rng.uniform(0.5, 2, k).astype(np.float32),
+             "b": rng.standard_normal(k).astype(np.float32),
+             "m": rng.standard_normal(k).astype(np.float32),
+             "v": rng.uniform(0.5, 2, k).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["n"]),
+             helper.make_node("Relu", ["n"], ["y"])]
+    model = make_model(nodes, [tensor("x", [2, 4, 9, 8])], [tensor("y", None)], inits)
+    return model, {"x": rng.standard_normal((2, 4, 9, 8)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("table, expected", [
+    ("as is", [("Conv", "BatchNormalization", "Relu")]),
+    ("Relu not in the conv store", [("Conv", "BatchNormalization"), ("Relu",)]),
+    ("BatchNormalization not affine", [("Conv",), ("BatchNormalization",), ("Relu",)]),
+])
+def test_conv_batchnorm_relu_fuse_as_the_table_says(rng, monkeypatch, table, expected):
+    if table == "Relu not in the conv store":
+        monkeypatch.setitem(fusion.ROLES, "Relu", relu_without_store("conv"))
+    elif table == "BatchNormalization not affine":
+        monkeypatch.setitem(fusion.ROLES, "BatchNormalization",
+                            without("BatchNormalization", affine=None))
+    loaded = load_and_check(*conv_batchnorm_relu(rng))
+    assert [step.ops for step in loaded.steps] == expected
+    assert [step.label for step in loaded.steps] == ["+".join(ops) for ops in expected]
+    assert loaded.steps[0].run.relu == (expected[0][-1] == "Relu")
+
+
+def relu_pool_relu(rng, pool, attrs):
+    """Conv, Relu, ``pool``, Relu, a 1x1 Conv: the second Relu's input is >= 0 when the pool
+    keeps the sign."""
+    inits = {"w0": rng.standard_normal((5, 3, 3, 3)).astype(np.float32),
+             "w1": rng.standard_normal((2, 5, 1, 1)).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c"]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node(pool, ["r"], ["p"], **attrs),
+             helper.make_node("Relu", ["p"], ["q"]),
+             helper.make_node("Conv", ["q", "w1"], ["y"])]
+    model = make_model(nodes, [tensor("x", [1, 3, 10, 9])], [tensor("y", None)], inits)
+    return model, {"x": rng.standard_normal((1, 3, 10, 9)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("pool, attrs, elided", [
+    ("MaxPool", {"kernel_shape": [2, 2]}, True),
+    ("MaxPool", {"kernel_shape": [2, 2], "dilations": [2, 2], "pads": [1, 1, 1, 1]}, False),
+    ("AveragePool", {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2]}, True),
+    ("GlobalAveragePool", {}, True),
+    ("GlobalMaxPool", {}, True),
+])
+def test_relu_after_a_pool_of_relu_values_is_elided_unless_dilated(rng, pool, attrs, elided):
+    loaded = load_and_check(*relu_pool_relu(rng, pool, attrs))
+    ops = [step.ops for step in loaded.steps]
+    assert ops == [("Conv", "Relu"), (pool,)] + ([] if elided else [("Relu",)]) + [("Conv",)]
+    if elided:   # the second Conv reads the pool's output itself
+        assert loaded.steps[2].inputs == loaded.steps[1].outputs == ["p"]
+
+
+def test_relu_is_kept_after_an_operator_the_table_does_not_say_keeps_the_sign(rng,
+                                                                             monkeypatch):
+    monkeypatch.setitem(fusion.ROLES, "MaxPool", without("MaxPool", keeps_sign=None))
+    loaded = load_and_check(*relu_pool_relu(rng, "MaxPool", {"kernel_shape": [2, 2]}))
+    assert [step.ops for step in loaded.steps] == [
+        ("Conv", "Relu"), ("MaxPool",), ("Relu",), ("Conv",)]
+
+
+def residual(rng):
+    """Relu(Conv(x) + x): the Conv's store adds x and applies the Relu."""
+    inits = {"w": (rng.standard_normal((4, 4, 3, 3)) / 6).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c", "x"], ["s"]),
+             helper.make_node("Relu", ["s"], ["y"])]
+    model = make_model(nodes, [tensor("x", [2, 4, 6, 7])], [tensor("y", None)], inits)
+    return model, {"x": rng.standard_normal((2, 4, 6, 7)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("table, expected", [
+    ("as is", [("Conv", "Add", "Relu")]),
+    ("Add no residual", [("Conv",), ("Add",), ("Relu",)]),
+])
+def test_residual_sum_fuses_as_the_table_says(rng, monkeypatch, table, expected):
+    if table == "Add no residual":
+        monkeypatch.setitem(fusion.ROLES, "Add", without("Add", residual=False))
+    loaded = load_and_check(*residual(rng))
+    assert [step.ops for step in loaded.steps] == expected
+    assert loaded.steps[0].run.residual == (len(expected) == 1)
+
+
+@pytest.mark.parametrize("table, expected", [
+    ("as is", [("Sum", "Relu")]),
+    ("Relu not in the sum store", [("Sum",), ("Relu",)]),
+])
+def test_sum_of_two_inputs_then_relu(rng, monkeypatch, table, expected):
+    if table == "Relu not in the sum store":
+        monkeypatch.setitem(fusion.ROLES, "Relu", relu_without_store("sum"))
+    nodes = [helper.make_node("Sum", ["a", "b"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+    model = make_model(nodes, [tensor("a", [2, 3, 4]), tensor("b", [2, 3, 4])],
+                       [tensor("y", None)])
+    feeds = {name: rng.standard_normal((2, 3, 4)).astype(np.float32) for name in "ab"}
+    loaded = load_and_check(model, feeds)
+    assert [step.ops for step in loaded.steps] == expected
+
+
+def test_operator_registration_flags_reach_the_steps(rng):
+    """Reshape, registered as capturing its constant shape, is not passed it (nor does the
+    model keep it); Softmax, registered as taking ``out=``, is given its arrays."""
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"]),
+             helper.make_node("Softmax", ["r"], ["y"], axis=-1)]
+    model = make_model(nodes, [tensor("x", [2, 3, 4])], [tensor("y", None)],
+                       {"shape": np.array([0, -1], np.int64)})
+    loaded = load_and_check(model, {"x": rng.standard_normal((2, 3, 4)).astype(np.float32)})
+    reshape, softmax = loaded.steps
+    assert (reshape.ops, reshape.inputs, reshape.takes_out) == (("Reshape",), ["x", ""], False)
+    assert "shape" not in loaded.constants
+    assert (softmax.ops, softmax.takes_out, softmax.buffered) == (("Softmax",), True, True)
+
+
+def test_the_table_names_known_operators_and_stores():
+    known = set(OPERATORS) | {"Conv"}   # Conv runs as a ConvStep, never as an operator
+    assert set(fusion.ROLES) <= known
+    named = {op_type for op_type, role in fusion.ROLES.items()
+             if role.affine or role.activation or role.keeps_sign or role.residual or role.head}
+    assert named == set(fusion.ROLES)   # no entry without a role
+    heads = [role.head for role in fusion.ROLES.values() if role.head]
+    for head in heads + [fusion.AFFINE_CHAIN, fusion.SUM]:
+        assert head.store in fusion.STORES
+    for role in fusion.ROLES.values():
+        if role.activation:
+            assert role.activation.stores <= set(fusion.STORES)
+            if "conv" in role.activation.stores:   # a name cso.Conv2d(activation=) takes
+                assert role.activation.name in cso.arguments.ACTIVATIONS
+    assert fusion.role("Softmax") == fusion.Role()   # no part in fusion
