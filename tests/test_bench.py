@@ -113,39 +113,6 @@ def test_bench_rejects_bad_options(argv, message):
     assert result.returncode == 2 and message in result.stderr
 
 
-def test_bench_imports_form_no_circle():
-    """bench's modules import one another (at module or function level) without a cycle."""
-    import ast
-    from pathlib import Path
-
-    import bench
-    root = Path(bench.__file__).parent
-    names = {path.stem for path in root.glob("*.py")}
-    graph = {}
-    for path in root.glob("*.py"):
-        deps = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("bench")):
-                parts = (node.module or "").split(".")[0 if node.level else 1:]
-                deps.update(parts[:1] or [a.name for a in node.names])
-            elif isinstance(node, ast.Import):
-                deps.update(a.name.split(".")[1] for a in node.names if a.name.startswith("bench."))
-        graph[path.stem] = (deps & names) - {path.stem}
-    state = {}
-
-    def visit(name, trail):
-        state[name] = "open"
-        for dep in sorted(graph[name]):
-            assert state.get(dep) != "open", f"import circle: {' -> '.join(trail + [name, dep])}"
-            if dep not in state:
-                visit(dep, trail + [name])
-        state[name] = "done"
-
-    for name in sorted(graph):
-        if name not in state:
-            visit(name, [])
-
-
 def test_named_suites():
     assert len(RESNET50) == 8 and len(VGG16) == 9 and len(MOBILENET) == 19
     assert [str(s) for s in suite("vgg16")][1] == "n1c64h224w224k64r3s3p1u1"
