@@ -14,9 +14,12 @@ then), RELU clamps at zero (NaN passes).
 The kernel is vectorised along the virtual rows: a block of ``spec.vectors`` vectors of
 consecutive positions, ``spec.vectors`` accumulators, each tap a broadcast weight times an
 unaligned load of the slab. A block may span several output rows (small planes: a 7 x 7 output
-is 61 positions on a 9-wide slab, four 16-lane vectors instead of seven row vectors); each
-vector is stored row by row with masked stores of the lanes on real columns, so padding columns
-and positions past ``positions`` are never written. The last block has fewer vectors (binary
+is 61 positions on a 9-wide slab, four 16-lane vectors instead of seven row vectors). Where the
+ISA has a lane permute and a vector spans at most one run of padding columns, its real lanes
+are permuted to the front and stored as a whole vector (the lanes past them are overwritten by
+the next vectors' stores; only a store past the output's end is masked); otherwise each vector
+is stored row by row with masked stores of the lanes on real columns. Either way padding
+columns never reach the output and nothing past its end is written. The last block has fewer vectors (binary
 steps down from ``spec.vectors``); a short block sums the taps in several interleaved chains so
 that the FMAs still overlap. The slab is read up to the end of the last vector, less than one
 vector past ``positions + offsets[t]``: the caller keeps that readable.

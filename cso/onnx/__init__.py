@@ -1,5 +1,7 @@
 """Run ONNX CNNs with cso: ``cso.onnx.load(path)`` packs every Conv's filters once, fuses what
-follows it, and runs every other operator in vectorised NumPy (``pip install 'cso[onnx]'``)."""
+follows it (``fusion``), and runs the other operators as compiled kernels on cso's threads
+(pools, LRN, per-channel affine maps, Softmax) or in vectorised NumPy
+(``pip install 'cso[onnx]'``)."""
 from .model import Model, load
 from .node import UnsupportedModel
 
