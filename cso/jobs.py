@@ -18,8 +18,9 @@ one compiled call, with no Python between them:
     recording.replay(threads)   # the same jobs again, on whatever x now holds
 
 While a recording is active, convolutions take their scratch workspaces from it
-(``workspace``): its jobs run one after the other, so they share them. Timing trials that a
-recorded call may start (calibration, autotuning) are kept out with ``unrecorded``.
+(``Recording.workspace``): its jobs run one after the other, so they share them. Timing
+trials that a recorded call may start (calibration, autotuning) are kept out with
+``unrecorded``.
 
 For writing jobs of one's own: ``data_address`` (an array's address, for the arguments),
 ``aligned_empty`` (arrays that start on a ``LINE``-byte cache line, which kernels read with
@@ -39,14 +40,18 @@ from .pool import MAX_PARTS, compiled_pool
 from .threads import SPIN_ROUNDS, pool_address
 
 __all__ = ["LINE", "Recording", "aligned_empty", "compiled_once", "data_address",
-           "active_recording", "run_jobs", "run_parts", "unrecorded", "workspace"]
+           "active_recording", "new_workspace", "run_jobs", "run_parts", "unrecorded"]
 
-_active = threading.local()   # .recording: this thread's active Recording, or None
+class _Active(threading.local):
+    recording = None   # this thread's active Recording (a class default: no getattr miss)
+
+
+_active = _Active()
 
 
 def active_recording():
     """The ``Recording`` this thread's jobs go to, or None."""
-    return getattr(_active, "recording", None)
+    return _active.recording
 
 
 def _set_active(recording):
@@ -56,8 +61,15 @@ def _set_active(recording):
 class Recording:
     """The jobs one thread runs while the recording is active (``start`` .. ``stop``, or a
     ``with`` block), kept with what they read and write besides the caller's arrays, and the
-    workspaces they share; ``replay`` runs them again in one compiled call. The caller keeps
-    the arrays the jobs read and write alive and in place for as long as it replays them."""
+    workspaces they share; ``replay`` runs them again in one compiled call.
+
+    A job reads and writes its arrays by address: the caller keeps every array it gave a
+    recorded call alive and in place for as long as it replays them, and records only calls
+    that make no temporary of their own (a ``Conv2d`` called on a 4-D C-contiguous ``x`` with
+    ``out=`` a C-contiguous array of the output's shape and the filters' dtype, as
+    ``Conv2d.bound`` runs them; a kernel on arrays the caller holds). Replays of one recording
+    run one at a time (its jobs share their workspaces). Recordings do not nest: one per
+    thread at a time."""
 
     def __init__(self):
         self._jobs = []       # (function, args, parts) of each job in turn
@@ -68,7 +80,9 @@ class Recording:
     def start(self):
         """Record this thread's jobs from now on (one recording active per thread)."""
         if active_recording() is not None:
-            raise RuntimeError("a recording is already active on this thread")
+            raise RuntimeError("a cso.jobs.Recording is already active on this thread: "
+                               "recordings do not nest (a cso.onnx model records its own "
+                               "first run on each input shape)")
         _set_active(self)
 
     def stop(self):
@@ -130,18 +144,9 @@ def unrecorded(function):
 
 
 def new_workspace(elements, dtype):
-    """A new scratch buffer of ``elements`` (a module attribute, so that the guard-page tests
-    can place workspaces against inaccessible pages)."""
+    """A new scratch buffer of ``elements`` for a job outside a recording (a module attribute,
+    so that the guard-page tests can place workspaces against inaccessible pages)."""
     return np.empty(elements, dtype)
-
-
-def workspace(kind, elements, dtype):
-    """A scratch buffer of at least ``elements`` for a job about to run: the active
-    recording's shared one of ``kind``, else a new one."""
-    recording = active_recording()
-    if recording is None:
-        return new_workspace(elements, dtype)
-    return recording.workspace(kind, elements, dtype)
 
 
 _HEADER = object.__basicsize__          # PyArrayObject: the object header, then char *data

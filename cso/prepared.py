@@ -13,7 +13,8 @@ from . import depthwise
 from . import lowering as slicing
 from .entry import CALL_ARGS
 from .lowering import ALL_PHASES
-from .jobs import active_recording, data_address, run_parts, workspace
+from . import jobs
+from .jobs import active_recording, data_address, run_parts
 from .pool import compiled_pool
 
 X_ARG, W_ARG, BIAS_ARG, OUT_ARG, GEOM_ARG, PARTS_ARG, SCRATCH_ARG, OUT_T_ARG, ROWS_ARG = (
@@ -92,11 +93,13 @@ class Prepared:
             geom[self.phases_at] = phases
             args[GEOM_ARG] = data_address(geom)
         held = []   # the workspaces, referenced here until the call returns
+        recording = active_recording()   # (whose jobs, run one at a time, share workspaces)
         for at, elements, dtype in self.workspaces:
-            space = workspace(at, elements, dtype)
+            space = (jobs.new_workspace(elements, dtype) if recording is None
+                     else recording.workspace(at, elements, dtype))
             held.append(space)
             args[at] = data_address(space)
-        if self.part_count == 1 and active_recording() is None:
+        if self.part_count == 1 and recording is None:
             self.entry.call(args.buffer_info()[0], 0)
         else:   # (a recorded job keeps what its arguments point to but ``x`` and ``out``)
             run_parts(self.entry.address, args.buffer_info()[0], self.part_count, threads,

@@ -33,14 +33,14 @@ def _best_seconds(run, trials=3):
     return min(seconds(run) for _ in range(trials))
 
 
-def best_of_rounds(runs, rounds=3, seconds=0.0):
+def best_of_rounds(runs, rounds=3, min_seconds=0.0):
     """{name: the highest rate runs[name]() returned}, each run once a round, in turn, for
-    ``rounds`` rounds and until ``seconds`` have passed: a disturbance (another process, a
+    ``rounds`` rounds and until ``min_seconds`` have passed: a disturbance (another process, a
     VM's slow phase) then slows the runs of every name alike, or some rounds only, where runs
     of one name back to back could all fall in it and leave that name alone measured slow."""
     best = dict.fromkeys(runs, 0.0)
     start, done = time.perf_counter(), 0
-    while done < rounds or time.perf_counter() - start < seconds:
+    while done < rounds or time.perf_counter() - start < min_seconds:
         for name, run in runs.items():
             best[name] = max(best[name], run())
         done += 1

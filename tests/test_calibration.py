@@ -137,7 +137,7 @@ def test_tiles_are_measured_in_turn_and_the_best_run_kept():
     rates = {"a": iter([1.0] * 10)}
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(probe.time, "perf_counter", lambda: float(next(clock)))
-        probe.best_of_rounds({"a": run_of("a")}, rounds=1, seconds=2.5)
+        probe.best_of_rounds({"a": run_of("a")}, rounds=1, min_seconds=2.5)
     assert calls == ["a"] * 3   # readings 1, 2 and 3 s after the start: 3 rounds
 
 

@@ -271,6 +271,32 @@ def test_recorded_jobs_leave_out_unrecorded_functions():
     assert counters.tolist() == [5, 4, 3]
 
 
+@pytest.mark.parametrize("count", [1, 2])
+def test_recorded_convolutions_replay_on_new_input(rng, threads, count):
+    """The ``cso.jobs`` example: two convolutions recorded (one's output the other's input),
+    then replayed on whatever ``x`` holds, give what the calls give."""
+    w1 = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
+    w2 = rng.standard_normal((8, 16, 3, 3)).astype(np.float32)
+    b2 = rng.standard_normal(8).astype(np.float32)
+    first = cso.Conv2d(w1, padding=1)
+    second = cso.Conv2d(w2, b2, padding=1, activation="relu")
+    x = rng.standard_normal((2, 8, 11, 13)).astype(np.float32)
+    y, z = np.empty((2, 16, 11, 13), np.float32), np.empty((2, 8, 11, 13), np.float32)
+    cso.set_num_threads(count)
+    with Recording() as recording:
+        first(x, out=y)
+        second(y, out=z)
+    assert len(recording) == 2
+    for _ in range(3):
+        x[...] = rng.standard_normal(x.shape)
+        z[...] = np.nan
+        recording.replay(count)
+        np.testing.assert_array_equal(z, second(first(x)))
+        pad = (1, 1, 1, 1)
+        expected = conv2d_reference(conv2d_reference(x, w1, padding=pad), w2, b2, padding=pad)
+        np.testing.assert_allclose(z, np.maximum(expected, 0), rtol=1e-4, atol=1e-4)
+
+
 def test_a_recording_truncated_replays_its_first_jobs_and_shares_workspaces():
     counters = np.zeros(4, np.int64)
     with Recording() as recording:

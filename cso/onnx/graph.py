@@ -206,7 +206,9 @@ class Fuser:
                 if name:
                     self.consumers[name].append(node)
         self.fused = set()   # ids of the nodes already part of a step
-        self.deferred = {}   # id of an Add -> the Conv step that adds into its other input
+        # id of an Add -> (run, head, ops, x, residual) of the Conv step that adds into its
+        # other input, made where the Add is
+        self.deferred = {}
         self.made = {}       # value -> the step that makes it (see ``note``)
         # values >= 0 (or NaN): made by an activation such as Relu, or by an operator that
         # keeps the sign (a pool, a Concat) of such values
