@@ -16,23 +16,8 @@ import cso.onnx  # noqa: E402
 from cso.onnx import fusion  # noqa: E402
 from cso.onnx.ops import OPERATORS  # noqa: E402
 
-from bench.models import onnxruntime_session, relative_error  # noqa: E402
-
 from .onnx_models import make_model, tensor  # noqa: E402
-
-TOLERANCE = 1e-4   # max |cso - onnxruntime| / max |onnxruntime|
-
-
-def load_and_check(model, feeds):
-    """The loaded model, after checking its outputs on ``feeds`` against onnxruntime's."""
-    loaded = cso.onnx.load(model)
-    ours = loaded.run(None, feeds)
-    theirs = onnxruntime_session(model, 1).run(None, feeds)
-    assert len(ours) == len(theirs)
-    for a, b in zip(ours, theirs):
-        assert (a.shape, a.dtype) == (b.shape, b.dtype)
-        assert relative_error(a, b) <= TOLERANCE
-    return loaded
+from .test_onnx_models import assert_matches_onnxruntime  # noqa: E402
 
 
 def without(op_type, **changes):
@@ -70,7 +55,7 @@ def test_conv_batchnorm_relu_fuse_as_the_table_says(rng, monkeypatch, table, exp
     elif table == "BatchNormalization not affine":
         monkeypatch.setitem(fusion.ROLES, "BatchNormalization",
                             without("BatchNormalization", affine=None))
-    loaded = load_and_check(*conv_batchnorm_relu(rng))
+    loaded = assert_matches_onnxruntime(*conv_batchnorm_relu(rng))
     assert [step.ops for step in loaded.steps] == expected
     assert [step.label for step in loaded.steps] == ["+".join(ops) for ops in expected]
     assert loaded.steps[0].run.relu == (expected[0][-1] == "Relu")
@@ -98,7 +83,7 @@ def relu_pool_relu(rng, pool, attrs):
     ("GlobalMaxPool", {}, True),
 ])
 def test_relu_after_a_pool_of_relu_values_is_elided_unless_dilated(rng, pool, attrs, elided):
-    loaded = load_and_check(*relu_pool_relu(rng, pool, attrs))
+    loaded = assert_matches_onnxruntime(*relu_pool_relu(rng, pool, attrs))
     ops = [step.ops for step in loaded.steps]
     assert ops == [("Conv", "Relu"), (pool,)] + ([] if elided else [("Relu",)]) + [("Conv",)]
     if elided:   # the second Conv reads the pool's output itself
@@ -108,7 +93,7 @@ def test_relu_after_a_pool_of_relu_values_is_elided_unless_dilated(rng, pool, at
 def test_relu_is_kept_after_an_operator_the_table_does_not_say_keeps_the_sign(rng,
                                                                              monkeypatch):
     monkeypatch.setitem(fusion.ROLES, "MaxPool", without("MaxPool", keeps_sign=None))
-    loaded = load_and_check(*relu_pool_relu(rng, "MaxPool", {"kernel_shape": [2, 2]}))
+    loaded = assert_matches_onnxruntime(*relu_pool_relu(rng, "MaxPool", {"kernel_shape": [2, 2]}))
     assert [step.ops for step in loaded.steps] == [
         ("Conv", "Relu"), ("MaxPool",), ("Relu",), ("Conv",)]
 
@@ -130,7 +115,7 @@ def residual(rng):
 def test_residual_sum_fuses_as_the_table_says(rng, monkeypatch, table, expected):
     if table == "Add no residual":
         monkeypatch.setitem(fusion.ROLES, "Add", without("Add", residual=False))
-    loaded = load_and_check(*residual(rng))
+    loaded = assert_matches_onnxruntime(*residual(rng))
     assert [step.ops for step in loaded.steps] == expected
     assert loaded.steps[0].run.residual == (len(expected) == 1)
 
@@ -146,7 +131,7 @@ def test_sum_of_two_inputs_then_relu(rng, monkeypatch, table, expected):
     model = make_model(nodes, [tensor("a", [2, 3, 4]), tensor("b", [2, 3, 4])],
                        [tensor("y", None)])
     feeds = {name: rng.standard_normal((2, 3, 4)).astype(np.float32) for name in "ab"}
-    loaded = load_and_check(model, feeds)
+    loaded = assert_matches_onnxruntime(model, feeds)
     assert [step.ops for step in loaded.steps] == expected
 
 
@@ -157,7 +142,7 @@ def test_operator_registration_flags_reach_the_steps(rng):
              helper.make_node("Softmax", ["r"], ["y"], axis=-1)]
     model = make_model(nodes, [tensor("x", [2, 3, 4])], [tensor("y", None)],
                        {"shape": np.array([0, -1], np.int64)})
-    loaded = load_and_check(model, {"x": rng.standard_normal((2, 3, 4)).astype(np.float32)})
+    loaded = assert_matches_onnxruntime(model, {"x": rng.standard_normal((2, 3, 4)).astype(np.float32)})
     reshape, softmax = loaded.steps
     assert (reshape.ops, reshape.inputs, reshape.takes_out) == (("Reshape",), ["x", ""], False)
     assert "shape" not in loaded.constants
