@@ -42,15 +42,21 @@ class Graph:
 
 def read(proto, input_shapes):
     """The Graph of an ``onnx.ModelProto`` whose inputs get ``input_shapes`` {name: shape}."""
-    from onnx import helper, numpy_helper
+    from onnx import checker, helper, numpy_helper
+    graph = proto.graph
+    if not graph.output:
+        raise UnsupportedModel("the model has no outputs (an empty or truncated file?)")
     opsets = {o.domain: o.version for o in proto.opset_import}
     opset = opsets.get("", opsets.get("ai.onnx", 0))
     if not opset:
         raise UnsupportedModel("the model imports no version of the default ONNX domain")
-    graph = proto.graph
     if graph.sparse_initializer:
         raise UnsupportedModel("sparse initializers are not supported")
-    constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    try:
+        constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    except checker.ValidationError as err:   # external data that onnx.load did not read
+        raise UnsupportedModel(f"an initializer's data is not in the model ({err}): load it "
+                               f"from its path, with its external data file beside it") from None
     inputs = {}
     for value in graph.input:
         if value.name not in constants:   # else an initializer listed as an input (IR < 4)
@@ -58,6 +64,10 @@ def read(proto, input_shapes):
             inputs[value.name] = (tuple(input_shapes[value.name]),
                                   np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)))
     nodes = [Node.from_proto(p, opset) for p in graph.node]
+    made = set(constants) | set(inputs) | {name for node in nodes for name in node.outputs}
+    unmade = [value.name for value in graph.output if value.name not in made]
+    if unmade:
+        raise UnsupportedModel(f"output(s) {unmade} are made by no node, input or initializer")
     return Graph(nodes, constants, inputs, [o.name for o in graph.output],
                  _shapes(proto, inputs, constants))
 

@@ -10,6 +10,7 @@ import numpy as np
 from .. import get_num_threads
 from .buffers import Buffers
 from .graph import build_steps, read
+from .node import UnsupportedModel
 from .program import Program
 
 PROGRAMS = 4   # input shapes (and thread counts) a model keeps its recorded program for
@@ -237,7 +238,7 @@ def load(model, input_shapes=None):
     except ImportError:
         raise ImportError("cso.onnx needs the onnx package: pip install 'cso[onnx]'") from None
     if isinstance(model, (str, os.PathLike)):
-        model = onnx.load(os.fspath(model))
+        model = _read(os.fspath(model))
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"model must be a path or an onnx.ModelProto, got {type(model).__name__}")
     graph = read(model, _input_shapes(model, input_shapes or {}))
@@ -253,6 +254,19 @@ def load(model, input_shapes=None):
     # compiles (or loads) its kernels now, not on the user's first call
     loaded.run(None, {name: np.zeros(shape, dtype) for name, (shape, dtype) in inputs.items()})
     return loaded
+
+
+def _read(path):
+    """The ``onnx.ModelProto`` in file ``path``, with the weights an exporter wrote beside it
+    (external data: the dynamo exporter's ``model.onnx.data``)."""
+    import onnx
+    from google.protobuf.message import DecodeError
+    try:
+        return onnx.load(path)
+    except DecodeError as err:
+        raise UnsupportedModel(f"{path}: not an ONNX model, or a truncated one ({err})") from None
+    except onnx.checker.ValidationError as err:   # an external data file missing
+        raise UnsupportedModel(f"{path}: its weights cannot be read: {err}") from None
 
 
 def _input_shapes(model, input_shapes):

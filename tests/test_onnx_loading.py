@@ -1,0 +1,80 @@
+"""Reading model files: weights in an external data file beside the graph (as the dynamo
+exporter writes them), and clear errors for a file that is not ONNX, is truncated, is empty,
+has no output, or lost its external data."""
+import os
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+
+from onnx import helper  # noqa: E402
+
+import cso.onnx  # noqa: E402
+from cso.onnx import UnsupportedModel  # noqa: E402
+
+from .onnx_models import make_model, tensor  # noqa: E402
+from .reference import conv2d_reference  # noqa: E402
+
+
+@pytest.fixture
+def conv_relu(rng):
+    """A Conv + Relu model and its weight."""
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    return make_model(nodes, [tensor("x", [1, 3, 8, 8])], [tensor("y", [1, 4, 8, 8])],
+                      {"w": w}, opset=17), w
+
+
+def save_external(model, path):
+    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+              location=path.name + ".data", size_threshold=0)
+
+
+def test_weights_in_an_external_data_file_load_from_the_path(tmp_path, rng, conv_relu):
+    model, w = conv_relu
+    path = tmp_path / "model.onnx"
+    save_external(model, path)
+    assert (tmp_path / "model.onnx.data").stat().st_size == w.nbytes
+    x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    for source in (path, str(path)):
+        y = cso.onnx.load(source)(x)
+        np.testing.assert_allclose(y, np.maximum(conv2d_reference(x, w, padding=(1, 1, 1, 1)), 0),
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_external_data_missing_is_named(tmp_path, conv_relu):
+    path = tmp_path / "model.onnx"
+    save_external(conv_relu[0], path)
+    without_data = onnx.load(str(path), load_external_data=False)
+    with pytest.raises(UnsupportedModel, match="external data file"):
+        cso.onnx.load(without_data)
+    os.remove(tmp_path / "model.onnx.data")
+    with pytest.raises(UnsupportedModel, match=f"{path}: its weights cannot be read"):
+        cso.onnx.load(path)
+
+
+def test_a_file_that_is_not_a_whole_model_is_refused(tmp_path, conv_relu):
+    whole = conv_relu[0].SerializeToString()
+    for name, content in (("text.onnx", b"not a model\n" * 10),
+                          ("truncated.onnx", whole[:len(whole) // 2]),
+                          ("empty.onnx", b"")):
+        path = tmp_path / name
+        path.write_bytes(content)
+        with pytest.raises(UnsupportedModel, match="not an ONNX model|no outputs"):
+            cso.onnx.load(path)
+    with pytest.raises(FileNotFoundError):
+        cso.onnx.load(tmp_path / "absent.onnx")
+
+
+def test_a_graph_without_outputs_or_with_an_unmade_one_is_refused(conv_relu):
+    model, w = conv_relu
+    del model.graph.output[:]
+    with pytest.raises(UnsupportedModel, match="no outputs"):
+        cso.onnx.load(model)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"])]
+    dangling = make_model(nodes, [tensor("x", [1, 3, 8, 8])], [tensor("y", [1, 4, 6, 6])],
+                          {"w": w})
+    with pytest.raises(UnsupportedModel, match=r"\['y'\] are made by no node"):
+        cso.onnx.load(dangling)
