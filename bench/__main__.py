@@ -9,6 +9,7 @@ a report: report.md, a self-contained report.html, PNG plots and results.json.
     python -m bench --threads 2 --scaling    # 1 vs 2 threads, each engine in its own process
     python -m bench --models                 # whole ONNX CNNs: cso.onnx vs onnxruntime
     python -m bench --models resnet50,vgg19  # some of them
+    python -m bench --models zoo/            # ONNX files as exported (a folder, or files)
     python -m bench --dask                   # images/s: one process vs a 2-worker LocalCluster
 
 ``--threads`` sets every engine's threads: cso's, NumPy's BLAS (which has to happen before NumPy
@@ -49,7 +50,9 @@ def parse_args():
                              "cso.onnx against onnxruntime at batch 1 and 8, latency, conv/rest "
                              "split, load time and peak memory; NAMES comma-separated from "
                              f"{', '.join(MODELS)} (default all; with --quick: "
-                             f"{', '.join(QUICK_MODELS)}, batch 1, one sample)")
+                             f"{', '.join(QUICK_MODELS)}, batch 1, one sample), or ONNX files "
+                             "and folders of them as exported (models cso.onnx refuses are "
+                             "listed with the reason)")
     parser.add_argument("--dask", nargs="?", type=int, const=2, default=None, metavar="WORKERS",
                         help="a mode of its own: images/s of a layer and a model (SqueezeNet, "
                              "with onnx) over a batch, cso in one process on WORKERS threads "
@@ -142,10 +145,18 @@ def selected_models():
         parser.error(f"--models needs {', '.join(missing)}: pip install '.[onnx,compare]'")
     if opts.quick and opts.models == ",".join(MODELS):
         return list(QUICK_MODELS)
-    names = [name for name in opts.models.split(",") if name]
-    unknown = [name for name in names if name not in MODELS]
-    if unknown or not names:
-        parser.error(f"--models: {unknown or 'none'} not among {', '.join(MODELS)}")
+    names = []
+    for name in (n for n in opts.models.split(",") if n):
+        if os.path.isdir(name):   # every ONNX file in it, as exported
+            names += sorted(os.path.join(folder, f) for folder, _, files in os.walk(name)
+                            for f in files if f.endswith(".onnx"))
+        elif name in MODELS or os.path.isfile(name):
+            names.append(name)
+        else:
+            parser.error(f"--models: {name!r} is neither one of {', '.join(MODELS)} nor an "
+                         f"ONNX file or a folder of them")
+    if not names:
+        parser.error(f"--models: no model in {opts.models!r}")
     return names
 
 
@@ -155,8 +166,10 @@ def main_models():
     repeat = 1 if opts.quick else opts.repeat
     facts, _ = report.machine_facts(opts.threads)
     facts += [
-        ("Models", f"{', '.join(names)}{' (--quick)' if opts.quick else ''}: the onnx package's "
-                   f"light CNNs with random weights, float32, batch {' and '.join(map(str, batches))}"),
+        ("Models", f"{', '.join(map(models.label, names))}{' (--quick)' if opts.quick else ''}: "
+                   f"the onnx package's light CNNs with random weights, at batch "
+                   f"{' and '.join(map(str, batches))}, and ONNX files as exported, at the batch "
+                   f"they fix; float32"),
         ("Timing", f"median of {repeat} sample{'s' * (repeat > 1)} after a warm-up, cso and "
                    f"onnxruntime in turn"
                    + (f" (each sample after {models.SETTLE_SECONDS} s of rest and an untimed "
@@ -166,7 +179,7 @@ def main_models():
     report.print_facts(facts)
     print(flush=True)
     bar = report.Progress(len(names))
-    results = [bar.step(name, models.measure(name, batches, repeat, opts.threads))
+    results = [bar.step(models.label(name), models.measure(name, batches, repeat, opts.threads))
                for name in names]
     report.print_models(results)
     paths = documents.write_models(opts.out, facts, results)

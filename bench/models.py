@@ -264,15 +264,43 @@ def measure_peak(engine, path, shapes, threads, batches):
     return json.loads(done.stdout.splitlines()[-1])["peak_mib"]
 
 
-def measure(name, batches, repeat, threads):
-    """``measure_model``, then the peak memory of each engine on the same model (saved to a
-    temporary file for the children)."""
+def label(source):
+    """How a model is named in the report: a light model's name, or an exported file's folder
+    and name (``dy18/tv_resnet18``)."""
+    if source in MODELS:
+        return source
+    path = os.path.splitext(os.path.abspath(source))[0]
+    return os.path.join(os.path.basename(os.path.dirname(path)), os.path.basename(path))
+
+
+def fixed_batch(model):
+    """The batch size an exported model fixes in its first input (0: it leaves it open)."""
+    initializers = {t.name for t in model.graph.initializer}
+    first = next(v for v in model.graph.input if v.name not in initializers)
+    dims = first.type.tensor_type.shape.dim
+    return dims[0].dim_value if dims else 0
+
+
+def measure(source, batches, repeat, threads):
+    """``measure_model`` of a light model by name (``bench_model``) or of an ONNX file as it
+    was exported (at the batch it fixes, if it does), then the peak memory of each engine on
+    the same model; or {"model", "refused": why} for a model ``cso.onnx`` cannot load."""
     import onnx
-    model = bench_model(name)
-    result = measure_model(name, model, batches, repeat, threads)
+    from cso.onnx import UnsupportedModel
+    name = label(source)
+    if source in MODELS:
+        model, path = bench_model(source), None
+    else:
+        model, path = onnx.load(source), source
+        batches = [fixed_batch(model)] if fixed_batch(model) else batches
+    try:
+        result = measure_model(name, model, batches, repeat, threads)
+    except UnsupportedModel as err:
+        return {"model": name, "refused": str(err)}
     with tempfile.TemporaryDirectory(prefix="cso-bench-") as tmp:
-        path = os.path.join(tmp, f"{name}.onnx")
-        onnx.save(model, path)
+        if path is None:   # the children load a file
+            path = os.path.join(tmp, f"{name}.onnx")
+            onnx.save(model, path)
         result["peak_mib"] = {engine: measure_peak(engine, path, input_shapes(model), threads,
                                                    batches)
                               for engine in ("cso", "onnxruntime")}
@@ -283,10 +311,15 @@ HEADER = ["model", "batch", "cso ms", "onnxruntime ms", "speedup", "conv %", "re
           "peak MiB cso / ort"]
 
 
+def loaded(results):
+    return [r for r in results if "refused" not in r]
+
+
 def rows(results):
-    """Table rows: one per model and batch (its load time and peak memory on the first)."""
+    """Table rows: one per model that loaded and batch (its load time and peak memory on the
+    first)."""
     table = []
-    for r in results:
+    for r in loaded(results):
         for index, (batch, b) in enumerate(r["batches"].items()):
             first = index == 0
             table.append([r["model"] if first else "", batch, f"{1e3 * b['seconds']['cso']:.2f}",
@@ -301,18 +334,26 @@ def rows(results):
 def geomean_speedups(results):
     """{batch: geomean of onnxruntime's time over cso's across the models}."""
     from .stats import geomean
+    results = loaded(results)
     batches = dict.fromkeys(b for r in results for b in r["batches"])
     return {b: geomean(r["batches"][b]["speedup"] for r in results if b in r["batches"])
             for b in batches}
 
 
 def summary_lines(results):
-    return [f"batch {b}: geomean speedup {s:.2f}x (onnxruntime's time over cso's; above 1, cso "
-            f"is faster) over {len(results)} models" for b, s in geomean_speedups(results).items()]
+    ran = loaded(results)
+    lines = [f"batch {b}: geomean speedup {s:.2f}x (onnxruntime's time over cso's; above 1, "
+             f"cso is faster) over {sum(b in r['batches'] for r in ran)} models"
+             for b, s in geomean_speedups(results).items()]
+    if len(ran) < len(results):
+        lines.append(f"cso.onnx loaded {len(ran)} of {len(results)} models; refused:")
+        lines += [f"  {r['model']}: {r['refused']}" for r in results if "refused" in r]
+    return lines
 
 
-TEXT = ("The onnx package's nine light CNNs (their graphs, with random weights: the shipped "
-        "ones are all 0.02), batch-generic, each loaded once per engine and run at each batch. "
+TEXT = ("The onnx package's light CNNs (their graphs, with random weights: the shipped "
+        "ones are all 0.02), batch-generic, and ONNX files as they were exported (at the batch "
+        "they fix), each loaded once per engine and run at each batch. "
         "Latency: median of the samples, taken in turn after a warm-up, on the same input "
         "(with several threads, each sample after a rest, for the other engine's threads to "
         "stop spinning, and an untimed run), "
