@@ -74,7 +74,9 @@ def calibration_text():
     there is none."""
     if not calibration.enabled():
         return f"off ({calibration.ENV_VAR}=0): plans from the tuning record alone"
-    return "; ".join(calibration.describe(calibration.calibration(default_isa().name)))
+    isa = default_isa().name
+    return "; ".join(calibration.describe(calibration.calibration(isa),
+                                          calibration.host_facts(isa)))
 
 
 def print_facts(facts):

@@ -16,8 +16,9 @@ def main(argv=None):
     parser.add_argument("--again", action="store_true",
                         help="measure anew and replace the saved record")
     options = parser.parse_args(argv)
-    record = calibration.calibration(check_isa(options.isa), options.again)
-    print("\n".join(calibration.describe(record)))
+    isa = check_isa(options.isa)
+    record = calibration.calibration(isa, options.again)
+    print("\n".join(calibration.describe(record, calibration.host_facts(isa, options.again))))
     if not calibration.enabled():
         print(f"{calibration.ENV_VAR}=0: plans use the {record['isa']} tuning record alone",
               file=sys.stderr)

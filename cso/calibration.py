@@ -10,14 +10,16 @@ The first plan made for a kernel ISA on a CPU measures, in about 1-2 s:
   each a round): the rules then choose only among tiles measured fast; a measurement in which
   a variant has no tile within ``PLAUSIBLE`` of the peak (a slow spell) is made again, at most
   ``RETRIES`` more times, each rate's best kept;
-- the read bandwidth of each cache level and of memory, and the cost of handing parts to the
-  pool's workers, awake (back-to-back calls) and asleep: shown beside the plans, for reading
-  the benchmark figures (the cost model's weights and the thread thresholds stay the record's,
-  which were measured on whole convolutions).
 
-The record is saved in the persistent cache (``microkernels.cache``), keyed by the CPU's name,
-its features and the ISA; later processes load it. ``CSO_CALIBRATE=0`` plans from the tuning
-record alone. ``python -m cso calibration`` prints the record (``--again``: measure anew).
+What plans do not read is measured only when asked for (``host_facts``: the benchmark report,
+``python -m cso calibration``), not on a first plan: the read bandwidth of each cache level and
+of memory, and the cost of handing parts to the pool's workers, awake (back-to-back calls) and
+asleep, for reading the benchmark figures (the cost model's weights and the thread thresholds
+stay the record's, which were measured on whole convolutions).
+
+Both records are saved in the persistent cache (``microkernels.cache``), keyed by the CPU's
+name, its features and the ISA; later processes load them. ``CSO_CALIBRATE=0`` plans from the
+tuning record alone. ``python -m cso calibration`` prints them (``--again``: measure anew).
 """
 import os
 import platform
@@ -39,6 +41,7 @@ from .threads import available_cpus
 
 ENV_VAR = "CSO_CALIBRATE"
 VERSION = 2                 # of the record's layout: a record of another version is measured anew
+FACTS_VERSION = 1           # of host_facts' layout
 TRIAL_FLOPS = 2e8           # per timed run of a micro-kernel (about 2 ms at 100 GFLOP/s)
 TRIALS = 5                  # best of: a calibration must not keep one disturbed run
 TILE_SECONDS = 0.4          # at least, for the tiles' rounds: longer than most disturbances
@@ -89,12 +92,24 @@ def calibration(isa_name, again=False):
     return found
 
 
+@compiled_once
+def host_facts(isa_name, again=False):
+    """This host's facts beside the calibration, which plans do not read (a dict; see
+    ``measure_facts``): loaded from the persistent cache, else (or ``again``) measured and
+    saved. Once per process and ISA."""
+    path = cache.record_path("host_facts", isa_name)
+    found = None if again else cache.load_record(path, FACTS_VERSION)
+    if found is None:
+        found = measure_facts(model_machine(isa_name), isa_name)
+        cache.save_record(path, found)
+    return found
+
+
 @unrecorded
 def measure(machine, isa_name):
     """Measure what the record holds: ``fma_gflops`` (one core), ``fma_in_flight``,
-    ``kernels`` {kernel variant: {broadcasts: fraction of the FMA peak}}, ``read_gbs`` {cache
-    level: GB/s}, ``handoff_us`` {"awake", "asleep": extra microseconds of a call split into
-    two parts on two threads; None on one CPU}, with the CPU, ISA, date and seconds taken."""
+    ``kernels`` {kernel variant: {broadcasts: fraction of the FMA peak}}, with the CPU, ISA,
+    date and seconds taken."""
     start = time.perf_counter()
     isa = get_isa(isa_name)
     candidates = calibration_candidates(machine)
@@ -120,8 +135,19 @@ def measure(machine, isa_name):
         "version": VERSION, "cpu": cpu_name(), "isa": isa_name,
         "date": time.strftime("%Y-%m-%d"), "fma_gflops": round(peak, 1),
         "fma_in_flight": max(1, round(peak / chain)), "kernels": kernels,
-        "read_gbs": read_bandwidth(machine, isa), "handoff_us": handoff(),
         "seconds": round(time.perf_counter() - start, 2)}
+
+
+@unrecorded
+def measure_facts(machine, isa_name):
+    """``read_gbs`` {cache level: GB/s}, ``handoff_us`` {"awake", "asleep": extra
+    microseconds of a call split into two parts on two threads; None on one CPU}, with the
+    CPU, ISA, date and seconds taken."""
+    start = time.perf_counter()
+    return {"version": FACTS_VERSION, "cpu": cpu_name(), "isa": isa_name,
+            "date": time.strftime("%Y-%m-%d"),
+            "read_gbs": read_bandwidth(machine, get_isa(isa_name)), "handoff_us": handoff(),
+            "seconds": round(time.perf_counter() - start, 2)}
 
 
 def _rates(runs, isa):
@@ -190,18 +216,18 @@ def _noop_part():
     return JitModule(NOOP_PART).address("noop")
 
 
-def describe(record):
-    """The record as lines of text."""
+def describe(record, facts):
+    """The calibration record and the host's ``facts`` as lines of text."""
     tiles = "; ".join(f"{variant}: " + ", ".join(f"{b} {100 * speed:.0f}%"
                                                  for b, speed in counts.items())
                       for variant, counts in record["kernels"].items())
-    handoff_us = record["handoff_us"]
+    handoff_us = facts["handoff_us"]
     return [
         f"{record['cpu']}, {record['isa']}: measured {record['date']} in {record['seconds']} s",
         f"FMA peak {record['fma_gflops']} GFLOP/s on one core; {record['fma_in_flight']} "
         "independent FMAs reach it (latency x pipes)",
         f"micro-tiles of {TILE_VECTORS} vectors by b broadcasts, % of that peak: {tiles}",
-        "read bandwidth GB/s: " + ", ".join(f"{k} {v}" for k, v in record["read_gbs"].items()),
+        "read bandwidth GB/s: " + ", ".join(f"{k} {v}" for k, v in facts["read_gbs"].items()),
         "hand-off of a second part: " + ("one CPU" if handoff_us is None else
                                          f"{handoff_us['awake']} us to awake workers, "
                                          f"{handoff_us['asleep']} us to sleeping ones"),

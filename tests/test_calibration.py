@@ -20,13 +20,15 @@ from .children import CHILD_CWD
 # the record path, the record, and the tuning plans use, as JSON
 CHILD = r"""
 import json
+import os
 import cso
 from cso import calibration
 from microkernels import cache, default_isa
 isa = default_isa().name
 tuning = cso.host_machine().tuning
+facts = calibration.host_facts(isa) if os.environ.get("FACTS") else None
 print(json.dumps({"path": str(cache.record_path("calibration", isa)), "record": calibration.calibration(isa),
-                  "calibrated": tuning.calibration, "speeds": tuning.kernel_speeds}))
+                  "calibrated": tuning.calibration, "speeds": tuning.kernel_speeds, "facts": facts}))
 """
 
 
@@ -41,7 +43,9 @@ def run_child(cache_dir, **env):
 @pytest.fixture(scope="module")
 def first(tmp_path_factory):
     cache_dir = tmp_path_factory.mktemp("calibration")
-    return cache_dir, run_child(cache_dir)
+    found = run_child(cache_dir)
+    found["host_facts_made"] = bool(list(cache_dir.rglob("host_facts-*")))
+    return cache_dir, found
 
 
 def test_the_record_holds_plausible_measurements(first):
@@ -55,14 +59,24 @@ def test_the_record_holds_plausible_measurements(first):
         == candidates
     for speeds in record["kernels"].values():
         assert all(0.05 < s < 1.5 for s in speeds.values()), speeds
-    bandwidth = record["read_gbs"]
+    assert "read_gbs" not in record and "handoff_us" not in record   # not on a first plan
+    assert 0 < record["seconds"] < 60
+
+
+def test_the_host_facts_are_measured_when_asked_for(first):
+    cache_dir, found = first
+    assert not found["host_facts_made"]   # the first plan did not measure them
+    facts = run_child(cache_dir, FACTS="1")["facts"]
+    assert facts["isa"] == default_isa().name and facts["version"] == calibration.FACTS_VERSION
+    bandwidth = facts["read_gbs"]
     assert list(bandwidth) == ["l1", "l2", "l3", "memory"]
     assert bandwidth["l1"] > bandwidth["memory"] > 0
     if cso.threads.available_cpus() > 1:
-        assert 0 <= record["handoff_us"]["awake"] < 1e4 and 0 <= record["handoff_us"]["asleep"]
+        assert 0 <= facts["handoff_us"]["awake"] < 1e4 and 0 <= facts["handoff_us"]["asleep"]
     else:
-        assert record["handoff_us"] is None
-    assert 0 < record["seconds"] < 60
+        assert facts["handoff_us"] is None
+    assert list(cache_dir.rglob("host_facts-*"))
+    assert run_child(cache_dir, FACTS="1")["facts"] == facts   # loaded, not measured again
 
 
 def test_plans_read_the_record(first):
