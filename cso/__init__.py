@@ -1,14 +1,15 @@
 """cso: fast CPU 2-D convolutions for NumPy arrays, by convolution slicing (SConv)."""
 from microkernels import cache
 
+from .activations import Activation, activate
 from .api import Conv2d, conv2d, warmup
 from .arguments import same_padding
 from .autotune import tune
 from .host import host_machine
 from .threads import get_num_threads, set_num_threads
 
-__all__ = ["Conv2d", "conv2d", "host_machine", "get_num_threads", "same_padding",
-           "set_num_threads", "tune", "warmup"]
+__all__ = ["Activation", "Conv2d", "activate", "conv2d", "host_machine", "get_num_threads",
+           "same_padding", "set_num_threads", "tune", "warmup"]
 __version__ = "0.1.0"
 
 # cso's loop nests, pool and records are made by its code from csa's plans

@@ -7,7 +7,7 @@ _EXPORTS = {
     "ir": ("ACCUMULATE", "BIAS", "RELU"),
     "isa": ("ISAS", "Isa", "default_isa", "get_isa", "host_isa", "select_isa", "supported_isas"),
     "spec": ("KernelSpec", "DepthwiseSpec", "TransposeSpec", "RowCopySpec", "TapCopySpec",
-             "parse_name"),
+             "ActivationSpec", "ACTIVATIONS", "parse_name"),
     "wrappers": ("compile",),
     "reference": ("reference_kernel",),
 }

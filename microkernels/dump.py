@@ -6,9 +6,10 @@ Any family's name (``microkernels.spec``): outer-product micro-kernels
 ``{f32|f64}_conv_ukernel_{broadcasts}x{width}[_slab|_direct]__{isa}`` (``width`` a multiple of
 the ISA's vector lanes), depthwise ``f32_dw_ukernel_4v__avx2``, transposes
 ``f32_transpose_8x8__avx2``, packing copies ``f32_row_copy_21__avx2`` and
-``f32_tap_copy_16__avx2``. ``--cross`` compiles for the ISA's own target on any host
-(``python -m microkernels.dump f32_conv_ukernel_8x8__neon --cross``). A layer's outer-product
-or depthwise kernel is ``cso.Conv2d(w).kernel_for(x.shape)``; its ``name`` goes here.
+``f32_tap_copy_16__avx2``, activations ``f32_activation_gelu__avx2``. ``--cross`` compiles
+for the ISA's own target on any host (``python -m microkernels.dump f32_conv_ukernel_8x8__neon
+--cross``). A layer's outer-product or depthwise kernel is ``cso.Conv2d(w).kernel_for(x.shape)``;
+its ``name`` goes here.
 """
 import argparse
 import sys

@@ -1,11 +1,14 @@
 """Every kernel family's contract in plain NumPy: the references generated kernels are tested
 against. ``reference_kernel(spec)`` takes the same arguments as ``compile(spec)``
 (``microkernels.wrappers``) and writes the same elements."""
+import math
+
 import numpy as np
 
 from .ir import ACCUMULATE, BIAS, RELU
 from .row_copy import TAP_STRIDES, max_taps
-from .spec import DepthwiseSpec, KernelSpec, RowCopySpec, TapCopySpec, TransposeSpec
+from .spec import (ACTIVATIONS, ActivationSpec, DepthwiseSpec, KernelSpec, RowCopySpec,
+                   TapCopySpec, TransposeSpec)
 
 
 def reference_kernel(spec):
@@ -102,5 +105,84 @@ def tap_copy(spec, dst, dst_start, dst_step, tap_step, src, src_start, src_step,
                     src[src_start + i * src_step + at] if j < j1 and lo <= at < hi else 0)
 
 
+def activation(spec, x, out, params=()):
+    """out[:x.size] = activation ``spec.kind`` of ``x`` (``activation_values``); ``out`` may
+    be ``x``."""
+    out[:x.size] = activation_values(spec.kind, x, params)
+
+
+_erf, _erfc = (np.vectorize(f, otypes=[np.float64]) for f in (math.erf, math.erfc))
+_SQRT_HALF = 0.7071067811865476             # 1/sqrt(2) rounded, and what it lacks:
+_SQRT_HALF_LO = -4.833646656726457e-17      # 1/sqrt(2) - _SQRT_HALF
+
+
+def _split(a):
+    """(hi, lo) = a with hi holding its top 26 bits (Veltkamp), for exact products."""
+    c = a * 134217729.0   # 2**27 + 1
+    hi = c - (c - a)
+    return hi, a - hi
+
+
+def _times_sqrt_half(a):
+    """(z, d): a / sqrt(2) = z + d to about 2**-100 relative (Dekker's exact product)."""
+    z = a * _SQRT_HALF
+    (a1, a2), (b1, b2) = _split(a), _split(np.float64(_SQRT_HALF))
+    error = ((a1 * b1 - z) + a1 * b2 + a2 * b1) + a2 * b2
+    return z, error + a * _SQRT_HALF_LO
+
+
+def _sigmoid(x):
+    e = np.exp(-np.abs(x))
+    return np.where(x < 0, e, 1.0) / (1 + e)
+
+
+def _gelu(x):
+    """x Phi(x), from erfc on the negative side; erfc(z + d) = erfc(z) - d 2/sqrt(pi)
+    exp(-z**2) for the part d of |x| / sqrt(2) that z's rounding loses, which matters in the
+    far tail: erfc's relative slope there is -2z."""
+    z, d = _times_sqrt_half(np.minimum(np.abs(x), 64.0))   # erf(z) = 1, erfc(z) = 0 past 45
+    upper = 0.5 * x * (1 + _erf(z))
+    tail = 0.5 * x * (_erfc(z) - d * (2 / math.sqrt(math.pi)) * np.exp(-z * z))
+    return np.where(x < 0, np.where(np.isneginf(x), 0.0, tail), upper)
+
+
+def _clip(x, low, high):
+    """min(max(x, low), high), NaN passing: all ``high`` when low > high."""
+    x = np.where(x < low, low, x)
+    return np.where(x > high, high, x)
+
+
+def _gelu_tanh(x):
+    u = math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)
+    return np.where(np.isneginf(x), 0.0, x * _sigmoid(2 * u))
+
+
+_ACTIVATION_VALUES = {
+    "identity": lambda x: x,
+    "relu": lambda x: np.where(x < 0, 0.0, x),
+    "clip": _clip,
+    "leaky_relu": lambda x, alpha: np.where(x > 0, x, alpha * x),
+    "sigmoid": _sigmoid,
+    "silu": lambda x: np.where(np.isneginf(x), 0.0, x * _sigmoid(x)),
+    "tanh": np.tanh,
+    "hardsigmoid": lambda x, alpha, beta: np.minimum(np.maximum(alpha * x + beta, 0), 1),
+    "hardswish": lambda x: np.where(np.isneginf(x), 0.0,
+                                    x * (np.minimum(np.maximum(x + 3, 0), 6) / 6)),
+    "gelu": _gelu,
+    "gelu_tanh": _gelu_tanh,
+    "erf": _erf,
+}
+
+
+def activation_values(kind, x, params=()):
+    """Activation ``kind`` (``ACTIVATIONS``) of ``x`` with ``params`` in float64, the
+    semantics of PyTorch (NaN in, NaN out; the limits at the infinities)."""
+    if len(params) != len(ACTIVATIONS[kind]):
+        raise ValueError(f"activation {kind!r} takes parameters {ACTIVATIONS[kind]}")
+    x = np.asarray(x, np.float64)
+    with np.errstate(all="ignore"):
+        return np.asarray(_ACTIVATION_VALUES[kind](x, *(float(p) for p in params)), np.float64)
+
+
 REFERENCES = {KernelSpec: outer_product, DepthwiseSpec: depthwise, TransposeSpec: transpose,
-              RowCopySpec: row_copy, TapCopySpec: tap_copy}
+              RowCopySpec: row_copy, TapCopySpec: tap_copy, ActivationSpec: activation}

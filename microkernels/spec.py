@@ -150,7 +150,31 @@ class TapCopySpec(RowCopySpec):
     _FORMAT = "{dtype}_tap_copy_{width}__{isa}"
 
 
-FAMILIES = (KernelSpec, DepthwiseSpec, TransposeSpec, RowCopySpec, TapCopySpec)
+# activation kind -> the names of its run-time parameters, in the order kernels take them
+# (``microkernels.activation``; PyTorch's semantics, ``cso.Activation``)
+ACTIVATIONS = {"identity": (), "relu": (), "clip": ("min", "max"), "leaky_relu": ("alpha",),
+               "sigmoid": (), "silu": (), "tanh": (), "hardsigmoid": ("alpha", "beta"),
+               "hardswish": (), "gelu": (), "gelu_tanh": (), "erf": ()}
+
+
+@dataclass(frozen=True)
+class ActivationSpec(_Spec):
+    """The elementwise activation kernel (``microkernels.activation.define_activation``) of
+    ``kind``, one of ``ACTIVATIONS``."""
+    dtype: str
+    kind: str
+    isa: str
+
+    _FORMAT = "{dtype}_activation_{kind}__{isa}"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.kind not in ACTIVATIONS:
+            raise ValueError(f"ActivationSpec kind must be one of {sorted(ACTIVATIONS)}, got "
+                             f"{self.kind!r}")
+
+
+FAMILIES = (KernelSpec, DepthwiseSpec, TransposeSpec, RowCopySpec, TapCopySpec, ActivationSpec)
 
 
 def parse_name(name):

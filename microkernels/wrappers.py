@@ -12,11 +12,12 @@ from functools import lru_cache
 
 import numpy as np
 
-from . import depthwise, outer_product, row_copy, transpose
+from . import activation, depthwise, outer_product, row_copy, transpose
 from .ir import BIAS, I64
 from .jit import native_function
 from .reference import stored_windows
-from .spec import DepthwiseSpec, KernelSpec, RowCopySpec, TapCopySpec, TransposeSpec
+from .spec import (ACTIVATIONS, ActivationSpec, DepthwiseSpec, KernelSpec, RowCopySpec,
+                   TapCopySpec, TransposeSpec)
 
 # spec type -> (generator, its function type)
 GENERATORS = {
@@ -25,6 +26,7 @@ GENERATORS = {
     TransposeSpec: (transpose.define_transpose, transpose.FUNCTION_TYPE),
     RowCopySpec: (row_copy.define_row_copy, row_copy.FUNCTION_TYPE),
     TapCopySpec: (row_copy.define_tap_copy, row_copy.TAP_FUNCTION_TYPE),
+    ActivationSpec: (activation.define_activation, activation.FUNCTION_TYPE),
 }
 
 
@@ -196,8 +198,22 @@ class TapCopy(_Copy):
             count, taps, stride, j0, j1, end, lo, hi)
 
 
+class Activation(_Kernel):
+    def __call__(self, x, out, params=()):
+        """out[:x.size] = the activation of ``x``'s elements; ``out`` may be ``x``;
+        ``params``: the kind's parameters (``ACTIVATIONS``)."""
+        spec, dt = self.spec, self.spec.np_dtype
+        names = ACTIVATIONS[spec.kind]
+        values = np.array(params, dt).reshape(-1)
+        _need(values.size == len(names),
+              f"{spec.kind} takes {len(names)} parameters {names}, got {values.size}")
+        n = x.size if isinstance(x, np.ndarray) else 0
+        self._function(_address("x", x, dt, 0, n), _address("out", out, dt, 0, n, True), n,
+                       values.ctypes.data)
+
+
 WRAPPERS = {KernelSpec: OuterProduct, DepthwiseSpec: Depthwise, TransposeSpec: Transpose,
-            RowCopySpec: RowCopy, TapCopySpec: TapCopy}
+            RowCopySpec: RowCopy, TapCopySpec: TapCopy, ActivationSpec: Activation}
 
 
 @lru_cache(maxsize=64)
