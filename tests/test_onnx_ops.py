@@ -319,8 +319,18 @@ def test_flatten(axis, rng):
 
 @pytest.mark.parametrize("shape", [[6, 20], [0, -1], [2, 0, 0, 5], [-1], [0, 3, -1, 1], [120]])
 def test_reshape(shape, rng):
-    check("Reshape", {"x": rand(rng, 2, 3, 4, 5)}, opset=9,
-          constants={"shape": np.array(shape, np.int64)})
+    x, shape = rand(rng, 2, 3, 4, 5), np.array(shape, np.int64)
+    check("Reshape", {"x": x}, opset=9, constants={"shape": shape})
+    check("Reshape", {"x": x, "shape": shape}, opset=13)   # a shape made at run time
+
+
+def test_reshape_to_a_bad_shape_made_at_run_time_names_the_node(rng):
+    run = build("Reshape", inputs=("x", "shape"))
+    x = rand(rng, 2, 3)
+    for shape, match in (([4, 2], "cannot take shape"), ([-1, -1], "at most one -1"),
+                         ([0, 0, 0], "copies dimension 2")):
+        with pytest.raises(UnsupportedModel, match=f"'my_reshape'.*{match}"):
+            run(x, np.array(shape, np.int64))
 
 
 def test_reshape_allowzero(rng):
@@ -346,6 +356,8 @@ def test_unsqueeze(axes, rng):
           engines=engines)
     if min(axes) >= 0:
         check("Unsqueeze", {"x": x}, dict(axes=axes), opset=9, engines=engines)
+    check("Unsqueeze", {"x": x, "axes": np.array(axes, np.int64)}, opset=13,   # at run time
+          engines=engines)
 
 
 # --- matrix products and softmax -----------------------------------------------------------
@@ -450,10 +462,10 @@ def test_softmax_opset_9_and_13_differ_on_4d_axis_1(rng):
     ("ConstantOfShape", dict(value=numpy_helper.from_array(np.zeros(2, np.float32))), {},
      r"'my_constantofshape'.*value"),
     ("Flatten", dict(axes=1), {}, r"'my_flatten'.*axes"),
-    ("Reshape", {}, dict(inputs=("x", "shape")), r"'my_reshape'.*shape.*constant"),
+    ("Reshape", {}, {}, r"'my_reshape'.*input 1 \(shape\) is missing"),
     ("Transpose", dict(perm=[0, 0, 1]), {}, r"'my_transpose'.*perm"),
     ("Unsqueeze", {}, dict(opset=11), r"'my_unsqueeze'.*axes"),
-    ("Unsqueeze", {}, dict(inputs=("x", "axes")), r"'my_unsqueeze'.*axes.*constant"),
+    ("Unsqueeze", {}, {}, r"'my_unsqueeze'.*input 1 \(axes\) is missing"),
     ("Unsqueeze", dict(axes=[1]), {}, r"'my_unsqueeze'.*axes"),    # an attribute at opset 13
     ("Unsqueeze", dict(axes=[1, 1]), dict(opset=11), r"'my_unsqueeze'.*distinct"),
     ("Gemm", dict(broadcast=1), dict(inputs=("a", "b")), r"'my_gemm'.*broadcast"),
