@@ -119,8 +119,10 @@ class Operator:
     @property
     def jobs_only(self):
         """Whether a call given ``buffers`` or ``out`` does nothing but run compiled kernels
-        (see ``cso.onnx.program``)."""
-        return self.node.op_type in TAKES_OUT
+        whose arguments depend on its arrays' addresses and shapes alone (see
+        ``cso.onnx.program``): an operator that takes ``out=``, unless its run says otherwise
+        (a Clip whose bounds are inputs made at run time)."""
+        return self.node.op_type in TAKES_OUT and getattr(self.run, "jobs_only", True)
 
     def __reduce__(self):
         return Operator, (self.node, self.constants)

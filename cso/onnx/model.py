@@ -214,7 +214,11 @@ class Model:
             if value.dtype != dtype:
                 raise TypeError(f"input {name!r} must have dtype {dtype}, got {value.dtype} "
                                 f"(shape {value.shape})")
-            if value.shape[1:] != shape[1:] or value.ndim != len(shape) or not value.shape[0]:
+            if not shape:   # a scalar input has no batch
+                if value.shape:
+                    raise ValueError(f"input {name!r} must be a scalar (shape ()), got "
+                                     f"{value.shape}")
+            elif value.shape[1:] != shape[1:] or value.ndim != len(shape) or not value.shape[0]:
                 raise ValueError(f"input {name!r} must have shape (batch, "
                                  f"{', '.join(map(str, shape[1:]))}) with batch >= 1 (the model "
                                  f"was loaded for {shape}), got {value.shape}")
