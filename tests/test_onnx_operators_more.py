@@ -398,6 +398,35 @@ def test_gather(axis, indices, constant, rng):
     check("Gather", feeds, dict(axis=axis), opset=11, inputs=("x", "i"), exact=True, **kwargs)
 
 
+@pytest.mark.parametrize("batch_dims,data_shape,indices", [
+    (0, (3, 4), [[1, 2], [-1, 0]]),            # elements
+    (0, (3, 4, 5), [[2], [0], [-3]]),          # slices
+    (0, (3, 4, 5), [[[1, 3, 4]], [[0, 0, 0]]]),
+    (1, (2, 3, 4), [[1], [2]]),                # a row of each batch
+    (1, (2, 3, 4), [[[0, 1], [2, 3]], [[1, -1], [0, 0]]]),
+    (2, (2, 3, 4, 5), np.zeros((2, 3, 1, 2), np.int64)),
+])
+@pytest.mark.parametrize("constant", [True, False])
+def test_gather_nd(batch_dims, data_shape, indices, constant, rng):
+    x, indices = rand(rng, *data_shape), np.array(indices, np.int64)
+    kwargs = dict(constants={"i": indices}) if constant else {}
+    feeds = {"x": x} if constant else {"x": x, "i": indices}
+    check("GatherND", feeds, dict(batch_dims=batch_dims), opset=12, inputs=("x", "i"),
+          exact=True, **kwargs)
+    if not batch_dims:
+        check("GatherND", feeds, opset=11, inputs=("x", "i"), exact=True, **kwargs)
+
+
+def test_gather_nd_refuses_what_does_not_index(rng):
+    run = build("GatherND", dict(batch_dims=1), opset=12, inputs=("x", "i"))
+    with pytest.raises(UnsupportedModel, match="'my_gathernd'.*out of range"):
+        run(rand(rng, 2, 3), np.array([[3], [0]], np.int64))
+    with pytest.raises(UnsupportedModel, match="'my_gathernd'.*do not index"):
+        run(rand(rng, 2, 3), np.array([[0, 1], [0, 1]], np.int64))
+    with pytest.raises(UnsupportedModel, match="'my_gathernd'.*do not index"):
+        run(rand(rng, 2, 3), np.zeros((3, 1), np.int64))
+
+
 def test_gather_of_a_shape(rng):
     # the shape code of the exporters: a dimension of a Shape, as a scalar
     (y,) = check("Gather", {"s": i64(2, 3, 4, 5)}, constants={"i": np.array(0, np.int64)})

@@ -213,6 +213,38 @@ def _build_gather(node, constants):
     return run
 
 
+@operator("GatherND", captures_constants=True)
+def _build_gather_nd(node, constants):
+    """GatherND (opsets 11-13; ``batch_dims`` from 12): each row of the last axis of
+    ``indices`` picks an element or slice of ``data`` after its first ``batch_dims`` axes,
+    which the two share; negative indices count from the end."""
+    node.only("batch_dims")
+    batch_dims = int_attr(node, "batch_dims", 0)
+    require_input(node, 1, "indices")
+    fixed = captured(node, constants, 1)
+
+    def run(data, indices=None):
+        indices = fixed if fixed is not None else indices
+        if indices.dtype.kind not in "iu":
+            raise node.error(f"indices of dtype {indices.dtype}: expected integers")
+        depth = indices.shape[-1] if indices.ndim else 0
+        if (indices.ndim < 1 or not 0 <= batch_dims < min(data.ndim, indices.ndim)
+                or batch_dims + depth > data.ndim
+                or data.shape[:batch_dims] != indices.shape[:batch_dims]):
+            raise node.error(f"indices of shape {indices.shape} with batch_dims={batch_dims} "
+                             f"do not index data of shape {data.shape}")
+        dims = np.array(data.shape[batch_dims:batch_dims + depth], np.int64)
+        picked = np.where(indices < 0, indices + dims, indices).astype(np.int64)
+        if picked.size and (picked.min() < 0 or np.any(picked >= dims)):
+            raise node.error(f"indices out of range for data of shape {data.shape}")
+        batch = int(np.prod(data.shape[:batch_dims], dtype=np.int64))
+        rows = picked.reshape(batch, -1, depth)
+        flat = data.reshape((batch,) + data.shape[batch_dims:])
+        found = flat[(np.arange(batch)[:, None],) + tuple(rows[..., j] for j in range(depth))]
+        return (found.reshape(indices.shape[:-1] + data.shape[batch_dims + depth:]),)
+    return run
+
+
 def _slice_bounds(node, dim, start, end, step):
     """The ONNX Slice of an axis of length ``dim`` as a Python slice: negative start and end
     count from the end, then start is clamped to [0, dim] ([0, dim - 1] for a negative step)
