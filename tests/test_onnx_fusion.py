@@ -164,3 +164,56 @@ def test_the_table_names_known_operators_and_stores():
             if "conv" in role.activation.stores:   # a name cso.Conv2d(activation=) takes
                 assert role.activation.name in cso.arguments.ACTIVATIONS
     assert fusion.role("Softmax") == fusion.Role()   # no part in fusion
+
+
+def composite(rng, chain_nodes, opset=14):
+    """Conv, then ``chain_nodes`` (reading "c", ending in "a"), then a 1x1 Conv."""
+    inits = {"w0": rng.standard_normal((5, 3, 3, 3)).astype(np.float32),
+             "w1": rng.standard_normal((2, 5, 1, 1)).astype(np.float32),
+             "sqrt2": np.array(np.sqrt(2), np.float32), "one": np.array(1, np.float32),
+             "half": np.array(0.5, np.float32), "two": np.array(2, np.float32)}
+    nodes = ([helper.make_node("Conv", ["x", "w0"], ["c"])] + chain_nodes
+             + [helper.make_node("Conv", ["a", "w1"], ["y"])])
+    model = make_model(nodes, [tensor("x", [1, 3, 10, 9])], [tensor("y", None)], inits,
+                       opset=opset)
+    return model, {"x": 3 * rng.standard_normal((1, 3, 10, 9)).astype(np.float32)}
+
+
+SILU = [helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["a"])]
+HARDSWISH = [helper.make_node("HardSigmoid", ["c"], ["s"], alpha=1 / 6, beta=0.5),
+             helper.make_node("Mul", ["s", "c"], ["a"])]
+GELU = [helper.make_node("Div", ["c", "sqrt2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+        helper.make_node("Add", ["e", "one"], ["f"]), helper.make_node("Mul", ["c", "f"], ["g"]),
+        helper.make_node("Mul", ["g", "half"], ["a"])]
+
+
+@pytest.mark.parametrize("chain, ops", [
+    (SILU, ("Sigmoid", "Mul")), (HARDSWISH, ("HardSigmoid", "Mul")),
+    (GELU, ("Div", "Erf", "Add", "Mul", "Mul")),
+])
+def test_an_exported_activation_chain_runs_as_one_step(rng, monkeypatch, chain, ops):
+    loaded = assert_matches_onnxruntime(*composite(rng, chain))
+    assert [step.ops for step in loaded.steps] == [("Conv",), ops, ("Conv",)]
+    kind = loaded.steps[1].run.activation.kind
+    assert kind == {2: "silu" if ops[0] == "Sigmoid" else "hardswish", 5: "gelu"}[len(ops)]
+    monkeypatch.delitem(fusion.COMPOSITES, kind)   # the table decides
+    loaded = assert_matches_onnxruntime(*composite(rng, chain))
+    assert [step.ops for step in loaded.steps] == [("Conv",)] + [(o,) for o in ops] + [("Conv",)]
+
+
+@pytest.mark.parametrize("chain", [
+    # ONNX's own HardSigmoid (alpha 0.2) times x is not hardswish
+    [helper.make_node("HardSigmoid", ["c"], ["s"]), helper.make_node("Mul", ["s", "c"], ["a"])],
+    # the gate read by another node too
+    SILU[:1] + [helper.make_node("Mul", ["c", "s"], ["m"]),
+                helper.make_node("Add", ["m", "s"], ["a"])],
+    # a Div by 2, not by sqrt 2
+    [helper.make_node("Div", ["c", "two"], ["d"])] + GELU[1:],
+    # a Mul by another value than the chain's input
+    [helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Relu", ["c"], ["r"]),
+     helper.make_node("Mul", ["r", "s"], ["a"])],
+])
+def test_a_chain_that_differs_is_left_to_its_operators(rng, chain):
+    loaded = assert_matches_onnxruntime(*composite(rng, chain))
+    assert all(len(step.ops) == 1 or step.ops[0] in ("Conv",) for step in loaded.steps)
+    assert not any(type(step.run).__name__ == "ActivationStep" for step in loaded.steps)

@@ -345,7 +345,7 @@ def test_blas_runs_on_cso_threads(rng, monkeypatch):
 
 
 @pytest.mark.parametrize("case, message", [
-    ("unknown_op", r"node 'n0' \(Sigmoid\): operator Sigmoid is not supported"),
+    ("unknown_op", r"node 'n0' \(Einsum\): operator Einsum is not supported"),
     ("conv_weight_not_constant", r"\(Conv\): the weight must be a constant"),
     ("conv_1d", r"\(Conv\): only 2-D convolutions"),
     ("conv_unknown_attribute", r"\(Conv\): attribute\(s\) \['foo'\] not supported"),
@@ -356,7 +356,7 @@ def test_load_time_errors(rng, case, message):
     w = rng.standard_normal((2, 3, 3, 3)).astype(np.float32)
     inputs, inits = [tensor("x", [1, 3, 8, 8])], {"w": w}
     node = {
-        "unknown_op": helper.make_node("Sigmoid", ["x"], ["y"], name="n0"),
+        "unknown_op": helper.make_node("Einsum", ["x"], ["y"], name="n0", equation="ij->ji"),
         "conv_weight_not_constant": helper.make_node("Conv", ["x", "x"], ["y"]),
         "conv_1d": helper.make_node("Conv", ["x", "w1"], ["y"]),
         "conv_unknown_attribute": helper.make_node("Conv", ["x", "w"], ["y"], foo=1),

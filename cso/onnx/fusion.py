@@ -14,6 +14,7 @@ values >= 0), then ``"conv"`` once ``cso.Conv2d(activation=name)`` takes it, ``"
 ``kernels.affine`` does, ``"sum"`` once ``graph.sum_relu`` does; the steps' flag ``relu``
 (``graph._apply``) then becomes the activation's name.
 """
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -130,6 +131,16 @@ ROLES = {
     "Concat": Role(keeps_sign=_always),
 }
 
+# chains of elementwise nodes that exporters write for one activation of the chain's input x,
+# each node the only reader of the one before; a node is (op type, its attributes, its other
+# operand: "x", a constant scalar, or none); a chain runs as one compiled activation step
+COMPOSITES = {
+    "silu": [("Sigmoid", {}, None), ("Mul", {}, "x")],
+    "hardswish": [("HardSigmoid", {"alpha": 1 / 6, "beta": 0.5}, None), ("Mul", {}, "x")],
+    "gelu": [("Div", {}, math.sqrt(2)), ("Erf", {}, None), ("Add", {}, 1.0), ("Mul", {}, "x"),
+             ("Mul", {}, 0.5)],
+}
+
 # the heads that are no operator: a per-channel affine chain with no head before it, a sum
 AFFINE_CHAIN = Head("affine", affine=True)
 SUM = Head("sum")
@@ -161,3 +172,50 @@ def keeps_sign(node):
     """Whether ``node``'s outputs are >= 0 when its inputs are."""
     check = role(node.op_type).keeps_sign
     return check is not None and check(node)
+
+
+def composite_of(node, only_consumer, constants):
+    """(the activation kind, the chain's nodes) of the ``COMPOSITES`` chain that starts at
+    ``node``, or None. ``only_consumer(name)`` is the node that alone reads a value (None when
+    several do, or it is a graph output)."""
+    x = node.inputs[0] if node.inputs else ""
+    for kind, chain in COMPOSITES.items():
+        nodes, current, previous = [], node, x
+        for op_type, attrs, operand in chain:
+            if (current is None or current.op_type != op_type
+                    or not _operands_match(current, previous, operand, x, constants)
+                    or not _attrs_match(current, attrs)):
+                break
+            nodes.append(current)
+            previous = current.outputs[0]
+            if len(nodes) < len(chain):
+                current = only_consumer(previous)
+        else:
+            return kind, nodes
+    return None
+
+
+def _operands_match(node, previous, operand, x, constants):
+    """Whether ``node`` reads ``previous`` (first, for a Div) and ``operand`` besides."""
+    inputs = list(node.inputs)
+    if len([o for o in node.outputs if o]) != 1 or previous not in inputs:
+        return False
+    if operand is None:
+        return inputs == [previous]
+    if len(inputs) != 2 or (node.op_type == "Div" and inputs[0] != previous):
+        return False
+    other = inputs[1] if inputs[0] == previous and inputs[1] != previous else inputs[0]
+    if operand == "x":
+        return other == x and previous != x
+    value = constants.get(other)
+    return (value is not None and value.size == 1 and value.dtype.kind == "f"
+            and abs(float(value.reshape(())) - operand) <= 1e-6 * abs(operand))
+
+
+def _attrs_match(node, attrs):
+    """Whether ``node`` has exactly the attributes ``attrs`` (floats as ONNX keeps them, in
+    float32: within 1e-6)."""
+    return set(node.attrs) == set(attrs) and all(
+        isinstance(node.attrs[name], float) and math.isclose(node.attrs[name], value,
+                                                             rel_tol=1e-6)
+        for name, value in attrs.items())

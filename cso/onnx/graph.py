@@ -8,7 +8,7 @@ from typing import Callable
 
 import numpy as np
 
-from .. import get_num_threads
+from .. import Activation, activate, get_num_threads
 from . import concat, fusion, kernels
 from .conv import ConvStep, gemm_as_conv
 from .node import Node, UnsupportedModel
@@ -173,6 +173,25 @@ class AffineStep:
         x = np.ascontiguousarray(x)
         out = buffers.get(x.shape, x.dtype) if buffers else np.empty_like(x)
         return (kernels.affine(x, out, *cast, self.relu, get_num_threads()),)
+
+
+class ActivationStep:
+    """A chain of elementwise nodes that computes one activation of its input (``fusion.
+    COMPOSITES``: SiLU as Sigmoid and Mul, GELU as Div, Erf, Add, Mul, Mul) as one compiled
+    pass (``cso.activate``)."""
+
+    jobs_only = True   # a call runs the compiled kernel alone (see ``cso.onnx.program``)
+
+    def __init__(self, node, kind):
+        self.node = node   # the chain's first, named in errors
+        self.activation = Activation(kind)
+
+    def __call__(self, x, buffers=None, out=None):
+        if x.dtype not in (np.float32, np.float64):
+            raise self.node.error(f"input of dtype {x.dtype} is not supported: float32, float64")
+        if out is None:
+            out = buffers.get(x.shape, x.dtype) if buffers else np.empty_like(x)
+        return (activate(x, self.activation, out),)
 
 
 def sum_relu(*terms, buffers=None):
@@ -396,6 +415,12 @@ class Fuser:
                 run, ops = AffineStep(node, channels), []
                 out = self.fuse_after(run, data, fusion.AFFINE_CHAIN, ops, channels, node)
                 return Step(tuple(ops), run, [data], [out], buffered=True)
+        composite = fusion.composite_of(node, self.only_consumer, self.graph.constants)
+        if composite is not None:
+            kind, chain = composite
+            self.fused.update(id(n) for n in chain)
+            return Step(tuple(n.op_type for n in chain), ActivationStep(node, kind),
+                        node.inputs[:1], chain[-1].outputs, buffered=True, takes_out=True)
         if role.residual and not node.attrs:
             ops = [node.op_type]
             activation, out = self.take_activation(node.outputs[0], fusion.SUM.store, ops)
