@@ -269,6 +269,16 @@ def test_matmul(shapes, dtype, rng):
     check("MatMul", {"a": a}, constants={"b": b}, opset=9, rtol=1e-5, atol=1e-5)
 
 
+def test_matmul_of_a_strided_stack_by_a_matrix(rng):
+    """Channels-last rows (a Transpose's view) by one matrix: one GEMM of every row."""
+    a = rand(rng, 2, 16, 5, 7).transpose(0, 2, 3, 1)
+    b = rand(rng, 16, 9)
+    (y,) = build("MatMul", inputs=("a", "b"))(a, b)
+    assert y.shape == (2, 5, 7, 9) and y.flags.c_contiguous
+    np.testing.assert_allclose(y, np.matmul(a.astype(np.float64), b), rtol=1e-5, atol=1e-5)
+    assert a.base is not None and not a.flags.c_contiguous   # the input left as it was
+
+
 def test_matmul_integers_and_mismatch(rng):
     check("MatMul", {"a": ints(rng, 2, 3, 4), "b": ints(rng, 4, 2)})
     with pytest.raises(UnsupportedModel, match="'my_matmul'.*do not multiply"):

@@ -88,5 +88,10 @@ def _build_matmul(node, constants):
                              f"scalars")
         if a.shape[-1] != b.shape[-2 if b.ndim > 1 else 0]:
             raise node.error(f"operands of shapes {a.shape} and {b.shape} do not multiply")
+        if b.ndim == 2 and a.ndim > 2:
+            # a stack of rows times one matrix is one GEMM of all the rows: NumPy would loop
+            # over the stack, and off BLAS for a strided view (a Transpose's)
+            rows = np.ascontiguousarray(a).reshape(-1, a.shape[-1])
+            return (np.matmul(rows, b).reshape(a.shape[:-1] + b.shape[1:]),)
         return (np.asarray(np.matmul(a, b)),)
     return run
