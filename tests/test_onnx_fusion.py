@@ -217,3 +217,31 @@ def test_a_chain_that_differs_is_left_to_its_operators(rng, chain):
     loaded = assert_matches_onnxruntime(*composite(rng, chain))
     assert all(len(step.ops) == 1 or step.ops[0] in ("Conv",) for step in loaded.steps)
     assert not any(type(step.run).__name__ == "ActivationStep" for step in loaded.steps)
+
+
+def test_a_squeeze_excitation_gate_is_a_compiled_job_a_replay_covers(rng):
+    """Conv, the gate (global pool, 1x1 Conv, Relu, 1x1 Conv, Sigmoid) and the Mul of the
+    Conv's planes by it, then a Conv: the Mul runs compiled, so the recording covers the
+    whole model and a replay gives onnxruntime's values on new input."""
+    inits = {"w0": rng.standard_normal((8, 3, 3, 3)).astype(np.float32),
+             "w1": rng.standard_normal((4, 8, 1, 1)).astype(np.float32),
+             "w2": rng.standard_normal((8, 4, 1, 1)).astype(np.float32),
+             "w3": rng.standard_normal((5, 8, 1, 1)).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c"]),
+             helper.make_node("GlobalAveragePool", ["c"], ["p"]),
+             helper.make_node("Conv", ["p", "w1"], ["q"]),
+             helper.make_node("Relu", ["q"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["s"]),
+             helper.make_node("Sigmoid", ["s"], ["g"]),
+             helper.make_node("Mul", ["c", "g"], ["m"]),
+             helper.make_node("Conv", ["m", "w3"], ["y"])]
+    model = make_model(nodes, [tensor("x", [2, 3, 9, 10])], [tensor("y", None)], inits)
+    x = rng.standard_normal((2, 3, 9, 10)).astype(np.float32)
+    loaded = assert_matches_onnxruntime(model, {"x": x})
+    (program,) = loaded._programs.values()
+    assert program.resume == len(loaded.steps)   # every step replayed
+    assert_matches_onnxruntime(model, {"x": 2 * x}, loaded)   # a replay
+    plain = make_model([helper.make_node("Mul", ["a", "b"], ["y"])],
+                       [tensor("a", [2, 3, 4]), tensor("b", [3, 1])], [tensor("y", None)])
+    assert_matches_onnxruntime(plain, {"a": rng.standard_normal((2, 3, 4)).astype(np.float32),
+                                       "b": rng.standard_normal((3, 1)).astype(np.float32)})

@@ -1,9 +1,11 @@
 """Elementwise ONNX operators in vectorised NumPy: arithmetic with NumPy's (multidirectional)
-broadcasting, comparisons and logic, Where, Cast. Outputs keep the inputs' dtype (comparisons
+broadcasting, comparisons and logic, Where, Cast; a squeeze-excitation Mul compiled. Outputs keep the inputs' dtype (comparisons
 make bool); none writes into its inputs."""
 import numpy as np
 
-from .registry import DTYPES, captured, int_attr, operator, require_input
+from .. import get_num_threads
+from . import kernels
+from .registry import DTYPES, captured, int_attr, operator, output, require_input
 
 
 # --- the first set: Add and Mul (also fused, see ``fusion``), Sum, Relu, Identity ----------
@@ -14,10 +16,42 @@ def _build_add(node, constants):
     return lambda a, b: (np.add(a, b),)
 
 
-@operator("Mul")
+@operator("Mul", takes_out=True)
 def _build_mul(node, constants):
+    """Mul; a squeeze-excitation gate, (N, C, H, W) times (N, C, 1, 1), as a compiled scaling
+    of each plane (``kernels.affine``), a job a recorded run replays."""
     node.only()
-    return lambda a, b: (np.multiply(a, b),)
+    zeros = {}   # (planes, dtype) -> the shift the scaling adds: none
+
+    def run(a, b, out=None, buffers=None):
+        planes = _gated_planes(a, b)
+        if planes is not None:
+            x, gate = planes
+            result = output(node, x.shape, x.dtype, out, buffers)
+            n, c = x.shape[:2]
+            key = (n * c, x.dtype)
+            if key not in zeros:
+                zeros[key] = np.zeros(n * c, x.dtype)
+            flat = (1, n * c) + x.shape[2:]   # each plane its own scale
+            kernels.affine(x.reshape(flat), result.reshape(flat),
+                           np.ascontiguousarray(gate).reshape(-1), zeros[key], False,
+                           get_num_threads())
+            return (result,)
+        shape, dtype = np.broadcast_shapes(a.shape, b.shape), np.result_type(a, b)
+        if out is None and buffers is not None:
+            out = buffers.get(shape, dtype)
+        return (np.multiply(a, b, out=out),)
+    return run
+
+
+def _gated_planes(a, b):
+    """(x, gate) when one of ``a`` and ``b`` is a C-contiguous float (N, C, H, W) tensor and
+    the other an (N, C, 1, 1) gate of its dtype, else None."""
+    for x, gate in ((a, b), (b, a)):
+        if (x.ndim == 4 and gate.shape == x.shape[:2] + (1, 1) and x.dtype == gate.dtype
+                and x.dtype in (np.float32, np.float64) and x.flags.c_contiguous and x.size):
+            return x, gate
+    return None
 
 
 @operator("Sum")
