@@ -84,12 +84,7 @@ def calibration(isa_name, again=False):
     """This host's calibration record for kernels of ``isa_name`` (a dict; see ``measure``):
     loaded from the persistent cache, else (or ``again``) measured and saved. Once per
     process and ISA."""
-    path = cache.record_path("calibration", isa_name)
-    found = None if again else cache.load_record(path, VERSION)
-    if found is None:
-        found = measure(model_machine(isa_name), isa_name)
-        cache.save_record(path, found)
-    return found
+    return _record("calibration", VERSION, measure, isa_name, again)
 
 
 @compiled_once
@@ -97,10 +92,14 @@ def host_facts(isa_name, again=False):
     """This host's facts beside the calibration, which plans do not read (a dict; see
     ``measure_facts``): loaded from the persistent cache, else (or ``again``) measured and
     saved. Once per process and ISA."""
-    path = cache.record_path("host_facts", isa_name)
-    found = None if again else cache.load_record(path, FACTS_VERSION)
+    return _record("host_facts", FACTS_VERSION, measure_facts, isa_name, again)
+
+
+def _record(kind, version, measure_record, isa_name, again):
+    path = cache.record_path(kind, isa_name)
+    found = None if again else cache.load_record(path, version)
     if found is None:
-        found = measure_facts(model_machine(isa_name), isa_name)
+        found = measure_record(model_machine(isa_name), isa_name)
         cache.save_record(path, found)
     return found
 

@@ -12,55 +12,12 @@ from cso.onnx.graph import AffineStep  # noqa: E402
 from cso.onnx.node import Node, UnsupportedModel  # noqa: E402
 from cso.onnx.ops import OPERATORS  # noqa: E402
 
-try:
-    import onnxruntime
-except ImportError:
-    onnxruntime = None
+from .onnx_models import _model, build, check as check_operator  # noqa: E402
 
 
-def _model(op, inputs, outputs, attrs, opset, feeds, constants):
-    node = helper.make_node(op, inputs, outputs, name=f"my_{op.lower()}", **attrs)
-    graph = helper.make_graph(
-        [node], "one_node",
-        [helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
-         for name, a in feeds.items()],
-        [helper.make_empty_tensor_value_info(name) for name in outputs if name],
-        [numpy_helper.from_array(np.asarray(a), name) for name, a in constants.items()])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
-                             ir_version=8)
-
-
-def build(op, attrs=None, opset=13, inputs=("x",), outputs=("y",), constants=None):
-    """Our operator for a one-node model (and the model)."""
-    constants = constants or {}
-    model = _model(op, list(inputs), list(outputs), attrs or {}, opset, {}, constants)
-    return OPERATORS[op](Node.from_proto(model.graph.node[0], opset), constants)
-
-
-def check(op, feeds, attrs=None, opset=13, inputs=None, outputs=("y",), constants=None,
-          engines=("ort", "reference"), rtol=1e-5, atol=1e-6):
-    """Run ``op`` ourselves and on each engine; assert equal values, shapes and dtypes of the
-    named outputs; return all our outputs."""
-    constants = constants or {}
-    inputs = list(feeds) + list(constants) if inputs is None else list(inputs)
-    model = _model(op, inputs, list(outputs), attrs or {}, opset, feeds, constants)
-    run = OPERATORS[op](Node.from_proto(model.graph.node[0], opset), constants)
-    ours = run(*[feeds.get(name, constants.get(name)) if name else None for name in inputs])
-    assert len(ours) == len(outputs)
-    named = [y for y, name in zip(ours, outputs) if name]
-    for engine in engines:
-        if engine == "ort":
-            if onnxruntime is None:
-                continue
-            expected = onnxruntime_session(model, 1).run(None, feeds)
-        else:
-            expected = ReferenceEvaluator(model).run(None, feeds)
-        for got, want in zip(named, expected, strict=True):
-            want = np.asarray(want)
-            assert got.dtype == want.dtype, engine
-            assert got.shape == want.shape, engine
-            np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=engine)
-    return ours
+def check(*args, rtol=1e-5, atol=1e-6, **kwargs):
+    """``onnx_models.check`` at this file's tolerance."""
+    return check_operator(*args, rtol=rtol, atol=atol, **kwargs)
 
 
 def rand(rng, *shape, dtype=np.float32):

@@ -77,7 +77,7 @@ def _build_relu(node, constants):
     def run(x):
         # NumPy's maximum with a scalar takes a slow loop, with a long zero row a fast one
         if x.ndim == 0 or x.shape[-1] < 64:
-            return (np.maximum(x, 0),)
+            return (np.asarray(np.maximum(x, 0)),)   # (a 0-d array, not NumPy's scalar)
         key = (x.shape[-1], x.dtype)
         if key not in zeros:
             zeros[key] = np.zeros(x.shape[-1], x.dtype)

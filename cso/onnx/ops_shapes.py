@@ -2,8 +2,8 @@
 arithmetic around them), in NumPy; many return views of their input."""
 import numpy as np
 
-from .registry import (axes_in, axis_in, captured, constant, input_name, int_attr, int_list_attr,
-                       int_values, operator, refuse_outputs, require_input)
+from .registry import (axes_in, axis_in, captured, constant, input_name, int_attr, int_input,
+                       int_list_attr, int_values, operator, refuse_outputs, require_input)
 
 
 @operator("Concat")
@@ -364,13 +364,10 @@ def _build_split(node, constants):
 @operator("Expand", captures_constants=True)
 def _build_expand(node, constants):
     node.only()
-    require_input(node, 1, "shape")
-    fixed = captured(node, constants, 1)
-    if fixed is not None:
-        fixed = int_values(node, fixed, "shape")
+    shape_of = int_input(node, constants, 1, "shape")
 
     def run(x, shape=None):
-        target = fixed if fixed is not None else int_values(node, shape, "shape")
+        target = shape_of(shape)
         try:     # bidirectional: a 1 in the shape keeps the input's dimension
             shape = np.broadcast_shapes(x.shape, tuple(target))
         except ValueError:
@@ -383,13 +380,10 @@ def _build_expand(node, constants):
 @operator("Tile", captures_constants=True)
 def _build_tile(node, constants):
     node.only()
-    require_input(node, 1, "repeats")
-    fixed = captured(node, constants, 1)
-    if fixed is not None:
-        fixed = int_values(node, fixed, "repeats")
+    repeats_of = int_input(node, constants, 1, "repeats")
 
     def run(x, repeats=None):
-        counts = fixed if fixed is not None else int_values(node, repeats, "repeats")
+        counts = repeats_of(repeats)
         if len(counts) != x.ndim or min(counts, default=0) < 0:
             raise node.error(f"repeats {counts}: expected {x.ndim} counts >= 0")
         return (np.tile(x, counts),)

@@ -61,6 +61,16 @@ def captured(node, constants, index):
     return constants.get(input_name(node, index))
 
 
+def int_input(node, constants, index, what):
+    """``value(given=None)``: input ``index`` (``what``, required) as a list of ints, the
+    load-time constant (checked once, here; a run then gets None for it) or the tensor a run
+    passes (checked then)."""
+    require_input(node, index, what)
+    fixed = captured(node, constants, index)
+    fixed = None if fixed is None else int_values(node, fixed, what)
+    return lambda given=None: fixed if given is None else int_values(node, given, what)
+
+
 def require_input(node, index, what):
     """Raise unless input ``index`` (``what``) is given."""
     if not input_name(node, index):
