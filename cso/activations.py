@@ -178,7 +178,8 @@ def activate(x, activation, out=None):
     # a strided out is written through a copy: the source's when it is one already
     target = (out if out.flags.c_contiguous else source if source is not x
               else np.empty_like(source))
-    _run(activation, source, target)
+    # a recording keeps what the job points to but the caller's arrays (its temporaries)
+    _run(activation, source, target, [a for a in (source, target) if a is not x and a is not out])
     if target is not out:
         out[...] = target
     return out
@@ -193,12 +194,13 @@ def _addresses(kind, dtype, isa_setting):
             native_function(define_activation, spec).address)
 
 
-def _run(activation, x, out):
-    """``out`` = the activation of ``x``, both C-contiguous of one dtype and size (>= 1)."""
+def _run(activation, x, out, temporaries):
+    """``out`` = the activation of ``x``, both C-contiguous of one dtype and size (>= 1);
+    ``temporaries``: those of them the caller made, which a recording keeps."""
     part, kernel = _addresses(activation.kind, x.dtype, os.environ.get(ISA_ENV))
     params = activation.vector(x.dtype)
     threads = get_num_threads()
     parts = max(1, min(threads, x.size // MIN_PART, MAX_PARTS))
     args = np.array([kernel, data_address(x), data_address(out), x.size, data_address(params),
                      x.itemsize, parts], np.int64)
-    run_parts(part, data_address(args), parts, threads, keep=(args, params, x, out))
+    run_parts(part, data_address(args), parts, threads, keep=(args, params, *temporaries))

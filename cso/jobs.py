@@ -42,6 +42,7 @@ from .threads import SPIN_ROUNDS, pool_address
 __all__ = ["LINE", "Recording", "aligned_empty", "compiled_once", "data_address",
            "active_recording", "new_workspace", "run_jobs", "run_parts", "unrecorded"]
 
+
 class _Active(threading.local):
     recording = None   # this thread's active Recording (a class default: no getattr miss)
 

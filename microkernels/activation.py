@@ -3,9 +3,8 @@
 ``apply(bld, kind, value, params)`` returns activation ``kind`` (``spec.ACTIVATIONS``) of the
 float vector ``value``; ``params`` are its parameters as run-time vectors of ``value``'s type,
 in the order ``ACTIVATIONS[kind]`` names them. Anything that writes vectors can call it (a
-kernel's store as well as ``define_activation``'s loop). ``exp``, ``sigmoid``, ``tanh`` and
-``erf`` are there on their own too. The code is branch-free vector IR for any float vector
-type: the ISA only sets the width, the dtype the constants.
+kernel's store as well as ``define_activation``'s loop). The code is branch-free vector IR for
+any float vector type: the ISA only sets the width, the dtype the constants.
 
 The semantics are PyTorch's; NaN gives NaN (relu and clip too), infinities give the limits
 (silu, gelu and hardswish of -inf are 0, not -inf * 0), and nothing overflows on the way.
@@ -269,22 +268,6 @@ def apply(bld, kind, value, params=()):
         raise ValueError(f"activation {kind!r} takes parameters {ACTIVATIONS[kind]}, got "
                          f"{len(params)}")
     return getattr(VectorMath(bld, value.type), kind)(value, *params)
-
-
-def exp(bld, value):
-    return VectorMath(bld, value.type).exp(value)
-
-
-def sigmoid(bld, value):
-    return VectorMath(bld, value.type).sigmoid(value)
-
-
-def tanh(bld, value):
-    return VectorMath(bld, value.type).tanh(value)
-
-
-def erf(bld, value):
-    return VectorMath(bld, value.type).erf(value)
 
 
 ARGS = ("x", "out", "n", "params")

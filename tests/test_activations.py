@@ -422,3 +422,19 @@ def test_activate_refuses_bad_arrays():
         cso.activate(x, "mish")
     with pytest.raises(TypeError, match="activation must be"):
         cso.activate(x, 1)
+
+
+def test_a_recording_keeps_the_job_not_the_callers_arrays(rng):
+    """A recorded activation keeps its arguments, not ``x`` and ``out`` (which a model's
+    buffers hand out again once nothing else refers to them), and replays on new values."""
+    import sys
+    from cso.jobs import Recording
+    x = rng.standard_normal(1000).astype(np.float32)
+    out = np.empty_like(x)
+    before = sys.getrefcount(x), sys.getrefcount(out)
+    with Recording() as recording:
+        cso.activate(x, "silu", out)
+    assert len(recording) == 1 and (sys.getrefcount(x), sys.getrefcount(out)) == before
+    x[...] = rng.standard_normal(1000)
+    recording.replay(1)
+    np.testing.assert_allclose(out, activation_values("silu", x), rtol=1e-6, atol=1e-7)

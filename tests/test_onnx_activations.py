@@ -87,11 +87,14 @@ def test_clip_bounds_as_inputs_constant_or_made_at_run_time(rng, runtime):
     model = single("Clip", {}, 13, extra_inputs=[("low", runtime), ("high", runtime)],
                    initializers={} if runtime else {"low": low, "high": high})
     feeds = {"x": x, **({"low": low, "high": high} if runtime else {})}
-    (y,) = cso.onnx.load(model).run(None, feeds)
+    loaded = cso.onnx.load(model)
+    (y,) = loaded.run(None, feeds)
     assert_close(y, activation_values("clip", x, (-0.5, 3.0)), np.float32)
-    if runtime:   # other bounds, the same model: min > max gives max everywhere
-        (y,) = cso.onnx.load(model).run(None, {**feeds, "low": np.array(2, np.float32),
-                                               "high": np.array(1, np.float32)})
+    (program,) = loaded._programs.values()   # recorded by the load's run
+    assert program.resume == (0 if runtime else 1)   # bounds made at run time: not replayed
+    if runtime:   # other bounds, the same loaded model: min > max gives max everywhere
+        (y,) = loaded.run(None, {**feeds, "low": np.array(2, np.float32),
+                                 "high": np.array(1, np.float32)})
         finite = ~np.isnan(x)
         assert np.all(y[finite] == 1) and np.isnan(y[~finite]).all()
 

@@ -11,7 +11,7 @@ from onnx import helper, numpy_helper  # noqa: E402
 from bench.models import onnxruntime_session  # noqa: E402
 from cso.onnx.node import UnsupportedModel  # noqa: E402
 
-from .onnx_models import _model, build, check  # noqa: E402
+from .onnx_models import build, check  # noqa: E402
 
 
 def rand(rng, *shape, dtype=np.float32):

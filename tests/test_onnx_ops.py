@@ -4,10 +4,8 @@ import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx")
-from onnx import helper, numpy_helper  # noqa: E402
-from onnx.reference import ReferenceEvaluator  # noqa: E402
+from onnx import numpy_helper  # noqa: E402
 
-from bench.models import onnxruntime_session  # noqa: E402
 from cso.onnx.graph import AffineStep  # noqa: E402
 from cso.onnx.node import Node, UnsupportedModel  # noqa: E402
 from cso.onnx.ops import OPERATORS  # noqa: E402

@@ -1,11 +1,12 @@
 """torchvision's classification CNNs, one per family at reduced width or input size, exported
 with random weights by the TorchScript exporter (opset 17) and the dynamo exporter (opset 18)
-(``tests/data/zoo/make_models.py``): each loads and gives onnxruntime's output within 5e-4 of
-its largest magnitude, and a SiLU-heavy one a float64 reference's within 1e-4.
+(``tests/data/zoo/make_models.py``): each loads and gives onnxruntime's output within 1e-4 of
+its largest magnitude, and EfficientNet-B0 (ts17) a float64 evaluation's within 1e-4.
 
-onnxruntime's float32 sigmoid is itself 2.1e-4 off a float64 evaluation of EfficientNet-B0
-(ts17) where cso is 2.2e-5 off (cso and onnxruntime 2.3e-4 apart): against onnxruntime the
-bound is onnxruntime's error, not cso's."""
+onnxruntime's float32 sigmoid is itself 2.1e-4 off a float64 evaluation of that
+EfficientNet-B0, where cso is 2.2e-5 off (cso and onnxruntime 2.3e-4 apart): against
+onnxruntime it alone is allowed 5e-4, onnxruntime's error, and is held to 1e-4 against
+float64."""
 from pathlib import Path
 
 import numpy as np
@@ -29,8 +30,13 @@ def test_the_set_covers_every_family_with_both_exporters():
                for family in families for exporter in ("ts17", "dy18"))
 
 
+# onnxruntime's own float32 error on this model's sigmoids (see above)
+ONNXRUNTIME_OFF = {"efficientnet_b0.ts17": 5e-4}
+
+
 @pytest.mark.parametrize("path", MODELS, ids=[path.stem for path in MODELS])
 def test_exported_cnn_matches_onnxruntime(path, rng):
+    bound = ONNXRUNTIME_OFF.get(path.stem, 1e-4)
     model = cso.onnx.load(path)
     (name,) = model.input_names
     shape, dtype = model.inputs[name]
@@ -38,10 +44,10 @@ def test_exported_cnn_matches_onnxruntime(path, rng):
     (ours,) = model.run(None, {name: x})
     (theirs,) = onnxruntime_session(str(path), 1).run(None, {name: x})
     assert ours.shape == theirs.shape
-    assert relative_error(ours, theirs) <= 5e-4
+    assert relative_error(ours, theirs) <= bound
     (again,) = model.run(None, {name: 2 * x})   # a replay of the recorded run, on other data
     (theirs,) = onnxruntime_session(str(path), 1).run(None, {name: 2 * x})
-    assert relative_error(again, theirs) <= 5e-4
+    assert relative_error(again, theirs) <= bound
 
 
 def float64_copy(model):

@@ -7,7 +7,7 @@ per-channel affine maps folded into a head's filters and bias, a sum's other ter
 convolution's store, an activation applied as the store writes. Each store applies the
 activations it has code for (``STORES``); a value >= 0 needs no Relu, which is then dropped.
 
-A new activation is a ``Role(activation=Activation(...))`` entry in ``ROLES``; its node runs
+A new activation is a ``Role(activation=StoreActivation(...))`` entry in ``ROLES``; its node runs
 as its operator (registered in ``ops``) where nothing takes it. The entry's ``stores`` are
 those with code for it: none at first (what it says of the sign still elides Relus and keeps
 values >= 0), then ``"conv"`` once ``cso.Conv2d(activation=name)`` takes it, ``"affine"`` once
@@ -38,7 +38,7 @@ class Head:
 
 
 @dataclass(frozen=True)
-class Activation:
+class StoreActivation:
     """An elementwise function a step can apply as it stores its output."""
     name: str                # the stores' name for it: cso.Conv2d(activation=name)
     stores: frozenset        # the keys of STORES whose store applies it
@@ -56,7 +56,7 @@ class Role:
     # (node, data, constants, channels) -> (scale, shift) per channel when the node computes
     # ``data * scale + shift`` with constant operands, else None
     affine: Optional[Callable] = None
-    activation: Optional[Activation] = None
+    activation: Optional[StoreActivation] = None
     residual: bool = False   # a sum: its other term added in a head's store, or a sum step
     # node -> whether its outputs are >= 0 when its inputs are
     keeps_sign: Optional[Callable] = None
@@ -113,8 +113,8 @@ def _undilated(node):
     return node.attr("dilations", [1, 1]) == [1, 1]
 
 
-RELU = Activation("relu", frozenset({"conv", "affine", "sum"}), nonnegative=True,
-                  identity_on_nonnegative=True)
+RELU = StoreActivation("relu", frozenset({"conv", "affine", "sum"}), nonnegative=True,
+                       identity_on_nonnegative=True)
 
 ROLES = {
     "Conv": Role(head=Head("conv", affine=True, residual=True)),
@@ -154,7 +154,7 @@ def role(op_type):
 
 
 def activation_of(node, constants):
-    """The Activation ``node`` computes (``constants``: the graph's), or None."""
+    """The StoreActivation ``node`` computes (``constants``: the graph's), or None."""
     activation = role(node.op_type).activation
     return activation if activation is not None and activation.computes(node, constants) else None
 

@@ -320,7 +320,7 @@ class Fuser:
         return out
 
     def take_activation(self, out, store, ops):
-        """(the Activation, its output name) of the node that alone reads ``out`` if
+        """(the StoreActivation, its output name) of the node that alone reads ``out`` if
         ``store`` applies it, the node then fused and its op type added to ``ops``; else (None,
         ``out``)."""
         node = self.only_consumer(out)

@@ -5,7 +5,7 @@ import numpy as np
 
 from .. import get_num_threads
 from . import kernels
-from .registry import DTYPES, captured, int_attr, operator, output, require_input
+from .registry import DTYPES, captured, floats, int_attr, operator, output, require_input
 
 
 # --- the first set: Add and Mul (also fused, see ``fusion``), Sum, Relu, Identity ----------
@@ -164,9 +164,8 @@ def _unary(ufunc, floats_only, domain=False):
         node.only()
 
         def run(x):
-            if floats_only and x.dtype.kind != "f":
-                raise node.error(f"input of dtype {x.dtype} is not supported: a floating-point "
-                                 f"type")
+            if floats_only:
+                floats(node, x)
             if domain:
                 with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                     return (np.asarray(ufunc(x)),)
@@ -215,9 +214,7 @@ def _build_mean(node, constants):
         raise node.error("expected one or more inputs")
 
     def run(*xs):
-        if xs[0].dtype.kind != "f":
-            raise node.error(f"input of dtype {xs[0].dtype} is not supported: a floating-point "
-                             f"type")
+        floats(node, xs[0])
         if len(xs) == 1:
             return (xs[0],)
         total = np.add(xs[0], xs[1])

@@ -4,8 +4,8 @@ import numpy as np
 
 from .. import get_num_threads
 from . import kernels
-from .registry import (DTYPES, axis_in, captured, constant, int_attr, kernel_input, operator,
-                       output, refuse_outputs, require_input)
+from .registry import (DTYPES, axis_in, captured, constant, floats, int_attr, kernel_input,
+                       operator, output, refuse_outputs, require_input)
 
 
 @operator("BatchNormalization", captures_constants=True)
@@ -71,8 +71,7 @@ def _build_layer_normalization(node, constants):
     omitted = (None,) * (len(node.outputs) - 1)
 
     def run(x, scale=None, bias=None):
-        if x.dtype.kind != "f":
-            raise node.error(f"input of dtype {x.dtype} is not supported: a floating-point type")
+        floats(node, x)
         scale = fixed[0] if fixed[0] is not None else scale
         bias = fixed[1] if fixed[1] is not None else bias
         first = axis_in(node, axis, x.ndim)

@@ -23,9 +23,10 @@ def operator(*op_types, captures_constants=False, takes_out=False):
     """Register the decorated builder for ``op_types``. ``captures_constants``: it keeps every
     constant input it uses beyond the first, so the model passes None for those at run time
     and does not keep the constants themselves. ``takes_out``: its run takes ``out=`` (an array
-    to make the output in) and ``buffers=`` (a ``Buffers`` to take it from), and does nothing
-    but run compiled kernels on C-contiguous input (a Softmax over another axis or in float16
-    runs NumPy, and a recording, seeing no job, stops)."""
+    to make the output in) and ``buffers=`` (a ``Buffers`` to take it from), and on the inputs
+    its kernels take (C-contiguous, of their dtypes and shapes) runs compiled kernels alone;
+    on others it runs NumPy (a Softmax over another axis, a Mul of other shapes, an integer
+    Clip), and a recording, seeing no job, stops there."""
     def register(build):
         for op_type in op_types:
             OPERATORS[op_type] = build
