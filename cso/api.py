@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import Literal, Optional, Union
+from typing import Optional, Union
 
 import numpy as np
 
 import csa
-from microkernels import ACCUMULATE, BIAS, RELU, DepthwiseSpec, KernelSpec
+from microkernels import ACCUMULATE, ACTIVATE, BIAS, DepthwiseSpec, KernelSpec
 from microkernels.aligned import aligned_empty
 from microkernels.once import fork_safe_lock
 from packing import pack_filters, repack_filters, unpack_filters
@@ -20,6 +20,7 @@ from packing import pack_filters, repack_filters, unpack_filters
 from . import arguments as args
 from . import autotune
 from . import host
+from .activations import Activation
 from .lowering import ALL_PHASES
 from .prepared import Prepared
 from .threads import get_num_threads
@@ -29,6 +30,7 @@ IntPair = Union[int, tuple[int, int]]
 Padding = Union[int, tuple[int, int], tuple[tuple[int, int], tuple[int, int]], str]
 Plan = Union[csa.SlicingPlan, csa.DepthwisePlan]
 Shape = tuple[int, ...]
+ActivationArg = Union[None, str, Activation]   # see ``Activation.of``
 
 PREPARED_SHAPES = 64  # input shapes a Conv2d keeps prepared
 _tables = fork_safe_lock()   # guards every Conv2d's tables of packed filters and prepared shapes
@@ -36,7 +38,9 @@ _tables = fork_safe_lock()   # guards every Conv2d's tables of packed filters an
 
 class Conv2d:
     """A convolution with fixed weights: validates and packs ``weight`` once, then ``conv(x)``
-    runs it on any input with the right channel count. ``input_shape``, when the input size is
+    runs it on any input with the right channel count. ``activation`` (as ``conv2d``'s) is
+    applied as the output is stored: no pass of its own over the output. ``input_shape``, when
+    the input size is
     known at load time, packs the filters for that shape's plan (else for the usual
     orientation; another orientation repacks once on first use). ``plan_overrides`` forces CSA
     choices (``csa.OVERRIDES``: ``vectors_along`` 'windows'/'filters', ``microtile_shape``,
@@ -57,7 +61,7 @@ class Conv2d:
 
     def __init__(self, weight: np.ndarray, bias: Optional[np.ndarray] = None,
                  stride: IntPair = 1, padding: Padding = 0, dilation: IntPair = 1,
-                 groups: int = 1, activation: Optional[Literal["relu"]] = None, *,
+                 groups: int = 1, activation: ActivationArg = None, *,
                  input_shape: Optional[Shape] = None, plan_overrides: Optional[dict] = None,
                  isa: Optional[str] = None, tune: bool = False, accumulate: bool = False,
                  channel_shuffle: int = 1) -> None:
@@ -75,7 +79,7 @@ class Conv2d:
         self.stride = args.pair("stride", stride, 1)
         self.dilation = args.pair("dilation", dilation, 1)
         self.padding = args.padding_rule(padding)
-        self.activation = args.check_activation(activation)
+        self.activation = _store_activation(activation)
         self.isa = host.check_isa(isa)
         try:
             depthwise, overrides = csa.check_overrides(weight.shape[1], **(plan_overrides or {}))
@@ -132,7 +136,7 @@ class Conv2d:
         found = self._by_shape.get(key)
         if found is None:
             spec = self.spec_for(shape, dtype)
-            flags = ((BIAS if self.bias.size else 0) | (RELU if self.activation == "relu" else 0)
+            flags = ((BIAS if self.bias.size else 0) | (ACTIVATE if self.activation else 0)
                      | (ACCUMULATE if self.accumulate else 0))
             try:
                 plan = self._plan_for(spec, threads)
@@ -144,7 +148,7 @@ class Conv2d:
                     raise ValueError(f"channel_shuffle={self.channel_shuffle} needs a "
                                      f"depthwise plan (weight {self.weight_shape}, "
                                      f"groups={self.groups}, input of shape {shape})")
-                found = Prepared(plan, flags, self.isa, self.channel_shuffle)
+                found = Prepared(plan, flags, self.isa, self.channel_shuffle, self.activation)
             except ValueError as err:   # an override this shape or kernel cannot take
                 if not self.overrides:
                     raise
@@ -253,6 +257,13 @@ class Conv2d:
                 + (", tune=True)" if self.tune else ")"))
 
 
+def _store_activation(activation):
+    """The ``Activation`` a store applies for an ``activation=`` argument, None for none (the
+    identity)."""
+    activation = Activation.of(activation)
+    return None if activation.kind == "identity" else activation
+
+
 def _rebuild(weight, bias, arguments):
     """A ``Conv2d`` unpickled: built again from what ``Conv2d.__reduce__`` kept."""
     return Conv2d(weight, bias, **arguments)
@@ -272,13 +283,14 @@ def _output(shape, dtype):
 
 def conv2d(x: np.ndarray, weight: np.ndarray, bias: Optional[np.ndarray] = None,
            stride: IntPair = 1, padding: Padding = 0, dilation: IntPair = 1, groups: int = 1,
-           activation: Optional[Literal["relu"]] = None,
+           activation: ActivationArg = None,
            out: Optional[np.ndarray] = None) -> np.ndarray:
     """2-D convolution of ``x`` (N, C, H, W) or (C, H, W) with ``weight`` (K, C/groups, R, S).
 
     ``stride``, ``dilation``: int or (h, w). ``padding``: int, (h, w), ((top, bottom), (left,
     right)), 'valid' or 'same' (output = ceil(input / stride), an odd extra row or column at
-    the end). ``activation``: None or 'relu', fused into the store. ``out``: optional
+    the end). ``activation``: None, a name ('relu', 'relu6', 'silu', ...) or a
+    ``cso.Activation`` with its parameters, applied as the output is stored. ``out``: optional
     array of the output shape and dtype to write into (any strides; not overlapping ``x``).
     """
     args.check_array("input", x)

@@ -12,7 +12,6 @@ from csa import ConvSpec
 from microkernels.dtypes import NUMPY_NAMES
 
 FLOAT_DTYPES = tuple(np.dtype(name) for name in NUMPY_NAMES)
-ACTIVATIONS = (None, "relu")
 # Every size, stride, padding and dilation stays below this, so that all index arithmetic in the
 # compiled loop nest (products of two such numbers, and their sums) fits in int64.
 INDEX_LIMIT = 2 ** 31
@@ -94,12 +93,6 @@ def check_weight(w, bias, groups):
             raise ValueError(f"expected bias of shape ({w.shape[0]},) for weight {w.shape}, "
                              f"got bias of shape {bias.shape}")
     return groups
-
-
-def check_activation(activation):
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    return activation
 
 
 def conv_spec(x_shape, x_dtype, w_shape, w_dtype, stride, padding, dilation, groups):

@@ -11,6 +11,7 @@ the slicing loop nest, the kernel and the row copies are called through their ad
 import numpy as np
 
 from microkernels import DepthwiseSpec, depthwise, row_copy
+from microkernels.spec import STORE_ACTIVATION
 from microkernels.jit import native_function
 from microkernels.dtypes import DTYPES, dtype_name
 from packing import row_copier
@@ -20,15 +21,17 @@ from .entry import EntryCode, Geom
 from .lowering import ALL_PHASES, KERNEL, PACK, define_slab_offsets
 
 GEOM = Geom("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q", "P", "M", "nc", "band", "Hb", "Hs",
-            "Ws", "planes", "epilogue", "phases", "fill_width", "kernel", "copy_rows", "shuffle")
+            "Ws", "planes", "epilogue", "phases", "fill_width", "kernel", "copy_rows", "shuffle",
+            "params")
 # vectors per row run the slab filler moves at once: a slab row's width, up to this many (a
 # call per run and channel costs more than its few vectors on small planes; csa/TUNING.md)
 MAX_FILL_VECTORS = 4
 
 
-def geometry(plan, kspec, epilogue_flags, channel_shuffle=1):
+def geometry(plan, kspec, epilogue_flags, params, channel_shuffle=1):
     """The ``geom`` vector for ``plan`` around depthwise kernel ``kspec``, compiling the
-    functions it calls on first use; ``channel_shuffle`` groups: see ``Conv2d``."""
+    functions it calls on first use; ``params``: the address of the activation's parameters;
+    ``channel_shuffle`` groups: see ``Conv2d``."""
     s = plan.spec
     hs, ws = plan.slab_shape
     fill_width = kspec.lanes * min(MAX_FILL_VECTORS, -(-ws // kspec.lanes))
@@ -38,11 +41,11 @@ def geometry(plan, kspec, epilogue_flags, channel_shuffle=1):
         band=plan.band, Hb=plan.band_rows, Hs=hs, Ws=ws, planes=plan.slab_planes,
         epilogue=epilogue_flags, phases=ALL_PHASES, fill_width=fill_width,
         kernel=native_function(depthwise.define_depthwise, kspec).address,
-        copy_rows=row_copier(kspec, fill_width), shuffle=channel_shuffle)
+        copy_rows=row_copier(kspec, fill_width), shuffle=channel_shuffle, params=params)
 
 
-def kernel_spec(plan, isa):
-    return DepthwiseSpec(dtype_name(plan.spec.dtype), plan.block_vectors, isa)
+def kernel_spec(plan, isa, activation=STORE_ACTIVATION):
+    return DepthwiseSpec(dtype_name(plan.spec.dtype), plan.block_vectors, isa, activation)
 
 
 def loop_nest(plan):
@@ -86,6 +89,7 @@ def define_depthwise_loop_nest(module, dtype):
                                                    "Q", "P")
     M, nc_max, band, Hb, Hs, Ws, planes = code.geom("M", "nc", "band", "Hb", "Hs", "Ws", "planes")
     epilogue, phases = code.geom("epilogue", "phases")
+    params = code.geom("params")
     fill_width, ukernel, copy_rows, shuffle = code.geom("fill_width", "kernel", "copy_rows",
                                                         "shuffle")
     x_addr, C, H, W, w_addr, bias_addr, out_addr, K = (
@@ -125,7 +129,7 @@ def define_depthwise_loop_nest(module, dtype):
                               scratch_addr + i * channel * item, offsets,
                               w_addr + k * taps * item,
                               out_addr + ((n * K + k) * P + oh0) * Q * item, positions, Ws, Q,
-                              bias_addr + k * item, epilogue)
+                              bias_addr + k * item, epilogue, params)
         u.set(u + count)
     code.ret()
     return code.function

@@ -13,6 +13,7 @@ from dataclasses import replace
 import numpy as np
 
 from microkernels import ACCUMULATE, KernelSpec, TransposeSpec, outer_product, row_copy, transpose
+from microkernels.spec import STORE_ACTIVATION
 from microkernels.jit import native_function
 from microkernels.loop_ir import LoopCode
 from microkernels.dtypes import DTYPES, dtype_name
@@ -27,7 +28,7 @@ GEOM = Geom("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q", "P", "groups", "C
             "k2", "k3", "is_input_stationary", "epilogue", "unpacked", "phases", "Hs", "Ws",
             "windows", "slots", "band", "Hb", "planes", "row_tiles", "nwin", "nf", "lanes",
             "slab", "direct", "filters_in_vectors", "kernel", "transpose", "copy_rows",
-            "copy_taps", "fill_width", "tail_kernel")
+            "copy_taps", "fill_width", "tail_kernel", "params")
 
 # The loop nest's phases (geom "phases"): a call runs all of them; the benchmark's time
 # breakdown runs some alone on the same tiles (ConvBench's packing / micro-kernel / post-conv).
@@ -35,11 +36,13 @@ PACK, KERNEL, POST = 1, 2, 4
 ALL_PHASES = PACK | KERNEL | POST
 
 
-def geometry(plan, kspec, epilogue_flags):
+def geometry(plan, kspec, epilogue_flags, params):
     """The ``geom`` vector for ``plan`` around micro-kernel ``kspec`` (``kernel_spec``),
-    compiling the functions it calls on first use; ``epilogue_flags`` (BIAS | RELU) apply on
-    the last channel tile (with filters in vectors, in the transposing pass), ACCUMULATE on the
-    first: the output is added to what ``out`` holds (a residual) rather than written."""
+    compiling the functions it calls on first use; ``epilogue_flags`` (BIAS | ACTIVATE) apply
+    on the last channel tile (with filters in vectors, in the transposing pass), ACCUMULATE on
+    the first: the output is added to what ``out`` holds (a residual) rather than written.
+    ``params``: the address of the activation's parameters (``kspec.activation``'s), which the
+    caller keeps."""
     s = plan.spec
     hs, ws = plan.slab_shape
     filters_in_vectors = plan.vectors_along == "filters"
@@ -60,10 +63,10 @@ def geometry(plan, kspec, epilogue_flags):
         filters_in_vectors=filters_in_vectors,
         kernel=native_function(outer_product.define_kernel, kspec).address,
         transpose=(native_function(transpose.define_transpose,
-                                   TransposeSpec(kspec.dtype, kspec.isa)).address
+                                   TransposeSpec(kspec.dtype, kspec.isa, kspec.activation)).address
                    if filters_in_vectors else 0),
         copy_rows=copy_rows, copy_taps=copy_taps, fill_width=fill_width,
-        tail_kernel=tail_kernel(plan, kspec))
+        tail_kernel=tail_kernel(plan, kspec), params=params)
 
 
 def tail_kernel(plan, kspec):
@@ -99,15 +102,16 @@ def scratch_elements(plan):
     return scratch_tiles(plan) * plan.nwin * plan.nc * s.r * s.s + slack
 
 
-def kernel_spec(plan, isa):
+def kernel_spec(plan, isa, activation=STORE_ACTIVATION):
     """The micro-kernel a plan runs: windows x filters when windows are the vector dimension,
     else filters (vector) x windows (broadcast). A slab plan's kernel reads its windows in
     place, as vectors ("slab") or as broadcasts ("direct"). With windows in vectors it
-    prefetches the output rows of the window tiles after it (``plan.output_prefetch``)."""
+    prefetches the output rows of the window tiles after it (``plan.output_prefetch``). Its
+    store applies ``activation`` (a kind) on the ACTIVATE flag."""
     width, broadcasts = ((plan.nwin, plan.nf) if plan.vectors_along == "windows"
                          else (plan.nf, plan.nwin))
     return KernelSpec(dtype_name(plan.spec.dtype), broadcasts, width, isa, plan.variant,
-                      plan.output_prefetch)
+                      plan.output_prefetch, activation)
 
 
 def define_slab_offsets(module):
@@ -155,7 +159,7 @@ def define_conv_loop_nest(module, dtype):
 
     With filters in vectors the kernel's vector operand is the filter tile and its
     broadcast operand the input tile; it accumulates one output band transposed (windows x K)
-    in ``out_t``, which a pass at the end of the band turns into NCHW with bias and ReLU while
+    in ``out_t``, which a pass at the end of the band turns into NCHW with bias and activation while
     it is hot in L2.
 
     A slab kernel packs no tiles: per output band, each channel tile's rows that the band reads
@@ -184,6 +188,7 @@ def define_conv_loop_nest(module, dtype):
     NWIN, NF, LANES, fill_width = code.geom("nwin", "nf", "lanes", "fill_width")
     ukernel, tail_kernel = code.geom("kernel", "tail_kernel")   # tail: a direct row's short tile
     transpose_block, copy_rows, copy_taps = code.geom("transpose", "copy_rows", "copy_taps")
+    params = code.geom("params")         # the activation's parameters
     input_stationary, unpacked, slab, direct, filters_in_vectors = (
         code.geom(f) != 0 for f in ("is_input_stationary", "unpacked", "slab", "direct",
                                     "filters_in_vectors"))
@@ -321,7 +326,8 @@ def define_conv_loop_nest(module, dtype):
                                             code.call(
                                                 (kernel, outer_product.FUNCTION_TYPE), depth, w_tile,
                                                 NF, in_addr, ld_in, c_t, K, code.min(NF, Kg - f0),
-                                                nwin_used, bias_addr, flags, rows_addr, 0, 0, 0)
+                                                nwin_used, bias_addr, flags, rows_addr, 0, 0, 0,
+                                                params)
                                         with plain:
                                             code.call(
                                                 (ukernel, outer_product.FUNCTION_TYPE), depth, in_addr,
@@ -329,7 +335,7 @@ def define_conv_loop_nest(module, dtype):
                                                 out_base + (f0 * PQ + c_at) * item, PQ,
                                                 nwin_used, code.min(NF, Kg - f0),
                                                 bias_addr + (g * Kg + f0) * item, flags,
-                                                rows_addr, col0, Ws, Ws - Q)
+                                                rows_addr, col0, Ws, Ws - Q, params)
 
                             # the vector operand's tile stays in L1 while the broadcast
                             # operand's tiles stream past it: filter tiles innermost with
@@ -353,7 +359,7 @@ def define_conv_loop_nest(module, dtype):
                                         window_tile(b, row, tile)
                                     call_kernel(code.choose(filters_in_vectors, a, b), tile)
             with code.if_(filters_in_vectors & post):
-                # the band's out[n, k, p] = out_t[p - p_lo, k] (+ bias[k], ReLU) while its rows
+                # the band's out[n, k, p] = act(out_t[p - p_lo, k] (+ bias[k])) while its rows
                 # are hot in L2, one vector-square block at a time (the part's filters: a plan
                 # splits the filters of one group only, in whole filter tiles)
                 p_hi = code.cond(b1 < t_in, lambda: first_window(code, b1, row_tiles, Q, NWIN),
@@ -366,7 +372,7 @@ def define_conv_loop_nest(module, dtype):
                                   out_t_addr + ((p0 - p_lo) * K + k0) * item, K,
                                   out_base_n + (k0 * PQ + p0) * item, PQ,
                                   code.min(LANES, p_hi - p0), code.min(LANES, k_hi - k0),
-                                  bias_addr + k0 * item, epilogue)
+                                  bias_addr + k0 * item, epilogue, params)
     code.ret()
     return code.function
 

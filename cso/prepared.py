@@ -43,18 +43,23 @@ def part_entry(define_loop_nest, dtype):
 
 class Prepared:
     """A plan bound to its micro-kernel, compiled loop nest, ``geom`` vector and output parts:
-    what a call on one input shape needs besides the data. ``epilogue_flags`` (BIAS | RELU)
-    apply once, on the last channel tile (or in the transposing pass); a depthwise plan may
-    read its input channels through a ``channel_shuffle`` (see ``Conv2d``)."""
+    what a call on one input shape needs besides the data. ``epilogue_flags`` (BIAS |
+    ACTIVATE) apply once, on the last channel tile (or in the transposing pass), ACTIVATE
+    applying ``activation`` (a ``cso.Activation``; ReLU when None); a depthwise plan may read
+    its input channels through a ``channel_shuffle`` (see ``Conv2d``)."""
 
-    def __init__(self, plan, epilogue_flags, isa, channel_shuffle=1):
+    def __init__(self, plan, epilogue_flags, isa, channel_shuffle=1, activation=None):
         self.plan = plan
         self.image_output_shape = plan.spec.output_shape[1:]   # (K, P, Q)
         lowering = depthwise if isinstance(plan, DepthwisePlan) else slicing
-        self.kernel = lowering.kernel_spec(plan, isa)
-        self.entry = part_entry(lowering.loop_nest(plan), np.dtype(plan.spec.dtype))
+        dtype = np.dtype(plan.spec.dtype)
+        self.kernel = (lowering.kernel_spec(plan, isa) if activation is None
+                       else lowering.kernel_spec(plan, isa, activation.kind))
+        self.params = np.empty(0, dtype) if activation is None else activation.vector(dtype)
+        self.entry = part_entry(lowering.loop_nest(plan), dtype)
         shuffle = {"channel_shuffle": channel_shuffle} if channel_shuffle > 1 else {}
-        self.geom = lowering.geometry(plan, self.kernel, epilogue_flags, **shuffle)
+        self.geom = lowering.geometry(plan, self.kernel, epilogue_flags,
+                                      data_address(self.params), **shuffle)
         self.phases_at = lowering.GEOM.index("phases")
         self.parts = lowering.output_parts(plan)
         self.part_count = len(self.parts)

@@ -4,7 +4,7 @@ import (``csa`` reads it)."""
 from importlib import import_module
 
 _EXPORTS = {
-    "ir": ("ACCUMULATE", "BIAS", "RELU"),
+    "ir": ("ACCUMULATE", "BIAS", "ACTIVATE"),
     "isa": ("ISAS", "Isa", "default_isa", "get_isa", "host_isa", "select_isa", "supported_isas"),
     "spec": ("KernelSpec", "DepthwiseSpec", "TransposeSpec", "RowCopySpec", "TapCopySpec",
              "ActivationSpec", "ACTIVATIONS", "parse_name"),

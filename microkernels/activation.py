@@ -270,6 +270,25 @@ def apply(bld, kind, value, params=()):
     return getattr(VectorMath(bld, value.type), kind)(value, *params)
 
 
+# the kinds of a few instructions, no exponential: a store computes them and selects on its flag
+SELECTED = frozenset({"relu", "clip", "leaky_relu", "hardsigmoid", "hardswish"})
+
+
+def load_params(bld, kind, params, types):
+    """Activation ``kind``'s parameters read from the pointer ``params`` (consecutive elements
+    of ``types.scalar``, in ``ACTIVATIONS[kind]``'s order), each broadcast to ``types.vec``."""
+    return [splat(bld, bld.load(bld.gep(params, [ir.Constant(ir.IntType(64), k)],
+                                        source_etype=types.scalar),
+                                typ=types.scalar, align=types.align), types.vec)
+            for k in range(len(ACTIVATIONS[kind]))]
+
+
+def store_activation(bld, on, kind, value, params):
+    """``value`` with activation ``kind`` applied when the i1 ``on`` holds (a select: for a
+    store whose flag is the same on every call of a layer, or a cheap activation)."""
+    return bld.select(on, apply(bld, kind, value, params), value)
+
+
 ARGS = ("x", "out", "n", "params")
 FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [PTR, PTR, ir.IntType(64), PTR])
 
@@ -288,8 +307,7 @@ def define_activation(module, spec):
     def pointer(base, i):
         return bld.inttoptr((base + i * item).value, PTR)
 
-    values = [splat(bld, bld.load(pointer(params, k), typ=types.scalar, align=item), vec)
-              for k in range(len(ACTIVATIONS[spec.kind]))]
+    values = load_params(bld, spec.kind, pointer(params, 0), types)
     i = code.var(0)
     with code.while_(lambda: i + lanes <= n):
         value = bld.load(pointer(x, i), typ=vec, align=item)

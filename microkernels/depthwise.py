@@ -9,7 +9,8 @@ Contract: for the virtual positions 0 <= v < ``positions`` of a slab whose virtu
 ``offsets`` are element offsets (int64) of the taps on the slab, as ``cso.lowering.define_slab_offsets``
 lays them out for one channel (a depthwise convolution: one input channel per output channel);
 ``taps`` may cover several channels' slabs as well. ``flags``: BIAS adds ``bias[0]`` (read only
-then), RELU clamps at zero (NaN passes).
+then), ACTIVATE applies ``spec.activation`` (``act``) with its parameters at ``params`` (the
+same for every call of a layer, so a select).
 
 The kernel is vectorised along the virtual rows: a block of ``spec.vectors`` vectors of
 consecutive positions, ``spec.vectors`` accumulators, each tap a broadcast weight times an
@@ -26,13 +27,15 @@ vector past ``positions + offsets[t]``: the caller keeps that readable.
 """
 from llvmlite import ir
 
-from .ir import (BIAS, I64, PTR, RELU, KernelBuilder, accumulate, bias_splat, declare, flags_on,
-                 fma, lane_ids, lane_number, masked_access, relu, splat, zero_slot)
+from .activation import load_params, store_activation
+from .ir import (ACTIVATE, BIAS, I64, PTR, KernelBuilder, accumulate, bias_splat, declare,
+                 flags_on, fma, lane_ids, lane_number, masked_access, splat, zero_slot)
 from .isa import get_isa
 
 ARG_NAMES = ("taps", "slab", "offsets", "weights", "out", "positions", "width", "q", "bias",
-             "flags")
-FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [I64, PTR, PTR, PTR, PTR, I64, I64, I64, PTR, I64])
+             "flags", "params")
+FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [I64, PTR, PTR, PTR, PTR, I64, I64, I64, PTR, I64,
+                                                PTR])
 
 
 def define_depthwise(module, spec):
@@ -65,7 +68,8 @@ class _DepthwiseBuilder(KernelBuilder):
     def build(self):
         a = self.args
         bld = ir.IRBuilder(self.fn.append_basic_block("entry"))
-        self.bias_on, self.relu_on = flags_on(bld, a["flags"], BIAS, RELU)
+        self.bias_on, self.activate_on = flags_on(bld, a["flags"], BIAS, ACTIVATE)
+        self.params = load_params(bld, self.spec.activation, a["params"], self)
         self.bias = bias_splat(bld, self.bias_on, a["bias"], zero_slot(bld, self.scalar), self)
         self.gap = bld.sub(a["width"], a["q"])
         total = bld.udiv(bld.add(a["positions"], self.const(self.lanes - 1)),
@@ -185,13 +189,14 @@ class _DepthwiseBuilder(KernelBuilder):
         return self._merge(bld, [(state, pre), (new, then_end)])
 
     def _block(self, bld, state, vectors):
-        """``vectors`` vectors from the state's position: the tap sum, bias, ReLU, the stores;
+        """``vectors`` vectors from the state's position: the tap sum, bias, activation, the stores;
         returns the state after them."""
         chains = max(1, self.spec.vectors // vectors)
         for value in self._taps(bld, state[0], vectors, chains):
             store = self._store_packed if self.packed else self._store
-            state = store(bld, relu(bld, self.relu_on, bld.fadd(value, self.bias), self.zero),
-                          state)
+            value = store_activation(bld, self.activate_on, self.spec.activation,
+                                     bld.fadd(value, self.bias), self.params)
+            state = store(bld, value, state)
         return state
 
     def _taps(self, bld, v0, vectors, chains):

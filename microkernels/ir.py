@@ -9,7 +9,9 @@ from llvmlite import ir
 
 from .dtypes import get_dtype
 
-ACCUMULATE, BIAS, RELU = 1, 2, 4   # the epilogue's run-time flags (bits of an i64 argument)
+# the epilogue's run-time flags (bits of an i64 argument): add to what the output holds, add
+# the bias, apply the kernel's activation (its spec's ``activation``, ReLU unless it says)
+ACCUMULATE, BIAS, ACTIVATE = 1, 2, 4
 
 I1, I32, I64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
@@ -115,8 +117,8 @@ def lane_number(bld, value, limit):
     return bld.trunc(value, I32)
 
 
-# The epilogue: bias and ReLU are run-time flags, so one kernel serves every layer. The bias is
-# always loaded, from a zero slot when BIAS is off (a select, no branch); ReLU is a select too.
+# The epilogue: bias and the activation are run-time flags, so one kernel serves every layer.
+# The bias is always loaded, from a zero slot when BIAS is off (a select, no branch).
 
 def flags_on(bld, flags, *bits):
     """Whether each of ``bits`` is set in the i64 ``flags`` (i1 values)."""
@@ -136,11 +138,6 @@ def bias_splat(bld, on, address, slot, types):
     ``types.vec`` (a ``VectorTypes``)."""
     value = bld.load(bld.select(on, address, slot), typ=types.scalar, align=types.align)
     return splat(bld, value, types.vec)
-
-
-def relu(bld, on, value, zero):
-    """``value`` clamped at ``zero`` when ``on`` (NaN passes)."""
-    return bld.select(on, bld.select(bld.fcmp_ordered("<", value, zero), zero, value), value)
 
 
 def accumulate(bld, accs, step, unroll, tests, chains=1):

@@ -29,21 +29,26 @@ loop nest's later window tiles with windows in vectors): hints, not accesses, th
 past the output.
 
 ``flags``: ACCUMULATE adds to C (later channel tiles) instead of overwriting it, BIAS adds
-``bias[f]`` (``bias`` is read only when this flag is set), RELU clamps at zero (NaN passes).
+``bias[f]`` (``bias`` is read only when this flag is set), ACTIVATE applies ``spec.activation``
+(ReLU unless it says; ``microkernels.activation``) with its parameters read from ``params``
+(read whether or not the flag is set, when the kind has any). The loop nest sets ACTIVATE on
+the last channel tile only: a cheap activation is a select on the flag, a costlier one (an
+exponential) has stores of its own, so that the earlier tiles do not compute it.
 One generator serves every dtype and ISA: only the vector width and tile shape change.
 """
 from llvmlite import ir
 
-from .ir import (ACCUMULATE, BIAS, CACHE_LINE, I64, PTR, RELU, KernelBuilder, accumulate,
-                 bias_splat, flags_on, fma, lane_ids, masked_access, prefetch_for_write, relu,
-                 splat, zero_slot)
+from .activation import SELECTED, apply, load_params, store_activation
+from .ir import (ACCUMULATE, ACTIVATE, BIAS, CACHE_LINE, I64, PTR, KernelBuilder, accumulate,
+                 bias_splat, flags_on, fma, lane_ids, masked_access, prefetch_for_write, splat,
+                 zero_slot)
 
 UNROLL = 4  # k-loop unroll; a power of two
 
 ARG_NAMES = ("k", "a", "lda", "b", "ldb", "c", "ldc", "width_used", "rows_used", "bias", "flags",
-             "slab_rows", "col0", "row_width", "gap")
+             "slab_rows", "col0", "row_width", "gap", "params")
 FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [I64, PTR, I64, PTR, I64, PTR, I64, I64, I64, PTR, I64,
-                                                PTR, I64, I64, I64])
+                                                PTR, I64, I64, I64, PTR])
 
 
 def define_kernel(module, spec):
@@ -132,9 +137,12 @@ class _KernelBuilder(KernelBuilder):
     def _epilogue(self, bld, accs, slot):
         """Store the used rows; four variants: whole tile or partial (masked) x overwrite or
         accumulate. The whole-tile path has every element used (and, for a slab kernel, in
-        the first virtual row's real columns). Bias and ReLU are cheap selects on the flags."""
+        the first virtual row's real columns). The bias is a select on its flag, and so is a
+        cheap activation; a costly one doubles the variants (see the module's docstring)."""
         spec, fn, args = self.spec, self.fn, self.args
-        accumulate_on, bias_on, relu_on = flags_on(bld, args["flags"], ACCUMULATE, BIAS, RELU)
+        accumulate_on, bias_on, activate_on = flags_on(bld, args["flags"], ACCUMULATE, BIAS,
+                                                       ACTIVATE)
+        params = load_params(bld, spec.activation, args["params"], self)
         whole = bld.icmp_unsigned("==", args["width_used"], ir.Constant(I64, spec.width))
         full = [(None, None)]
         if spec.variant == "slab":
@@ -154,16 +162,33 @@ class _KernelBuilder(KernelBuilder):
             bld.cbranch(accumulate_on, add, over)
             for acc_mode, rows_blk in ((False, over), (True, add)):
                 bld.position_at_end(rows_blk)
-                for f in range(spec.broadcasts):
-                    if f:  # row 0 always exists (rows_used >= 1)
-                        row_blk = fn.append_basic_block()
-                        bld.cbranch(bld.icmp_unsigned("<", ir.Constant(I64, f), args["rows_used"]),
-                                    row_blk, done)
-                        bld.position_at_end(row_blk)
-                    self._store_row(bld, f, accs, segs, acc_mode, bias_on, relu_on, slot)
-                bld.branch(done)
+                for activate in self._activations(bld, activate_on, params):
+                    for f in range(spec.broadcasts):
+                        if f:  # row 0 always exists (rows_used >= 1)
+                            row_blk = fn.append_basic_block()
+                            bld.cbranch(bld.icmp_unsigned("<", ir.Constant(I64, f),
+                                                          args["rows_used"]), row_blk, done)
+                            bld.position_at_end(row_blk)
+                        self._store_row(bld, f, accs, segs, acc_mode, bias_on, activate, slot)
+                    bld.branch(done)
         bld.position_at_end(done)
         bld.ret_void()
+
+    def _activations(self, bld, on, params):
+        """The activations of the store variants that follow, each positioned at before its
+        rows are written: one that selects the activated values when the flag ``on`` holds
+        (a cheap kind), or one without the activation and one with it, a branch on the flag
+        leading to them."""
+        kind = self.spec.activation
+        if kind in SELECTED:
+            yield lambda value: store_activation(bld, on, kind, value, params)
+            return
+        plain, activated = self.fn.append_basic_block(), self.fn.append_basic_block()
+        bld.cbranch(on, activated, plain)
+        bld.position_at_end(plain)
+        yield lambda value: value
+        bld.position_at_end(activated)
+        yield lambda value: apply(bld, kind, value, params)
 
     def _segments(self, bld):
         """[(element shift, lane masks per vector)] of a partial tile: elements < width_used;
@@ -188,9 +213,10 @@ class _KernelBuilder(KernelBuilder):
                                                  bld.icmp_signed("<", col, splat(bld, row_end, ivec)))))
         return [(col0, first), (bld.sub(col0, gap), second)]
 
-    def _store_row(self, bld, f, accs, segments, accumulate_on, bias_on, relu_on, slot):
-        """Row f of C: for each vector, (load-add,) bias, ReLU, store; a segment (shift,
-        masks) stores the lanes its masks select ``shift`` elements off (None: unmasked)."""
+    def _store_row(self, bld, f, accs, segments, accumulate_on, bias_on, activate, slot):
+        """Row f of C: for each vector, (load-add,) bias, ``activate``, store; a segment
+        (shift, masks) stores the lanes its masks select ``shift`` elements off (None:
+        unmasked)."""
         spec, args = self.spec, self.args
         c = args["c"]
         bvec = bias_splat(bld, bias_on, bld.gep(args["bias"], [ir.Constant(I64, f)],
@@ -208,7 +234,7 @@ class _KernelBuilder(KernelBuilder):
                             bld.call(self.masked_load, [ptr, masks[v], prev]))
                 val = bld.fadd(val, prev)
             val = bld.select(bias_on, bld.fadd(val, bvec), val)
-            val = relu(bld, relu_on, val, self.zero)
+            val = activate(val)
             for ptr, (_, masks) in zip(ptrs, segments):
                 if masks is None:
                     bld.store(val, ptr, align=self.align)

@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from .ir import ACCUMULATE, BIAS, RELU
+from .ir import ACCUMULATE, ACTIVATE, BIAS
 from .row_copy import TAP_STRIDES, max_taps
 from .spec import (ACTIVATIONS, ActivationSpec, DepthwiseSpec, KernelSpec, RowCopySpec,
                    TapCopySpec, TransposeSpec)
@@ -17,11 +17,14 @@ def reference_kernel(spec):
     return lambda *args, **kwargs: function(spec, *args, **kwargs)
 
 
-def _epilogue(value, bias, flags):
-    """(+ bias,) ReLU (NaN passes) as the flags ask."""
+def _epilogue(spec, value, bias, flags, params):
+    """(+ bias,) the spec's activation with ``params`` as the flags ask, in ``value``'s
+    dtype."""
     if flags & BIAS:
         value = value + bias
-    return np.where(value < 0, 0, value) if flags & RELU else value
+    if not flags & ACTIVATE:
+        return value
+    return activation_values(spec.activation, value, params).astype(value.dtype)
 
 
 def stored_windows(width_used, col0=0, row_width=None, gap=0):
@@ -39,8 +42,8 @@ def stored_windows(width_used, col0=0, row_width=None, gap=0):
 
 
 def outer_product(spec, k, a, b, c, ldc, width_used, rows_used, bias=None, flags=0, lda=None,
-                  ldb=None, slab_rows=None, col0=0, row_width=None, gap=0):
-    """C rows f < rows_used, stored elements: (C +) A^T B (+ bias), optionally ReLU. A's rows
+                  ldb=None, slab_rows=None, col0=0, row_width=None, gap=0, params=()):
+    """C rows f < rows_used, stored elements: act((C +) A^T B (+ bias)). A's rows
     are at ``slab_rows`` (element offsets) for a "slab" kernel, else every ``lda``; B's at
     ``slab_rows`` for a "direct" kernel, else every ``ldb``."""
     lda = spec.width if lda is None else lda
@@ -55,26 +58,27 @@ def outer_product(spec, k, a, b, c, ldc, width_used, rows_used, bias=None, flags
     for f in range(rows_used):
         at = f * ldc + offsets
         value = tile[f, elements] + c[at] if flags & ACCUMULATE else tile[f, elements]
-        c[at] = _epilogue(value, bias[f] if flags & BIAS else 0, flags)
+        c[at] = _epilogue(spec, value, bias[f] if flags & BIAS else 0, flags, params)
 
 
-def depthwise(spec, slab, offsets, weights, out, positions, row_width, q, bias=None, flags=0):
+def depthwise(spec, slab, offsets, weights, out, positions, row_width, q, bias=None, flags=0,
+              params=()):
     """out[v - (v // row_width) * (row_width - q)] = act(sum_t weights[t] * slab[v + offsets[t]]
     (+ bias[0])) for the positions v < ``positions`` on real columns (v % row_width < q)."""
     v = np.arange(positions)
     v = v[v % row_width < q]
     value = slab[v[:, None] + offsets[None, :]].astype(np.float64) @ weights.astype(np.float64)
     out[v - v // row_width * (row_width - q)] = _epilogue(
-        value, bias[0] if flags & BIAS else 0, flags)
+        spec, value, bias[0] if flags & BIAS else 0, flags, params)
 
 
-def transpose(spec, src, lds, dst, ldd, rows, cols, bias=None, flags=0):
+def transpose(spec, src, lds, dst, ldd, rows, cols, bias=None, flags=0, params=()):
     """dst[j*ldd + i] = act(src[i*lds + j] (+ dst[j*ldd + i]) (+ bias[j])) for i < rows,
     j < cols."""
     block = np.stack([src[i * lds: i * lds + cols] for i in range(rows)]).T
     if flags & ACCUMULATE:
         block = block + np.stack([dst[j * ldd: j * ldd + rows] for j in range(cols)])
-    result = _epilogue(block, bias[:cols, None] if flags & BIAS else 0, flags)
+    result = _epilogue(spec, block, bias[:cols, None] if flags & BIAS else 0, flags, params)
     for j in range(cols):
         dst[j * ldd: j * ldd + rows] = result[j]
 

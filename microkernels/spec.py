@@ -9,16 +9,33 @@ from .isa import get_isa
 
 VARIANTS = {"packed": "", "slab": "_slab", "direct": "_direct"}   # KernelSpec variant -> suffix
 
+# activation kind -> the names of its run-time parameters, in the order kernels take them
+# (``microkernels.activation``; PyTorch's semantics, ``cso.Activation``)
+ACTIVATIONS = {"identity": (), "relu": (), "clip": ("min", "max"), "leaky_relu": ("alpha",),
+               "sigmoid": (), "silu": (), "tanh": (), "hardsigmoid": ("alpha", "beta"),
+               "hardswish": (), "gelu": (), "gelu_tanh": (), "erf": ()}
+
+
+# the activation a store applies when its flag (``ir.ACTIVATE``) is set, unless the spec says
+# another: the one kernels had first, unnamed in their names
+STORE_ACTIVATION = "relu"
+
 
 class _Spec:
     """What every spec has: a ``dtype`` (short name, ``microkernels.dtypes``) and an ``isa``
     name, checked, and counts (its int fields), at least 1 (at least 0 for a count whose
     default is 0: an option left off); a ``name`` (the family's ``_FORMAT`` filled with fields
-    and properties) and ``parse``, its inverse."""
+    and properties) and ``parse``, its inverse. A kernel that stores an output has an
+    ``activation`` field, the kind (``ACTIVATIONS``, not the identity) its store applies on
+    the ACTIVATE flag: its name says it before the ISA unless it is ``STORE_ACTIVATION``."""
 
     def __post_init__(self):
         get_dtype(self.dtype)
         get_isa(self.isa)
+        activation = getattr(self, "activation", STORE_ACTIVATION)
+        if activation not in ACTIVATIONS or activation == "identity":
+            raise ValueError(f"{type(self).__name__} activation must be one of "
+                             f"{sorted(set(ACTIVATIONS) - {'identity'})}, got {activation!r}")
         for field in fields(self):
             least = 0 if field.default == 0 else 1
             if field.type is int and getattr(self, field.name) < least:
@@ -36,13 +53,33 @@ class _Spec:
     @property
     def name(self):
         parts = re.split(r"{(\w+)}", self._FORMAT)
-        return "".join(str(getattr(self, p)) if i % 2 else p for i, p in enumerate(parts))
+        name = "".join(str(getattr(self, p)) if i % 2 else p for i, p in enumerate(parts))
+        activation = getattr(self, "activation", STORE_ACTIVATION)
+        if activation == STORE_ACTIVATION:
+            return name
+        head, isa = name.rsplit("__", 1)
+        return f"{head}_{activation}__{isa}"
 
     def __str__(self):
         return self.name
 
     @classmethod
     def parse(cls, name):
+        if "activation" in {f.name for f in fields(cls)}:
+            head, _, isa = name.rpartition("__")
+            # the longest kind the name ends with ("gelu_tanh" also ends with "_tanh")
+            for kind in sorted(set(ACTIVATIONS) - {STORE_ACTIVATION}, key=len, reverse=True):
+                if head.endswith("_" + kind):
+                    spec = replace(cls._parse(f"{head[:-len(kind) - 1]}__{isa}"),
+                                   activation=kind)
+                    if spec.name != name:
+                        raise ValueError(f"not a {cls.__name__} name: {name!r}")
+                    return spec
+        return cls._parse(name)
+
+    @classmethod
+    def _parse(cls, name):
+        """``parse`` of a name without an activation."""
         types = {f.name: f.type for f in fields(cls)}
         pattern = "".join(
             re.escape(p) if i % 2 == 0 else
@@ -74,6 +111,7 @@ class KernelSpec(_Spec):
     isa: str
     variant: str = "packed"
     prefetch: int = 0
+    activation: str = STORE_ACTIVATION
 
     _FORMAT = "{dtype}_conv_ukernel_{broadcasts}x{width}{suffix}__{isa}"
 
@@ -96,19 +134,19 @@ class KernelSpec(_Spec):
         return VARIANTS[self.variant] + (f"_pf{self.prefetch}" if self.prefetch else "")
 
     @classmethod
-    def parse(cls, name):
+    def _parse(cls, name):
         prefetch = re.search(r"_pf(\d+)__", name)
         if prefetch:
-            spec = replace(cls.parse(name[:prefetch.start()] + "__" + name[prefetch.end():]),
+            spec = replace(cls._parse(name[:prefetch.start()] + "__" + name[prefetch.end():]),
                            prefetch=int(prefetch.group(1)))
             if spec.name != name:   # _pf0, or a leading zero
                 raise ValueError(f"not a {cls.__name__} name: {name!r}")
             return spec
         for variant, suffix in VARIANTS.items():
             if suffix and suffix + "__" in name:
-                return replace(super().parse(name.replace(suffix + "__", "__", 1)),
+                return replace(super()._parse(name.replace(suffix + "__", "__", 1)),
                                variant=variant)
-        return super().parse(name)
+        return super()._parse(name)
 
 
 @dataclass(frozen=True)
@@ -118,6 +156,7 @@ class DepthwiseSpec(_Spec):
     dtype: str
     vectors: int
     isa: str
+    activation: str = STORE_ACTIVATION
 
     _FORMAT = "{dtype}_dw_ukernel_{vectors}v__{isa}"
 
@@ -128,6 +167,7 @@ class TransposeSpec(_Spec):
     of up to lanes x lanes."""
     dtype: str
     isa: str
+    activation: str = STORE_ACTIVATION
 
     _FORMAT = "{dtype}_transpose_{lanes}x{lanes}__{isa}"
 
@@ -148,13 +188,6 @@ class TapCopySpec(RowCopySpec):
     """The packers' copy of all taps of a filter row from one read of each input row
     (``microkernels.row_copy.define_tap_copy``), for rows of ``width`` elements."""
     _FORMAT = "{dtype}_tap_copy_{width}__{isa}"
-
-
-# activation kind -> the names of its run-time parameters, in the order kernels take them
-# (``microkernels.activation``; PyTorch's semantics, ``cso.Activation``)
-ACTIVATIONS = {"identity": (), "relu": (), "clip": ("min", "max"), "leaky_relu": ("alpha",),
-               "sigmoid": (), "silu": (), "tanh": (), "hardsigmoid": ("alpha", "beta"),
-               "hardswish": (), "gelu": (), "gelu_tanh": (), "erf": ()}
 
 
 @dataclass(frozen=True)

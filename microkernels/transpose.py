@@ -2,21 +2,23 @@
 compiled loop nest: the last pass of the filters-in-vectors orientation, which accumulates the output
 transposed (windows x filters) and must write it as NCHW (filters x windows).
 
-``transpose_block(src, lds, dst, ldd, rows, cols, bias, flags)`` reads a ``rows`` x ``cols``
-block (row i at ``src + i*lds`` elements; rows, cols <= lanes) and writes its transpose (row j at
-``dst + j*ldd``), adding what ``dst`` holds (flag ACCUMULATE: a residual), ``bias[j]`` (flag
-BIAS) and clamping at zero (flag RELU, NaN passes).
+``transpose_block(src, lds, dst, ldd, rows, cols, bias, flags, params)`` reads a ``rows`` x
+``cols`` block (row i at ``src + i*lds`` elements; rows, cols <= lanes) and writes its transpose
+(row j at ``dst + j*ldd``), adding what ``dst`` holds (flag ACCUMULATE: a residual), ``bias[j]``
+(flag BIAS) and applying ``spec.activation`` with its parameters at ``params`` (flag ACTIVATE;
+the same for every block of a layer, so a select).
 The transpose is log2(lanes) rounds of two-source constant shuffles, each swapping one bit of
 the row index with the same bit of the lane index; a block smaller than lanes x lanes is
 loaded and stored masked, a whole one plainly.
 """
 from llvmlite import ir
 
-from .ir import (ACCUMULATE, BIAS, I1, I32, I64, PTR, RELU, VectorTypes, bias_splat, flags_on, lane_ids,
-                 lane_number, masked_access, new_function, relu, splat, zero_slot)
+from .activation import load_params, store_activation
+from .ir import (ACCUMULATE, ACTIVATE, BIAS, I1, I32, I64, PTR, VectorTypes, bias_splat, flags_on,
+                 lane_ids, lane_number, masked_access, new_function, splat, zero_slot)
 
-ARGS = ("src", "lds", "dst", "ldd", "rows", "cols", "bias", "flags")
-FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, PTR, I64, I64, I64, PTR, I64])
+ARGS = ("src", "lds", "dst", "ldd", "rows", "cols", "bias", "flags", "params")
+FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, PTR, I64, I64, I64, PTR, I64, PTR])
 
 
 def define_transpose(module, spec):
@@ -24,7 +26,7 @@ def define_transpose(module, spec):
     it."""
     fn = new_function(module, spec.name, FUNCTION_TYPE, ARGS)
     lanes = spec.lanes
-    src, lds, dst, ldd, rows, cols, bias, flags = fn.args
+    src, lds, dst, ldd, rows, cols, bias, flags, params = fn.args
     bld = ir.IRBuilder(fn.append_basic_block("entry"))
     # a whole block (every block but a plane's or a band's last) moves with plain loads and
     # stores: masked stores are microcoded on AMD cores (AVX2 ``vmaskmovps``)
@@ -52,7 +54,7 @@ def _transpose(module, bld, spec, args, masked, accumulate):
     lanes, scalar, vec, zero, align = types.lanes, types.scalar, types.vec, types.zero, types.align
     mask_ty = ir.VectorType(I1, lanes)
     load, store = masked_access(module, vec)
-    src, lds, dst, ldd, rows, cols, bias, flags = args
+    src, lds, dst, ldd, rows, cols, bias, flags, params = args
     ids = lane_ids(lanes)
     row_mask, col_mask = (bld.icmp_signed("<", ids, splat(bld, lane_number(bld, n, lanes), ids.type))
                           for n in (rows, cols))
@@ -77,7 +79,8 @@ def _transpose(module, bld, spec, args, masked, accumulate):
             data[i], data[j] = (bld.shuffle_vector(data[i], data[j], ir.Constant(mask, low)),
                                 bld.shuffle_vector(data[i], data[j], ir.Constant(mask, high)))
         h *= 2
-    bias_on, relu_on = flags_on(bld, flags, BIAS, RELU)
+    bias_on, activate_on = flags_on(bld, flags, BIAS, ACTIVATE)
+    values = load_params(bld, spec.activation, params, types)
     slot = zero_slot(bld, scalar)
     for j in range(lanes):
         # column j exists only when j < cols: its bias is read and its row stored only then
@@ -90,7 +93,7 @@ def _transpose(module, bld, spec, args, masked, accumulate):
                              else bld.load(ptr, typ=vec, align=align))
         value = bld.fadd(value, bias_splat(bld, bld.and_(bias_on, exists), bld.gep(
             bias, [ir.Constant(I64, j)], source_etype=scalar), slot, types))
-        value = relu(bld, relu_on, value, zero)
+        value = store_activation(bld, activate_on, spec.activation, value, values)
         if masked:
             bld.call(store, [value, ptr, stored])
         else:

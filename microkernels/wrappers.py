@@ -74,9 +74,18 @@ class _Kernel:
         return self._module.asm
 
 
+    def _params(self, kind, params):
+        """``params``, the parameters of activation ``kind``, as an array of the dtype."""
+        names = ACTIVATIONS[kind]
+        values = np.array(params, self.spec.np_dtype).reshape(-1)
+        _need(values.size == len(names),
+              f"{kind} takes {len(names)} parameters {names}, got {values.size}")
+        return values
+
+
 class OuterProduct(_Kernel):
     def __call__(self, k, a, b, c, ldc, width_used, rows_used, bias=None, flags=0, lda=None,
-                 ldb=None, slab_rows=None, col0=0, row_width=None, gap=0):
+                 ldb=None, slab_rows=None, col0=0, row_width=None, gap=0, params=()):
         """``lda`` and ``ldb`` default to packed tiles' ``width`` and ``broadcasts``. A slab or
         direct kernel takes ``slab_rows`` (int64 element offsets of A's rows, or B's), a slab
         kernel also its virtual row (``col0``, ``row_width``, ``gap``)."""
@@ -107,18 +116,19 @@ class OuterProduct(_Kernel):
         _, offsets = stored_windows(width_used, col0,
                                     row_width if spec.variant == "slab" else None, gap)
         row_end = offsets.max() + 1 if offsets.size else 0
+        values = self._params(spec.activation, params)   # referenced until the call returns
         _need(ldc >= row_end, f"need ldc >= the {row_end} columns a C row is stored on, "
                               f"got ldc={ldc}")
         self._function(
             k, _address("a", a, dt, 0, a_end), lda, _address("b", b, dt, 0, b_end), ldb,
             _address("c", c, dt, 0, (rows_used - 1) * ldc + row_end, writeable=True), ldc,
             width_used, rows_used, _address("bias", bias, dt, 0, rows_used) if flags & BIAS else 0,
-            flags, rows_address, col0, row_width or 0, gap)
+            flags, rows_address, col0, row_width or 0, gap, values.ctypes.data)
 
 
 class Depthwise(_Kernel):
     def __call__(self, slab, offsets, weights, out, positions, row_width, q, bias=None,
-                 flags=0):
+                 flags=0, params=()):
         """Taps as many as ``offsets`` (int64, non-negative); the slab must hold two vectors
         past the last position a tap reads (the kernel reads up to one, its aligned loads one
         more)."""
@@ -130,24 +140,27 @@ class Depthwise(_Kernel):
               f"need positions >= 1, 1 <= q <= row_width; got positions={positions}, q={q}, "
               f"row_width={row_width}")
         taps, last = offsets.size, positions - 1
+        values = self._params(self.spec.activation, params)
         out_end = (last // row_width) * q + min(last % row_width + 1, q)
         self._function(
             taps, _address("slab", slab, dt, 0, positions + int(offsets.max()) + 2 * lanes),
             offsets.ctypes.data, _address("weights", weights, dt, 0, taps),
             _address("out", out, dt, 0, out_end, writeable=True), positions, row_width, q,
-            _address("bias", bias, dt, 0, 1) if flags & BIAS else 0, flags)
+            _address("bias", bias, dt, 0, 1) if flags & BIAS else 0, flags, values.ctypes.data)
 
 
 class Transpose(_Kernel):
-    def __call__(self, src, lds, dst, ldd, rows, cols, bias=None, flags=0):
+    def __call__(self, src, lds, dst, ldd, rows, cols, bias=None, flags=0, params=()):
         dt, lanes = self.spec.np_dtype, self.spec.lanes
         _need(1 <= rows <= lanes and 1 <= cols <= lanes and lds >= cols and ldd >= rows,
               f"need 1 <= rows, cols <= {lanes}, lds >= cols, ldd >= rows; got rows={rows}, "
               f"cols={cols}, lds={lds}, ldd={ldd}")
+        values = self._params(self.spec.activation, params)
         self._function(
             _address("src", src, dt, 0, (rows - 1) * lds + cols), lds,
             _address("dst", dst, dt, 0, (cols - 1) * ldd + rows, writeable=True), ldd, rows,
-            cols, _address("bias", bias, dt, 0, cols) if flags & BIAS else 0, flags)
+            cols, _address("bias", bias, dt, 0, cols) if flags & BIAS else 0, flags,
+            values.ctypes.data)
 
 
 class _Copy(_Kernel):
@@ -203,10 +216,7 @@ class Activation(_Kernel):
         """out[:x.size] = the activation of ``x``'s elements; ``out`` may be ``x``;
         ``params``: the kind's parameters (``ACTIVATIONS``)."""
         spec, dt = self.spec, self.spec.np_dtype
-        names = ACTIVATIONS[spec.kind]
-        values = np.array(params, dt).reshape(-1)
-        _need(values.size == len(names),
-              f"{spec.kind} takes {len(names)} parameters {names}, got {values.size}")
+        values = self._params(spec.kind, params)
         n = x.size if isinstance(x, np.ndarray) else 0
         self._function(_address("x", x, dt, 0, n), _address("out", out, dt, 0, n, True), n,
                        values.ctypes.data)

@@ -7,7 +7,7 @@ import pytest
 
 import csa
 import cso
-from microkernels import BIAS, RELU, DepthwiseSpec, compile, reference_kernel, supported_isas
+from microkernels import ACTIVATE, BIAS, DepthwiseSpec, compile, reference_kernel, supported_isas
 
 from .machines import ZEN5
 from .reference import assert_conv_close, conv2d_reference
@@ -34,7 +34,7 @@ def test_kernel_contract(rng, isa, dtype, vectors):
         # the kernel may read two vectors past the last position a tap reads
         slab = rng.standard_normal(positions + offsets.max() + 2 * lanes).astype(dt)
         weights, bias = rng.standard_normal(taps).astype(dt), rng.standard_normal(1).astype(dt)
-        flags = int(rng.choice([0, BIAS, RELU, BIAS | RELU]))
+        flags = int(rng.choice([0, BIAS, ACTIVATE, BIAS | ACTIVATE]))
         out = np.full(rows * q + 2 * lanes, 7.0, dt)
         expected = out.copy()
         kernel(slab, offsets, weights, out, positions, width, q, bias, flags)

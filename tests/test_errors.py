@@ -91,7 +91,10 @@ def test_non_arrays():
 
 
 def test_activation():
-    err(ValueError, r"activation must be one of", X, W, activation="gelu")
+    err(ValueError, r"unknown activation 'gelu_exact'; known: clip, ", X, W,
+        activation="gelu_exact")
+    err(TypeError, r"activation must be None, a name or a cso.Activation, got float", X, W,
+        activation=0.5)
 
 
 def test_out_checks():

@@ -31,7 +31,7 @@ BAD_VALUES = {
     "padding": [-1, 2 ** 31, "SAME", "foo", "", 1.5, None, True, (1, 2, 3), ((1,), (2, 3)),
                 ((1, 2), (3, -1)), ((1, 2), 3), (1, "1")],
     "groups": [0, -1, 1.5, True, "1", None, 2 ** 40],
-    "activation": ["RELU", "gelu", "", 1, True],
+    "activation": ["RELU", "gelu_exact", "", 1, True],
 }
 SPECIAL = ("nan", "inf")
 

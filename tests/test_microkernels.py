@@ -35,7 +35,7 @@ def host_specs():
 
 SPECS = host_specs()
 DEPTHS = sorted({1, UNROLL - 1, UNROLL, UNROLL + 1, 2 * UNROLL, 2 * UNROLL + 1, 3 * UNROLL + 2})
-FLAG_SETS = (0, mk.ACCUMULATE, mk.BIAS, mk.RELU, mk.ACCUMULATE | mk.BIAS | mk.RELU)
+FLAG_SETS = (0, mk.ACCUMULATE, mk.BIAS, mk.ACTIVATE, mk.ACCUMULATE | mk.BIAS | mk.ACTIVATE)
 
 
 def run_both(spec, rng, k, width_used, rows_used, flags, ldc, lda=None, ldb=None):
@@ -177,8 +177,8 @@ def test_transpose_block_every_size(spec, rng):
     lds, ldd, guard = lanes + 3, lanes + 5, 7
     for rows in range(1, lanes + 1):
         for cols in range(1, lanes + 1):
-            for flags in (0, mk.BIAS, mk.RELU, mk.BIAS | mk.RELU, mk.ACCUMULATE,
-                          mk.ACCUMULATE | mk.BIAS | mk.RELU):
+            for flags in (0, mk.BIAS, mk.ACTIVATE, mk.BIAS | mk.ACTIVATE, mk.ACCUMULATE,
+                          mk.ACCUMULATE | mk.BIAS | mk.ACTIVATE):
                 src = np.full((rows - 1) * lds + cols, np.nan, dt)
                 for i in range(rows):
                     src[i * lds:i * lds + cols] = rng.standard_normal(cols)
@@ -200,7 +200,7 @@ def test_relu_keeps_nan_and_clamps_negatives():
     a[:3] = [np.nan, -1.0, 2.0]
     b = np.ones(spec.broadcasts, spec.np_dtype)
     c = np.empty(spec.broadcasts * spec.width, spec.np_dtype)
-    mk.compile(spec)(k, a, b, c, spec.width, spec.width, spec.broadcasts, None, mk.RELU)
+    mk.compile(spec)(k, a, b, c, spec.width, spec.width, spec.broadcasts, None, mk.ACTIVATE)
     assert np.isnan(c[0]) and c[1] == 0.0 and c[2] == 2.0
 
 
