@@ -170,11 +170,13 @@ def main_models():
                    f"the onnx package's light CNNs with random weights, at batch "
                    f"{' and '.join(map(str, batches))}, and ONNX files as exported, at the batch "
                    f"they fix; float32"),
-        ("Timing", f"median of {repeat} sample{'s' * (repeat > 1)} after a warm-up, cso and "
-                   f"onnxruntime in turn"
-                   + (f" (each sample after {models.SETTLE_SECONDS} s of rest and an untimed "
-                      f"run)" if opts.threads > 1 else "")
-                   + "; cso's outputs checked against onnxruntime's first"),
+        ("Timing", f"median of {repeat} sample{'s' * (repeat > 1)}, each engine (cso, "
+                   f"onnxruntime, and OpenVINO when installed) timed in blocks: a warm-up run, "
+                   f"then half its samples back to back, the engines in turn and then in "
+                   f"reverse order"
+                   + (f", {models.SETTLE_SECONDS} s of rest after each block"
+                      if opts.threads > 1 else "")
+                   + "; cso's and OpenVINO's outputs checked against onnxruntime's first"),
     ]
     report.print_facts(facts)
     print(flush=True)
@@ -196,7 +198,7 @@ def main_dask():
     facts += [
         ("Batch", f"{dask.BATCH} images in chunks of {dask.CHUNK}, float32, made on the workers "
                   f"and kept there"),
-        ("Timing", f"median of {repeat} sample{'s' * (repeat > 1)} after a warm-up, in turn: cso "
+        ("Timing", f"median of {repeat} sample{'s' * (repeat > 1)}, timed in blocks: cso "
                    f"in this process on {workers} thread{'s' * (workers > 1)}, and a computation "
                    f"on a LocalCluster of {workers} worker process{'es' * (workers > 1)} x 1 "
                    f"thread, outputs gathered here (checked: the same bits)"),

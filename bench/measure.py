@@ -1,10 +1,12 @@
 """Timing: the engines side by side, CSA's two schedules, and cso's time breakdown.
 
-Every number is a median over ``repeat`` samples after an untimed warm-up; calls shorter than
-MIN_SAMPLE_SECONDS are repeated within a sample so that timer resolution does not dominate.
-What is compared (engines, schedules, phases) is sampled in turn, round after round, so that a
-machine whose speed drifts over seconds (frequency, neighbours on a shared host) moves all of
-them alike and their ratios hold.
+Every number is a median over ``repeat`` samples; calls shorter than MIN_SAMPLE_SECONDS are
+repeated within a sample so that timer resolution does not dominate. What is compared
+(engines, schedules, phases) is timed in blocks: one engine's warm-up and back-to-back samples,
+then the next's, never one sample of each in turn (a thread pool that spins on after a call
+would sit beside the next engine's timed run); the blocks run twice, in one order and then in
+the reverse, so that a machine whose speed drifts over seconds (frequency, neighbours on a
+shared host) moves all of them alike and their ratios hold.
 """
 import statistics
 import time
@@ -21,27 +23,26 @@ COPY = "copy"   # the copy-bandwidth probe timed beside depthwise convolutions
 
 
 def median_seconds(runs, repeat, settle=0.0):
-    """{name: median over ``repeat`` samples of the time of one call ``runs[name]()``}, the
-    samples of the different runs interleaved, ``settle`` seconds of rest after each (for the
-    thread pools that spin on after a call to stop before the next engine's sample) and then,
-    before the timed calls, one untimed call: a run that follows a rest finds its threads and
-    cores asleep (on the 2-vCPU Zen 3 VM, ShuffleNet's first run after 0.1 s took 13 ms for cso
-    and 5-10 ms for onnxruntime, against 6 and 3.5 ms run after run), which is start-up, not
-    latency."""
+    """{name: median over ``repeat`` samples of the time of one call ``runs[name]()``}, taken
+    in blocks (see the module's docstring): each block an untimed warm-up call, then about
+    half the samples back to back, then ``settle`` seconds of rest (for the thread pools that
+    spin on after a call to stop before the next engine's warm-up)."""
     calls = {}
     for name, run in runs.items():
         start = time.perf_counter()
         run()
         calls[name] = max(1, int(MIN_SAMPLE_SECONDS / max(time.perf_counter() - start, 1e-7)))
     samples = {name: [] for name in runs}
-    for _ in range(repeat):
-        for name, run in runs.items():
-            if settle:
-                run()
-            start = time.perf_counter()
-            for _ in range(calls[name]):
-                run()
-            samples[name].append((time.perf_counter() - start) / calls[name])
+    halves = (repeat - repeat // 2, repeat // 2)
+    for order, count in zip((list(runs), list(runs)[::-1]), halves):
+        for name in order:
+            run = runs[name]
+            run()
+            for _ in range(count):
+                start = time.perf_counter()
+                for _ in range(calls[name]):
+                    run()
+                samples[name].append((time.perf_counter() - start) / calls[name])
             time.sleep(settle)
     return {name: statistics.median(times) for name, times in samples.items()}
 

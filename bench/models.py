@@ -1,5 +1,6 @@
-"""Whole models: cso.onnx against onnxruntime on the nine CNNs the onnx package ships
-(``onnx/backend/test/data/light``), at batch 1 and 8.
+"""Whole models: cso.onnx against onnxruntime, and OpenVINO when it is installed (an optional
+engine: ``pip install openvino``), on the nine CNNs the onnx package ships
+(``onnx/backend/test/data/light``), at batch 1 and 8, and on ONNX files as exported.
 
 The shipped models build every weight with ConstantOfShape, all 0.02: every filter of a layer is
 the same and the final softmax is 0.001 everywhere, whatever an engine computes. So both engines
@@ -7,13 +8,14 @@ run a copy with random weights (He-scaled filters, positive BatchNormalization s
 variances: activations of order one, as in a trained network), which makes the output check
 mean something; the graphs, shapes and operators are the shipped ones. The models also hard-code
 batch 1 in their Reshape shapes, so that copy is made batch-generic (``batch_generic``), and
-both engines load it once and run both batches.
+the engines load it once and run both batches.
 
-Per model and batch: cso's and onnxruntime's latency (median of the samples, taken in turn,
-after a warm-up, on the same input), cso's split between its convolution steps (with what is
-fused into them) and the rest (``Model.time_by_operator``), and cso's load time. Per model and
-engine: the peak memory of a child process that loads the model file and runs both batches
-(``python -m bench.models ENGINE PATH SHAPES``).
+Per model and batch: each engine's latency (median of the samples, timed in blocks after a
+warm-up: ``measure.median_seconds``, on the same input; cso's and OpenVINO's outputs checked against onnxruntime's first),
+cso's split between its convolution steps (with what is fused into them) and the rest
+(``Model.time_by_operator``); cso's load time and OpenVINO's (reading the file, compiling, the
+first run). Per model and engine: the peak memory of a child process that loads the model file
+and runs both batches (``python -m bench.models ENGINE PATH SHAPES``).
 """
 import argparse
 import json
@@ -29,9 +31,11 @@ MODELS = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet
           "shufflenet", "squeezenet", "vgg19", "zfnet512")
 QUICK_MODELS = ("squeezenet", "shufflenet")
 BATCHES = (1, 8)
-RTOL = 1e-4   # max |cso - onnxruntime| / max |onnxruntime|, per output
-# on several threads, a rest between the engines' samples: onnxruntime's pool spins for about
-# 35 ms after a run and cso's for a few ms, on the cores the other engine needs next
+RTOL = 1e-4   # max |cso - onnxruntime| / max |onnxruntime|, per output (OpenVINO's alike)
+ENGINES = ("cso", "onnxruntime", "openvino")   # openvino: when installed
+OPENVINO_MISSING = "not installed"   # result["openvino"]["skipped"] without the module
+# on several threads, a rest after each engine's block of samples: onnxruntime's pool spins for
+# about 35 ms after a run and cso's for a few ms, on the cores the next engine needs
 SETTLE_SECONDS = 0.1
 
 
@@ -157,8 +161,41 @@ def onnxruntime_session(model, threads):
                                         providers=["CPUExecutionProvider"])
 
 
+def openvino_module():
+    """The openvino module, or None where it is not installed (it is optional)."""
+    try:
+        import openvino
+    except ImportError:
+        return None
+    return openvino
+
+
+def openvino_config(threads):
+    """OpenVINO's CPU settings for a run on ``threads`` threads: float32 inference (no bf16 or
+    f16 on CPUs that have them), ``threads`` inference threads, the latency hint (one stream,
+    one request at a time)."""
+    import openvino as ov
+    from openvino import properties
+    from openvino.properties import hint
+    return {hint.inference_precision: ov.Type.f32, properties.inference_num_threads: threads,
+            hint.performance_mode: hint.PerformanceMode.LATENCY}
+
+
+def openvino_engine(path, threads):
+    """OpenVINO's compiled model of the ONNX file ``path`` (read by OpenVINO itself, compiled for
+    the CPU with ``openvino_config``) and its ``run(feeds) -> {output name: array}`` on one
+    infer request (the inputs' buffers shared, not copied)."""
+    import openvino as ov
+    compiled = ov.Core().compile_model(path, "CPU", openvino_config(threads))
+    request = compiled.create_infer_request()
+    return compiled, lambda feeds: request.infer(feeds, share_inputs=True)
+
+
 def load_engine(engine, model, threads):
-    """``engine``'s ``run(feeds) -> outputs`` for ``model`` (a ModelProto or a path)."""
+    """``engine``'s ``run(feeds) -> outputs`` for ``model`` (a ModelProto or a path; a path for
+    OpenVINO)."""
+    if engine == "openvino":
+        return openvino_engine(model, threads)[1]
     if engine == "cso":
         import cso
         import cso.onnx
@@ -192,10 +229,47 @@ def inputs(shapes, batch, seed=0):
     return {name: rng.standard_normal([batch] + shape, np.float32) for name, shape in shapes.items()}
 
 
-def measure_model(name, model, batches, repeat, threads):
-    """One model (``bench_model(name)``), loaded once by each engine: at every batch, cso's
-    outputs checked against onnxruntime's (AssertionError beyond RTOL), then both timed and
-    cso's conv/rest split summed over ``repeat`` runs; and cso's load time."""
+def _check(engine, name, batch, outputs, expected, output_names):
+    """Raise AssertionError unless every output is within RTOL of onnxruntime's."""
+    for out, ref, output in zip(outputs, expected, output_names):
+        err = relative_error(out, ref)
+        if not err <= RTOL:
+            raise AssertionError(
+                f"{engine} is wrong on {name} at batch {batch}, output {output!r}: shape "
+                f"{out.shape} vs onnxruntime's {ref.shape}, max error {err:.3g} of its "
+                f"largest magnitude (allowed {RTOL})")
+
+
+def _load_openvino(path, threads, feeds):
+    """({"load_s": reading the file, compiling and the first run on ``feeds``}, run) or
+    ({"skipped": why}, None): OpenVINO not installed, no file, or a model it cannot load."""
+    if openvino_module() is None:
+        return {"skipped": OPENVINO_MISSING}, None
+    if path is None:
+        return {"skipped": "no model file (OpenVINO reads the ONNX file)"}, None
+    start = time.perf_counter()
+    try:
+        _, run = openvino_engine(path, threads)
+        run(feeds)
+    except RuntimeError as err:   # what OpenVINO raises for a model it cannot read or compile
+        return {"skipped": "could not load it: " + _openvino_reason(err)}, None
+    return {"load_s": time.perf_counter() - start}, run
+
+
+def _openvino_reason(err):
+    """OpenVINO's error without the source locations it stacks up ("Exception from
+    src/...cpp:132:", "Check 'false' failed at ..."), on one line."""
+    lines = [line.strip() for line in str(err).splitlines()]
+    return " ".join(line for line in lines
+                    if line and not line.startswith(("Exception from ", "Check '")))
+
+
+def measure_model(name, model, batches, repeat, threads, path=None):
+    """One model (``model``, a ModelProto; ``path``, its ONNX file, which OpenVINO reads), loaded
+    once by each engine: at every batch, cso's outputs (and OpenVINO's) checked against onnxruntime's
+    (AssertionError beyond RTOL), then the engines timed and cso's conv/rest split summed over
+    ``repeat`` runs; and cso's load time, OpenVINO's (``result["openvino"]``: its load time,
+    or why it did not run: not installed, no ``path``, a model it cannot load)."""
     import cso
     import cso.onnx
     from .measure import median_seconds
@@ -204,20 +278,21 @@ def measure_model(name, model, batches, repeat, threads):
     ours = cso.onnx.load(model)
     load = time.perf_counter() - start
     theirs = onnxruntime_session(model, threads)
+    shapes = input_shapes(model)
     result = {"model": name, "load_s": load, "batches": {}}
+    result["openvino"], openvino = _load_openvino(path, threads, inputs(shapes, batches[0]))
     for batch in batches:
-        feeds = inputs(input_shapes(model), batch)
-        for out, ref, output in zip(ours.run(None, feeds), theirs.run(None, feeds),
-                                    ours.output_names):
-            err = relative_error(out, ref)
-            if not err <= RTOL:
-                raise AssertionError(
-                    f"cso.onnx is wrong on {name} at batch {batch}, output {output!r}: shape "
-                    f"{out.shape} vs onnxruntime's {ref.shape}, max error {err:.3g} of its "
-                    f"largest magnitude (allowed {RTOL})")
-        seconds = median_seconds({"cso": lambda: ours.run(None, feeds),
-                                  "onnxruntime": lambda: theirs.run(None, feeds)}, repeat,
-                                 SETTLE_SECONDS if threads > 1 else 0.0)
+        feeds = inputs(shapes, batch)
+        expected = theirs.run(None, feeds)
+        _check("cso.onnx", name, batch, ours.run(None, feeds), expected, ours.output_names)
+        runs = {"cso": lambda: ours.run(None, feeds),
+                "onnxruntime": lambda: theirs.run(None, feeds)}
+        if openvino is not None:
+            got = openvino(feeds)   # by name: OpenVINO's outputs may come in another order
+            _check("OpenVINO", name, batch, [got[output] for output in ours.output_names],
+                   expected, ours.output_names)
+            runs["openvino"] = lambda: openvino(feeds)
+        seconds = median_seconds(runs, repeat, SETTLE_SECONDS if threads > 1 else 0.0)
         conv = rest = 0.0
         for _ in range(repeat):
             steps = ours.time_by_operator(feeds)
@@ -229,6 +304,9 @@ def measure_model(name, model, batches, repeat, threads):
         result["batches"][str(batch)] = {"seconds": seconds,
                                          "speedup": seconds["onnxruntime"] / seconds["cso"],
                                          "conv_share": conv / (conv + rest)}
+        if openvino is not None:
+            result["batches"][str(batch)]["speedup_openvino"] = (seconds["openvino"]
+                                                                 / seconds["cso"])
     return result
 
 
@@ -245,8 +323,9 @@ def peak_child(engine, path, shapes, threads, batches):
     batch; return its peak RSS beyond its RSS just before loading (imports done, inputs made),
     in MiB."""
     import importlib
-    for module in ("numpy", "onnx") + (("cso.onnx", "threadpoolctl") if engine == "cso"
-                                       else ("onnxruntime",)):
+    engine_modules = {"cso": ("cso.onnx", "threadpoolctl"), "onnxruntime": ("onnxruntime",),
+                      "openvino": ("openvino",)}
+    for module in ("numpy", "onnx") + engine_modules[engine]:
         importlib.import_module(module)   # before the baseline
     feeds = [inputs(shapes, batch) for batch in batches]
     before = _status_kib("VmRSS")
@@ -283,8 +362,9 @@ def fixed_batch(model):
 
 def measure(source, batches, repeat, threads):
     """``measure_model`` of a light model by name (``bench_model``) or of an ONNX file as it
-    was exported (at the batch it fixes, if it does), then the peak memory of each engine on
-    the same model; or {"model", "refused": why} for a model ``cso.onnx`` cannot load."""
+    was exported (at the batch it fixes, if it does), then the peak memory of each engine that
+    ran (OpenVINO's if it did) on the same model; or {"model", "refused": why} for a model
+    ``cso.onnx`` cannot load."""
     import onnx
     from cso.onnx import UnsupportedModel
     name = label(source)
@@ -293,22 +373,23 @@ def measure(source, batches, repeat, threads):
     else:
         model, path = onnx.load(source), source
         batches = [fixed_batch(model)] if fixed_batch(model) else batches
-    try:
-        result = measure_model(name, model, batches, repeat, threads)
-    except UnsupportedModel as err:
-        return {"model": name, "refused": str(err)}
     with tempfile.TemporaryDirectory(prefix="cso-bench-") as tmp:
-        if path is None:   # the children load a file
+        if path is None:   # OpenVINO and the peak-memory children load a file
             path = os.path.join(tmp, f"{name}.onnx")
             onnx.save(model, path)
+        try:
+            result = measure_model(name, model, batches, repeat, threads, path)
+        except UnsupportedModel as err:
+            return {"model": name, "refused": str(err)}
+        ran = [e for e in ENGINES if e != "openvino" or "load_s" in result["openvino"]]
         result["peak_mib"] = {engine: measure_peak(engine, path, input_shapes(model), threads,
                                                    batches)
-                              for engine in ("cso", "onnxruntime")}
+                              for engine in ran}
     return result
 
 
-HEADER = ["model", "batch", "cso ms", "onnxruntime ms", "speedup", "conv %", "rest %", "load s",
-          "peak MiB cso / ort"]
+HEADER = ["model", "batch", "cso ms", "onnxruntime ms", "speedup", "openvino ms", "speedup ov",
+          "conv %", "rest %", "load s cso / ov", "peak MiB cso / ort / ov"]
 
 
 def loaded(results):
@@ -316,35 +397,56 @@ def loaded(results):
 
 
 def rows(results):
-    """Table rows: one per model that loaded and batch (its load time and peak memory on the
-    first)."""
+    """Table rows: one per model that loaded and batch (its load times and peak memory on the
+    first). The OpenVINO cells are empty where it did not run (not installed, or a model it
+    cannot load), and the load and peak cells then leave out its figure."""
     table = []
     for r in loaded(results):
+        openvino_load = r.get("openvino", {}).get("load_s")
+        load = f"{r['load_s']:.2f}" + ("" if openvino_load is None else f" / {openvino_load:.2f}")
+        peak = " / ".join(f"{r['peak_mib'][e]:.0f}" for e in ENGINES if e in r["peak_mib"])
         for index, (batch, b) in enumerate(r["batches"].items()):
             first = index == 0
+            ov = "openvino" in b["seconds"]
             table.append([r["model"] if first else "", batch, f"{1e3 * b['seconds']['cso']:.2f}",
                           f"{1e3 * b['seconds']['onnxruntime']:.2f}", f"{b['speedup']:.2f}x",
+                          f"{1e3 * b['seconds']['openvino']:.2f}" if ov else "",
+                          f"{b['speedup_openvino']:.2f}x" if ov else "",
                           f"{100 * b['conv_share']:.0f}", f"{100 * (1 - b['conv_share']):.0f}",
-                          f"{r['load_s']:.2f}" if first else "",
-                          f"{r['peak_mib']['cso']:.0f} / {r['peak_mib']['onnxruntime']:.0f}"
-                          if first else ""])
+                          load if first else "", peak if first else ""])
     return table
 
 
-def geomean_speedups(results):
-    """{batch: geomean of onnxruntime's time over cso's across the models}."""
+def _speedup_key(engine):
+    return "speedup" if engine == "onnxruntime" else f"speedup_{engine}"
+
+
+def geomean_speedups(results, engine="onnxruntime"):
+    """{batch: geomean of ``engine``'s time over cso's across the models it ran}."""
     from .stats import geomean
+    key = _speedup_key(engine)
     results = loaded(results)
-    batches = dict.fromkeys(b for r in results for b in r["batches"])
-    return {b: geomean(r["batches"][b]["speedup"] for r in results if b in r["batches"])
+    batches = dict.fromkeys(b for r in results for b in r["batches"] if key in r["batches"][b])
+    return {b: geomean(r["batches"][b][key] for r in results
+                       if b in r["batches"] and key in r["batches"][b])
             for b in batches}
 
 
 def summary_lines(results):
     ran = loaded(results)
-    lines = [f"batch {b}: geomean speedup {s:.2f}x (onnxruntime's time over cso's; above 1, "
-             f"cso is faster) over {sum(b in r['batches'] for r in ran)} models"
-             for b, s in geomean_speedups(results).items()]
+    lines = []
+    for engine, who in (("onnxruntime", "onnxruntime"), ("openvino", "OpenVINO")):
+        key = _speedup_key(engine)
+        lines += [f"batch {b}: geomean speedup {s:.2f}x over {who} ({who}'s time over cso's; "
+                  f"above 1, cso is faster) over "
+                  f"{sum(key in r['batches'].get(b, {}) for r in ran)} models"
+                  for b, s in geomean_speedups(results, engine).items()]
+    skipped = [r for r in ran if "skipped" in r.get("openvino", {})]
+    if any(r["openvino"]["skipped"] == OPENVINO_MISSING for r in skipped):
+        lines.append("OpenVINO was not installed (pip install openvino): no OpenVINO figures")
+    elif skipped:
+        lines.append(f"OpenVINO ran {len(ran) - len(skipped)} of {len(ran)} models; not:")
+        lines += [f"  {r['model']}: {r['openvino']['skipped']}" for r in skipped]
     if len(ran) < len(results):
         lines.append(f"cso.onnx loaded {len(ran)} of {len(results)} models; refused:")
         lines += [f"  {r['model']}: {r['refused']}" for r in results if "refused" in r]
@@ -353,15 +455,21 @@ def summary_lines(results):
 
 TEXT = ("The onnx package's light CNNs (their graphs, with random weights: the shipped "
         "ones are all 0.02), batch-generic, and ONNX files as they were exported (at the batch "
-        "they fix), each loaded once per engine and run at each batch. "
-        "Latency: median of the samples, taken in turn after a warm-up, on the same input "
-        "(with several threads, each sample after a rest, for the other engine's threads to "
-        "stop spinning, and an untimed run), "
-        "after cso's outputs matched onnxruntime's (max error at most {rtol} of the largest "
-        "magnitude). Speedup: onnxruntime's time over cso's. conv % / rest %: cso's time in its "
+        "they fix), each loaded once per engine and run at each batch. The engines: cso.onnx, "
+        "onnxruntime (the CPU provider, every graph optimisation) and, when it is installed, "
+        "OpenVINO (the CPU plugin reading the ONNX file, float32 inference precision, the "
+        "run's thread count, the latency hint). "
+        "Latency: median of the samples on the same input, each engine timed in blocks (a "
+        "warm-up run, then half its samples back to back; the engines in turn, then in "
+        "reverse order; with several threads a rest after each block, for its threads to "
+        "stop spinning), "
+        "after cso's and OpenVINO's outputs matched onnxruntime's (max error at most {rtol} of "
+        "the largest magnitude). Speedup: onnxruntime's time over cso's; speedup ov: "
+        "OpenVINO's time over cso's. conv % / rest %: cso's time in its "
         "convolution steps (what is fused into them included) and in the other operators "
         "(NumPy). Load: cso.onnx.load (constant folding, filter packing, kernels compiled or "
-        "read from the cache). Peak MiB: a child process per engine loads the model and runs "
+        "read from the cache); OpenVINO's: reading the file, compiling, and the first run "
+        "(at the first batch). Peak MiB: a child process per engine loads the model and runs "
         "every batch; its peak RSS (VmHWM, Linux) minus its RSS just before loading the model "
         "file (imports done, inputs made): weights, packed filters, workspaces, "
         "activations and, for cso, the compiler where kernels are not in the cache.")
@@ -371,7 +479,7 @@ def main():
     parser = argparse.ArgumentParser(prog="python -m bench.models",
                                      description="The peak-memory child of python -m bench "
                                                  "--models: prints {\"peak_mib\": ...}.")
-    parser.add_argument("engine", choices=("cso", "onnxruntime"))
+    parser.add_argument("engine", choices=ENGINES)
     parser.add_argument("path", help="an ONNX model file")
     parser.add_argument("shapes", help='JSON {input name: shape after the batch dimension}')
     parser.add_argument("--threads", type=int, default=1)

@@ -4,7 +4,7 @@ Engines that share a process distort each other's threaded timings: onnxruntime'
 OpenBLAS's workers keep spinning for milliseconds after a call (OpenBLAS's for about 0.1 s), on
 the cores the next engine wants. So ``python -m bench --threads N --scaling`` runs
 ``python -m bench.scaling`` once per engine; that child times its engine on 1 and on N
-threads, interleaved (``median_seconds``), and prints one JSON line per convolution. The
+threads, in blocks (``median_seconds``), and prints one JSON line per convolution. The
 parent prints the table: GFLOP/s on 1 and N threads, the scaling factor, and cso's ratio to
 each other engine on N threads.
 
@@ -38,7 +38,7 @@ def _thread_setter(engine):
 
 def measure_scaling(spec, engine, threads, repeat):
     """``engine`` on ``spec`` with 1 and ``threads`` threads: both outputs checked against the
-    float64 reference, then timed in turn."""
+    float64 reference, then timed in blocks."""
     x, w = operands(spec)
     ref = reference(spec, x, w)
     set_threads = _thread_setter(engine)

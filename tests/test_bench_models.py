@@ -1,5 +1,7 @@
 """``python -m bench --models``: the batch-generic copy of a model computes what the model does
-and takes other batches; a quick run writes its report. No timing is asserted."""
+and takes other batches; a quick run writes its report; OpenVINO is a third engine when it is
+installed and the report says so when it is not. No timing is asserted."""
+import math
 import subprocess
 import sys
 
@@ -12,6 +14,7 @@ onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 pytest.importorskip("threadpoolctl")
 
+from bench import models  # noqa: E402
 from bench.models import (batch_generic, bench_model, input_shapes, inputs,  # noqa: E402
                           model_path, onnxruntime_session, random_weights, relative_error)
 
@@ -48,23 +51,34 @@ def test_quick_models_run_writes_a_report(tmp_path):
     assert "## Models" in report and "| squeezenet | 1 |" in report
 
 
+def export(folder, name, rng, last="Relu", batch=1):
+    """``folder/name.onnx``: a 3x3 convolution (3 -> 8 channels, 16 x 16) then ``last`` (an
+    operator of the default domain, or "Foo" of domain x.y, which no engine knows), as an
+    exporter would write it: fixing ``batch``, or leaving it open ("N") with batch=None."""
+    from onnx import TensorProto, helper, numpy_helper
+    w = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
+    domain = "x.y" if last == "Foo" else ""
+    dim = "N" if batch is None else batch
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["input", "w"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node(last, ["c"], ["output"], domain=domain)], name,
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [dim, 3, 16, 16])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [dim, 8, 16, 16])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("x.y", 1)])
+    model.ir_version = 8
+    path = folder / f"{name}.onnx"
+    onnx.save(model, str(path))
+    return str(path)
+
+
 def test_exported_files_run_as_they_are_and_refused_ones_are_listed(tmp_path, rng):
     """``--models FOLDER``: each ONNX file in it at the batch it fixes; a model cso.onnx
     refuses is listed with the reason, not measured, and the run goes on."""
-    from onnx import TensorProto, helper, numpy_helper
     folder = tmp_path / "exported"
     folder.mkdir()
-    w = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
-    for name, last in (("conv_relu", helper.make_node("Relu", ["c"], ["output"])),
-                       ("custom", helper.make_node("Foo", ["c"], ["output"], domain="x.y"))):
-        graph = helper.make_graph(
-            [helper.make_node("Conv", ["input", "w"], ["c"], pads=[1, 1, 1, 1]), last], name,
-            [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 16, 16])],
-            [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 8, 16, 16])], [w])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                        helper.make_opsetid("x.y", 1)])
-        model.ir_version = 8
-        onnx.save(model, str(folder / f"{name}.onnx"))
+    export(folder, "conv_relu", rng)
+    export(folder, "custom", rng, last="Foo")
     done = subprocess.run([sys.executable, "-m", "bench", "--models", str(folder), "--quick",
                            "--out", str(tmp_path / "report")], cwd=CHILD_CWD,
                           capture_output=True, text=True, timeout=120)
@@ -73,3 +87,147 @@ def test_exported_files_run_as_they_are_and_refused_ones_are_listed(tmp_path, rn
     assert "exported/custom: ONNX node" in done.stdout and "domain 'x.y'" in done.stdout
     report = (tmp_path / "report" / "report.md").read_text()
     assert "| exported/conv_relu | 1 |" in report and "| exported/conv_relu | 8 |" not in report
+
+
+def cells(row):
+    """A table row as {column: cell}."""
+    assert len(row) == len(models.HEADER)
+    return dict(zip(models.HEADER, row))
+
+
+def two_models(tmp_path, rng):
+    """bench.models.measure of two exported models: one fixing batch 1 (run at it), one
+    leaving it open (run at batch 1 and 3); two samples each."""
+    folder = tmp_path / "exported"
+    folder.mkdir()
+    return [models.measure(export(folder, "fixed", rng), [1, 3], 2, 1),
+            models.measure(export(folder, "open", rng, last="Sigmoid", batch=None), [1, 3], 2, 1)]
+
+
+def test_openvino_settings_are_f32_the_runs_threads_and_latency(tmp_path, rng):
+    ov = pytest.importorskip("openvino")
+    path = export(tmp_path, "conv_relu", rng)
+    compiled, run = models.openvino_engine(path, 2)
+    assert compiled.get_property("INFERENCE_PRECISION_HINT") == ov.Type.f32
+    assert compiled.get_property("INFERENCE_NUM_THREADS") == 2
+    assert str(compiled.get_property("PERFORMANCE_HINT")) == "LATENCY"
+    feeds = inputs({"input": [3, 16, 16]}, 1)
+    (expected,) = onnxruntime_session(path, 1).run(None, feeds)
+    assert relative_error(run(feeds)["output"], expected) <= models.RTOL
+
+
+def test_report_with_openvino(tmp_path, rng):
+    """OpenVINO installed: its latency at every batch, the speedup of cso over it (its time
+    over cso's), its load time and peak memory, in the results, the table and the summary."""
+    pytest.importorskip("openvino")
+    results = two_models(tmp_path, rng)
+    assert [list(r["batches"]) for r in results] == [["1"], ["1", "3"]]
+    for r in results:
+        assert r["openvino"]["load_s"] > 0
+        assert set(r["peak_mib"]) == {"cso", "onnxruntime", "openvino"}
+        assert all(math.isfinite(mib) and mib >= 0 for mib in r["peak_mib"].values())
+        for b in r["batches"].values():
+            seconds = b["seconds"]
+            assert set(seconds) == {"cso", "onnxruntime", "openvino"}
+            assert all(s > 0 for s in seconds.values())
+            assert b["speedup_openvino"] == seconds["openvino"] / seconds["cso"] > 0
+            assert b["speedup"] == seconds["onnxruntime"] / seconds["cso"] > 0
+    table = [cells(row) for row in models.rows(results)]
+    assert [(row["model"], row["batch"]) for row in table] == [
+        ("exported/fixed", "1"), ("exported/open", "1"), ("", "3")]
+    batches = [(r, b) for r in results for b in r["batches"].values()]
+    for row, (r, b) in zip(table, batches):
+        assert row["openvino ms"] == f"{1e3 * b['seconds']['openvino']:.2f}"
+        assert row["speedup ov"] == f"{b['seconds']['openvino'] / b['seconds']['cso']:.2f}x"
+    for row, r in ((table[0], results[0]), (table[1], results[1])):
+        assert row["load s cso / ov"] == f"{r['load_s']:.2f} / {r['openvino']['load_s']:.2f}"
+        assert row["peak MiB cso / ort / ov"] == " / ".join(
+            f"{r['peak_mib'][e]:.0f}" for e in ("cso", "onnxruntime", "openvino"))
+    assert table[2]["load s cso / ov"] == table[2]["peak MiB cso / ort / ov"] == ""
+    speedups = models.geomean_speedups(results, "openvino")
+    assert speedups == {"1": pytest.approx(math.sqrt(
+                            results[0]["batches"]["1"]["speedup_openvino"]
+                            * results[1]["batches"]["1"]["speedup_openvino"])),
+                        "3": pytest.approx(results[1]["batches"]["3"]["speedup_openvino"])}
+    lines = models.summary_lines(results)
+    assert f"batch 1: geomean speedup {speedups['1']:.2f}x over OpenVINO (OpenVINO's time over " \
+           f"cso's; above 1, cso is faster) over 2 models" in lines
+    assert any(line.startswith("batch 3: ") and "over OpenVINO" in line and
+               line.endswith("over 1 models") for line in lines)
+    assert not any("OpenVINO was not installed" in line for line in lines)
+
+
+def test_report_without_openvino(tmp_path, rng, monkeypatch):
+    """OpenVINO not installed (its import fails): the report says so, its columns are empty,
+    no OpenVINO figure is measured."""
+    monkeypatch.setitem(sys.modules, "openvino", None)   # import openvino: ImportError
+    assert models.openvino_module() is None
+    results = two_models(tmp_path, rng)
+    for r in results:
+        assert r["openvino"] == {"skipped": models.OPENVINO_MISSING}
+        assert set(r["peak_mib"]) == {"cso", "onnxruntime"}
+        for b in r["batches"].values():
+            assert set(b["seconds"]) == {"cso", "onnxruntime"} and "speedup_openvino" not in b
+            assert b["speedup"] == b["seconds"]["onnxruntime"] / b["seconds"]["cso"] > 0
+    table = [cells(row) for row in models.rows(results)]
+    assert len(table) == 3
+    assert all(row["openvino ms"] == row["speedup ov"] == "" for row in table)
+    assert table[0]["load s cso / ov"] == f"{results[0]['load_s']:.2f}"
+    assert table[0]["peak MiB cso / ort / ov"] == (f"{results[0]['peak_mib']['cso']:.0f} / "
+                                                   f"{results[0]['peak_mib']['onnxruntime']:.0f}")
+    assert models.geomean_speedups(results, "openvino") == {}
+    lines = models.summary_lines(results)
+    assert "OpenVINO was not installed (pip install openvino): no OpenVINO figures" in lines
+    assert not any("over OpenVINO" in line for line in lines)
+    assert sum("over onnxruntime" in line for line in lines) == 2   # batches 1 and 3
+    from bench import documents
+    documents.write_models(str(tmp_path / "report"), [("Threads", "1")], results)
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "| exported/open | 1 |" in report and "- OpenVINO was not installed" in report
+
+
+def test_models_run_without_openvino_says_so(tmp_path, rng):
+    """``python -m bench --models`` in a process where OpenVINO cannot be imported."""
+    folder = tmp_path / "exported"
+    folder.mkdir()
+    export(folder, "conv_relu", rng)
+    script = ("import runpy, sys; sys.modules['openvino'] = None; "
+              "sys.argv = ['bench', '--models', sys.argv[1], '--quick', '--out', sys.argv[2]]; "
+              "runpy.run_module('bench', run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", script, str(folder), str(tmp_path / "report")],
+                          cwd=CHILD_CWD, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "OpenVINO was not installed (pip install openvino): no OpenVINO figures" in done.stdout
+    assert "over onnxruntime" in done.stdout and "over OpenVINO" not in done.stdout
+
+
+def test_openvino_is_checked_and_a_model_it_cannot_load_is_listed(tmp_path, rng, monkeypatch):
+    """OpenVINO's outputs are checked against onnxruntime's like cso's (AssertionError beyond
+    RTOL); a model it cannot compile is listed under the table, its cells left empty, and the
+    run goes on."""
+    pytest.importorskip("openvino")
+    (tmp_path / "exported").mkdir()
+    path = export(tmp_path / "exported", "conv_relu", rng)
+    engine = models.openvino_engine
+
+    def off(path, threads):   # OpenVINO, 1% off
+        compiled, run = engine(path, threads)
+        return compiled, lambda feeds: {k.get_any_name(): 1.01 * v for k, v in run(feeds).items()}
+
+    monkeypatch.setattr(models, "openvino_engine", off)
+    with pytest.raises(AssertionError, match="OpenVINO is wrong on exported/conv_relu at batch 1"):
+        models.measure(path, [1], 1, 1)
+
+    def refuses(path, threads):
+        raise RuntimeError("Exception from src/x.cpp:1:\nCheck 'false' failed at y.cpp:2:\n"
+                           "No conversion rule found for operations: x.y.Foo\n")
+
+    monkeypatch.setattr(models, "openvino_engine", refuses)
+    results = [models.measure(path, [1], 1, 1)]
+    reason = "could not load it: No conversion rule found for operations: x.y.Foo"
+    assert results[0]["openvino"] == {"skipped": reason}
+    assert set(results[0]["peak_mib"]) == {"cso", "onnxruntime"}
+    (row,) = map(cells, models.rows(results))
+    assert row["openvino ms"] == row["speedup ov"] == "" and row["cso ms"]
+    lines = models.summary_lines(results)
+    assert lines[-2:] == ["OpenVINO ran 0 of 1 models; not:", f"  exported/conv_relu: {reason}"]
