@@ -1,7 +1,7 @@
-"""The ONNX activations (Clip, LeakyRelu, Sigmoid, Tanh, HardSigmoid, HardSwish, Gelu, Erf) as
-compiled kernels: single-node models against a float64 reference and onnxruntime, over their
-attributes and opset forms, NaN and the infinities, float64, integer Clip; bad attributes and
-dtypes name the node."""
+"""The ONNX activations (Relu, Clip, LeakyRelu, Sigmoid, Tanh, HardSigmoid, HardSwish, Gelu,
+Erf) as compiled kernels: single-node models against a float64 reference and onnxruntime, over
+their attributes and opset forms, NaN and the infinities, float64, integer Clip and Relu; each
+a job that the model's recorded run replays; bad attributes and dtypes name the node."""
 import math
 
 import numpy as np
@@ -26,6 +26,7 @@ ELEM = {np.float32: TensorProto.FLOAT, np.float64: TensorProto.DOUBLE}
 F32 = np.float32   # ONNX keeps float attributes, and their defaults, in float32
 # (op type, attributes, opset, the reference's kind and parameters)
 CASES = [
+    ("Relu", {}, 14, "relu", ()),
     ("Sigmoid", {}, 13, "sigmoid", ()),
     ("Tanh", {}, 13, "tanh", ()),
     ("Erf", {}, 13, "erf", ()),
@@ -97,6 +98,36 @@ def test_clip_bounds_as_inputs_constant_or_made_at_run_time(rng, runtime):
                                  "high": np.array(1, np.float32)})
         finite = ~np.isnan(x)
         assert np.all(y[finite] == 1) and np.isnan(y[~finite]).all()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("op_type,attrs,opset,kind,params", CASES,
+                         ids=[f"{c[0]}-{c[2]}-{i}" for i, c in enumerate(CASES)])
+def test_a_standalone_activation_is_a_replayed_job(rng, op_type, attrs, opset, kind, params,
+                                                   dtype):
+    """Not fused into a convolution, each activation runs cso.activate's kernel, one job, which
+    the model's recorded run replays: later runs on other inputs give their own values."""
+    loaded = cso.onnx.load(single(op_type, attrs, opset, dtype))
+    (program,) = loaded._programs.values()   # recorded by the load's run
+    assert program.resume == len(loaded.steps) == 1 and len(program.recording) == 1
+    for _ in range(2):
+        x = values(rng, dtype)
+        (y,) = loaded.run(None, {"x": x})
+        assert_close(y, activation_values(kind, x, params), dtype)
+
+
+def test_relu_of_integers_and_float16_runs_numpy(rng):
+    """Relu is defined on integers from opset 14 (and cso.activate has no float16 code):
+    NumPy's maximum, the dtype kept, into ``out=`` when given."""
+    relu = cso.onnx.ops.OPERATORS["Relu"](cso.onnx.node.Node("Relu", "r", ["x"], ["y"]), {})
+    for dtype in (np.int8, np.int32, np.int64, np.float16):
+        x = np.array([-5, 0, 3, -1, 7], dtype)
+        (y,) = relu(x)
+        assert y.dtype == dtype and y.tolist() == [0, 0, 3, 0, 7]
+        out = np.full(5, 9, dtype)
+        assert relu(x, out=out)[0] is out and out.tolist() == [0, 0, 3, 0, 7]
+    (y,) = relu(np.array(-2.5, np.float32))
+    assert type(y) is np.ndarray and y.ndim == 0 and y == 0
 
 
 def test_clip_with_one_bound_omitted_and_on_integers():

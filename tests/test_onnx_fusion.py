@@ -11,7 +11,7 @@ pytest.importorskip("onnxruntime")
 
 from onnx import helper  # noqa: E402
 
-import cso.arguments  # noqa: E402
+import cso  # noqa: E402
 import cso.onnx  # noqa: E402
 from cso.onnx import fusion  # noqa: E402
 from cso.onnx.ops import OPERATORS  # noqa: E402
@@ -58,7 +58,8 @@ def test_conv_batchnorm_relu_fuse_as_the_table_says(rng, monkeypatch, table, exp
     loaded = assert_matches_onnxruntime(*conv_batchnorm_relu(rng))
     assert [step.ops for step in loaded.steps] == expected
     assert [step.label for step in loaded.steps] == ["+".join(ops) for ops in expected]
-    assert loaded.steps[0].run.relu == (expected[0][-1] == "Relu")
+    fused = expected[0][-1] == "Relu"
+    assert loaded.steps[0].run.activation == (cso.Activation("relu") if fused else None)
 
 
 def relu_pool_relu(rng, pool, attrs):
@@ -158,21 +159,25 @@ def test_the_table_names_known_operators_and_stores():
     heads = [role.head for role in fusion.ROLES.values() if role.head]
     for head in heads + [fusion.AFFINE_CHAIN, fusion.SUM]:
         assert head.store in fusion.STORES
-    for role in fusion.ROLES.values():
+    for op_type, role in fusion.ROLES.items():
         if role.activation:
             assert role.activation.stores <= set(fusion.STORES)
-            if "conv" in role.activation.stores:   # a name cso.Conv2d(activation=) takes
-                assert role.activation.name in cso.arguments.ACTIVATIONS
+            if role.activation.stores - {"conv"}:   # kernels.affine and sum_relu: Relu only
+                assert op_type == "Relu"
     assert fusion.role("Softmax") == fusion.Role()   # no part in fusion
 
 
-def composite(rng, chain_nodes, opset=14):
-    """Conv, then ``chain_nodes`` (reading "c", ending in "a"), then a 1x1 Conv."""
+def composite(rng, chain_nodes, opset=14, head="Conv"):
+    """``head`` (a Conv, or a MaxPool that takes no activation), then ``chain_nodes``
+    (reading "c", ending in "a"), then a 1x1 Conv."""
+    channels = 5 if head == "Conv" else 3
     inits = {"w0": rng.standard_normal((5, 3, 3, 3)).astype(np.float32),
-             "w1": rng.standard_normal((2, 5, 1, 1)).astype(np.float32),
+             "w1": rng.standard_normal((2, channels, 1, 1)).astype(np.float32),
              "sqrt2": np.array(np.sqrt(2), np.float32), "one": np.array(1, np.float32),
              "half": np.array(0.5, np.float32), "two": np.array(2, np.float32)}
-    nodes = ([helper.make_node("Conv", ["x", "w0"], ["c"])] + chain_nodes
+    first = (helper.make_node("Conv", ["x", "w0"], ["c"]) if head == "Conv" else
+             helper.make_node("MaxPool", ["x"], ["c"], kernel_shape=[2, 2]))
+    nodes = ([first] + chain_nodes
              + [helper.make_node("Conv", ["a", "w1"], ["y"])])
     model = make_model(nodes, [tensor("x", [1, 3, 10, 9])], [tensor("y", None)], inits,
                        opset=opset)
@@ -192,10 +197,15 @@ GELU = [helper.make_node("Div", ["c", "sqrt2"], ["d"]), helper.make_node("Erf", 
     (GELU, ("Div", "Erf", "Add", "Mul", "Mul")),
 ])
 def test_an_exported_activation_chain_runs_as_one_step(rng, monkeypatch, chain, ops):
+    """After a MaxPool, a step of its own (a compiled activation); after a Conv, in its
+    store."""
+    kind = {2: "silu" if ops[0] == "Sigmoid" else "hardswish", 5: "gelu"}[len(ops)]
+    loaded = assert_matches_onnxruntime(*composite(rng, chain, head="MaxPool"))
+    assert [step.ops for step in loaded.steps] == [("MaxPool",), ops, ("Conv",)]
+    assert loaded.steps[1].run.activation == cso.Activation(kind)
     loaded = assert_matches_onnxruntime(*composite(rng, chain))
-    assert [step.ops for step in loaded.steps] == [("Conv",), ops, ("Conv",)]
-    kind = loaded.steps[1].run.activation.kind
-    assert kind == {2: "silu" if ops[0] == "Sigmoid" else "hardswish", 5: "gelu"}[len(ops)]
+    assert [step.ops for step in loaded.steps] == [("Conv",) + ops, ("Conv",)]
+    assert loaded.steps[0].run.activation == cso.Activation(kind)
     monkeypatch.delitem(fusion.COMPOSITES, kind)   # the table decides
     loaded = assert_matches_onnxruntime(*composite(rng, chain))
     assert [step.ops for step in loaded.steps] == [("Conv",)] + [(o,) for o in ops] + [("Conv",)]
@@ -245,3 +255,60 @@ def test_a_squeeze_excitation_gate_is_a_compiled_job_a_replay_covers(rng):
                        [tensor("a", [2, 3, 4]), tensor("b", [3, 1])], [tensor("y", None)])
     assert_matches_onnxruntime(plain, {"a": rng.standard_normal((2, 3, 4)).astype(np.float32),
                                        "b": rng.standard_normal((3, 1)).astype(np.float32)})
+
+
+SINGLE = [
+    ("Relu", {}, 13, cso.Activation("relu")),
+    ("Clip", {"min": -0.5, "max": 2.0}, 10, cso.Activation("clip", min=-0.5, max=2.0)),
+    ("Clip", "inputs", 13, cso.Activation("relu6")),
+    ("LeakyRelu", {"alpha": 0.1}, 13, cso.Activation("leaky_relu", alpha=float(np.float32(0.1)))),
+    ("Sigmoid", {}, 13, cso.Activation("sigmoid")),
+    ("HardSigmoid", {}, 13, cso.Activation("hardsigmoid", alpha=float(np.float32(0.2)),
+                                           beta=0.5)),
+    ("HardSwish", {}, 14, cso.Activation("hardswish")),
+    ("Tanh", {}, 13, cso.Activation("tanh")),
+    ("Gelu", {"approximate": "tanh"}, 20, cso.Activation("gelu", approximate="tanh")),
+]
+
+
+@pytest.mark.parametrize("op_type, attrs, opset, activation", SINGLE,
+                         ids=[f"{case[0]}-{case[2]}" for case in SINGLE])
+@pytest.mark.parametrize("head", ["Conv", "Gemm"])
+def test_an_activation_after_a_conv_or_gemm_is_applied_in_its_store(rng, op_type, attrs, opset,
+                                                                    activation, head):
+    inits = {"w": (0.5 * rng.standard_normal((6, 4, 3, 3))).astype(np.float32),
+             "b": rng.standard_normal((4, 6)).astype(np.float32),
+             "gb": rng.standard_normal(6).astype(np.float32),
+             "low": np.array(0, np.float32), "high": np.array(6, np.float32)}
+    inputs = ["c", "low", "high"] if attrs == "inputs" else ["c"]
+    head_node = (helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]) if head == "Conv"
+                 else helper.make_node("Gemm", ["x", "b", "gb"], ["c"]))
+    shape = [2, 4, 7, 9] if head == "Conv" else [3, 4]
+    nodes = [head_node, helper.make_node(op_type, inputs, ["y"],
+                                         **(attrs if isinstance(attrs, dict) else {}))]
+    model = make_model(nodes, [tensor("x", shape)], [tensor("y", None)], inits, opset=opset)
+    x = (3 * rng.standard_normal(shape)).astype(np.float32)
+    loaded = assert_matches_onnxruntime(model, {"x": x})
+    assert [step.ops for step in loaded.steps] == [(head, op_type)]
+    assert loaded.steps[0].run.activation == activation
+
+
+def test_an_activation_is_left_to_its_operator_when_the_store_cannot_take_it(rng):
+    """A Clip whose bound is made at run time, and a Sigmoid of a value read elsewhere too,
+    run as operators; a Conv then stores its output plain."""
+    inits = {"w": rng.standard_normal((6, 4, 1, 1)).astype(np.float32),
+             "w2": rng.standard_normal((3, 6, 1, 1)).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]),
+             helper.make_node("Clip", ["c", "low"], ["y"]),
+             helper.make_node("Conv", ["x", "w"], ["d"]),
+             helper.make_node("Sigmoid", ["d"], ["s"]),
+             helper.make_node("Conv", ["d", "w2"], ["z"])]
+    model = make_model(nodes, [tensor("x", [1, 4, 5, 5]), tensor("low", [])],
+                       [tensor("y", None), tensor("s", None), tensor("z", None)], inits)
+    loaded = assert_matches_onnxruntime(model, {
+        "x": rng.standard_normal((1, 4, 5, 5)).astype(np.float32),
+        "low": np.array(0.25, np.float32)})
+    assert [step.ops for step in loaded.steps] == [("Conv",), ("Clip",), ("Conv",),
+                                                   ("Sigmoid",), ("Conv",)]
+    assert all(getattr(step.run, "activation", None) is None for step in loaded.steps
+               if step.ops == ("Conv",))

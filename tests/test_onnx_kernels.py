@@ -1,5 +1,5 @@
-"""cso.onnx.kernels, the compiled pooling (windowed and global), LRN, per-channel affine, copy,
-transpose and softmax kernels, against plain NumPy references: geometries that leave edges on
+"""cso.onnx.kernels, the compiled pooling (windowed and global), LRN, layer normalisation,
+per-channel affine, copy, transpose and softmax kernels, against plain NumPy references: geometries that leave edges on
 every side (windows over the padding, rows shorter and longer than a vector, strides and
 dilations), float32, float64 and int8, one and two threads with work that does not split
 evenly, and arrays flush against guard pages."""
@@ -185,7 +185,8 @@ def test_transpose(shape, dtype, threads, rng):
 @pytest.mark.parametrize("shape", [(2, 5, 3, 7), (1, 9, 13, 13), (3, 2, 1, 1), (1, 3, 50)])
 @pytest.mark.parametrize("kind, dtype", [("max", np.float32), ("max", np.float64),
                                          ("max", np.int8), ("average", np.float32),
-                                         ("average", np.float64)])   # averages: floats only
+                                         ("average", np.float64), ("sum", np.float32),
+                                         ("sum", np.float64)])   # averages, sums: floats only
 def test_global_pool(shape, kind, dtype, threads, rng):
     """Planes shorter than a vector, of vectors and a tail, of one element, 1-D."""
     x = (rng.integers(-128, 127, shape) if dtype == np.int8
@@ -193,11 +194,71 @@ def test_global_pool(shape, kind, dtype, threads, rng):
     out = np.empty(shape[:2] + (1,) * (len(shape) - 2), dtype)
     kernels.global_pool(kind, x, out, threads)
     planes = x.reshape(shape[:2] + (-1,)).astype(np.float64)
-    expected = planes.max(axis=2) if kind == "max" else planes.mean(axis=2)
-    # float32 sums of up to 169 terms of order one: within 1e-6 absolute of the mean
+    expected = {"max": planes.max, "average": planes.mean, "sum": planes.sum}[kind](axis=2)
+    # float32 sums of up to 169 terms of order one: within 1e-6 absolute of the mean (the
+    # sum's 169 times that)
+    scale = planes.shape[2] if kind == "sum" else 1
     np.testing.assert_allclose(out.reshape(shape[:2]), expected,
                                rtol=1e-6 if dtype == np.float32 else 1e-13,
-                               atol=1e-6 if dtype == np.float32 else 1e-15)
+                               atol=(1e-6 if dtype == np.float32 else 1e-15) * scale)
+
+
+@pytest.mark.parametrize("kind, expected", [("max", -np.inf), ("sum", 0.0), ("average", np.nan)])
+def test_global_pool_of_empty_planes_gives_the_identity(kind, expected):
+    out = np.full((2, 3), 7, np.float32)
+    kernels.global_pool(kind, np.empty((2, 3, 0), np.float32), out, 1)
+    np.testing.assert_array_equal(out, np.full((2, 3), expected, np.float32))
+
+
+def reference_layer_norm(x, scale, bias, epsilon):
+    """Each row (the last axis) normalised in float64, then scaled and shifted."""
+    double = x.astype(np.float64)
+    mean = double.mean(axis=-1, keepdims=True)
+    centred = double - mean
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return centred / np.sqrt(np.mean(centred ** 2, axis=-1, keepdims=True) + epsilon) \
+            * scale + bias
+
+
+@pytest.mark.parametrize("length", [1, 3, 17, 96, 768])
+@pytest.mark.parametrize("epsilon", [1e-6, 1e-5, 0.5])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_layer_norm(length, epsilon, dtype, threads, rng):
+    """Rows of every length (one element: its bias), with a large mean, a row of one constant
+    (no variance: the bias again, as epsilon / sqrt(epsilon) * 0), against float64 NumPy: the
+    statistics in float64 give float32 within an ulp or two of it."""
+    x = (rng.standard_normal((11, length)) * 3 + 50).astype(dtype)
+    x[4] = 2.5
+    scale, bias = rng.standard_normal(length), rng.standard_normal(length)
+    out = np.full_like(x, np.nan)
+    assert kernels.layer_norm(x, out, scale, bias, epsilon, threads) is out
+    expected = reference_layer_norm(x, scale, bias, epsilon)
+    np.testing.assert_allclose(out, expected, rtol=1e-6 if dtype == np.float32 else 1e-11,
+                               atol=1e-6 if dtype == np.float32 else 1e-11)
+    np.testing.assert_allclose(out[4], bias, rtol=1e-6)
+
+
+def test_layer_norm_of_nan_inf_empty_and_strided_input(threads, rng):
+    """A row with NaN or an infinity is NaN (inf - inf), as in NumPy, and leaves the others
+    alone; a constant row with epsilon 0 is NaN (0 / 0); no rows, rows of nothing; an input
+    that is not C-contiguous goes through a copy."""
+    x = rng.standard_normal((5, 6)).astype(np.float32)
+    x[1, 2], x[2, 0], x[3, 5] = np.nan, np.inf, -np.inf
+    x[4] = 1
+    out = np.empty_like(x)
+    kernels.layer_norm(x, out, np.ones(6), np.zeros(6), 0.0, threads)
+    assert np.isnan(out[1:]).all() and np.isfinite(out[0]).all()
+    np.testing.assert_allclose(out[0], reference_layer_norm(x[0], 1, 0, 0.0), rtol=1e-6)
+    for shape in ((0, 4), (3, 0)):
+        kernels.layer_norm(np.empty(shape, np.float32), np.empty(shape, np.float32),
+                           np.ones(shape[1]), np.zeros(shape[1]), 1e-5, threads)
+    nchw = rng.standard_normal((2, 8, 3, 5))
+    nhwc = nchw.transpose(0, 2, 3, 1)   # ConvNeXt's: channels last, as a view
+    out = np.empty(nhwc.shape)
+    scale, bias = rng.standard_normal(8), rng.standard_normal(8)
+    kernels.layer_norm(nhwc, out, scale, bias, 1e-6, threads)
+    np.testing.assert_allclose(out, reference_layer_norm(nhwc, scale, bias, 1e-6), rtol=1e-12,
+                               atol=1e-12)
 
 
 @pytest.mark.parametrize("parts, nbytes", [(1, 4), (8, 32), (8, 1132), (3, 64), (5, 65)])
@@ -267,9 +328,11 @@ def test_no_access_outside_the_arrays(at, threads, rng):
     calls.append((shape, lambda x, out: kernels.copy(x, out, threads)))
     calls.append((shape, lambda x, out: kernels.softmax(x, out, threads)))
     calls.append(((143, 10), lambda x, out: kernels.transpose(x.reshape(10, 143), out, threads)))
-    for kind in ("max", "average"):
+    for kind in ("max", "average", "sum"):
         calls.append((shape[:2] + (1, 1), lambda x, out, kind=kind:
                       kernels.global_pool(kind, x, out, threads)))
+    rows = rng.standard_normal(11), rng.standard_normal(11)
+    calls.append((shape, lambda x, out: kernels.layer_norm(x, out, *rows, 1e-5, threads)))
     # compiled here, so that the child only runs
     expected = [run(x, np.empty(out_shape, np.float32)) for out_shape, run in calls]
 
@@ -295,7 +358,8 @@ def test_a_new_process_loads_the_kernels_from_numba_cache(tmp_path):
                 for kind in ("max", "average")]
         made += [kernels._compiled(kernels._lrn_part, x.dtype),
                  kernels._compiled(kernels._affine_part, True, x.dtype),
-                 kernels._compiled(kernels._global_pool_part, "average", x.dtype)]
+                 kernels._compiled(kernels._global_pool_part, "average", x.dtype),
+                 kernels._compiled(kernels._layer_norm_part, x.dtype)]
         kernels.pool("max", x, np.empty((1, 3, 4, 9), np.float32), (3, 3), (2, 2), (1, 1),
                      (0, 0), None, 1)
         print(sum(f.cache_hits for f in made))
@@ -303,7 +367,7 @@ def test_a_new_process_loads_the_kernels_from_numba_cache(tmp_path):
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
     hits = [subprocess.run([sys.executable, "-c", child], cwd=CHILD_CWD, env=env, check=True,
                            capture_output=True, text=True).stdout.split()[-1] for _ in range(2)]
-    assert hits == ["0", "5"]
+    assert hits == ["0", "6"]
 
 
 def test_concurrent_first_calls_compile_each_kernel_once_and_agree(tmp_path):

@@ -312,6 +312,102 @@ def test_reduction_over_no_elements_is_its_identity(op, identity):
     np.testing.assert_array_equal(y, np.full((2, 3), identity, np.float32))
 
 
+def _jobs(run, *args, **kwargs):
+    """(``run``'s outputs, how many compiled jobs it ran)."""
+    from cso.jobs import Recording
+    with Recording() as recording:
+        outputs = run(*args, **kwargs)
+    return outputs, len(recording)
+
+
+SPATIAL = {"ReduceMean": np.mean, "ReduceSum": np.sum, "ReduceMax": np.max}
+
+
+@pytest.mark.parametrize("op", list(SPATIAL))
+@pytest.mark.parametrize("axes", [[2, 3], [3, 2], [-1, -2], [-2, 3]])
+@pytest.mark.parametrize("keepdims", [None, 0, 1])
+@pytest.mark.parametrize("opset", [13, 18])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_reductions_over_the_spatial_axes_run_the_global_pool(op, axes, keepdims, opset, dtype,
+                                                              rng):
+    """Over axes 2 and 3 of a 4-D float tensor, however spelled (an attribute or an input,
+    negative), one compiled job, against onnxruntime, the reference and float64 NumPy; NaN
+    gives NaN (ReduceMax too, as NumPy's max); odd planes, of one pixel."""
+    for shape in ((2, 3, 5, 7), (1, 4, 1, 1), (1, 2, 13, 11)):
+        x = rand(rng, *shape, dtype=dtype)
+        x[0, 1, 0, -1] = np.nan
+        # (onnxruntime's ReduceMax skips NaN; the reference's, NumPy's and ours give NaN)
+        engines = ("reference",) if op == "ReduceMax" else ("ort", "reference")
+        (y,), jobs = _jobs(_reduce, op, x, axes, keepdims, opset, rtol=2e-6, atol=1e-6,
+                           engines=engines)
+        assert jobs == 1   # (onnxruntime and the reference run none)
+        expected = SPATIAL[op](x.astype(np.float64), axis=(2, 3), keepdims=keepdims != 0)
+        np.testing.assert_allclose(y, expected, rtol=1e-6 if dtype == np.float32 else 1e-13)
+        assert y.dtype == dtype and np.isnan(y[0, 1]).all() and np.isfinite(y[1:, 2:]).all()
+
+
+def _spatial_reduce(op, keepdims=1, axes=(2, 3)):
+    """The operator ``op`` (opset 18) over constant ``axes``, as a model's step calls it."""
+    return build(op, dict(keepdims=keepdims), opset=18, inputs=("x", "a"),
+                 constants={"a": i64(*axes)})
+
+
+@pytest.mark.parametrize("op", list(SPATIAL))
+def test_spatial_reductions_are_jobs_into_out_or_buffers(op, rng):
+    """The compiled pool is one job writing ``out=`` (a Concat's channels) or an array of
+    ``buffers=``; other axes, dtypes, layouts and empty tensors run NumPy (no job), into
+    ``out=`` too."""
+    from cso.onnx.buffers import Buffers
+    run = _spatial_reduce(op)
+    x = rand(rng, 1, 3, 6, 5)
+    want = SPATIAL[op](x, axis=(2, 3), keepdims=True)
+    (y,), jobs = _jobs(run, x, None)
+    assert jobs == 1 and isinstance(y, np.ndarray)
+    np.testing.assert_allclose(y, want, rtol=1e-6)
+    block = np.full((1, 5, 1, 1), 7, np.float32)
+    (y,), jobs = _jobs(run, x, None, out=block[:, 1:4])
+    assert jobs == 1 and y.base is block
+    np.testing.assert_allclose(block[0, 1:4], want[0], rtol=1e-6)
+    assert block[0, 0] == block[0, 4] == 7
+    buffers = Buffers()
+    (y,), jobs = _jobs(run, x, None, buffers=buffers)
+    assert jobs == 1 and buffers.owns(y)
+    with pytest.raises(UnsupportedModel, match=r"out= of shape \(1, 3\)"):
+        run(x, None, out=np.empty((1, 3), np.float32))
+    others = [(x[:, :, ::2], run), (x.astype(np.float16), run), (np.zeros((0, 3, 2, 2)), run),
+              (np.zeros((1, 3, 0, 2)), run), (x, _spatial_reduce(op, axes=(1, 2, 3))),
+              (x, _spatial_reduce(op, axes=(3,))), (x[0], _spatial_reduce(op, axes=(1, 2)))]
+    if op != "ReduceMean":
+        others.append((ints(rng, 1, 3, 4, 5), run))
+    for value, other in others:
+        (y,), jobs = _jobs(other, value, None)
+        assert jobs == 0 and isinstance(y, np.ndarray) and y.dtype == value.dtype
+    block = np.full((1, 5, 1, 1), 7, np.float16)
+    (y,), jobs = _jobs(run, x.astype(np.float16), None, out=block[:, 1:4])
+    assert jobs == 0 and y.base is block
+    np.testing.assert_allclose(block[0, 1:4], want[0].astype(np.float16), rtol=1e-3)
+
+
+@pytest.mark.parametrize("op, identity", [("ReduceMean", np.nan), ("ReduceSum", 0),
+                                          ("ReduceMax", -np.inf)])
+def test_spatial_reductions_of_empty_planes(op, identity):
+    (y,) = _spatial_reduce(op, keepdims=0)(np.zeros((2, 3, 0, 4), np.float32), None)
+    np.testing.assert_array_equal(y, np.full((2, 3), identity, np.float32))
+    (y,) = _spatial_reduce(op, keepdims=0)(np.zeros((0, 3, 2, 4), np.float32), None)
+    assert y.shape == (0, 3)
+
+
+def test_spatial_reduction_of_axes_made_at_run_time_is_not_replayed(rng):
+    """Axes made at run time run the kernel, but the step does not count as jobs alone (a
+    replay would keep the recorded run's axes)."""
+    node_axes = build("ReduceMean", opset=18, inputs=("x", "a"))
+    x = rand(rng, 1, 3, 4, 5)
+    (y,), jobs = _jobs(node_axes, x, i64(-1, 2))
+    assert jobs == 1 and getattr(node_axes, "jobs_only", True) is False
+    np.testing.assert_allclose(y, x.mean(axis=(2, 3), keepdims=True), rtol=1e-6)
+    assert _spatial_reduce("ReduceMean").jobs_only
+
+
 # --- shape arithmetic and indexing ---------------------------------------------------------
 
 @pytest.mark.parametrize("attrs", [{}, dict(start=1), dict(end=-1), dict(start=-3, end=3),
@@ -744,6 +840,69 @@ def test_layer_normalization(shape, axis, bias, dtype, rng):
     # Scale and B made at run time
     check("LayerNormalization", dict({"x": x}, **constants), attrs | stash, opset=17,
           rtol=1e-5, atol=1e-5, engines=engines)
+
+
+def _layer_norm_reference(x, scale, bias, axis, epsilon):
+    """LayerNormalization in float64 NumPy."""
+    axes = tuple(range(axis % x.ndim, x.ndim))
+    double = x.astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        centred = double - double.mean(axis=axes, keepdims=True)
+        return centred / np.sqrt(np.mean(centred ** 2, axis=axes, keepdims=True) + epsilon) \
+            * scale + (0 if bias is None else bias)
+
+
+@pytest.mark.parametrize("shape, axis", [((2, 5, 1), -1), ((3, 3), 1), ((2, 4, 17), -1),
+                                         ((1, 7, 7, 96), 3), ((1, 2, 768), -1),
+                                         ((2, 3, 4, 5), -2), ((2, 3, 5), 0)])
+@pytest.mark.parametrize("epsilon", [1e-6, 1e-3])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_layer_normalization_kernel(shape, axis, epsilon, bias, dtype, rng):
+    """Constant Scale and B: one compiled job whatever the axis (the normalised span is each
+    row's tail), Scale and B broadcast over it, against float64 NumPy to 1e-6 relative with
+    float32 statistics (stash_type 1) too; rows of one constant give B; NaN and the infinities
+    make their row NaN."""
+    normalized = shape[axis % len(shape):]
+    x = rand(rng, *shape, dtype=dtype) * 3 + 20
+    x.reshape(-1, int(np.prod(normalized)))[0] = 0.5   # a constant row
+    x.reshape(-1)[[-1, x.size // 2]] = np.nan, np.inf
+    scale = rand(rng, *normalized[1:], dtype=dtype)   # broadcast over the first axis
+    constants = {"scale": scale}
+    if bias:
+        constants["b"] = rand(rng, *normalized, dtype=dtype)
+    run = build("LayerNormalization", dict(axis=axis, epsilon=epsilon), opset=17,
+                inputs=["x", *constants], constants=constants)
+    (y,), jobs = _jobs(run, x)
+    assert jobs == 1 and y.dtype == dtype and y.shape == x.shape
+    expected = _layer_norm_reference(x, scale, constants.get("b"), axis, np.float32(epsilon))
+    np.testing.assert_allclose(y, expected, rtol=1e-6, atol=1e-6)
+    assert np.isnan(y).sum() == np.isnan(expected).sum() > 0
+
+
+def test_layer_normalization_kernel_takes_out_and_buffers_and_numpy_does_the_rest(rng):
+    """``out=`` and ``buffers=`` as the pools; Scale or B made at run time and float16 run
+    NumPy (no job), into ``out=`` too; a Scale that does not broadcast names the node."""
+    from cso.onnx.buffers import Buffers
+    x = rand(rng, 2, 3, 8)
+    constants = {"s": rand(rng, 8), "b": rand(rng, 8)}
+    run = build("LayerNormalization", opset=17, inputs=("x", "s", "b"), constants=constants)
+    (want,) = run(x)
+    out = np.empty_like(x)
+    (y,), jobs = _jobs(run, x, out=out)
+    assert jobs == 1 and y is out and np.array_equal(out, want)
+    buffers = Buffers()
+    (y,), jobs = _jobs(run, x, buffers=buffers)
+    assert jobs == 1 and buffers.owns(y) and np.array_equal(y, want)
+    runtime = build("LayerNormalization", opset=17, inputs=("x", "s", "b"))
+    (y,), jobs = _jobs(runtime, x, constants["s"], constants["b"], out=np.empty_like(x))
+    assert jobs == 0
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+    (y,), jobs = _jobs(run, x.astype(np.float16))
+    assert jobs == 0 and y.dtype == np.float16
+    np.testing.assert_allclose(y, want, rtol=1e-2, atol=1e-2)
+    with pytest.raises(UnsupportedModel, match=r"'my_layernormalization'.*does not broadcast"):
+        run(rand(rng, 2, 3, 5))
 
 
 # --- refusals ------------------------------------------------------------------------------

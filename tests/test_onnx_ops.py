@@ -48,6 +48,32 @@ def test_relu_and_identity(shape, rng):
     check("Identity", {"x": x}, opset=9)
 
 
+BINARY = ["Add", "Sub", "Mul", "Div", "Pow", "Min", "Max", "Sum", "Mean", "And", "Or", "Xor",
+          "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"]
+LOGICAL = {"And", "Or", "Xor"}
+COMPARISONS = {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"}
+
+
+@pytest.mark.parametrize("op", BINARY)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64, np.bool_])
+def test_binary_operators_of_0d_arrays_give_0d_arrays(op, dtype):
+    """NumPy's ufuncs give a scalar (np.float32, say) for 0-d inputs; every operator's output is
+    an array, of the inputs' dtype (bool for comparisons), with the value."""
+    if (op in LOGICAL) != (dtype == np.bool_) or (op == "Mean" and dtype != np.float32
+                                                  and dtype != np.float64):
+        return
+    a, b = np.array(6, dtype), np.array(3 if dtype != np.bool_ else 0, dtype)
+    (y,) = build(op, inputs=("a", "b"))(a, b)
+    assert type(y) is np.ndarray and y.ndim == 0
+    assert y.dtype == (np.bool_ if op in COMPARISONS else dtype)
+    numpy = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide,
+             "Pow": np.power, "Min": np.minimum, "Max": np.maximum, "Sum": np.add,
+             "Mean": lambda a, b: (a + b) / 2, "And": np.logical_and, "Or": np.logical_or,
+             "Xor": np.logical_xor, "Equal": np.equal, "Less": np.less, "Greater": np.greater,
+             "LessOrEqual": np.less_equal, "GreaterOrEqual": np.greater_equal}[op]
+    assert y == numpy(a, b)   # (6 / 3 exact: the integer division's truncation is moot)
+
+
 # --- pooling -------------------------------------------------------------------------------
 
 POOL_CASES = [

@@ -84,7 +84,7 @@ class ConvStep(_BuiltOnce):
         self.weight = weight      # the model's, scaled per channel (``scale``) when built
         self.scale = np.ones(weight.shape[0])
         self.bias = np.zeros(weight.shape[0]) if bias is None else bias.astype(np.float64)
-        self.relu = False
+        self.activation = None   # a cso.Activation its store applies (fusion)
         self.residual = False   # adds its second input in the store (Conv2d accumulate)
         self.in_place = False   # ... in that input's own array (the loader says when it may)
         self.depthwise = weight.shape[1] == 1   # csa plans C/groups = 1 as depthwise
@@ -154,7 +154,7 @@ class ConvStep(_BuiltOnce):
         try:
             conv = Conv2d(weight, self.bias.astype(dtype),
                           self.stride, padding, self.dilation, self.groups,
-                          "relu" if self.relu else None, input_shape=shape,
+                          self.activation, input_shape=shape,
                           accumulate=self.residual, channel_shuffle=self.channel_shuffle)
         except (TypeError, ValueError) as err:
             raise self.node.error(f"input of shape {shape}: {err}") from None
@@ -183,7 +183,7 @@ class GemmStep(_BuiltOnce):
         bias = np.zeros(self.shape[0]) if c is None else np.broadcast_to(
             beta * c.astype(np.float64).reshape(-1), self.shape[:1])
         self.bias = bias.astype(b.dtype)
-        self.node, self.relu, self.conv = node, False, None
+        self.node, self.activation, self.conv = node, None, None
         self._lock = threading.Lock()
 
     @property
@@ -201,7 +201,7 @@ class GemmStep(_BuiltOnce):
             with self._lock:
                 if self.conv is None:
                     self.conv = Conv2d(self.weight, self.bias,
-                                       activation="relu" if self.relu else None,
+                                       activation=self.activation,
                                        input_shape=(1, k, m, 1))
                     self.weight = None   # packed in the Conv2d
         a = np.ascontiguousarray(a)

@@ -9,10 +9,10 @@ activations it has code for (``STORES``); a value >= 0 needs no Relu, which is t
 
 A new activation is a ``Role(activation=StoreActivation(...))`` entry in ``ROLES``; its node runs
 as its operator (registered in ``ops``) where nothing takes it. The entry's ``stores`` are
-those with code for it: none at first (what it says of the sign still elides Relus and keeps
-values >= 0), then ``"conv"`` once ``cso.Conv2d(activation=name)`` takes it, ``"affine"`` once
-``kernels.affine`` does, ``"sum"`` once ``graph.sum_relu`` does; the steps' flag ``relu``
-(``graph._apply``) then becomes the activation's name.
+those with code for it: ``"conv"`` takes every ``cso.Activation`` (``cso.Conv2d(activation=)``),
+``"affine"`` (``kernels.affine``) and ``"sum"`` (``graph.sum_relu``) Relu only. The chains of
+``COMPOSITES`` (SiLU, HardSwish, GELU as exporters write them) are taken by the conv store as
+well, as one activation.
 """
 import math
 from dataclasses import dataclass
@@ -20,9 +20,11 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from .ops_activation import constant_activation
+
 # the stores that apply activations, by the steps that use them
 STORES = {
-    "conv": "cso.Conv2d(activation=name), for Conv and Gemm (conv.ConvStep, conv.GemmStep)",
+    "conv": "cso.Conv2d(activation=...), for Conv and Gemm (conv.ConvStep, conv.GemmStep)",
     "affine": "kernels.affine, for a per-channel affine chain (graph.AffineStep)",
     "sum": "graph.sum_relu, for an Add or Sum",
 }
@@ -39,14 +41,14 @@ class Head:
 
 @dataclass(frozen=True)
 class StoreActivation:
-    """An elementwise function a step can apply as it stores its output."""
-    name: str                # the stores' name for it: cso.Conv2d(activation=name)
+    """An elementwise operator a step can apply as it stores its output."""
     stores: frozenset        # the keys of STORES whose store applies it
-    nonnegative: bool        # its outputs are >= 0 (or NaN): a Relu after it is dropped
-    identity_on_nonnegative: bool   # f(x) = x for x >= 0: it is dropped after a value >= 0
-    # (node, constants) -> whether a node of its type computes it (a Relu with attributes is
-    # left to its operator, which refuses them; a Clip would check its constant bounds)
-    computes: Callable = lambda node, constants: not node.attrs
+    nonnegative: bool = False   # its outputs are >= 0 (or NaN): a Relu after it is dropped
+    identity_on_nonnegative: bool = False   # f(x) = x for x >= 0: dropped after a value >= 0
+    # (node, constants) -> the cso.Activation a node of its type computes, or None when a
+    # store cannot apply it (a Relu with attributes, a Clip with bounds made at run time: left
+    # to the operator)
+    of: Callable = constant_activation
 
 
 @dataclass(frozen=True)
@@ -113,8 +115,9 @@ def _undilated(node):
     return node.attr("dilations", [1, 1]) == [1, 1]
 
 
-RELU = StoreActivation("relu", frozenset({"conv", "affine", "sum"}), nonnegative=True,
+RELU = StoreActivation(frozenset({"conv", "affine", "sum"}), nonnegative=True,
                        identity_on_nonnegative=True)
+CONV = frozenset({"conv"})
 
 ROLES = {
     "Conv": Role(head=Head("conv", affine=True, residual=True)),
@@ -124,6 +127,13 @@ ROLES = {
     "Add": Role(affine=_shift, residual=True),
     "Sum": Role(residual=True),
     "Relu": Role(activation=RELU),
+    "Clip": Role(activation=StoreActivation(CONV)),
+    "LeakyRelu": Role(activation=StoreActivation(CONV)),
+    "Sigmoid": Role(activation=StoreActivation(CONV, nonnegative=True)),
+    "HardSigmoid": Role(activation=StoreActivation(CONV, nonnegative=True)),
+    "HardSwish": Role(activation=StoreActivation(CONV)),
+    "Tanh": Role(activation=StoreActivation(CONV)),
+    "Gelu": Role(activation=StoreActivation(CONV)),
     "MaxPool": Role(keeps_sign=_undilated),
     "AveragePool": Role(keeps_sign=_always),
     "GlobalAveragePool": Role(keeps_sign=_always),
@@ -133,13 +143,16 @@ ROLES = {
 
 # chains of elementwise nodes that exporters write for one activation of the chain's input x,
 # each node the only reader of the one before; a node is (op type, its attributes, its other
-# operand: "x", a constant scalar, or none); a chain runs as one compiled activation step
+# operand: "x", a constant scalar, or none); a chain runs as one compiled activation step, or
+# in a convolution's store (``COMPOSITE_STORES``)
 COMPOSITES = {
     "silu": [("Sigmoid", {}, None), ("Mul", {}, "x")],
     "hardswish": [("HardSigmoid", {"alpha": 1 / 6, "beta": 0.5}, None), ("Mul", {}, "x")],
     "gelu": [("Div", {}, math.sqrt(2)), ("Erf", {}, None), ("Add", {}, 1.0), ("Mul", {}, "x"),
              ("Mul", {}, 0.5)],
 }
+
+COMPOSITE_STORES = CONV   # the stores that apply a chain's activation
 
 # the heads that are no operator: a per-channel affine chain with no head before it, a sum
 AFFINE_CHAIN = Head("affine", affine=True)
@@ -154,9 +167,11 @@ def role(op_type):
 
 
 def activation_of(node, constants):
-    """The StoreActivation ``node`` computes (``constants``: the graph's), or None."""
+    """(the StoreActivation ``node`` is, the ``cso.Activation`` it computes) (``constants``:
+    the graph's), or None."""
     activation = role(node.op_type).activation
-    return activation if activation is not None and activation.computes(node, constants) else None
+    computed = activation and activation.of(node, constants)
+    return None if computed is None else (activation, computed)
 
 
 def affine_of(node, data, constants, channels):

@@ -157,7 +157,7 @@ class AffineStep:
     def __init__(self, node, channels):
         self.node = node   # the chain's first, named in errors
         self.scale, self.shift = np.ones(channels), np.zeros(channels)
-        self.relu = False
+        self.activation = None   # Relu, if fused (the only one kernels.affine applies)
         self._cast = {}   # dtype -> (scale, shift) in it
 
     def fold_affine(self, scale, shift):
@@ -172,7 +172,8 @@ class AffineStep:
                                                                           self.shift))
         x = np.ascontiguousarray(x)
         out = buffers.get(x.shape, x.dtype) if buffers else np.empty_like(x)
-        return (kernels.affine(x, out, *cast, self.relu, get_num_threads()),)
+        return (kernels.affine(x, out, *cast, self.activation is not None,
+                               get_num_threads()),)
 
 
 class ActivationStep:
@@ -216,9 +217,9 @@ def _batch_of(reshape, constants):
 
 
 def _apply(run, activation):
-    """Have ``run`` (a ConvStep, GemmStep or AffineStep) apply ``activation`` as it stores its
-    output: their flag ``relu`` asks for the one activation the stores have code for."""
-    run.relu = True
+    """Have ``run`` (a ConvStep, GemmStep or AffineStep) apply ``activation`` (a
+    ``cso.Activation``) as it stores its output."""
+    run.activation = activation
 
 
 # the steps that can take the activation after the Concat they feed, by their store
@@ -320,20 +321,39 @@ class Fuser:
         return out
 
     def take_activation(self, out, store, ops):
-        """(the StoreActivation, its output name) of the node that alone reads ``out`` if
-        ``store`` applies it, the node then fused and its op type added to ``ops``; else (None,
+        """(the ``cso.Activation``, its output name) of the node that alone reads ``out``, or
+        of the ``fusion.COMPOSITES`` chain whose nodes are all that read it, if ``store``
+        applies it, the nodes then fused and their op types added to ``ops``; else (None,
         ``out``)."""
         node = self.only_consumer(out)
-        activation = (fusion.activation_of(node, self.graph.constants) if node is not None
-                      else None)
-        if activation is None or store not in activation.stores:
-            return None, out
-        assert activation.name == "relu", f"no store has code for {activation.name} yet"
-        self.fused.add(id(node))
-        ops.append(node.op_type)
-        if activation.nonnegative:
-            self.nonnegative.add(node.outputs[0])
-        return activation, node.outputs[0]
+        found = fusion.activation_of(node, self.graph.constants) if node is not None else None
+        if found is not None and store in found[0].stores:
+            role, activation = found
+            if role.nonnegative:
+                self.nonnegative.add(node.outputs[0])
+            chain = [node]
+        else:
+            activation, chain = self.composite_reading(out, store)
+            if activation is None:
+                return None, out
+        self.fused.update(id(n) for n in chain)
+        ops.extend(n.op_type for n in chain)
+        return activation, chain[-1].outputs[0]
+
+    def composite_reading(self, out, store):
+        """(the ``cso.Activation``, the chain) of a ``fusion.COMPOSITES`` chain of ``out``
+        whose nodes are all that read ``out`` (SiLU: a Sigmoid and the Mul by ``out``), if
+        ``store`` applies it; else (None, None)."""
+        readers = self.consumers.get(out, [])
+        if store not in fusion.COMPOSITE_STORES or out in self.graph.outputs:
+            return None, None
+        for node in readers:
+            composite = (fusion.composite_of(node, self.only_consumer, self.graph.constants)
+                         if node.inputs[:1] == [out] else None)
+            if composite is not None and {id(n) for n in readers} <= {
+                    id(n) for n in composite[1]}:
+                return Activation(composite[0]), composite[1]
+        return None, None
 
     def note(self, step):
         """Record the outputs of ``step``, the last step made: who makes them, and whether
@@ -343,17 +363,19 @@ class Fuser:
         if not isinstance(step.run, Operator):
             return
         node = step.run.node
-        activation = fusion.activation_of(node, self.graph.constants)
+        found = fusion.activation_of(node, self.graph.constants)
         data = [name for name in step.inputs if name and name not in self.graph.constants]
-        if (activation is not None and activation.nonnegative) or (
+        if (found is not None and found[0].nonnegative) or (
                 fusion.keeps_sign(node) and all(name in self.nonnegative for name in data)):
             self.nonnegative.update(name for name in step.outputs if name)
 
-    def applied(self, activation, node):
-        """Whether ``node``'s ``activation`` of its input is that input already: a value
-        >= 0 that the activation leaves as it is, or a Concat's output read by ``node`` alone
-        whose inputs are such values or are made by a Conv (or per-channel affine) step that
-        takes the activation instead (ShuffleNet's Relu after each Concat)."""
+    def applied(self, found, node):
+        """Whether ``node``'s activation of its input (``found``: its StoreActivation and
+        ``cso.Activation``) is that input already: a value >= 0 that the activation leaves as
+        it is, or a Concat's output read by ``node`` alone whose inputs are such values or are
+        made by a Conv (or per-channel affine) step that takes the activation instead
+        (ShuffleNet's Relu after each Concat)."""
+        activation, computed = found
         data = node.inputs[0]
         if activation.identity_on_nonnegative and data in self.nonnegative:
             return True
@@ -366,12 +388,12 @@ class Fuser:
             if activation.identity_on_nonnegative and name in self.nonnegative:
                 continue
             if (step is None or _TAKERS.get(type(step.run)) not in activation.stores
-                    or step.run.relu or step.outputs != [name]
+                    or step.run.activation is not None or step.outputs != [name]
                     or self.only_consumer(name) is not concat.run.node):
                 return False
             takers.append(step)
         for step in takers:
-            _apply(step.run, activation)
+            _apply(step.run, computed)
             step.ops += (node.op_type,)
             if activation.nonnegative:
                 self.nonnegative.update(step.outputs)
@@ -391,9 +413,9 @@ class Fuser:
         """The step of ``node`` with what fuses into it, or None: ``node`` elided, or its step
         deferred to the sum its store adds."""
         role = fusion.role(node.op_type)
-        activation = fusion.activation_of(node, self.graph.constants)
-        if (activation is not None and node.outputs[0] not in self.graph.outputs
-                and self.applied(activation, node)):
+        found = fusion.activation_of(node, self.graph.constants)
+        if (found is not None and node.outputs[0] not in self.graph.outputs
+                and self.applied(found, node)):
             self.alias(node.outputs[0], node.inputs[0], node)
             return None
         if node.op_type == "Conv":
@@ -458,7 +480,8 @@ class Fuser:
     def residual_of(self, run, add, out):
         """The other input of ``add`` if it can be added in ``run``'s store: a sum of two
         values of one shape, after a Conv with no activation yet and not depthwise."""
-        if (add is None or not fusion.role(add.op_type).residual or add.attrs or run.relu
+        if (add is None or not fusion.role(add.op_type).residual or add.attrs
+                or run.activation is not None
                 or id(add) in self.deferred   # a sum of two convolutions: the first adds
                 or len(add.inputs) != 2 or add.inputs[0] == add.inputs[1] or run.depthwise):
             return None

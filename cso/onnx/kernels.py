@@ -1,7 +1,8 @@
 """Compiled kernels for the operators that cost the most around a model's convolutions:
-MaxPool and AveragePool, their global forms, LRN, a per-channel affine map (+Relu), a copy,
-a matrix transpose (a Gemm's rows to a convolution's columns), and Softmax (cheap, but as a
-kernel a recorded program replays it: no Python after the last convolution).
+MaxPool and AveragePool, their global forms (also ReduceMean, ReduceSum and ReduceMax over
+the spatial axes), LRN, LayerNormalization, a per-channel affine map (+Relu), a copy, a matrix
+transpose (a Gemm's rows to a convolution's columns), and Softmax (cheap, but as a kernel a
+recorded program replays it: no Python after the last convolution).
 
 Each is a numba ``cfunc`` ``void part(int64 *args, int64 part)`` that cso's own thread pool
 runs (``cso.jobs.run_parts``), on ``cso.get_num_threads()`` threads like the convolutions:
@@ -140,7 +141,8 @@ _vector_scaled_sum = _reduce_vectors(False, scaled=True)
 
 def _reduction(kind, dtype):
     """(numba type, whether a max, the reduction's identity, item bytes, lanes of a vector) of
-    a pool part of ``kind`` "max" or "average" over ``dtype``: constants for its closure."""
+    a pool part of ``kind`` "max", "average" or "sum" over ``dtype``: constants for its
+    closure."""
     typ = from_dtype(dtype)
     is_max = kind == "max"
     identity = typ(-np.inf if dtype.kind == "f" else np.iinfo(dtype).min) if is_max else typ(0)
@@ -241,12 +243,14 @@ def _pool_part(kind, dtype, kh, kw, sw, dw):
 
 
 def _global_pool_part(kind, dtype):
-    """The global pool part function of ``kind`` "max" or "average": each of ``planes`` rows of
-    ``pixels`` contiguous elements reduced to one. Args: x, out, planes, pixels, a scratch
-    array of a vector per part (``_part_scratch``), the bytes from one part's vector to the
-    next, the parts. A vector of columns at a time into the part's scratch vector, then its
-    lanes and the row's tail one by one."""
+    """The global pool part function of ``kind`` "max", "average" or "sum": each of ``planes``
+    rows of ``pixels`` contiguous elements reduced to one (the identity, or NaN for an average,
+    when ``pixels`` is 0). Args: x, out, planes, pixels, a scratch array of a vector per part
+    (``_part_scratch``), the bytes from one part's vector to the next, the parts. A vector of
+    columns at a time into the part's scratch vector, then its lanes and the row's tail one by
+    one."""
     typ, is_max, identity, item, lanes = _reduction(kind, dtype)
+    divides = kind == "average"
 
     def part(args, index):
         out, pixels = _pointer(args[1], typ), args[3]
@@ -265,7 +269,7 @@ def _global_pool_part(kind, dtype):
                 acc = _larger(acc, partial[lane]) if is_max else acc + partial[lane]
             for p in range(whole * lanes, pixels):
                 acc = _larger(acc, row[p]) if is_max else acc + row[p]
-            out[plane] = acc if is_max else acc / typ(pixels)
+            out[plane] = acc / typ(pixels) if divides else acc
     return part
 
 
@@ -347,6 +351,51 @@ def _softmax_part(dtype):
             scale = typ(1.0 / total)
             for i in range(length):
                 out[at + i] *= scale
+    return part
+
+
+# a row's sums in float64, which LLVM may reassociate into vectors of partial sums ("reassoc"
+# alone: NaN and the infinities still behave as IEEE's); not inlined by numba, which would
+# compile them with its caller's flags (the normalisation itself is not reassociated: x * a -
+# mean * a would lose what x - mean keeps of a row with a large mean)
+@njit(fastmath={"reassoc"})
+def _row_sum(row, length):
+    total = 0.0
+    for i in range(length):
+        total += row[i]
+    return total
+
+
+@njit(fastmath={"reassoc"})
+def _row_squares(row, length, centre):
+    total = 0.0
+    for i in range(length):
+        difference = row[i] - centre
+        total += difference * difference
+    return total
+
+
+def _layer_norm_part(dtype):
+    """The LayerNormalization part function: each of ``rows`` contiguous rows of ``length``
+    elements mapped to (x - mean) / sqrt(variance + epsilon) * scale + bias, the statistics in
+    two passes (the mean, then the squares about it) and the map in float64, rounded to the
+    dtype once. Args: x, out, rows, length, the addresses of the float64 scale and bias (a
+    row's length each) and of [epsilon], the parts."""
+    typ = from_dtype(dtype)
+    item = dtype.itemsize
+
+    def part(args, index):
+        out, length = _pointer(args[1], typ), args[3]
+        scale, bias = _pointer(args[4], types.float64), _pointer(args[5], types.float64)
+        epsilon = _pointer(args[6], types.float64)[0]
+        first, last = _share(index, args[7], args[2])
+        for row in range(first, last):
+            x = _pointer(args[0] + row * length * item, typ)
+            mean = _row_sum(x, length) / length
+            inverse = 1.0 / math.sqrt(_row_squares(x, length, mean) / length + epsilon)
+            at = row * length
+            for i in range(length):
+                out[at + i] = typ((x[i] - mean) * inverse * scale[i] + bias[i])
     return part
 
 
@@ -449,7 +498,7 @@ def pool(kind, x, out, kernel, strides, dilations, head, count_bounds, threads):
 
 
 def global_pool(kind, x, out, threads):
-    """``out`` (N, C) = the ``kind`` ("max" or "average") of each (image, channel)'s spatial
+    """``out`` (N, C) = the ``kind`` ("max", "average" or "sum") of each (image, channel)'s spatial
     elements of ``x`` (N, C, ...), both C-contiguous. (A BLAS matrix-vector product would be
     as fast on one thread, but OpenBLAS's threads spin for a while after each call, on the
     cores the next convolutions use.)"""
@@ -458,6 +507,23 @@ def global_pool(kind, x, out, threads):
     args = np.array([data_address(x), data_address(out), planes, x[0, 0].size,
                      data_address(partials), stride, 0], np.int64)
     _run(_compiled(_global_pool_part, kind, x.dtype).address, args, planes, threads, partials)
+    return out
+
+
+def layer_norm(x, out, scale, bias, epsilon, threads):
+    """``out`` = each row of ``x`` (its trailing ``scale.size`` elements) less its mean, over
+    sqrt(its variance + ``epsilon``), times ``scale`` plus ``bias`` (float64 vectors of a row's
+    length); ``x`` and ``out`` of one shape and a float dtype, ``out`` C-contiguous, ``x`` taken
+    through a copy (which a recording keeps) if it is not."""
+    source = np.ascontiguousarray(x)
+    length = scale.size
+    rows = x.size // length if length else 0
+    constants = np.array([epsilon], np.float64)
+    args = np.array([data_address(source), data_address(out), rows, length,
+                     data_address(scale), data_address(bias), data_address(constants), 0],
+                    np.int64)
+    _run(_compiled(_layer_norm_part, x.dtype).address, args, rows, threads, scale, bias,
+         constants, *(() if source is x else (source,)))
     return out
 
 

@@ -1,6 +1,7 @@
 """Elementwise ONNX operators in vectorised NumPy: arithmetic with NumPy's (multidirectional)
-broadcasting, comparisons and logic, Where, Cast; a squeeze-excitation Mul compiled. Outputs keep the inputs' dtype (comparisons
-make bool); none writes into its inputs."""
+broadcasting, comparisons and logic, Where, Cast; a squeeze-excitation Mul compiled (Relu and
+the other activations: ``ops_activation``). Outputs are arrays (0-d ones too, not NumPy's
+scalars) of the inputs' dtype (comparisons make bool); none writes into its inputs."""
 import numpy as np
 
 from .. import get_num_threads
@@ -8,12 +9,19 @@ from . import kernels
 from .registry import DTYPES, captured, floats, int_attr, operator, output, require_input
 
 
-# --- the first set: Add and Mul (also fused, see ``fusion``), Sum, Relu, Identity ----------
+# --- the first set: Add and Mul (also fused, see ``fusion``), Sum, Identity ----------------
 
-@operator("Add")
-def _build_add(node, constants):
-    node.only()
-    return lambda a, b: (np.add(a, b),)
+def _binary(ufunc):
+    """The builder of ``ufunc`` of two inputs; its output an array also when they are 0-d
+    (where NumPy's ufuncs give a scalar, np.float32 say: every operator's outputs are
+    arrays)."""
+    def build(node, constants):
+        node.only()
+        return lambda a, b: (np.asarray(ufunc(a, b)),)
+    return build
+
+
+operator("Add")(_binary(np.add))
 
 
 @operator("Mul", takes_out=True)
@@ -40,7 +48,7 @@ def _build_mul(node, constants):
         shape, dtype = np.broadcast_shapes(a.shape, b.shape), np.result_type(a, b)
         if out is None and buffers is not None:
             out = buffers.get(shape, dtype)
-        return (np.multiply(a, b, out=out),)
+        return (np.asarray(np.multiply(a, b, out=out)),)
     return run
 
 
@@ -65,23 +73,7 @@ def _build_sum(node, constants):
                 np.add(total, x, out=total)      # accumulate in the first sum's array
             else:
                 total = np.add(total, x)
-        return (total,)
-    return run
-
-
-@operator("Relu")
-def _build_relu(node, constants):
-    node.only()
-    zeros = {}         # (length, dtype) -> a row of zeros
-
-    def run(x):
-        # NumPy's maximum with a scalar takes a slow loop, with a long zero row a fast one
-        if x.ndim == 0 or x.shape[-1] < 64:
-            return (np.asarray(np.maximum(x, 0)),)   # (a 0-d array, not NumPy's scalar)
-        key = (x.shape[-1], x.dtype)
-        if key not in zeros:
-            zeros[key] = np.zeros(x.shape[-1], x.dtype)
-        return (np.maximum(x, zeros[key]),)
+        return (np.asarray(total),)
     return run
 
 
@@ -95,13 +87,6 @@ def _build_identity(node, constants):
 # (ONNX's broadcasting since opset 7 is NumPy's; before it, ``broadcast`` / ``axis`` /
 # ``consumed_inputs`` attributes are refused by ``node.only()``, and without them the operands
 # have one shape, which NumPy runs the same)
-
-def _binary(ufunc):
-    def build(node, constants):
-        node.only()
-        return lambda a, b: (np.asarray(ufunc(a, b)),)
-    return build
-
 
 operator("Sub")(_binary(np.subtract))
 operator("And")(_binary(np.logical_and))

@@ -1,11 +1,12 @@
-"""Normalisation: BatchNormalization (inference), LRN (a compiled kernel) and
-LayerNormalization (NumPy)."""
+"""Normalisation: BatchNormalization (inference), LRN and LayerNormalization (compiled kernels,
+LayerNormalization NumPy's when its Scale or B is made at run time)."""
 import numpy as np
 
 from .. import get_num_threads
 from . import kernels
-from .registry import (DTYPES, axis_in, captured, constant, floats, int_attr, kernel_input,
-                       operator, output, refuse_outputs, require_input)
+from .registry import (DTYPES, axis_in, captured, constant, floats, input_name, int_attr,
+                       kernel_input, operator, output, refuse_outputs, require_input,
+                       written)
 
 
 @operator("BatchNormalization", captures_constants=True)
@@ -56,8 +57,12 @@ def _build_lrn(node, constants):
     return run
 
 
-@operator("LayerNormalization", captures_constants=True)
+@operator("LayerNormalization", captures_constants=True, takes_out=True)
 def _build_layer_normalization(node, constants):
+    """LayerNormalization over the axes from ``axis`` on; with constant Scale and B (an
+    exporter's) a float32 or float64 input runs the compiled kernel (``kernels.layer_norm``,
+    a job that a recorded run replays), its statistics in float64 whatever ``stash_type``
+    (at least as accurate as the specification's); else NumPy, in the stash type."""
     node.only("axis", "epsilon", "stash_type")
     axis = int_attr(node, "axis", -1)
     epsilon = node.attr("epsilon", 1e-5)
@@ -68,13 +73,30 @@ def _build_layer_normalization(node, constants):
     refuse_outputs(node, 1, "Mean and InvStdDev")
     require_input(node, 1, "Scale")
     fixed = [captured(node, constants, i) for i in (1, 2)]
+    compiled = fixed[0] is not None and (fixed[1] is not None or not input_name(node, 2))
+    rows = {}   # normalised shape -> Scale and B over it, float64 rows (the kernel's)
     omitted = (None,) * (len(node.outputs) - 1)
 
-    def run(x, scale=None, bias=None):
+    def affine_rows(shape):
+        if shape not in rows:
+            bias = 0.0 if fixed[1] is None else fixed[1]
+            try:   # broadcast unidirectionally, as the specification's
+                rows[shape] = tuple(np.broadcast_to(np.asarray(v, np.float64), shape).ravel()
+                                    for v in (fixed[0], bias))
+            except ValueError:
+                raise node.error(f"Scale {fixed[0].shape} or B {np.shape(bias)} does not "
+                                 f"broadcast to the normalised shape {shape}") from None
+        return rows[shape]
+
+    def run(x, scale=None, bias=None, out=None, buffers=None):
         floats(node, x)
+        first = axis_in(node, axis, x.ndim)
+        if compiled and x.dtype in (np.float32, np.float64):
+            y = output(node, x.shape, x.dtype, out, buffers)
+            return (kernels.layer_norm(x, y, *affine_rows(x.shape[first:]), epsilon,
+                                       get_num_threads()),) + omitted
         scale = fixed[0] if fixed[0] is not None else scale
         bias = fixed[1] if fixed[1] is not None else bias
-        first = axis_in(node, axis, x.ndim)
         axes = tuple(range(first, x.ndim))
         # the statistics (and the normalisation) in the stash type, as the specification's
         # function: x cast to it, then the result back to x's dtype
@@ -94,5 +116,5 @@ def _build_layer_normalization(node, constants):
             raise node.error(f"Scale {scale.shape} or B "
                              f"{None if bias is None else bias.shape} does not broadcast to "
                              f"the input's shape {x.shape}") from None
-        return (y,) + omitted
+        return (written(node, y, out),) + omitted
     return run

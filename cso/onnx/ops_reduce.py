@@ -9,11 +9,18 @@ ReduceL1 and ReduceL2). A reduction over no elements gives the
 operation's identity (0 for a sum, 1 for a product, -inf for a max, inf for a min, NaN for a
 mean). The output keeps the input's dtype (NumPy would sum small integers in int64 and average
 them in float64).
+
+A ReduceMean, ReduceSum or ReduceMax over exactly the spatial axes (2, 3) of a 4-D
+C-contiguous float tensor (the dynamo exporter's global pools and squeeze-excitation pools)
+runs the compiled global pool (``kernels.global_pool``), a job that a recorded run replays,
+into ``out=`` or an array from ``buffers=`` as the pools do; NaN propagates as in NumPy.
 """
 import numpy as np
 
+from .. import get_num_threads
+from . import kernels
 from .registry import (axes_in, captured, input_name, int_attr, int_list_attr, int_values,
-                       operator)
+                       operator, output, written)
 
 
 def _sum(x, axes, keepdims):
@@ -82,6 +89,9 @@ class _Empty(Exception):
     pass
 
 
+# op type -> the kind of ``kernels.global_pool`` that runs it over the spatial axes
+POOLED = {"ReduceMean": "average", "ReduceSum": "sum", "ReduceMax": "max"}
+
 # op type -> (reduction(x, axes tuple, keepdims), opset that made axes an input, floats only)
 REDUCTIONS = {
     "ReduceSum": (_sum, 13, False),
@@ -97,9 +107,17 @@ REDUCTIONS = {
 }
 
 
-@operator(*REDUCTIONS, captures_constants=True)
+def _over_planes(x, reduced):
+    """Whether reducing ``x`` over the axes ``reduced`` is a global pool's job: the spatial
+    axes of a 4-D C-contiguous float tensor (not empty: NumPy gives the identities)."""
+    return (x.ndim == 4 and sorted(reduced) == [2, 3] and x.size != 0
+            and x.dtype in (np.float32, np.float64) and x.flags.c_contiguous)
+
+
+@operator(*REDUCTIONS, captures_constants=True, takes_out=True)
 def _build_reduce(node, constants):
     reduction, axes_input, floats_only = REDUCTIONS[node.op_type]
+    pooled = POOLED.get(node.op_type)
     keepdims = int_attr(node, "keepdims", 1, (0, 1))
     if node.opset < axes_input:
         node.only("axes", "keepdims")
@@ -118,7 +136,7 @@ def _build_reduce(node, constants):
     if len(node.outputs) != 1:
         raise node.error(f"expected one output, got {len(node.outputs)}")
 
-    def run(x, axes=None):
+    def run(x, axes=None, out=None, buffers=None):
         given = fixed if fixed is not None else int_values(node, axes, "axes")
         if x.dtype.kind not in "fiub" or (floats_only and x.dtype.kind != "f"):
             raise node.error(f"input of dtype {x.dtype} is not supported")
@@ -128,10 +146,16 @@ def _build_reduce(node, constants):
             # no axes: all of them, or with noop_with_empty_axes none (a ReduceL2 is then |x|,
             # a ReduceSumSquare x * x: the engines agree)
             reduced = () if noop else tuple(range(x.ndim))
+        if pooled and _over_planes(x, reduced):
+            y = output(node, x.shape[:2] + (1, 1) * keepdims, x.dtype, out, buffers)
+            return (kernels.global_pool(pooled, x, y, get_num_threads()),)
         try:
-            y = reduction(x, reduced, bool(keepdims))
+            y = np.asarray(reduction(x, reduced, bool(keepdims)), dtype=x.dtype)
         except _Empty:
             raise node.error(f"the integer mean of no elements (axes {list(given)} of shape "
                              f"{x.shape})") from None
-        return (np.asarray(y, dtype=x.dtype),)
+        return (written(node, y, out),)
+    # axes made at run time are values, not addresses: a replay would pool whatever axes the
+    # recorded run had
+    run.jobs_only = fixed is not None
     return run

@@ -361,33 +361,33 @@ def _build_split(node, constants):
     return run
 
 
-@operator("Expand", captures_constants=True)
-def _build_expand(node, constants):
-    node.only()
-    shape_of = int_input(node, constants, 1, "shape")
-
-    def run(x, shape=None):
-        target = shape_of(shape)
-        try:     # bidirectional: a 1 in the shape keeps the input's dimension
-            shape = np.broadcast_shapes(x.shape, tuple(target))
-        except ValueError:
-            raise node.error(f"input of shape {x.shape} does not broadcast with shape "
-                             f"{target}") from None
-        return (np.broadcast_to(x, shape),)       # a read-only view
-    return run
+def _with_ints(what, apply):
+    """The builder of an operator of ``x`` and a required integer input ``what`` (a constant or
+    made at run time) whose output is ``apply(node, x, values)``."""
+    def build(node, constants):
+        node.only()
+        values_of = int_input(node, constants, 1, what)
+        return lambda x, given=None: (apply(node, x, values_of(given)),)
+    return build
 
 
-@operator("Tile", captures_constants=True)
-def _build_tile(node, constants):
-    node.only()
-    repeats_of = int_input(node, constants, 1, "repeats")
+def _expand(node, x, target):
+    try:     # bidirectional: a 1 in the shape keeps the input's dimension
+        shape = np.broadcast_shapes(x.shape, tuple(target))
+    except ValueError:
+        raise node.error(f"input of shape {x.shape} does not broadcast with shape "
+                         f"{target}") from None
+    return np.broadcast_to(x, shape)       # a read-only view
 
-    def run(x, repeats=None):
-        counts = repeats_of(repeats)
-        if len(counts) != x.ndim or min(counts, default=0) < 0:
-            raise node.error(f"repeats {counts}: expected {x.ndim} counts >= 0")
-        return (np.tile(x, counts),)
-    return run
+
+def _tile(node, x, counts):
+    if len(counts) != x.ndim or min(counts, default=0) < 0:
+        raise node.error(f"repeats {counts}: expected {x.ndim} counts >= 0")
+    return np.tile(x, counts)
+
+
+operator("Expand", captures_constants=True)(_with_ints("shape", _expand))
+operator("Tile", captures_constants=True)(_with_ints("repeats", _tile))
 
 
 @operator("Range")

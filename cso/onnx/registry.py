@@ -158,6 +158,15 @@ def output(node, shape, dtype, out, buffers):
     return out
 
 
+def written(node, y, out):
+    """``y``, copied into ``out`` when that is given: an operator that takes ``out=`` (an array
+    the model makes its output in, a Concat's channels) and made ``y`` with NumPy."""
+    if out is None:
+        return y
+    np.copyto(output(node, y.shape, y.dtype, out, None), y)
+    return out
+
+
 def kernel_input(node, x, floats_only):
     """``x`` C-contiguous for a compiled kernel (``kernels``), which has code for float32,
     float64 and, unless ``floats_only``, the integer types: another dtype is a clear error."""
