@@ -1,5 +1,5 @@
 """cso.onnx.kernels, the compiled pooling (windowed and global), LRN, layer normalisation,
-per-channel affine, copy, transpose and softmax kernels, against plain NumPy references: geometries that leave edges on
+per-channel affine, copy, transpose, permuted copy, sum and softmax kernels, against plain NumPy references: geometries that leave edges on
 every side (windows over the padding, rows shorter and longer than a vector, strides and
 dilations), float32, float64 and int8, one and two threads with work that does not split
 evenly, and arrays flush against guard pages."""
@@ -182,6 +182,65 @@ def test_transpose(shape, dtype, threads, rng):
     assert (out[x.size:] == 7).all()
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (1, 2, 6, 7, 7), (3, 1, 4, 1), (2, 3, 1, 4, 2, 3),
+                                   (7,), (1, 1)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int8])
+def test_permute_every_permutation_it_has_code_for(shape, dtype, threads, rng):
+    """Every permutation ``permutable`` says it has code for, against NumPy's: rows copied
+    whole (the last axis, with the ones of one element and the merged ones, staying last), or
+    nothing moved; and it has code for every permutation that keeps the last axis last. The
+    elements past the output untouched."""
+    x = rng.integers(-100, 100, shape).astype(dtype)
+    covered = 0
+    for perm in itertools.permutations(range(len(shape))):
+        out = np.full(x.size + 5, 7, dtype)
+        moved = out[:x.size].reshape([shape[axis] for axis in perm])
+        dims, order = kernels.merged_permutation(shape, perm)
+        if order and order[-1] == len(order) - 1 and len(order) - 1 <= kernels.MAX_PERMUTED_AXES:
+            assert kernels.permutable(shape, perm)
+        if not kernels.permutable(shape, perm):
+            assert order[-1] != len(order) - 1
+            continue
+        assert kernels.permute(x, moved, list(perm), threads) is moved
+        np.testing.assert_array_equal(moved, np.transpose(x, perm))
+        assert (out[x.size:] == 7).all()
+        covered += 1
+    assert covered
+
+
+def test_merged_permutation():
+    """Axes of one element dropped, axes adjacent in both orders merged: ShuffleNet's channel
+    shuffle is a swap of two axes of rows of H * W elements."""
+    assert kernels.merged_permutation((1, 2, 58, 28, 28), (0, 2, 1, 3, 4)) == ([2, 58, 784],
+                                                                             [1, 0, 2])
+    assert kernels.merged_permutation((2, 96, 56, 56), (0, 2, 3, 1)) == ([2, 96, 3136],
+                                                                       [0, 2, 1])
+    assert kernels.merged_permutation((1, 768, 1, 1), (0, 2, 3, 1)) == ([768], [0])
+    assert kernels.merged_permutation((3, 4), (0, 1)) == ([12], [0])
+    # rows indexed by more axes than the kernel takes: left to NumPy
+    swapped_pairs = (1, 0, 3, 2, 5, 4, 6, 7, 9, 8, 10)
+    assert len(kernels.merged_permutation((2,) * 11, swapped_pairs)[0]) - 1 > \
+        kernels.MAX_PERMUTED_AXES
+    assert not kernels.permutable((2,) * 11, swapped_pairs)
+
+
+@pytest.mark.parametrize("size", [1, 15, 16, 17, 1000, 4099])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_add(size, dtype, threads, rng):
+    """Sums of one line, lines and a tail, shares that do not divide evenly, into a third
+    array or into either input; NaN and the infinities as IEEE's; past the end untouched."""
+    a, b = (rng.standard_normal(size).astype(dtype) for _ in range(2))
+    a[:3] = [np.nan, np.inf, np.inf][:size]
+    b[:3] = [1.0, -np.inf, 1.0][:size]
+    expected = a + b
+    out = np.full(size + 3, 7, dtype)
+    assert kernels.add(a, b, out[:size], threads) is not None
+    np.testing.assert_array_equal(out[:size], expected)
+    assert (out[size:] == 7).all()
+    kernels.add(a, b, a, threads)
+    np.testing.assert_array_equal(a, expected)
+
+
 @pytest.mark.parametrize("shape", [(2, 5, 3, 7), (1, 9, 13, 13), (3, 2, 1, 1), (1, 3, 50)])
 @pytest.mark.parametrize("kind, dtype", [("max", np.float32), ("max", np.float64),
                                          ("max", np.int8), ("average", np.float32),
@@ -328,6 +387,8 @@ def test_no_access_outside_the_arrays(at, threads, rng):
     calls.append((shape, lambda x, out: kernels.copy(x, out, threads)))
     calls.append((shape, lambda x, out: kernels.softmax(x, out, threads)))
     calls.append(((143, 10), lambda x, out: kernels.transpose(x.reshape(10, 143), out, threads)))
+    calls.append(((2, 13, 5, 11), lambda x, out: kernels.permute(x, out, (0, 2, 1, 3), threads)))
+    calls.append((shape, lambda x, out: kernels.add(x, x, out, threads)))
     for kind in ("max", "average", "sum"):
         calls.append((shape[:2] + (1, 1), lambda x, out, kind=kind:
                       kernels.global_pool(kind, x, out, threads)))

@@ -30,20 +30,29 @@ class Slot:
 
 
 class ConcatStep:
-    """Concat of NCHW tensors along the channels, in ``out=`` (its array, some inputs possibly
-    made in it already) when the model has one for it, else in an array from ``buffers=``;
-    the copies are compiled jobs on the model's threads."""
+    """Concat along ``axis``. Along the channels (axis 1 of tensors of two or more dimensions)
+    in ``out=`` (its array, some inputs possibly made in it already) when the model has one
+    for it, else in an array from ``buffers=``, the copies compiled jobs on the model's
+    threads; along another axis (or given neither) with NumPy, into ``out=`` if given."""
 
     jobs_only = True   # on C-contiguous inputs (see ``cso.onnx.program``)
 
+    def __init__(self, axis=1):
+        self.axis = axis
+
     def __call__(self, *xs, out=None, buffers=None):
-        if out is None and buffers is None:
-            return (np.concatenate(xs, axis=1),)
+        rank = xs[0].ndim
+        if (out is None and buffers is None) or rank < 2 or self.axis not in (1, 1 - rank):
+            y = np.concatenate(xs, axis=self.axis)
+            if out is None:
+                return (y,)
+            np.copyto(out, y)
+            return (out,)
         shape = (xs[0].shape[0], sum(x.shape[1] for x in xs)) + xs[0].shape[2:]
         if out is None:
             out = buffers.get(shape, xs[0].dtype)
-        if (out.shape != shape or any(x.dtype != out.dtype or x.ndim != 4
-                                      or x.shape[::2] + x.shape[3:] != shape[::2] + shape[3:]
+        if (out.shape != shape or any(x.dtype != out.dtype or x.ndim != rank
+                                      or x.shape[:1] + x.shape[2:] != shape[:1] + shape[2:]
                                       for x in xs)):
             raise ValueError(f"Concat along the channels of {[x.shape for x in xs]} (dtypes "
                              f"{[str(x.dtype) for x in xs]}) into {out.shape} {out.dtype}")
@@ -83,7 +92,8 @@ def _channel_concat(step, node_axis, shapes):
 
 def plan(steps, graph, axes):
     """{value: Slot} for the values made in their Concat's array, the Concat steps replaced
-    by ``ConcatStep``s (``axes``: id of a Concat step -> its axis attribute). A value is placed
+    by ``ConcatStep``s (``axes``: id of a Concat step -> its axis attribute; a Concat of
+    shapes unknown at load, or along another axis, is placed in nothing). A value is placed
     when a step that takes ``out=`` (a convolution, a planned Concat) makes it, the Concat
     reads it once, no step writes into it (a convolution adding into its residual in place),
     and neither it nor the Concat is a graph output (the caller keeps those; a slot's array
@@ -97,11 +107,13 @@ def plan(steps, graph, axes):
                if isinstance(step.run, ConvStep) and step.run.in_place}
     slots = {}
     for step in steps:
-        if id(step) not in axes or not _channel_concat(step, axes[id(step)], graph.shapes):
+        if id(step) not in axes:
             continue
-        step.run = ConcatStep()
+        step.run = ConcatStep(axes[id(step)])
         step.takes_out = True
         step.buffered = step.outputs[0] not in graph.outputs
+        if not _channel_concat(step, axes[id(step)], graph.shapes):
+            continue
         concat = step.outputs[0]
         first = 0
         for name in step.inputs:

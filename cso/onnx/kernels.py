@@ -329,6 +329,21 @@ def _affine_part(relu, dtype):
     return part
 
 
+def _add_part(dtype):
+    """The part function adding two arrays elementwise; args: the two inputs, the output,
+    the elements, the parts (each a share of whole 64-byte lines)."""
+    typ = from_dtype(dtype)
+    per_line = LINE // dtype.itemsize
+
+    def part(args, index):
+        a, b, out = _pointer(args[0], typ), _pointer(args[1], typ), _pointer(args[2], typ)
+        lines = -(-args[3] // per_line)
+        first, last = _share(index, args[4], lines)
+        for i in range(first * per_line, min(last * per_line, args[3])):
+            out[i] = a[i] + b[i]
+    return part
+
+
 def _softmax_part(dtype):
     """The Softmax part function: each of ``rows`` contiguous rows of ``length`` elements
     mapped to exp(x - max) / sum, the sum in float64 (a max that is NaN makes the row NaN, as
@@ -439,6 +454,75 @@ def _transpose_part(dtype):
                     for r in range(r0, r1):
                         destination[c * rows + r] = source[r * cols + c]
     return part
+
+
+MAX_PERMUTED_AXES = 6   # the axes a permuted copy's rows are indexed by, at most
+
+
+def _permuted_rows_part():
+    """The part function copying a share of ``rows`` rows of ``row_bytes`` bytes: output row
+    r (its index over the output's leading axes, ``dims``, in C order) from the input at the
+    sum of those indices times ``steps`` (the input's byte strides of the same axes); args:
+    source and destination addresses, rows, row_bytes, the axes' count, ``MAX_PERMUTED_AXES``
+    dims, as many steps, the parts."""
+    def part(args, index):
+        rows, size, axes = args[2], args[3], args[4]
+        first, last = _share(index, args[5 + 2 * MAX_PERMUTED_AXES], rows)
+        for row in range(first, last):
+            offset, rest = 0, row
+            for axis in range(axes - 1, -1, -1):
+                dim = args[5 + axis]
+                offset += (rest % dim) * args[5 + MAX_PERMUTED_AXES + axis]
+                rest //= dim
+            source = _pointer(args[0] + offset, types.uint8)
+            destination = _pointer(args[1] + row * size, types.uint8)
+            for at in range(size):
+                destination[at] = source[at]
+    return part
+
+
+def merged_permutation(shape, perm):
+    """(dims, perm) of the same permuted copy of an array of ``shape`` with its axes of one
+    element dropped and the axes adjacent both in the input and in the output merged."""
+    kept = [axis for axis in perm if shape[axis] != 1]
+    groups = []   # runs of input axes that stay adjacent and in order in the output
+    for axis in kept:
+        if groups and axis == groups[-1][-1] + 1:
+            groups[-1].append(axis)
+        else:
+            groups.append([axis])
+    order = sorted(range(len(groups)), key=lambda g: groups[g][0])   # the groups' input order
+    dims = [int(np.prod([shape[a] for a in groups[g]])) for g in order]
+    return dims, [order.index(g) for g in range(len(groups))]
+
+
+def permutable(shape, perm):
+    """Whether ``permute`` has code for ``perm`` of an array of ``shape``: nothing moves, or
+    the last axis stays last (ShuffleNet's channel shuffle). (Not a matrix transpose, NCHW to
+    NHWC: ``transpose``, element by element, ran ConvNeXt's 13 times slower than the NumPy
+    views its next operators read.)"""
+    dims, order = merged_permutation(shape, perm)
+    return len(dims) <= 1 or (order[-1] == len(dims) - 1 and len(dims) - 1 <= MAX_PERMUTED_AXES)
+
+
+def permute(x, out, perm, threads):
+    """``out`` = ``np.transpose(x, perm)`` for a ``permutable`` one, both C-contiguous of one
+    dtype, not overlapping: rows copied whole."""
+    dims, order = merged_permutation(x.shape, perm)
+    if len(dims) <= 1:   # nothing moves
+        if x.size:
+            copy(x.reshape(-1), out.reshape(-1), threads)
+        return out
+    row_bytes = dims[-1] * x.itemsize
+    in_steps = [int(np.prod(dims[a + 1:])) * x.itemsize for a in range(len(dims))]
+    outer = order[:-1]
+    fill = [0] * (MAX_PERMUTED_AXES - len(outer))
+    rows = int(np.prod([dims[a] for a in outer]))
+    args = np.array([data_address(x), data_address(out), rows, row_bytes, len(outer),
+                     *[dims[a] for a in outer], *fill, *[in_steps[a] for a in outer], *fill, 0],
+                    np.int64)
+    _run(_compiled(_permuted_rows_part).address, args, rows, threads)
+    return out
 
 
 def compiles(dtype):
@@ -558,6 +642,14 @@ def transpose(x, out, threads):
     rows, cols = x.shape
     args = np.array([data_address(x), data_address(out), rows, cols, 0], np.int64)
     _run(_compiled(_transpose_part, x.dtype).address, args, -(-cols // TRANSPOSE_BLOCK), threads)
+    return out
+
+
+def add(a, b, out, threads):
+    """``out`` = ``a`` + ``b``, all C-contiguous of one shape and float dtype; ``out`` may be
+    either input."""
+    args = np.array([data_address(a), data_address(b), data_address(out), a.size, 0], np.int64)
+    _run(_compiled(_add_part, a.dtype).address, args, -(-a.nbytes // LINE), threads)
     return out
 
 

@@ -89,7 +89,7 @@ class Model:
         key = (tuple((name, value.shape) for name, value in feeds.items()), threads)
         program = self._programs.get(key)
         if program is None:
-            program = Program(feeds)
+            program = Program(feeds, self.constants)
             with program.lock, _blas_threads(threads):
                 values = self._steps(feeds, program.buffers, None, program)
                 outputs = self._outputs(names, values, program)

@@ -1,9 +1,13 @@
 """Shapes and tensors: the operators that move, select and make elements (and the shape
-arithmetic around them), in NumPy; many return views of their input."""
+arithmetic around them), in NumPy, many returning views of their input; Transpose copies with
+a compiled kernel where it can."""
 import numpy as np
 
+from .. import get_num_threads
+from . import kernels
 from .registry import (axes_in, axis_in, captured, constant, input_name, int_attr, int_input,
-                       int_list_attr, int_values, operator, refuse_outputs, require_input)
+                       int_list_attr, int_values, operator, output, refuse_outputs,
+                       require_input, written)
 
 
 @operator("Concat")
@@ -106,13 +110,27 @@ def _build_reshape(node, constants):
     return run
 
 
-@operator("Transpose")
+@operator("Transpose", takes_out=True)
 def _build_transpose(node, constants):
+    """Transpose: a C-contiguous input of a dtype the kernels have code for is copied by
+    ``kernels.permute`` (a job a recorded run replays) when it has code for the permutation;
+    else NumPy's view."""
     node.only("perm")
     perm = node.attr("perm")
     if perm is not None and sorted(perm) != list(range(len(perm))):
         raise node.error(f"perm={perm!r} is not a permutation")
-    return lambda x: (np.transpose(x, perm),)
+
+    def run(x, out=None, buffers=None):
+        order = list(range(x.ndim))[::-1] if perm is None else perm
+        if len(order) != x.ndim:
+            raise node.error(f"perm={perm!r} for an input of shape {x.shape}")
+        if (x.flags.c_contiguous and kernels.compiles(x.dtype)
+                and kernels.permutable(x.shape, order)):
+            y = output(node, tuple(x.shape[axis] for axis in order), x.dtype, out, buffers)
+            return (kernels.permute(x, y, order, get_num_threads()),)
+        return (written(node, np.transpose(x, order), out),)
+    run.jobs_only = True
+    return run
 
 
 @operator("Unsqueeze", captures_constants=True)

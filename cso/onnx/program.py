@@ -10,6 +10,12 @@ are the same ones: a ``Program`` gives them their own ``Buffers``, copies the fe
 of its own, and records the jobs of the run's leading steps that are nothing else (``takes``).
 A replay runs those jobs in one compiled call (``cso.jobs.Recording.replay``), then the
 remaining steps (a Gemm, and what follows it) as a plain run does.
+
+The steps a replay stands for without jobs: those that make views of their input's memory
+(Reshape, a Split of channels), and shape arithmetic: a step computed from nothing but the
+shapes of the program's values (Shape, Size) and from values so made or constant gives the
+same result on every run of the program, whose shapes are fixed; it is computed once, as the
+recording runs.
 """
 import threading
 
@@ -19,16 +25,22 @@ from ..jobs import Recording, data_address
 from .buffers import Buffers
 from .concat import ConcatStep
 
+SHAPE_ONLY = {("Shape",), ("Size",)}   # steps that read their input's shape alone
+
 
 class Program:
     """The recording, then the replay, of a model's run on one set of input shapes and one
     thread count; ``lock`` is held by the run using it (one at a time: its arrays are
     shared)."""
 
-    def __init__(self, feeds):
+    def __init__(self, feeds, constants=()):
         self.lock = threading.Lock()
         self.buffers = Buffers()
         self.inputs = {name: np.empty_like(value) for name, value in feeds.items()}
+        # the values fixed for the program: the model's constants (names) and the shape
+        # arithmetic the recording ran (name -> value, kept: a replay's steps read them)
+        self.constants = frozenset(constants)
+        self.fixed = {}
         self.recording = Recording()   # the jobs of the steps replayed
         self.resume = None    # the first step not replayed (None: all of them so far)
         self.values = None    # the values live after the replayed steps
@@ -46,10 +58,15 @@ class Program:
 
     def takes(self, step, inputs, results, jobs_before):
         """Whether the replay can stand for ``step``, which made the jobs from ``jobs_before`` on:
-        it only ran jobs on C-contiguous inputs into an array the model gave it, or it made a
-        view of its first input (Reshape, Dropout), or it is a Concat whose inputs were all made
-        in its array. (An output the caller keeps is then an array of the program's, or a view
-        of one, which the model copies: ``owns``.)"""
+        it only ran jobs on C-contiguous inputs into an array the model gave it, or it made
+        C-contiguous views of its first input's memory (Reshape, Dropout, a Split or Slice of
+        channels), or it is a Concat whose inputs were all made in its array, or it is shape
+        arithmetic (see the module's docstring). (An output the caller keeps is then an array
+        of the program's, a view of one, or a fixed value, which the model copies: ``owns``.)"""
+        if len(self.recording) == jobs_before and self._fixed_by_shapes(step):
+            self.fixed.update((name, value) for name, value in zip(step.outputs, results)
+                              if name)
+            return True
         arrays = [x for x in inputs if x is not None]
         if not all(isinstance(a, np.ndarray) and a.flags.c_contiguous for a in arrays):
             return False
@@ -58,9 +75,14 @@ class Program:
                     and all(r is None or r.flags.c_contiguous for r in results))
         if isinstance(step.run, ConcatStep):
             return step.run.made_in_place(arrays, results[0])
-        return bool(arrays) and all(
-            r is None or (isinstance(r, np.ndarray) and data_address(r) == data_address(arrays[0])
-                          and r.nbytes == arrays[0].nbytes) for r in results)
+        return bool(arrays) and all(r is None or _inside(r, arrays[0]) for r in results)
+
+    def _fixed_by_shapes(self, step):
+        """Whether ``step`` reads the shape of its first input alone, or values fixed for the
+        program only: its results are the same on every run."""
+        data = [name for name in step.inputs if name and name not in self.constants]
+        return step.ops in SHAPE_ONLY or (bool(step.inputs) and all(
+            name in self.fixed for name in data))
 
     def stop(self, index, values, jobs):
         """The replay stops before step ``index``, which finds ``values``, after the first
@@ -76,11 +98,13 @@ class Program:
             self.resume, self.values = len(steps), dict(values)
 
     def owns(self, array):
-        """Whether ``array`` is one of the program's arrays, or a view of one."""
+        """Whether ``array`` is one of the program's arrays (a fixed value too), or a view of
+        one."""
         root = array
         while root.base is not None:
             root = root.base
-        return any(root is value for value in self.inputs.values()) or self.buffers.owns(root)
+        return (any(root is value for value in self.inputs.values())
+                or any(root is value for value in self.fixed.values()) or self.buffers.owns(root))
 
     # --- replay
 
@@ -92,3 +116,12 @@ class Program:
         values = dict(self.values)
         values.update((name, value) for name, value in feeds.items() if name in values)
         return values
+
+
+def _inside(view, array):
+    """Whether ``view`` is a C-contiguous array whose elements lie in ``array``'s memory (a
+    C-contiguous array)."""
+    if not isinstance(view, np.ndarray) or not view.flags.c_contiguous:
+        return False
+    start = data_address(view) - data_address(array)
+    return 0 <= start and start + view.nbytes <= array.nbytes
