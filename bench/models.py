@@ -13,9 +13,11 @@ the engines load it once and run both batches.
 Per model and batch: each engine's latency (median of the samples, timed in blocks after a
 warm-up: ``measure.median_seconds``, on the same input; cso's and OpenVINO's outputs checked against onnxruntime's first),
 cso's split between its convolution steps (with what is fused into them) and the rest
-(``Model.time_by_operator``); cso's load time and OpenVINO's (reading the file, compiling, the
-first run). Per model and engine: the peak memory of a child process that loads the model file
-and runs both batches (``python -m bench.models ENGINE PATH SHAPES``).
+(``Model.time_by_operator``). Per model and engine, in a child process that loads the model file
+and runs both batches (``python -m bench.models ENGINE PATH SHAPES``), nothing of the model
+loaded yet but the imports done: its start (loading the model and the first run; cso's on the
+persistent compilation cache the parent's runs filled) and its peak memory; and cso's start in
+one more child on an empty cache (a temporary ``CSO_CACHE_DIR``: every kernel compiled).
 """
 import argparse
 import json
@@ -241,19 +243,18 @@ def _check(engine, name, batch, outputs, expected, output_names):
 
 
 def _load_openvino(path, threads, feeds):
-    """({"load_s": reading the file, compiling and the first run on ``feeds``}, run) or
+    """(None, run) once OpenVINO has loaded ``path`` and run it on ``feeds``, or
     ({"skipped": why}, None): OpenVINO not installed, no file, or a model it cannot load."""
     if openvino_module() is None:
         return {"skipped": OPENVINO_MISSING}, None
     if path is None:
         return {"skipped": "no model file (OpenVINO reads the ONNX file)"}, None
-    start = time.perf_counter()
     try:
         _, run = openvino_engine(path, threads)
         run(feeds)
     except RuntimeError as err:   # what OpenVINO raises for a model it cannot read or compile
         return {"skipped": "could not load it: " + _openvino_reason(err)}, None
-    return {"load_s": time.perf_counter() - start}, run
+    return None, run
 
 
 def _openvino_reason(err):
@@ -268,19 +269,19 @@ def measure_model(name, model, batches, repeat, threads, path=None):
     """One model (``model``, a ModelProto; ``path``, its ONNX file, which OpenVINO reads), loaded
     once by each engine: at every batch, cso's outputs (and OpenVINO's) checked against onnxruntime's
     (AssertionError beyond RTOL), then the engines timed and cso's conv/rest split summed over
-    ``repeat`` runs; and cso's load time, OpenVINO's (``result["openvino"]``: its load time,
-    or why it did not run: not installed, no ``path``, a model it cannot load)."""
+    ``repeat`` runs; ``result["openvino"]`` says why OpenVINO did not run, where it did not
+    (not installed, no ``path``, a model it cannot load)."""
     import cso
     import cso.onnx
     from .measure import median_seconds
     cso.set_num_threads(threads)
-    start = time.perf_counter()
     ours = cso.onnx.load(model)
-    load = time.perf_counter() - start
     theirs = onnxruntime_session(model, threads)
     shapes = input_shapes(model)
-    result = {"model": name, "load_s": load, "batches": {}}
-    result["openvino"], openvino = _load_openvino(path, threads, inputs(shapes, batches[0]))
+    result = {"model": name, "batches": {}}
+    skipped, openvino = _load_openvino(path, threads, inputs(shapes, batches[0]))
+    if skipped:
+        result["openvino"] = skipped
     for batch in batches:
         feeds = inputs(shapes, batch)
         expected = theirs.run(None, feeds)
@@ -318,29 +319,39 @@ def _status_kib(field):
         return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
 
 
-def peak_child(engine, path, shapes, threads, batches):
+def engine_child(engine, path, shapes, threads, batches):
     """In this (new) process: ``engine`` loads the model file ``path`` and runs it on every
-    batch; return its peak RSS beyond its RSS just before loading (imports done, inputs made),
-    in MiB."""
+    batch, in order; return {"start_s": the seconds of loading and the first run, "peak_mib":
+    the peak RSS beyond the RSS just before loading (imports done, inputs made), in MiB}, and
+    for cso "compiled": the kernels it compiled (persistent cache misses)."""
     import importlib
     engine_modules = {"cso": ("cso.onnx", "threadpoolctl"), "onnxruntime": ("onnxruntime",),
                       "openvino": ("openvino",)}
     for module in ("numpy", "onnx") + engine_modules[engine]:
-        importlib.import_module(module)   # before the baseline
+        importlib.import_module(module)   # before the baseline and the clock
     feeds = [inputs(shapes, batch) for batch in batches]
     before = _status_kib("VmRSS")
+    start = time.perf_counter()
     run = load_engine(engine, path, threads)
-    for feed in feeds:
+    run(feeds[0])
+    started = time.perf_counter() - start
+    for feed in feeds[1:]:
         run(feed)
-    return (_status_kib("VmHWM") - before) / 1024
+    result = {"start_s": started, "peak_mib": (_status_kib("VmHWM") - before) / 1024}
+    if engine == "cso":
+        from microkernels import cache
+        result["compiled"] = cache.stats()["misses"]
+    return result
 
 
-def measure_peak(engine, path, shapes, threads, batches):
-    """``peak_child`` in a child process (``python -m bench.models``)."""
+def measure_child(engine, path, shapes, threads, batches, cache_dir=None):
+    """``engine_child`` in a child process (``python -m bench.models``); with ``cache_dir``,
+    cso's compilation cache there (``CSO_CACHE_DIR``) rather than this process's."""
     command = [sys.executable, "-m", "bench.models", engine, path, json.dumps(shapes),
                "--threads", str(threads), "--batches", ",".join(map(str, batches))]
-    done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True)
-    return json.loads(done.stdout.splitlines()[-1])["peak_mib"]
+    env = None if cache_dir is None else dict(os.environ, CSO_CACHE_DIR=cache_dir)
+    done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True, env=env)
+    return json.loads(done.stdout.splitlines()[-1])
 
 
 def label(source):
@@ -362,9 +373,11 @@ def fixed_batch(model):
 
 def measure(source, batches, repeat, threads):
     """``measure_model`` of a light model by name (``bench_model``) or of an ONNX file as it
-    was exported (at the batch it fixes, if it does), then the peak memory of each engine that
-    ran (OpenVINO's if it did) on the same model; or {"model", "refused": why} for a model
-    ``cso.onnx`` cannot load."""
+    was exported (at the batch it fixes, if it does), then ``measure_child`` of each engine
+    that ran (OpenVINO if it did) on the same model, its start ("start_s", cso's on the cache
+    the runs just filled) and peak memory ("peak_mib"), and cso's start on an empty cache
+    ("cold_start_s": at the first batch, in a child whose cache is a new directory, removed
+    after); or {"model", "refused": why} for a model ``cso.onnx`` cannot load."""
     import onnx
     from cso.onnx import UnsupportedModel
     name = label(source)
@@ -374,22 +387,27 @@ def measure(source, batches, repeat, threads):
         model, path = onnx.load(source), source
         batches = [fixed_batch(model)] if fixed_batch(model) else batches
     with tempfile.TemporaryDirectory(prefix="cso-bench-") as tmp:
-        if path is None:   # OpenVINO and the peak-memory children load a file
+        if path is None:   # OpenVINO and the children load a file
             path = os.path.join(tmp, f"{name}.onnx")
             onnx.save(model, path)
         try:
             result = measure_model(name, model, batches, repeat, threads, path)
         except UnsupportedModel as err:
             return {"model": name, "refused": str(err)}
-        ran = [e for e in ENGINES if e != "openvino" or "load_s" in result["openvino"]]
-        result["peak_mib"] = {engine: measure_peak(engine, path, input_shapes(model), threads,
-                                                   batches)
-                              for engine in ran}
+        shapes = input_shapes(model)
+        ran = [e for e in ENGINES if e != "openvino" or "openvino" not in result]
+        children = {e: measure_child(e, path, shapes, threads, batches) for e in ran}
+        result["start_s"] = {e: child["start_s"] for e, child in children.items()}
+        result["peak_mib"] = {e: child["peak_mib"] for e, child in children.items()}
+        empty = os.path.join(tmp, "empty-cache")
+        os.mkdir(empty)
+        result["cold_start_s"] = measure_child("cso", path, shapes, threads, batches[:1],
+                                               empty)["start_s"]
     return result
 
 
 HEADER = ["model", "batch", "cso ms", "onnxruntime ms", "speedup", "openvino ms", "speedup ov",
-          "conv %", "rest %", "load s cso / ov", "peak MiB cso / ort / ov"]
+          "conv %", "rest %", "start s cso / ort / ov", "cold s cso", "peak MiB cso / ort / ov"]
 
 
 def loaded(results):
@@ -397,13 +415,13 @@ def loaded(results):
 
 
 def rows(results):
-    """Table rows: one per model that loaded and batch (its load times and peak memory on the
+    """Table rows: one per model that loaded and batch (its start times and peak memory on the
     first). The OpenVINO cells are empty where it did not run (not installed, or a model it
-    cannot load), and the load and peak cells then leave out its figure."""
+    cannot load), and the start and peak cells then leave out its figure."""
     table = []
     for r in loaded(results):
-        openvino_load = r.get("openvino", {}).get("load_s")
-        load = f"{r['load_s']:.2f}" + ("" if openvino_load is None else f" / {openvino_load:.2f}")
+        start = " / ".join(f"{r['start_s'][e]:.2f}" for e in ENGINES if e in r["start_s"])
+        cold = f"{r['cold_start_s']:.2f}"
         peak = " / ".join(f"{r['peak_mib'][e]:.0f}" for e in ENGINES if e in r["peak_mib"])
         for index, (batch, b) in enumerate(r["batches"].items()):
             first = index == 0
@@ -413,7 +431,8 @@ def rows(results):
                           f"{1e3 * b['seconds']['openvino']:.2f}" if ov else "",
                           f"{b['speedup_openvino']:.2f}x" if ov else "",
                           f"{100 * b['conv_share']:.0f}", f"{100 * (1 - b['conv_share']):.0f}",
-                          load if first else "", peak if first else ""])
+                          start if first else "", cold if first else "",
+                          peak if first else ""])
     return table
 
 
@@ -467,18 +486,22 @@ TEXT = ("The onnx package's light CNNs (their graphs, with random weights: the s
         "the largest magnitude). Speedup: onnxruntime's time over cso's; speedup ov: "
         "OpenVINO's time over cso's. conv % / rest %: cso's time in its "
         "convolution steps (what is fused into them included) and in the other operators "
-        "(NumPy). Load: cso.onnx.load (constant folding, filter packing, kernels compiled or "
-        "read from the cache); OpenVINO's: reading the file, compiling, and the first run "
-        "(at the first batch). Peak MiB: a child process per engine loads the model and runs "
-        "every batch; its peak RSS (VmHWM, Linux) minus its RSS just before loading the model "
-        "file (imports done, inputs made): weights, packed filters, workspaces, "
-        "activations and, for cso, the compiler where kernels are not in the cache.")
+        "(NumPy). A child process per engine, its imports done and its inputs made, then "
+        "loads the model file and runs every batch. Start s: in that child, loading the model "
+        "and the first run (at the first batch): cso.onnx.load (constant folding, filter "
+        "packing, kernels read from the persistent compilation cache, which the runs above "
+        "filled) and its first run; onnxruntime's session creation and first run; OpenVINO's "
+        "reading the file, compiling and first run. Cold s: cso's start in one more child "
+        "whose compilation cache is a new, empty directory (every kernel compiled). Peak MiB: "
+        "the child's peak RSS (VmHWM, Linux) minus its RSS just before loading the model "
+        "file: weights, packed filters, workspaces and activations.")
 
 
 def main():
     parser = argparse.ArgumentParser(prog="python -m bench.models",
-                                     description="The peak-memory child of python -m bench "
-                                                 "--models: prints {\"peak_mib\": ...}.")
+                                     description="The per-engine child of python -m bench "
+                                                 "--models: prints {\"start_s\": ..., "
+                                                 "\"peak_mib\": ...}.")
     parser.add_argument("engine", choices=ENGINES)
     parser.add_argument("path", help="an ONNX model file")
     parser.add_argument("shapes", help='JSON {input name: shape after the batch dimension}')
@@ -486,8 +509,8 @@ def main():
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
     opts = parser.parse_args()
     batches = [int(b) for b in opts.batches.split(",")]
-    peak = peak_child(opts.engine, opts.path, json.loads(opts.shapes), opts.threads, batches)
-    print(json.dumps({"peak_mib": peak}))
+    print(json.dumps(engine_child(opts.engine, opts.path, json.loads(opts.shapes),
+                                  opts.threads, batches)))
 
 
 if __name__ == "__main__":

@@ -118,14 +118,17 @@ def test_openvino_settings_are_f32_the_runs_threads_and_latency(tmp_path, rng):
 
 def test_report_with_openvino(tmp_path, rng):
     """OpenVINO installed: its latency at every batch, the speedup of cso over it (its time
-    over cso's), its load time and peak memory, in the results, the table and the summary."""
+    over cso's), its start time and peak memory beside the other engines' (and cso's start on
+    an empty cache), in the results, the table and the summary."""
     pytest.importorskip("openvino")
     results = two_models(tmp_path, rng)
     assert [list(r["batches"]) for r in results] == [["1"], ["1", "3"]]
     for r in results:
-        assert r["openvino"]["load_s"] > 0
-        assert set(r["peak_mib"]) == {"cso", "onnxruntime", "openvino"}
+        assert "openvino" not in r   # only where it did not run: why
+        assert set(r["peak_mib"]) == set(r["start_s"]) == {"cso", "onnxruntime", "openvino"}
         assert all(math.isfinite(mib) and mib >= 0 for mib in r["peak_mib"].values())
+        assert all(isinstance(s, float) and 0 < s < math.inf for s in r["start_s"].values())
+        assert isinstance(r["cold_start_s"], float) and 0 < r["cold_start_s"] < math.inf
         for b in r["batches"].values():
             seconds = b["seconds"]
             assert set(seconds) == {"cso", "onnxruntime", "openvino"}
@@ -140,10 +143,13 @@ def test_report_with_openvino(tmp_path, rng):
         assert row["openvino ms"] == f"{1e3 * b['seconds']['openvino']:.2f}"
         assert row["speedup ov"] == f"{b['seconds']['openvino'] / b['seconds']['cso']:.2f}x"
     for row, r in ((table[0], results[0]), (table[1], results[1])):
-        assert row["load s cso / ov"] == f"{r['load_s']:.2f} / {r['openvino']['load_s']:.2f}"
+        assert row["start s cso / ort / ov"] == " / ".join(
+            f"{r['start_s'][e]:.2f}" for e in ("cso", "onnxruntime", "openvino"))
+        assert row["cold s cso"] == f"{r['cold_start_s']:.2f}"
         assert row["peak MiB cso / ort / ov"] == " / ".join(
             f"{r['peak_mib'][e]:.0f}" for e in ("cso", "onnxruntime", "openvino"))
-    assert table[2]["load s cso / ov"] == table[2]["peak MiB cso / ort / ov"] == ""
+    assert (table[2]["start s cso / ort / ov"] == table[2]["cold s cso"]
+            == table[2]["peak MiB cso / ort / ov"] == "")
     speedups = models.geomean_speedups(results, "openvino")
     assert speedups == {"1": pytest.approx(math.sqrt(
                             results[0]["batches"]["1"]["speedup_openvino"]
@@ -165,14 +171,18 @@ def test_report_without_openvino(tmp_path, rng, monkeypatch):
     results = two_models(tmp_path, rng)
     for r in results:
         assert r["openvino"] == {"skipped": models.OPENVINO_MISSING}
-        assert set(r["peak_mib"]) == {"cso", "onnxruntime"}
+        assert set(r["peak_mib"]) == set(r["start_s"]) == {"cso", "onnxruntime"}
+        assert all(isinstance(s, float) and s > 0 for s in r["start_s"].values())
+        assert isinstance(r["cold_start_s"], float) and r["cold_start_s"] > 0
         for b in r["batches"].values():
             assert set(b["seconds"]) == {"cso", "onnxruntime"} and "speedup_openvino" not in b
             assert b["speedup"] == b["seconds"]["onnxruntime"] / b["seconds"]["cso"] > 0
     table = [cells(row) for row in models.rows(results)]
     assert len(table) == 3
     assert all(row["openvino ms"] == row["speedup ov"] == "" for row in table)
-    assert table[0]["load s cso / ov"] == f"{results[0]['load_s']:.2f}"
+    assert table[0]["start s cso / ort / ov"] == (f"{results[0]['start_s']['cso']:.2f} / "
+                                                  f"{results[0]['start_s']['onnxruntime']:.2f}")
+    assert table[0]["cold s cso"] == f"{results[0]['cold_start_s']:.2f}"
     assert table[0]["peak MiB cso / ort / ov"] == (f"{results[0]['peak_mib']['cso']:.0f} / "
                                                    f"{results[0]['peak_mib']['onnxruntime']:.0f}")
     assert models.geomean_speedups(results, "openvino") == {}
@@ -226,8 +236,24 @@ def test_openvino_is_checked_and_a_model_it_cannot_load_is_listed(tmp_path, rng,
     results = [models.measure(path, [1], 1, 1)]
     reason = "could not load it: No conversion rule found for operations: x.y.Foo"
     assert results[0]["openvino"] == {"skipped": reason}
-    assert set(results[0]["peak_mib"]) == {"cso", "onnxruntime"}
+    assert set(results[0]["peak_mib"]) == set(results[0]["start_s"]) == {"cso", "onnxruntime"}
     (row,) = map(cells, models.rows(results))
     assert row["openvino ms"] == row["speedup ov"] == "" and row["cso ms"]
+    assert row["start s cso / ort / ov"].count(" / ") == 1
     lines = models.summary_lines(results)
     assert lines[-2:] == ["OpenVINO ran 0 of 1 models; not:", f"  exported/conv_relu: {reason}"]
+
+
+def test_start_children_run_on_the_warm_cache_and_on_an_empty_one(tmp_path, rng):
+    """cso's start child loads what the bench process's runs left in the persistent cache and
+    compiles nothing; the child on an empty cache (a new CSO_CACHE_DIR) compiles its kernels."""
+    path = export(tmp_path, "conv_sigmoid", rng, last="Sigmoid")
+    shapes = {"input": [3, 16, 16]}
+    r = models.measure(path, [1], 1, 1)
+    assert r["start_s"]["cso"] > 0 and r["cold_start_s"] > 0
+    warm = models.measure_child("cso", path, shapes, 1, [1])
+    (tmp_path / "empty").mkdir()
+    cold = models.measure_child("cso", path, shapes, 1, [1], str(tmp_path / "empty"))
+    assert warm["compiled"] == 0 and cold["compiled"] > 0
+    assert warm["start_s"] > 0 and cold["start_s"] > 0
+    assert any((tmp_path / "empty").iterdir())   # the cold child filled its own cache
