@@ -176,7 +176,9 @@ def main_models():
                    f"reverse order"
                    + (f", {models.SETTLE_SECONDS} s of rest after each block"
                       if opts.threads > 1 else "")
-                   + "; cso's and OpenVINO's outputs checked against onnxruntime's first"),
+                   + "; cso's and OpenVINO's outputs checked against onnxruntime's first; start: "
+                     "each engine's load and first run in a fresh process (cso's on the warm "
+                     "cache, and on an empty one)"),
     ]
     report.print_facts(facts)
     print(flush=True)
