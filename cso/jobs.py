@@ -25,7 +25,8 @@ trials that a recorded call may start (calibration, autotuning) are kept out wit
 For writing jobs of one's own: ``data_address`` (an array's address, for the arguments),
 ``aligned_empty`` (arrays that start on a ``LINE``-byte cache line, which kernels read with
 vector loads) and ``compiled_once`` (build a part function once per process, safely beside
-numba's compiler lock and ``os.fork``).
+numba's compiler lock and ``os.fork``), and ``ForeignFunction`` (keep a part function's object
+code, compiled by numba or other means, in the persistent cache, and load it from there).
 """
 import ctypes
 import functools
@@ -34,13 +35,15 @@ import threading
 import numpy as np
 
 from microkernels.aligned import LINE, aligned_empty
+from microkernels.jit import ForeignFunction
 from microkernels.once import compiled_once
 
 from .pool import MAX_PARTS, compiled_pool
 from .threads import SPIN_ROUNDS, pool_address
 
-__all__ = ["LINE", "Recording", "aligned_empty", "compiled_once", "data_address",
-           "active_recording", "new_workspace", "run_jobs", "run_parts", "unrecorded"]
+__all__ = ["LINE", "ForeignFunction", "Recording", "aligned_empty", "compiled_once",
+           "data_address", "active_recording", "new_workspace", "run_jobs", "run_parts",
+           "unrecorded"]
 
 
 class _Active(threading.local):

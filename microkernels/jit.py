@@ -10,6 +10,8 @@ engine was freed). Every LLVM call runs under the compile lock and no module is 
 another thread may run.
 """
 import ctypes
+import struct
+import sys
 
 import llvmlite.binding as llvm
 from llvmlite import ir
@@ -35,15 +37,50 @@ def optimize(module_ref, target_machine):
     builder.getModulePassManager().run(module_ref, builder)
 
 
+def undefined_symbols(object_code):
+    """The names of the symbols a relocatable ELF64 object (``object_code``) takes from outside
+    it, or None for any other format (not read here)."""
+    data = bytes(object_code)
+    if data[:5] != b"\x7fELF\x02" or data[5] not in (1, 2):
+        return None
+    order = "<" if data[5] == 1 else ">"
+    (offset,), (size, count) = struct.unpack_from(order + "Q", data, 0x28), \
+        struct.unpack_from(order + "HH", data, 0x3A)
+    # (type, offset, size, link, entry size) of each section
+    sections = [struct.unpack_from(order + "4xI16xQQI12xQ", data, offset + i * size)
+                for i in range(count)]
+    names = set()
+    for kind, at, nbytes, link, step in sections:
+        if kind != 2 or not step:   # SHT_SYMTAB
+            continue
+        strings = sections[link][1]
+        for entry in range(at, at + nbytes, step):
+            name, index = struct.unpack_from(order + "I2xH", data, entry)
+            if name and index == 0:   # SHN_UNDEF
+                start = strings + name
+                names.add(data[start:data.index(b"\0", start)].decode())
+    return sorted(names)
+
+
+class UnresolvedSymbols(LookupError):
+    """Object code that takes symbols this process does not define (or whose symbols cannot be
+    read): it is not loaded."""
+
+
 class JitModule:
     """Code for the host in an MCJIT engine of its own (with its own target machine, see
     above): LLVM IR text verified, optimised and compiled (``object_code`` then holds the
     result), or ``object_code`` saved from such a compilation and loaded as it is.
     ``.address(name)``, ``.function(name, restype, *argtypes)`` (a ctypes function that keeps
     this module alive), and ``.ir`` (optimised) and ``.asm``, made on first use from the IR text
-    (``source``: a function returning it, for a module loaded from its object code)."""
+    (``source``: a function returning it, for a module loaded from its object code).
 
-    def __init__(self, ir_text=None, object_code=None, source=None):
+    ``check_symbols``: object code is loaded only if every symbol it takes from outside
+    (``undefined_symbols``) resolves in this process, else ``UnresolvedSymbols`` is raised
+    (MCJIT would link an unresolved one to address 0, a crash on the first call that reaches
+    it): for object code not generated here (numba's)."""
+
+    def __init__(self, ir_text=None, object_code=None, source=None, check_symbols=False):
         self._source = source or (lambda: ir_text)
         self._optimized = None
         with COMPILE_LOCK:
@@ -60,6 +97,12 @@ class JitModule:
             else:
                 empty = llvm.parse_assembly(f'target triple = "{llvm.get_process_triple()}"')
                 self._engine = llvm.create_mcjit_compiler(empty, self._target_machine)
+                if check_symbols:   # (an engine makes the process's own symbols visible)
+                    names = undefined_symbols(object_code)
+                    missing = ["(not ELF)"] if names is None else \
+                        [name for name in names if not llvm.address_of_symbol(name)]
+                    if missing:
+                        raise UnresolvedSymbols(", ".join(missing))
                 self._engine.add_object_file(llvm.ObjectFileRef.from_data(object_code))
                 self._engine.finalize_object()
             self.object_code = object_code
@@ -145,3 +188,38 @@ def native_function(define, *args):
     ``spec``), compiled once per process (or loaded from the persistent cache). Kept for the
     life of the process: compiled loop nests hold its address."""
     return NativeFunction(define, *args)
+
+
+# hosts whose object files (64-bit ELF) have the symbol table JitModule's check_symbols reads
+LOADS_FOREIGN_OBJECTS = sys.platform.startswith(("linux", "freebsd")) and sys.maxsize > 2 ** 32
+
+
+class ForeignFunction:
+    """A function compiled by other means than this package's IR (numba's ``cfunc``...), its
+    object code kept in the persistent cache under ``key`` (its maker's name and arguments,
+    with whatever else its code depends on: the entry directory covers only the registered
+    packages' sources, llvmlite's and Python's versions). ``compile(keep)`` compiles it and
+    returns (its symbol name, its address, the object owning its code, its object code or
+    None); ``keep``: whether that object code will be cached (if not, the compiler may cache
+    its own way). A later process loads the cached object code here when every symbol it
+    takes from outside resolves (``JitModule``'s ``check_symbols``; the caller registers
+    those of the foreign compiler's runtime with ``llvm.add_symbol`` first), else compiles
+    it again, its own way. ``.address``, and ``.code``: the ``JitModule`` or the compiler's
+    object, kept for the life of the process (memoise it: ``compiled_once``)."""
+
+    def __init__(self, key, compile):
+        path = cache.native_path(*key) if LOADS_FOREIGN_OBJECTS else None
+        saved = cache.load_native(path)
+        if saved is not None:
+            name, object_code = saved
+            try:
+                self.code = JitModule(object_code=object_code, check_symbols=True)
+                self.address = self.code.address(name)
+            except UnresolvedSymbols:
+                path = None
+            else:
+                if self.address:   # (else the entry does not define it: compiled again)
+                    return
+        name, self.address, self.code, object_code = compile(path is not None)
+        if path is not None and object_code:
+            cache.save_native(path, (name, bytes(object_code)))

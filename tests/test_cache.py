@@ -1,5 +1,6 @@
 """The persistent compilation cache: a new process loads what an earlier one compiled, corrupted
 or truncated entries are rebuilt (never loaded), concurrent fillers leave whole entries."""
+import ctypes
 import json
 import os
 import subprocess
@@ -246,3 +247,56 @@ def test_loop_nests_need_no_runtime(define):
     {"conv": define_conv_loop_nest, "depthwise": define_depthwise_loop_nest}[define](module, "f32")
     declared = [f.name for f in module.functions if f.is_declaration]
     assert all(name.startswith("llvm.") for name in declared), declared
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads ELF object files")
+def test_object_code_whose_symbols_do_not_resolve_is_not_loaded():
+    """``undefined_symbols`` lists what an object takes from outside it (not what it defines);
+    a ``JitModule`` checking its symbols loads an object only if each resolves in this process
+    (the Python C API does; a made-up name does not), and refuses code it cannot read."""
+    from microkernels.jit import JitModule, UnresolvedSymbols, undefined_symbols
+    calls = """
+        declare i32 @Py_IsInitialized()
+        declare double @llvm.exp.f64(double)
+        define double @f(double %x) {
+          %one = call i32 @Py_IsInitialized()
+          %scale = sitofp i32 %one to double
+          %y = call double @llvm.exp.f64(double %x)
+          %z = fmul double %y, %scale
+          ret double %z
+        }"""
+    resolved = JitModule(calls).object_code
+    assert undefined_symbols(resolved) == ["Py_IsInitialized", "exp"]
+    loaded = JitModule(object_code=resolved, check_symbols=True)
+    assert loaded.function("f", ctypes.c_double, ctypes.c_double)(1.0) == np.exp(1.0)
+    missing = JitModule(calls.replace("Py_IsInitialized", "cso_test_no_such_symbol")).object_code
+    assert undefined_symbols(missing) == ["cso_test_no_such_symbol", "exp"]
+    with pytest.raises(UnresolvedSymbols, match="cso_test_no_such_symbol"):
+        JitModule(object_code=missing, check_symbols=True)
+    assert undefined_symbols(b"\xcf\xfa\xed\xfe" + bytes(60)) is None   # Mach-O
+    with pytest.raises(UnresolvedSymbols):
+        JitModule(object_code=b"\xcf\xfa\xed\xfe" + bytes(60), check_symbols=True)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads ELF object files")
+def test_a_foreign_function_s_object_code_is_cached_under_its_key(tmp_path, monkeypatch):
+    """``ForeignFunction``: the first lookup of a key compiles (told its object code will be
+    kept) and saves that code; the next loads it without compiling, as a ``JitModule``; with
+    the cache off the compiler is told its code is not kept."""
+    from microkernels.jit import ForeignFunction, JitModule
+    monkeypatch.setenv("CSO_CACHE_DIR", str(tmp_path))
+    calls = []
+
+    def compile(keep):
+        calls.append(keep)
+        module = JitModule("define i64 @twice(i64 %x) {\n %y = mul i64 %x, 2\n ret i64 %y\n}")
+        return "twice", module.address("twice"), module, module.object_code
+
+    key = ("test_cache", "twice", str(tmp_path))
+    made, loaded = ForeignFunction(key, compile), ForeignFunction(key, compile)
+    assert calls == [True] and loaded.code is not made.code
+    twice = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)(loaded.address)
+    assert twice(21) == 42
+    monkeypatch.setenv("CSO_CACHE_DIR", "")
+    ForeignFunction(key, compile)
+    assert calls == [True, False]

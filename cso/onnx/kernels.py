@@ -9,18 +9,29 @@ runs (``cso.jobs.run_parts``), on ``cso.get_num_threads()`` threads like the con
 NumPy would run them on one thread, in several passes over memory, and a second thread pool
 would spin on the cores the convolutions use. ``args`` holds the arrays' addresses and the
 geometry; each part takes a contiguous share of the work (channel planes, or for LRN, whose
-window runs along the channels, blocks of pixels). A kernel is compiled for a dtype on its
-first use and cached on disk by numba (``cache=True``).
-"""
-import math
+window runs along the channels, blocks of pixels).
 
+A kernel is compiled by numba for its key (a dtype, a window...) on its first use, and its
+object code kept in cso's persistent cache like the convolutions' kernels
+(``microkernels.cache``): a later process loads it with llvmlite (``microkernels.jit``), never
+setting up numba's compiler, whose CPU target alone takes about 0.35 s to initialise on its
+first compilation or disk-cache load in a process (``_compiled``). With cso's cache off, numba
+compiles and caches the kernels itself (``cache=True``).
+"""
+import builtins
+import hashlib
+import math
+from pathlib import Path
+
+import llvmlite.binding as llvm
+import numba
 import numpy as np
 from llvmlite import ir
-from numba import cfunc, from_dtype, njit, types
-from numba.core import cgutils
+from numba import _dynfunc, _helperlib, cfunc, from_dtype, njit, types
+from numba.core import cgutils, config, intrinsics
 from numba.extending import intrinsic
 
-from ..jobs import LINE, aligned_empty, compiled_once, data_address, run_parts
+from ..jobs import LINE, ForeignFunction, aligned_empty, compiled_once, data_address, run_parts
 
 PART_SIGNATURE = types.void(types.CPointer(types.int64), types.int64)
 PARTS_PER_THREAD = 4   # shares smaller than a thread's so that an uneven part evens out
@@ -533,8 +544,60 @@ def compiles(dtype):
 @compiled_once
 def _compiled(maker, *key):
     """``maker(*key)``'s part function compiled, once per process (and kept: the pool calls
-    its address)."""
-    return cfunc(PART_SIGNATURE, cache=True, error_model="numpy")(maker(*key))
+    its address): ``.address``, and ``.code``, what owns the code (a ``JitModule`` or numba's
+    ``CFunc``). Numba's object code for it is loaded from cso's persistent cache, taking no
+    part of numba's compiler (only the addresses of its C helpers, ``_numba_symbols``), or
+    numba compiles it and the object code is saved there; with the cache off, or where that
+    object code cannot be loaded, numba compiles it through its own disk cache."""
+    _numba_symbols()
+    return ForeignFunction((__name__, maker.__qualname__, *key, *_code_key()),
+                           lambda keep: _numba_part(maker, key, keep))
+
+
+def _numba_part(maker, key, keep):
+    """(symbol name, address, ``CFunc``, object code or None) of ``maker(*key)``'s part
+    function compiled by numba: through its disk cache unless its object code is kept
+    (``keep``; loaded from numba's cache, a kernel has none left to take)."""
+    function = cfunc(PART_SIGNATURE, cache=not keep, error_model="numpy")(maker(*key))
+    object_code = getattr(function._library, "_compiled_object", None) if keep else None
+    return function.native_name, function.address, function, object_code
+
+
+_key = []
+
+
+def _code_key():
+    """What numba's code for the kernels depends on besides the entry directory's sources and
+    versions: this module's source, numba's version and its code generation settings."""
+    if not _key:
+        source = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+        _key.extend((source, numba.__version__, str(config.OPT), config.CPU_NAME,
+                     config.CPU_FEATURES, config.BOUNDSCHECK))
+    return tuple(_key)
+
+
+_registered = []
+
+
+def _numba_symbols():
+    """Give LLVM the symbols numba's code takes from outside it, as numba's CPU target does
+    when it initialises (``numba.core.base._load_global_helpers`` and
+    ``numba.core.externals.c_math_functions``): its C helpers as ``numba_<name>`` (e.g.
+    ``numba_gil_ensure``), the built-in exceptions as ``PyExc_<name>`` and ``_Py_NoneStruct``
+    (at the objects themselves, not at the C variables pointing to them), and the C math
+    functions bound to CPython's runtime. The same addresses numba gives them, once."""
+    if _registered:
+        return
+    llvm.add_symbol("_Py_NoneStruct", id(None))
+    for helpers in (_helperlib.c_helpers, _dynfunc.c_helpers):
+        for name, address in helpers.items():
+            llvm.add_symbol("numba_" + name, address)
+    for value in vars(builtins).values():
+        if isinstance(value, type) and issubclass(value, BaseException):
+            llvm.add_symbol(f"PyExc_{value.__name__}", id(value))
+    for name in intrinsics.INTR_MATH:   # (numba binds more on 32-bit hosts: not loaded there)
+        llvm.add_symbol(name, _helperlib.c_helpers[name])
+    _registered.append(True)
 
 
 def _parts(work, threads):
