@@ -175,10 +175,10 @@ class _KernelBuilder(KernelBuilder):
         bld.ret_void()
 
     def _activations(self, bld, on, params):
-        """The activations of the store variants that follow, each positioned at before its
-        rows are written: one that selects the activated values when the flag ``on`` holds
-        (a cheap kind), or one without the activation and one with it, a branch on the flag
-        leading to them."""
+        """The activation of each store variant, yielded with ``bld`` where that variant's rows
+        are to be written: one that selects the activated values when the flag ``on`` holds (a
+        cheap kind), or one without the activation and one with it, behind a branch on the
+        flag."""
         kind = self.spec.activation
         if kind in SELECTED:
             yield lambda value: store_activation(bld, on, kind, value, params)
