@@ -178,19 +178,25 @@ class _DepthwiseBuilder(KernelBuilder):
 
     def _maybe_block(self, bld, take, state, vectors):
         """A block of ``vectors`` vectors when ``take``."""
-        pre = bld.block
-        then, merge = self.fn.append_basic_block(), self.fn.append_basic_block()
-        bld.cbranch(take, then, merge)
-        bld.position_at_end(then)
-        new = self._block(bld, state, vectors)
-        then_end = bld.block
-        bld.branch(merge)
+        return self._either(bld, take, lambda: self._block(bld, state, vectors), lambda: state)
+
+    def _either(self, bld, test, when_true, when_false):
+        """The state ``when_true()`` or ``when_false()`` makes as ``test`` says, each writing
+        its code in a block of its own: phis where they join."""
+        yes, no, merge = (self.fn.append_basic_block() for _ in range(3))
+        bld.cbranch(test, yes, no)
+        incoming = []
+        for block, make in ((yes, when_true), (no, when_false)):
+            bld.position_at_end(block)
+            state = make()
+            incoming.append((state, bld.block))
+            bld.branch(merge)
         bld.position_at_end(merge)
-        return self._merge(bld, [(state, pre), (new, then_end)])
+        return self._merge(bld, incoming)
 
     def _block(self, bld, state, vectors):
-        """``vectors`` vectors from the state's position: the tap sum, bias, activation, the stores;
-        returns the state after them."""
+        """``vectors`` vectors from the state's position: the tap sum, bias, activation, the
+        stores; returns the state after them."""
         chains = max(1, self.spec.vectors // vectors)
         for value in self._taps(bld, state[0], vectors, chains):
             store = self._store_packed if self.packed else self._store
@@ -250,20 +256,13 @@ class _DepthwiseBuilder(KernelBuilder):
         vector of 9 taps, 8 of one; Zen 3)."""
         v, s, o = state
         lanes = self.const(self.lanes)
-        plain, straddling, merge = (self.fn.append_basic_block() for _ in range(3))
-        bld.cbranch(bld.icmp_signed("<=", bld.add(s, lanes), self.args["q"]), plain,
-                    straddling)
-        bld.position_at_end(plain)
-        bld.store(value, bld.gep(self.args["out"], [o], source_etype=self.scalar),
-                  align=self.align)
-        moved = (bld.add(v, lanes), bld.add(s, lanes), bld.add(o, lanes))
-        bld.branch(merge)
-        bld.position_at_end(straddling)
-        crossed = self._store_straddling(bld, value, state)
-        crossed_end = bld.block
-        bld.branch(merge)
-        bld.position_at_end(merge)
-        return self._merge(bld, [(moved, plain), (crossed, crossed_end)])
+
+        def plain():
+            bld.store(value, bld.gep(self.args["out"], [o], source_etype=self.scalar),
+                      align=self.align)
+            return bld.add(v, lanes), bld.add(s, lanes), bld.add(o, lanes)
+        return self._either(bld, bld.icmp_signed("<=", bld.add(s, lanes), self.args["q"]),
+                            plain, lambda: self._store_straddling(bld, value, state))
 
     def _store_straddling(self, bld, value, state):
         """``_store_packed`` of a vector that reaches past its row's real columns: its real
