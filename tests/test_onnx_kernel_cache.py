@@ -175,6 +175,7 @@ def test_a_model_loads_on_a_warm_cache_without_numba_s_compiler(tmp_path):
     """A model with a pool, a global pool and a softmax: numba compiles their kernels on an
     empty cache; on the warm cache the next process loads and runs the model without setting
     up numba's compiler, to the same bits."""
+    pytest.importorskip("onnx")
     assert run(MODEL, tmp_path, tmp_path / "first.npy") == {"numba_compiler": True}
     assert run(MODEL, tmp_path, tmp_path / "second.npy") == {"numba_compiler": False}
     np.testing.assert_array_equal(np.load(tmp_path / "first.npy"),
