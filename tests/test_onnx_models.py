@@ -486,6 +486,30 @@ def test_concat_step_copies_into_out_or_buffers_and_checks_shapes(rng, threads):
         cso.set_num_threads(before)
 
 
+@pytest.mark.parametrize("shape, axis", [((2, 3, 5), 1), ((2, 3, 5), -2), ((2, 3, 4, 5), 2),
+                                         ((6,), 0), ((2, 3), -1)])
+def test_concat_step_along_any_axis(rng, shape, axis):
+    """Along the channels (axis 1 of two or more dimensions, however spelled) compiled copies
+    into an array from the buffers or ``out``; along another axis NumPy's, into ``out`` when
+    given: the values of ``np.concatenate`` either way."""
+    from cso.onnx.buffers import Buffers
+    from cso.onnx.concat import ConcatStep
+    sizes = (2, 1, 3)
+    xs = []
+    for size in sizes:
+        part = list(shape)
+        part[axis] = size
+        xs.append(rng.standard_normal(part).astype(np.float32))
+    expected = np.concatenate(xs, axis=axis)
+    step = ConcatStep(axis)
+    (made,) = step(*xs, buffers=Buffers())
+    np.testing.assert_array_equal(made, expected)
+    out = np.full(expected.shape, np.nan, np.float32)
+    assert step(*xs, out=out)[0] is out
+    np.testing.assert_array_equal(out, expected)
+    np.testing.assert_array_equal(step(*xs)[0], expected)
+
+
 def test_concat_input_read_in_place_by_a_residual_is_copied(rng):
     """A value a convolution adds into in place is not made in a Concat's array (the sum
     would overwrite the Concat's channels)."""
