@@ -12,12 +12,13 @@ the engines load it once and run both batches.
 
 Per model and batch: each engine's latency (median of the samples, timed in blocks after a
 warm-up: ``measure.median_seconds``, on the same input; cso's and OpenVINO's outputs checked
-against onnxruntime's first), cso's split between its convolution steps (with what is fused into them) and the rest
-(``Model.time_by_operator``). Per model and engine, in a child process that loads the model file
-and runs both batches (``python -m bench.models ENGINE PATH SHAPES``), nothing of the model
-loaded yet but the imports done: its start (loading the model and the first run; cso's on the
-persistent compilation cache the parent's runs filled) and its peak memory; and cso's start in
-one more child on an empty cache (a temporary ``CSO_CACHE_DIR``: every kernel compiled).
+against onnxruntime's first), cso's split between its convolution steps (with what is fused
+into them) and the rest (``Model.time_by_operator``). Per model and engine, in a child process
+that loads the model file and runs both batches (``python -m bench.models ENGINE PATH
+SHAPES``), nothing of the model loaded yet but the imports done: its start (loading the model
+and the first run; cso's on the persistent compilation cache the parent's runs filled) and its
+peak memory; and cso's start in one more child on an empty cache (a temporary
+``CSO_CACHE_DIR``: every kernel compiled).
 """
 import argparse
 import json
@@ -268,9 +269,9 @@ def _openvino_reason(err):
 def measure_model(name, model, batches, repeat, threads, path=None):
     """One model (``model``, a ModelProto; ``path``, its ONNX file, which OpenVINO reads),
     loaded once by each engine: at every batch, cso's outputs (and OpenVINO's) checked against
-    onnxruntime's (AssertionError beyond RTOL), then the engines timed and cso's conv/rest split summed over
-    ``repeat`` runs; ``result["openvino"]`` says why OpenVINO did not run, where it did not
-    (not installed, no ``path``, a model it cannot load)."""
+    onnxruntime's (AssertionError beyond RTOL), then the engines timed and cso's conv/rest
+    split summed over ``repeat`` runs; ``result["openvino"]`` says why OpenVINO did not run,
+    where it did not (not installed, no ``path``, a model it cannot load)."""
     import cso
     import cso.onnx
     from .measure import median_seconds

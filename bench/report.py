@@ -245,7 +245,8 @@ def print_models(results):
     speedup per batch."""
     from .models import HEADER, rows, summary_lines
     table = rows(results)
-    widths = [max(14, max((len(r[0]) for r in table), default=0) + 2), 6] + [max(9, len(h) + 2) for h in HEADER[2:]]
+    widths = ([max(14, max((len(r[0]) for r in table), default=0) + 2), 6]
+              + [max(9, len(h) + 2) for h in HEADER[2:]])
     print(_line(HEADER, widths))
     print("-" * sum(widths))
     for row in table:

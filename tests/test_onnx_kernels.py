@@ -211,12 +211,12 @@ def test_permute_every_permutation_it_has_code_for(shape, dtype, threads, rng):
 def test_merged_permutation():
     """Axes of one element dropped, axes adjacent in both orders merged: ShuffleNet's channel
     shuffle is a swap of two axes of rows of H * W elements."""
-    assert kernels.merged_permutation((1, 2, 58, 28, 28), (0, 2, 1, 3, 4)) == ([2, 58, 784],
-                                                                             [1, 0, 2])
-    assert kernels.merged_permutation((2, 96, 56, 56), (0, 2, 3, 1)) == ([2, 96, 3136],
-                                                                       [0, 2, 1])
-    assert kernels.merged_permutation((1, 768, 1, 1), (0, 2, 3, 1)) == ([768], [0])
-    assert kernels.merged_permutation((3, 4), (0, 1)) == ([12], [0])
+    assert kernels.merged_permutation((1, 2, 58, 28, 28), (0, 2, 1, 3, 4)) == ((2, 58, 784),
+                                                                             (1, 0, 2))
+    assert kernels.merged_permutation((2, 96, 56, 56), (0, 2, 3, 1)) == ((2, 96, 3136),
+                                                                       (0, 2, 1))
+    assert kernels.merged_permutation((1, 768, 1, 1), (0, 2, 3, 1)) == ((768,), (0,))
+    assert kernels.merged_permutation((3, 4), (0, 1)) == ((12,), (0,))
     # rows indexed by more axes than the kernel takes: left to NumPy
     swapped_pairs = (1, 0, 3, 2, 5, 4, 6, 7, 9, 8, 10)
     assert len(kernels.merged_permutation((2,) * 11, swapped_pairs)[0]) - 1 > \

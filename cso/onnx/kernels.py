@@ -21,6 +21,7 @@ compiles and caches the kernels itself (``cache=True``).
 import builtins
 import hashlib
 import math
+from functools import lru_cache
 from pathlib import Path
 
 import llvmlite.binding as llvm
@@ -492,9 +493,11 @@ def _permuted_rows_part():
     return part
 
 
+@lru_cache(maxsize=256)
 def merged_permutation(shape, perm):
-    """(dims, perm) of the same permuted copy of an array of ``shape`` with its axes of one
-    element dropped and the axes adjacent both in the input and in the output merged."""
+    """(dims, perm), tuples, of the same permuted copy of an array of ``shape`` with its axes
+    of one element dropped and the axes adjacent both in the input and in the output merged
+    (remembered: ``permutable`` and ``permute`` both ask, on every plain run)."""
     kept = [axis for axis in perm if shape[axis] != 1]
     groups = []   # runs of input axes that stay adjacent and in order in the output
     for axis in kept:
@@ -503,8 +506,8 @@ def merged_permutation(shape, perm):
         else:
             groups.append([axis])
     order = sorted(range(len(groups)), key=lambda g: groups[g][0])   # the groups' input order
-    dims = [int(np.prod([shape[a] for a in groups[g]])) for g in order]
-    return dims, [order.index(g) for g in range(len(groups))]
+    dims = tuple(int(np.prod([shape[a] for a in groups[g]])) for g in order)
+    return dims, tuple(order.index(g) for g in range(len(groups)))
 
 
 def permutable(shape, perm):
@@ -512,14 +515,14 @@ def permutable(shape, perm):
     the last axis stays last (ShuffleNet's channel shuffle). (Not a matrix transpose, NCHW to
     NHWC: ``transpose``, element by element, ran ConvNeXt's 13 times slower than the NumPy
     views its next operators read.)"""
-    dims, order = merged_permutation(shape, perm)
+    dims, order = merged_permutation(tuple(shape), tuple(perm))
     return len(dims) <= 1 or (order[-1] == len(dims) - 1 and len(dims) - 1 <= MAX_PERMUTED_AXES)
 
 
 def permute(x, out, perm, threads):
     """``out`` = ``np.transpose(x, perm)`` for a ``permutable`` one, both C-contiguous of one
     dtype, not overlapping: rows copied whole."""
-    dims, order = merged_permutation(x.shape, perm)
+    dims, order = merged_permutation(x.shape, tuple(perm))
     if len(dims) <= 1:   # nothing moves
         if x.size:
             copy(x.reshape(-1), out.reshape(-1), threads)

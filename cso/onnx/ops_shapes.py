@@ -210,17 +210,29 @@ def _build_squeeze(node, constants):
     return run
 
 
-@operator("Gather", captures_constants=True)
-def _build_gather(node, constants):
-    node.only("axis")
-    axis = int_attr(node, "axis", 0)
+def _gather_attribute(node, constants, name):
+    """A Gather's or GatherND's integer attribute ``name`` (default 0, the only one it takes)
+    and ``indices(given)``: its indices, captured at load when constant, else ``given`` (the
+    input), checked to be integers."""
+    node.only(name)
+    value = int_attr(node, name, 0)
     require_input(node, 1, "indices")
     fixed = captured(node, constants, 1)
 
+    def indices(given):
+        found = fixed if fixed is not None else given
+        if found.dtype.kind not in "iu":
+            raise node.error(f"indices of dtype {found.dtype}: expected integers")
+        return found
+    return value, indices
+
+
+@operator("Gather", captures_constants=True)
+def _build_gather(node, constants):
+    axis, checked = _gather_attribute(node, constants, "axis")
+
     def run(data, indices=None):
-        indices = fixed if fixed is not None else indices
-        if indices.dtype.kind not in "iu":
-            raise node.error(f"indices of dtype {indices.dtype}: expected integers")
+        indices = checked(indices)
         a = axis_in(node, axis, data.ndim)
         n = data.shape[a]
         if indices.size and (indices.max() >= n or indices.min() < -n):
@@ -236,15 +248,10 @@ def _build_gather_nd(node, constants):
     """GatherND (opsets 11-13; ``batch_dims`` from 12): each row of the last axis of
     ``indices`` picks an element or slice of ``data`` after its first ``batch_dims`` axes,
     which the two share; negative indices count from the end."""
-    node.only("batch_dims")
-    batch_dims = int_attr(node, "batch_dims", 0)
-    require_input(node, 1, "indices")
-    fixed = captured(node, constants, 1)
+    batch_dims, checked = _gather_attribute(node, constants, "batch_dims")
 
     def run(data, indices=None):
-        indices = fixed if fixed is not None else indices
-        if indices.dtype.kind not in "iu":
-            raise node.error(f"indices of dtype {indices.dtype}: expected integers")
+        indices = checked(indices)
         depth = indices.shape[-1] if indices.ndim else 0
         if (indices.ndim < 1 or not 0 <= batch_dims < min(data.ndim, indices.ndim)
                 or batch_dims + depth > data.ndim
