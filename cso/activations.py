@@ -20,7 +20,7 @@ from microkernels.jit import native_function
 from microkernels.loop_ir import LoopCode
 from microkernels.spec import ACTIVATIONS, ActivationSpec
 
-from .arguments import check_array
+from .arguments import check_array, is_masked
 from .jobs import data_address, run_parts
 from .pool import MAX_PARTS
 from .threads import get_num_threads
@@ -161,7 +161,7 @@ def activate(x, activation, out=None):
     check_array("x", x)
     if out is None:
         out = np.empty(x.shape, x.dtype)
-    elif not isinstance(out, np.ndarray) or isinstance(out, np.ma.MaskedArray):
+    elif not isinstance(out, np.ndarray) or is_masked(out):
         raise TypeError(f"out must be a numpy.ndarray, got {type(out).__name__}")
     elif out.dtype != x.dtype:
         raise TypeError(f"out must be of x's dtype {x.dtype}, got {out.dtype}")

@@ -41,8 +41,8 @@ from functools import lru_cache
 from pathlib import Path
 
 import llvmlite
-import llvmlite.binding as llvm
 
+from .isa import host_target
 from .once import fork_safe_lock
 
 DIGEST = 32   # bytes of SHA-256 before each payload
@@ -203,8 +203,7 @@ def save_native(path, entry):
 
 def cpu_key(*parts):
     """A file name's key for ``parts`` on this CPU (its triple, name and features)."""
-    return _key_name(*parts, (llvm.get_process_triple(), llvm.get_host_cpu_name(),
-                              llvm.get_host_cpu_features().flatten()))
+    return _key_name(*parts, host_target())
 
 
 def record_path(kind, *key):

@@ -74,6 +74,15 @@ def host_features():
     return frozenset(enabled | set(baseline))
 
 
+@compiled_once
+def host_target():
+    """(process triple, CPU name, LLVM feature string) of this host, read once: LLVM builds
+    the feature string anew on every call (0.3 ms; a model's load asks for it per kernel)."""
+    host_features()   # initialises the native target
+    return (llvm.get_process_triple(), llvm.get_host_cpu_name(),
+            llvm.get_host_cpu_features().flatten())
+
+
 def host_isa():
     return select_isa(host_features())
 

@@ -17,18 +17,16 @@ import llvmlite.binding as llvm
 from llvmlite import ir
 
 from . import cache
-from .isa import get_isa, host_features
+from .isa import get_isa, host_target
 from .once import COMPILE_LOCK, compiled_once
 
 _live = []   # every JitModule made: never freed (see the module's docstring)
 
 
 def host_target_machine(opt=3):
-    host_features()  # initialises the native target
-    target = llvm.Target.from_triple(llvm.get_process_triple())
-    features = llvm.get_host_cpu_features().flatten()
-    return target.create_target_machine(cpu=llvm.get_host_cpu_name(), features=features,
-                                        opt=opt, codemodel="jitdefault", jit=True)
+    triple, cpu, features = host_target()
+    return llvm.Target.from_triple(triple).create_target_machine(
+        cpu=cpu, features=features, opt=opt, codemodel="jitdefault", jit=True)
 
 
 def optimize(module_ref, target_machine):
@@ -95,7 +93,7 @@ class JitModule:
                 self._engine.finalize_object()
                 object_code = compiled[0]
             else:
-                empty = llvm.parse_assembly(f'target triple = "{llvm.get_process_triple()}"')
+                empty = llvm.parse_assembly(f'target triple = "{host_target()[0]}"')
                 self._engine = llvm.create_mcjit_compiler(empty, self._target_machine)
                 if check_symbols:   # (an engine makes the process's own symbols visible)
                     names = undefined_symbols(object_code)
