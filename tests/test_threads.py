@@ -12,6 +12,7 @@ from numba import cfunc, types
 
 import csa
 import cso
+from cso.threads import cgroup_cpu_quota
 from cso.jobs import Recording, active_recording, run_jobs, run_parts, unrecorded
 
 from .children import CHILD_CWD
@@ -144,7 +145,10 @@ def _threads_in_child(env_value):
 
 
 def test_thread_count_default_and_environment():
-    assert _threads_in_child(None).stdout.strip() == str(len(os.sched_getaffinity(0)))
+    quota = cgroup_cpu_quota()
+    cpus = len(os.sched_getaffinity(0))
+    assert _threads_in_child(None).stdout.strip() == str(cpus if quota is None
+                                                         else max(1, min(cpus, quota)))
     assert _threads_in_child("3").stdout.strip() == "3"
     failed = _threads_in_child("lots")
     assert failed.returncode != 0 and "CSO_NUM_THREADS must be a positive integer" in failed.stderr
@@ -369,3 +373,62 @@ def test_cpu_list_parsing():
     assert csa.machine.count_cpus("0-1") == 2
     assert csa.machine.count_cpus("0,2,4-7") == 6
     assert csa.machine.count_cpus("3") == 1
+
+
+def _cgroup_tree(tmp_path, mounts, memberships, files):
+    """A /proc/self/mountinfo and /proc/self/cgroup naming mounts under ``tmp_path``, and the
+    cgroup files {path under tmp_path: content}; returns cgroup_cpu_quota's arguments."""
+    for path, content in files.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(content)
+    mountinfo, cgroups = tmp_path / "mountinfo", tmp_path / "cgroup"
+    mountinfo.write_text("".join(
+        f"{30 + i} 23 0:{26 + i} {root} {tmp_path / point} rw,nosuid shared:4 - {kind} cgroup "
+        f"{options}\n" for i, (root, point, kind, options) in enumerate(mounts)))
+    cgroups.write_text("".join(line + "\n" for line in memberships))
+    return str(mountinfo), str(cgroups)
+
+
+V2_MOUNT = [("/", "fs/cgroup", "cgroup2", "rw,nsdelegate")]
+
+
+@pytest.mark.parametrize("files, expected", [
+    ({"fs/cgroup/app/cpu.max": "150000 100000\n"}, 2),      # 1.5 CPUs: rounded up
+    ({"fs/cgroup/app/cpu.max": "max 100000\n"}, None),       # no quota
+    ({"fs/cgroup/app/cpu.max": "max 100000\n", "fs/cgroup/cpu.max": "100000 100000\n"}, 1),
+    ({"fs/cgroup/app/cpu.max": "400000 100000\n", "fs/cgroup/cpu.max": "300000 100000\n"}, 3),
+    ({"fs/cgroup/app/cpu.max": "50000 100000\n"}, 1),        # half a CPU: one thread
+    ({}, None),                                              # no cpu controller files
+])
+def test_cgroup_v2_quota_is_the_tightest_on_the_path(tmp_path, files, expected):
+    args = _cgroup_tree(tmp_path, V2_MOUNT, ["0::/app"], files)
+    assert cgroup_cpu_quota(*args) == expected
+
+
+def test_cgroup_v1_quota_and_a_namespaced_mount(tmp_path):
+    mounts = [("/", "fs/cgroup/cpu,cpuacct", "cgroup", "rw,cpu,cpuacct"),
+              ("/", "fs/cgroup/memory", "cgroup", "rw,memory")]
+    files = {"fs/cgroup/cpu,cpuacct/job/cpu.cfs_quota_us": "250000\n",
+             "fs/cgroup/cpu,cpuacct/job/cpu.cfs_period_us": "100000\n",
+             "fs/cgroup/memory/job/cpu.cfs_quota_us": "100000\n"}   # not the cpu controller's
+    memberships = ["4:memory:/job", "3:cpu,cpuacct:/job", "0::/"]
+    assert cgroup_cpu_quota(*_cgroup_tree(tmp_path, mounts, memberships, files)) == 3
+    unlimited = {"fs/cgroup/cpu,cpuacct/job/cpu.cfs_quota_us": "-1\n",
+                 "fs/cgroup/cpu,cpuacct/job/cpu.cfs_period_us": "100000\n"}
+    assert cgroup_cpu_quota(*_cgroup_tree(tmp_path / "b", mounts, memberships, unlimited)) is None
+    # a container's view: its cgroup is the mount's root, the process's path "/"
+    inside = _cgroup_tree(tmp_path / "c", V2_MOUNT, ["0::/"],
+                          {"fs/cgroup/cpu.max": "200000 100000\n"})
+    assert cgroup_cpu_quota(*inside) == 2
+    # a process whose cgroup lies outside the mounted subtree reads nothing from it
+    outside = _cgroup_tree(tmp_path / "d", [("/other", "fs/cgroup", "cgroup2", "rw")],
+                           ["0::/app"], {"fs/cgroup/cpu.max": "100000 100000\n"})
+    assert cgroup_cpu_quota(*outside) is None
+    assert cgroup_cpu_quota(str(tmp_path / "missing"), str(tmp_path / "missing")) is None
+
+
+def test_default_threads_respect_the_cpu_quota(monkeypatch):
+    monkeypatch.setattr(cso.threads, "cgroup_cpu_quota", lambda: 1)
+    assert cso.threads.available_cpus() == 1
+    monkeypatch.setattr(cso.threads, "cgroup_cpu_quota", lambda: None)
+    assert cso.threads.available_cpus() == len(os.sched_getaffinity(0))
