@@ -37,7 +37,7 @@ from microkernels.once import compiled_once
 from microkernels import probe
 
 from .jobs import run_parts, unrecorded
-from .threads import available_cpus
+from .threads import available_cpus, get_spin
 
 ENV_VAR = "CSO_CALIBRATE"
 VERSION = 2                 # of the record's layout: a record of another version is measured anew
@@ -50,7 +50,7 @@ PLAUSIBLE = 0.9             # each kernel variant's fastest tile reaches this sh
 RETRIES = 2                 # measurements more, at most, of a record where a kernel variant's
                             # fastest tile does not
 HANDOFF_CALLS, SLEEPS = 400, 12
-SLEEP_SECONDS = 0.01        # longer than the workers spin (cso.threads.SPIN_ROUNDS): they sleep
+SLEEP_AFTER_SPIN = 0.005    # seconds beyond the workers' spin window: they sleep then
 NOOP_PART = "define void @noop(ptr %args, i64 %part) {\n  ret void\n}\n"
 
 
@@ -206,7 +206,7 @@ def handoff():
 
     base = median_us(1, 1, HANDOFF_CALLS)
     awake = median_us(2, 2, HANDOFF_CALLS) - base
-    asleep = median_us(2, 2, SLEEPS, SLEEP_SECONDS) - base
+    asleep = median_us(2, 2, SLEEPS, get_spin() + SLEEP_AFTER_SPIN) - base
     return {"awake": round(max(0.0, awake), 2), "asleep": round(max(0.0, asleep), 1)}
 
 

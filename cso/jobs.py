@@ -39,7 +39,7 @@ from microkernels.jit import ForeignFunction
 from microkernels.once import compiled_once
 
 from .pool import MAX_PARTS, compiled_pool
-from .threads import SPIN_ROUNDS, pool_address
+from .threads import pool_address, spin_ns
 
 __all__ = ["LINE", "ForeignFunction", "Recording", "aligned_empty", "compiled_once",
            "data_address", "active_recording", "new_workspace", "run_jobs", "run_parts",
@@ -182,7 +182,7 @@ def run_jobs(jobs, threads):
     if parts.size and not (parts.min() >= 1 and parts.max() <= MAX_PARTS):
         raise ValueError(f"run_jobs: from 1 to {MAX_PARTS} parts per job, got {parts}")
     compiled_pool().run_jobs(pool_address(max(0, threads - 1)), jobs.ctypes.data,
-                             jobs.size // 3, max(1, threads), SPIN_ROUNDS)
+                             jobs.size // 3, max(1, threads), spin_ns())
 
 
 def run_parts(function, args, parts, threads, keep=()):
@@ -201,4 +201,4 @@ def run_parts(function, args, parts, threads, keep=()):
     recording = active_recording()
     if recording is not None:
         recording.add(function, args, parts, keep)
-    compiled_pool().run(pool_address(helpers), function, args, parts, helpers, SPIN_ROUNDS)
+    compiled_pool().run(pool_address(helpers), function, args, parts, helpers, spin_ns())

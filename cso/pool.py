@@ -7,20 +7,30 @@ pool's state is one int64 array (``STATE_WORDS``, its hot words a cache line apa
 
 - ``claim``: job number << 32 | parts << 16 | next part. Threads take a part with a
   compare-and-swap on it, so a part runs exactly once and a stale thread cannot take a part of
-  a later job (the job number differs);
+  a later job (the job number differs); parts go to whichever thread asks first, so a thread
+  that is late (descheduled, waking up) takes fewer;
 - ``done``: parts finished, which the caller waits for; ``busy``: a caller owns the pool
   (another caller meanwhile runs its parts itself); ``fn``, ``args``: the job;
   ``helpers``: how many workers (ranks 1..helpers) may take its parts;
-- ``wake`` (32-bit) and ``sleepers``: a worker that found nothing for ``spin`` polls sleeps on
-  ``wake`` (a futex on Linux, else short sleeps); a caller bumps it and wakes the sleepers.
+- ``wake`` (32-bit) and ``sleepers``: a worker that found nothing for ``spin`` nanoseconds
+  sleeps on ``wake`` (a futex on Linux, else short sleeps); a caller bumps it and wakes the
+  sleepers;
+- ``spin``: the workers' spin window (ns, ``cso.threads.set_spin``);
+- ``alone_until``, ``backoff``, ``last_stall``: a caller that waited on a worker's part far
+  longer than its own parts took (a stall: the worker lost its CPU mid-part, to another
+  process or another pool's threads) runs the jobs of the next ``backoff`` ns alone, the
+  backoff doubling for stalls that follow each other and starting again at ``MIN_BACKOFF_NS``
+  after a calm spell: on a core shared with other work, the second thread costs a stall now
+  and then instead of one in every job.
 
-``pool_worker(state, spin, rank)`` never returns: a worker thread lives in it. ``pool_run(state,
-fn, args, nparts, helpers, spin)`` runs a job on the caller and up to ``helpers``
-workers, or on the caller alone when another caller owns the pool, and returns when every part
-has run. ``pool_run_jobs(state, jobs, count, threads, spin)`` runs ``count`` jobs one after the
-other, each an (fn, args, nparts) triple of int64 at ``jobs``, on up to ``threads`` threads: a
-model's recorded steps in one call. All are called through ctypes, which releases the GIL for
-their whole run.
+Times come from ``clock_gettime`` (monotonic). ``pool_worker(state, rank)`` never returns: a
+worker thread lives in it. ``pool_run(state, fn, args, nparts, helpers, spin)`` runs a job on
+the caller and up to ``helpers`` workers, or on the caller alone when another caller owns the
+pool or a stall's backoff runs, and returns when every part has run (waiting ``spin`` ns
+before it yields its CPU between looks). ``pool_run_jobs(state, jobs, count, threads, spin)``
+runs ``count`` jobs one after the other, each an (fn, args, nparts) triple of int64 at
+``jobs``, on up to ``threads`` threads: a model's recorded steps in one call. All are called
+through ctypes, which releases the GIL for their whole run.
 """
 import ctypes
 import platform
@@ -34,12 +44,21 @@ from microkernels.once import compiled_once
 
 STATE_WORDS = 64
 CLAIM, DONE, BUSY, FN, ARGS, HELPERS, WAKE, SLEEPERS = 0, 8, 16, 24, 25, 27, 32, 40
+SPIN, ALONE_UNTIL, BACKOFF, LAST_STALL = 48, 49, 50, 51
 PART_BITS = 16   # parts per job < 2**16
 MAX_PARTS = (1 << PART_BITS) - 1
 # futex(2) numbers; elsewhere a sleeping worker polls every SLEEP_US microseconds
 FUTEX_SYSCALL = {"x86_64": 202, "aarch64": 98}
 FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 128, 129
 SLEEP_US = 100
+# clock_gettime's CLOCK_MONOTONIC by OS (1 elsewhere: the usual value)
+CLOCK_MONOTONIC = {"darwin": 6, "macos": 6, "freebsd": 4}
+POLLS_A_LOOK = 32     # polls between two readings of the clock while spinning
+# a stall: the caller waited on the workers' parts more than STALL_PARTS times its own parts'
+# average, and STALL_NS more (a worker that is merely slower -- a core waking up -- is not one)
+STALL_PARTS, STALL_NS = 2, 50_000
+MIN_BACKOFF_NS, MAX_BACKOFF_NS = 1_000_000, 200_000_000
+CALM_BACKOFFS = 8     # a stall this many backoffs after the last one starts again at the least
 
 I1, I32, I64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
@@ -168,24 +187,66 @@ def _define_sleep_and_wake(module, triple):
     return sleep, wake
 
 
-def _define_worker(module, triple, run_one, sleep):
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]), "pool_worker")
-    state, spin, rank = fn.args
+def _define_clock(module, triple):
+    """``now()``: monotonic nanoseconds (``clock_gettime``); where that call fails, a count
+    going up a microsecond a reading, so that spins still end."""
+    fn = ir.Function(module, ir.FunctionType(I64, []), "now")
+    fn.linkage = "internal"
     bld = _Builder(fn.append_basic_block("entry"))
-    loop, idle, doze, nap, woke = (bld.new_block(n)
-                                   for n in ("loop", "idle", "doze", "nap", "woke"))
+    failed, read = bld.new_block("failed"), bld.new_block("read")
+    clock = next((number for os_name, number in CLOCK_MONOTONIC.items() if os_name in triple), 1)
+    spec = bld.alloca(ir.ArrayType(I64, 2))    # struct timespec: seconds, nanoseconds
+    gettime = _declare(module, "clock_gettime", I32, [I32, PTR])
+    status = bld.call(gettime, [ir.Constant(I32, clock), spec])
+    bld.cbranch(bld.icmp_signed("==", status, ir.Constant(I32, 0)), read, failed)
+    bld.position_at_end(read)
+    seconds, nanoseconds = (bld.load(bld.gep(spec, [ir.Constant(I64, 0), ir.Constant(I32, k)],
+                                             source_etype=spec.allocated_type), typ=I64)
+                            for k in (0, 1))
+    bld.ret(bld.add(bld.mul(seconds, ir.Constant(I64, 10 ** 9)), nanoseconds))
+    bld.position_at_end(failed)
+    counter = ir.GlobalVariable(module, I64, "fallback_clock")
+    counter.linkage, counter.initializer = "internal", ir.Constant(I64, 0)
+    bld.ret(bld.atomic_rmw("add", counter, ir.Constant(I64, 1000), "monotonic"))
+    return fn
+
+
+def _every_look(bld, polls):
+    """Whether poll ``polls`` is one that reads the clock (every POLLS_A_LOOK-th)."""
+    return bld.icmp_unsigned("==", bld.and_(polls, ir.Constant(I64, POLLS_A_LOOK - 1)),
+                             ir.Constant(I64, 0))
+
+
+def _define_worker(module, triple, run_one, sleep, now):
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64]), "pool_worker")
+    state, rank = fn.args
+    bld = _Builder(fn.append_basic_block("entry"))
+    loop, idle, look, doze, nap, woke = (bld.new_block(n)
+                                         for n in ("loop", "idle", "look", "doze", "nap", "woke"))
+    zero = ir.Constant(I64, 0)
     bld.branch(loop)
     bld.position_at_end(loop)
-    polls = bld.phi(I64)
-    polls.add_incoming(ir.Constant(I64, 0), fn.entry_basic_block)
+    # polls since the last part ran, and when the first of them read the clock
+    polls, since = bld.phi(I64), bld.phi(I64)
+    for value in (polls, since):
+        value.add_incoming(zero, fn.entry_basic_block)
     ran = bld.call(run_one, [state, rank])
-    polls.add_incoming(ir.Constant(I64, 0), loop)
+    for value in (polls, since):
+        value.add_incoming(zero, loop)
     bld.cbranch(ran, loop, idle)
     bld.position_at_end(idle)
     _pause(module, bld, triple)
     polls_next = bld.add(polls, ir.Constant(I64, 1))
     polls.add_incoming(polls_next, idle)
-    bld.cbranch(bld.icmp_signed("<", polls_next, spin), loop, doze)
+    since.add_incoming(since, idle)
+    bld.cbranch(_every_look(bld, polls), look, loop)
+    bld.position_at_end(look)   # spun for the window (``spin``, read anew: it may change)?
+    t = bld.call(now, [])
+    since_now = bld.select(bld.icmp_unsigned("==", polls, zero), t, since)
+    polls.add_incoming(polls_next, look)
+    since.add_incoming(since_now, look)
+    spin = bld.load_word(state, SPIN, "monotonic")
+    bld.cbranch(bld.icmp_signed(">=", bld.sub(t, since_now), spin), doze, loop)
     # announce the sleep before the last look for work: a caller that posts after that look
     # sees the sleeper and wakes it, and one that posted before it is seen by the look
     bld.position_at_end(doze)
@@ -197,66 +258,105 @@ def _define_worker(module, triple, run_one, sleep):
     bld.branch(woke)
     bld.position_at_end(woke)
     bld.add_word(state, SLEEPERS, ir.Constant(I64, -1))
-    polls.add_incoming(ir.Constant(I64, 0), woke)
+    for value in (polls, since):
+        value.add_incoming(zero, woke)
     bld.branch(loop)
     return fn
 
 
-def _define_run(module, triple, run_one, wake_all):
+def _define_run(module, triple, run_one, wake_all, now):
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64, I64, I64, I64]),
                      "pool_run")
     state, target, args, nparts, helpers, spin = fn.args
     bld = _Builder(fn.append_basic_block("entry"))
-    names = ("alone", "posted", "wake", "work", "wait", "yield", "finished", "return")
-    alone, posted, wake, work, wait, give_way, finished, done = (bld.new_block(n) for n in names)
-    # the pool, if no other caller owns it and there are parts and threads to share
-    owned = bld.extract_value(bld.cmpxchg(bld.word(state, BUSY), ir.Constant(I64, 0),
-                                          ir.Constant(I64, 1), "acquire", "monotonic"), 1)
-    shared = bld.and_(bld.icmp_unsigned(">", nparts, ir.Constant(I64, 1)),
-                      bld.icmp_signed(">", helpers, ir.Constant(I64, 0)))
-    bld.cbranch(bld.and_(owned, shared), posted, alone)
+    names = ("backoff", "claim", "alone", "posted", "wake", "work", "waiting", "wait", "poll",
+             "look", "yield", "finished", "stalled", "release", "return")
+    (backoff, claim_pool, alone, posted, wake, work, waiting, wait, poll, look, give_way,
+     finished, stalled, release, done) = (bld.new_block(n) for n in names)
+    zero, one = ir.Constant(I64, 0), ir.Constant(I64, 1)
+    # the pool, if there are parts and threads to share, no stall's backoff runs and no other
+    # caller owns it
+    shared = bld.and_(bld.icmp_unsigned(">", nparts, one), bld.icmp_signed(">", helpers, zero))
+    bld.cbranch(shared, backoff, alone)
+    bld.position_at_end(backoff)
+    start = bld.call(now, [])
+    calm = bld.icmp_signed(">=", start, bld.load_word(state, ALONE_UNTIL, "monotonic"))
+    bld.cbranch(calm, claim_pool, alone)
+    bld.position_at_end(claim_pool)
+    owned = bld.extract_value(bld.cmpxchg(bld.word(state, BUSY), zero, one, "acquire",
+                                          "monotonic"), 1)
+    bld.cbranch(owned, posted, alone)
 
-    bld.position_at_end(alone)   # every part on this thread; give the pool back if taken
-    with bld.if_then(owned):
-        bld.store_word(ir.Constant(I64, 0), state, BUSY)
+    bld.position_at_end(alone)   # every part on this thread
     i, close = bld.count_up(nparts, done, "alone")
     bld.call_part(target, args, i)
     close()
 
     bld.position_at_end(posted)   # publish the job, then its claim word, then wake sleepers
-    for index, value in ((FN, target), (ARGS, args), (HELPERS, helpers),
-                         (DONE, ir.Constant(I64, 0))):
+    for index, value in ((FN, target), (ARGS, args), (HELPERS, helpers), (DONE, zero)):
         bld.store_word(value, state, index, "monotonic")
     number = bld.add(bld.lshr(bld.load_word(state, CLAIM, "monotonic"), ir.Constant(I64, 32)),
-                     ir.Constant(I64, 1))
+                     one)
     claim = bld.or_(bld.shl(number, ir.Constant(I64, 32)),
                     bld.shl(nparts, ir.Constant(I64, PART_BITS)))
     bld.store_word(claim, state, CLAIM, "seq_cst")
     bld.add_word(state, WAKE, ir.Constant(I32, 1))
     sleepers = bld.load_word(state, SLEEPERS, "seq_cst")
-    bld.cbranch(bld.icmp_signed(">", sleepers, ir.Constant(I64, 0)), wake, work)
+    bld.cbranch(bld.icmp_signed(">", sleepers, zero), wake, work)
     bld.position_at_end(wake)
     bld.call(wake_all, [bld.word(state, WAKE)])
     bld.branch(work)
 
-    bld.position_at_end(work)   # take parts like any worker
-    bld.cbranch(bld.call(run_one, [state, ir.Constant(I64, 0)]), work, wait)
+    bld.position_at_end(work)   # take parts like any worker, counting them
+    taken = bld.phi(I64)
+    taken.add_incoming(zero, posted)
+    taken.add_incoming(zero, wake)
+    taken.add_incoming(bld.add(taken, one), work)
+    bld.cbranch(bld.call(run_one, [state, zero]), work, waiting)
 
-    bld.position_at_end(wait)   # until the workers' parts are done: spin, then yield the CPU
+    bld.position_at_end(waiting)   # until the workers' parts are done: spin, then yield
+    waited_from = bld.call(now, [])
+    bld.branch(wait)
+    bld.position_at_end(wait)
     polls = bld.phi(I64)
-    polls.add_incoming(ir.Constant(I64, 0), work)
-    finished_now = bld.icmp_unsigned(">=", bld.load_word(state, DONE), nparts)
-    polls_next = bld.add(polls, ir.Constant(I64, 1))
-    bld.cbranch(finished_now, finished, give_way)
-    bld.position_at_end(give_way)
+    polls.add_incoming(zero, waiting)
+    bld.cbranch(bld.icmp_unsigned(">=", bld.load_word(state, DONE), nparts), finished, poll)
+    bld.position_at_end(poll)
     _pause(module, bld, triple)
-    with bld.if_then(bld.icmp_signed(">", polls_next, spin)):
-        bld.call(_declare(module, "sched_yield", I32, []), [])
-    polls.add_incoming(polls_next, bld.block)
+    polls_next = bld.add(polls, one)
+    polls.add_incoming(polls_next, poll)
+    bld.cbranch(_every_look(bld, polls_next), look, wait)
+    bld.position_at_end(look)
+    polls.add_incoming(polls_next, look)
+    bld.cbranch(bld.icmp_signed(">", bld.sub(bld.call(now, []), waited_from), spin), give_way,
+                wait)
+    bld.position_at_end(give_way)
+    bld.call(_declare(module, "sched_yield", I32, []), [])
+    polls.add_incoming(polls_next, give_way)
     bld.branch(wait)
 
-    bld.position_at_end(finished)
-    bld.store_word(ir.Constant(I64, 0), state, BUSY)
+    bld.position_at_end(finished)   # a stall: the wait far longer than the caller's own parts
+    end = bld.call(now, [])
+    own = bld.sdiv(bld.sub(waited_from, start), bld.select(
+        bld.icmp_signed(">", taken, zero), taken, one))
+    limit = bld.add(bld.mul(own, ir.Constant(I64, STALL_PARTS)), ir.Constant(I64, STALL_NS))
+    stall = bld.and_(bld.icmp_signed(">", taken, zero),
+                     bld.icmp_signed(">", bld.sub(end, waited_from), limit))
+    bld.cbranch(stall, stalled, release)
+    bld.position_at_end(stalled)   # back off: double the last backoff, or start anew if calm
+    last = bld.load_word(state, BACKOFF, "monotonic")
+    calm = bld.icmp_signed(">", bld.sub(end, bld.load_word(state, LAST_STALL, "monotonic")),
+                           bld.mul(last, ir.Constant(I64, CALM_BACKOFFS)))
+    doubled = bld.mul(last, ir.Constant(I64, 2))
+    doubled = bld.select(bld.icmp_signed("<", doubled, ir.Constant(I64, MAX_BACKOFF_NS)),
+                         doubled, ir.Constant(I64, MAX_BACKOFF_NS))
+    length = bld.select(calm, ir.Constant(I64, MIN_BACKOFF_NS), doubled)
+    for index, value in ((BACKOFF, length), (LAST_STALL, end),
+                         (ALONE_UNTIL, bld.add(end, length))):
+        bld.store_word(value, state, index, "monotonic")
+    bld.branch(release)
+    bld.position_at_end(release)
+    bld.store_word(zero, state, BUSY)
     bld.branch(done)
     bld.position_at_end(done)
     bld.ret_void()
@@ -286,19 +386,20 @@ def define_pool(module):
     triple = module.triple
     run_one = _define_run_one(module)
     sleep, wake_all = _define_sleep_and_wake(module, triple)
-    _define_worker(module, triple, run_one, sleep)
-    run = _define_run(module, triple, run_one, wake_all)
+    now = _define_clock(module, triple)
+    _define_worker(module, triple, run_one, sleep, now)
+    run = _define_run(module, triple, run_one, wake_all, now)
     _define_run_jobs(module, run)
     return run
 
 
 @compiled_once
 def compiled_pool():
-    """``.worker(state, spin, rank)``, ``.run(state, fn, args, nparts, helpers, spin)`` and
+    """``.worker(state, rank)``, ``.run(state, fn, args, nparts, helpers, spin)`` and
     ``.run_jobs(state, jobs, count, threads, spin)`` (ctypes, addresses as integers)."""
     compiled = native_function(define_pool).module
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    return SimpleNamespace(worker=compiled.function("pool_worker", None, ptr, i64, i64),
+    return SimpleNamespace(worker=compiled.function("pool_worker", None, ptr, i64),
                            run=compiled.function("pool_run", None, ptr, i64, i64, i64, i64, i64),
                            run_jobs=compiled.function("pool_run_jobs", None, ptr, ptr, i64, i64,
                                                       i64))

@@ -11,6 +11,7 @@ Workers are daemon threads living in compiled code (no threading layer of numba'
 after ``os.fork()`` the child starts with an empty pool (``microkernels.once`` makes the fork
 wait for a pool start under way).
 """
+import numbers
 import os
 import re
 import threading
@@ -19,16 +20,20 @@ import numpy as np
 
 from microkernels.once import fork_safe_lock
 
-from .pool import STATE_WORDS, compiled_pool
+from .pool import SPIN, STATE_WORDS, compiled_pool
 
 ENV_VAR = "CSO_NUM_THREADS"
-# polls a worker spins for the next job before it sleeps, and a caller for the end of its job
-# before it yields its CPU: a few ms, longer than the gap between two layers of a model, so that
-# back-to-back calls find their workers awake (a sleeping worker's core is slow to come back:
-# measured in csa/TUNING.md, "Threads and the pool")
-SPIN_ROUNDS = 200_000
+SPIN_ENV_VAR = "CSO_SPIN_US"
+# how long a worker spins for the next job before it sleeps, and a caller for the end of its job
+# before it yields its CPU between looks: longer than the gap between two layers of a model, so
+# that back-to-back calls find their workers awake (a sleeping worker's core is slow to come
+# back: csa/TUNING.md, "Threads and the pool"), short enough that an idle process soon burns
+# no CPU
+DEFAULT_SPIN_SECONDS = 0.005
+MAX_SPIN_SECONDS = 60.0
 
 _threads = None      # set by set_num_threads or on first use; None: not decided yet
+_spin_ns = None      # set by set_spin or on first use
 _pool = None   # (state words, their address, workers started), created on first use
 _start_lock = fork_safe_lock()   # guards _pool
 
@@ -153,6 +158,49 @@ def set_num_threads(n):
     _threads = n
 
 
+def get_spin():
+    """Seconds an idle pool worker spins for the next job before it sleeps (and a caller for
+    its job's end before it yields its CPU): set by ``set_spin``, else ``CSO_SPIN_US``
+    (microseconds), else DEFAULT_SPIN_SECONDS."""
+    return spin_ns() / 1e9
+
+
+def spin_ns():
+    """``get_spin`` in nanoseconds, as the compiled pool takes it."""
+    global _spin_ns
+    if _spin_ns is None:
+        text = os.environ.get(SPIN_ENV_VAR, "").strip()
+        if not text:
+            _spin_ns = round(DEFAULT_SPIN_SECONDS * 1e9)
+        else:
+            try:
+                micros = float(text)
+            except ValueError:
+                micros = -1.0
+            if not 0 <= micros <= MAX_SPIN_SECONDS * 1e6:
+                raise ValueError(f"{SPIN_ENV_VAR} must be microseconds from 0 to "
+                                 f"{MAX_SPIN_SECONDS * 1e6:.0f}, got {text!r}")
+            _spin_ns = round(micros * 1e3)
+    return _spin_ns
+
+
+def set_spin(seconds):
+    """Let idle pool workers spin ``seconds`` for the next job before they sleep, in every
+    thread of this process from now on: 0 sleeps at once (no CPU used between calls; each
+    call then wakes its workers, tens to hundreds of microseconds), longer keeps calls that
+    come further apart fast at the price of a core busy that long after each."""
+    global _spin_ns
+    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real):
+        raise TypeError(f"set_spin: seconds must be a number, got {type(seconds).__name__}")
+    if not 0 <= seconds <= MAX_SPIN_SECONDS:
+        raise ValueError(f"set_spin: seconds must be from 0 to {MAX_SPIN_SECONDS}, got "
+                         f"{seconds}")
+    _spin_ns = round(float(seconds) * 1e9)
+    ready = _pool
+    if ready is not None:
+        ready[0][SPIN] = _spin_ns   # the workers read it each time they go idle
+
+
 def pool_address(helpers):
     """The address of the pool's state words, with at least ``helpers`` workers started."""
     global _pool
@@ -163,13 +211,13 @@ def pool_address(helpers):
     with _start_lock:
         if _pool is None:
             state = np.zeros(STATE_WORDS, np.int64)
+            state[SPIN] = spin_ns()
             _pool = (state, state.ctypes.data, [])
         _, address, started = _pool
         while len(started) < helpers:
             rank = len(started) + 1
             # the worker's whole life is one compiled call, which holds no GIL
-            worker = threading.Thread(target=worker_entry, daemon=True,
-                                      args=(address, SPIN_ROUNDS, rank),
+            worker = threading.Thread(target=worker_entry, daemon=True, args=(address, rank),
                                       name=f"cso-worker-{rank}")
             worker.start()
             started.append(worker)

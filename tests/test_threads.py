@@ -432,3 +432,139 @@ def test_default_threads_respect_the_cpu_quota(monkeypatch):
     assert cso.threads.available_cpus() == 1
     monkeypatch.setattr(cso.threads, "cgroup_cpu_quota", lambda: None)
     assert cso.threads.available_cpus() == len(os.sched_getaffinity(0))
+
+
+@pytest.fixture
+def spin():
+    """Restores the spin window a test changes."""
+    before = cso.get_spin()
+    yield
+    cso.set_spin(before)
+
+
+def test_spin_setting(spin):
+    cso.set_spin(0.25)
+    assert cso.get_spin() == 0.25
+    cso.set_spin(0)
+    assert cso.get_spin() == 0
+    for bad, error in [(-1e-3, ValueError), (61, ValueError), (float("nan"), ValueError),
+                       ("1", TypeError), (True, TypeError), (None, TypeError)]:
+        with pytest.raises(error, match="set_spin"):
+            cso.set_spin(bad)
+    assert cso.get_spin() == 0
+
+
+def _in_child(code, env_value=None):
+    env = {k: v for k, v in os.environ.items() if k != "CSO_SPIN_US"}
+    if env_value is not None:
+        env["CSO_SPIN_US"] = env_value
+    return subprocess.run([sys.executable, "-c", code], cwd=CHILD_CWD, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_spin_environment_variable():
+    code = "import cso; print(cso.get_spin())"
+    assert float(_in_child(code).stdout) == cso.threads.DEFAULT_SPIN_SECONDS
+    assert float(_in_child(code, "250").stdout) == 250e-6
+    assert float(_in_child(code, "0").stdout) == 0
+    for bad in ("-5", "soon", "1e9"):
+        failed = _in_child(code, bad)
+        assert failed.returncode != 0 and "CSO_SPIN_US must be microseconds" in failed.stderr
+
+
+IDLE_CHILD = """
+import time, numpy as np, cso
+cso.set_num_threads(2)
+cso.set_spin({spin})
+conv = cso.Conv2d(np.ones((64, 32, 3, 3), np.float32), padding=1,
+                  plan_overrides={{"split": (2, 1)}})
+x = np.ones((1, 32, 40, 40), np.float32)
+for _ in range(20):
+    conv(x)
+before = time.process_time()
+time.sleep(1.0)
+print(time.process_time() - before)
+"""
+
+
+@pytest.mark.parametrize("spin_seconds", [0.0, 0.005, 0.2])
+def test_an_idle_process_burns_no_cpu_beyond_the_spin_window(spin_seconds):
+    """After 2-thread calls, a second of idleness costs the process (all its threads) at most
+    the worker's spin window in CPU time, and a margin for the interpreter's own wake-ups."""
+    child = _in_child(IDLE_CHILD.format(spin=spin_seconds))
+    assert child.returncode == 0, child.stderr
+    assert float(child.stdout) <= spin_seconds + 0.05
+
+
+def test_results_are_bit_identical_at_every_spin_setting(rng, threads, spin):
+    wt = rng.standard_normal((40, 24, 3, 3)).astype(np.float32)
+    x = rng.standard_normal((2, 24, 19, 17)).astype(np.float32)
+    conv = cso.Conv2d(wt, padding=1, plan_overrides={"split": (3, 1)})
+    cso.set_num_threads(1)
+    expected = conv(x)
+    cso.set_num_threads(3)
+    for seconds in (0, 1e-6, 0.005, 0.1):
+        cso.set_spin(seconds)
+        for _ in range(3):
+            np.testing.assert_array_equal(conv(x), expected)
+
+
+@cfunc(types.void(types.CPointer(types.int64), types.int64))
+def _slow_part(args, part):
+    """A part for ``run_parts``: part 1 busy-waits about args[2] loop rounds (a worker that lost
+    its CPU mid-part), then each part adds 1 to args[part]."""
+    spent = 0.0
+    if part == 1:
+        for i in range(args[2]):
+            spent += i * 1e-9
+    args[part] += 1 if spent >= 0 else 2
+
+
+def test_a_stalled_worker_makes_the_next_jobs_run_alone(threads, spin):
+    """A job whose worker part takes far longer than the caller's (a worker that lost its CPU)
+    is a stall: the pool runs the next jobs on the caller alone for a backoff that doubles
+    while stalls follow each other; every part still runs exactly once, the results are
+    unchanged, and the pool shares parts again once the backoff is over."""
+    from cso.pool import ALONE_UNTIL, BACKOFF, LAST_STALL, MAX_BACKOFF_NS, MIN_BACKOFF_NS
+    cso.set_spin(0.05)   # the worker awake for the whole test
+    counters = np.array([0, 0, 2_000_000], np.int64)   # part 1: a few ms
+    cso.threads.pool_address(1)
+    state = cso.threads._pool[0]
+    state[[ALONE_UNTIL, BACKOFF, LAST_STALL]] = 0   # no backoff left by earlier tests
+    backoffs = []
+    for _ in range(40):
+        last = state[LAST_STALL]
+        run_parts(_slow_part.address, counters.ctypes.data, 2, 2)
+        if state[LAST_STALL] != last:
+            backoffs.append(int(state[BACKOFF]))
+            assert state[ALONE_UNTIL] == state[LAST_STALL] + state[BACKOFF]
+    assert counters[:2].tolist() == [40, 40]
+    # the worker took part 1 in some of the jobs: stalls, the first one's backoff the least,
+    # each later one doubling the last or, after a calm spell, starting again at the least
+    assert backoffs and backoffs[0] == MIN_BACKOFF_NS
+    assert all(b in (min(2 * a, MAX_BACKOFF_NS), MIN_BACKOFF_NS)
+               for a, b in zip(backoffs, backoffs[1:]))
+    # backed off, the next job runs alone: no part for the worker, however slow
+    state[ALONE_UNTIL] = np.iinfo(np.int64).max
+    last = state[LAST_STALL]
+    run_parts(_slow_part.address, counters.ctypes.data, 2, 2)
+    assert state[LAST_STALL] == last and counters[:2].tolist() == [41, 41]
+    state[ALONE_UNTIL] = 0
+
+
+def test_busy_cores_slow_but_do_not_stall_two_thread_jobs(threads):
+    """Other processes busy on every core while jobs of 2-7 parts run on 2 and 3 threads:
+    every part of every job runs exactly once and the jobs end (no deadlock, no wait on a
+    descheduled worker beyond the OS giving it its CPU back)."""
+    code = "import time\nend = time.time() + 20\nwhile time.time() < end: pass\n"
+    hogs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(os.cpu_count() or 2)]
+    try:
+        for threads_count in (2, 3):
+            for parts in range(2, 8):
+                counters = np.zeros(parts, np.int64)
+                _count_jobs(200, parts, threads_count, counters)
+                assert counters.tolist() == [200] * parts
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
