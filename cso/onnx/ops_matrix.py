@@ -2,6 +2,7 @@
 import numpy as np
 
 from .. import get_num_threads
+from ..threads import workers_asleep
 from . import kernels
 from .registry import input_name, kernel_input, operator, output
 
@@ -32,10 +33,9 @@ def _build_gemm(node, constants):
         if a.ndim != 2 or b.ndim != 2:
             raise node.error(f"A {a.shape} and B {b.shape} must be 2-D")
         a = a.T if trans_a else a
-        if const_b is not None:
-            y = a @ const_b
-        else:
-            y = a @ (b.T if trans_b else b)
+        with workers_asleep():   # NumPy's BLAS runs threads of its own
+            y = a @ (const_b if const_b is not None else b.T if trans_b else b)
+        if const_b is None:
             if alpha != 1:
                 y *= alpha
         if beta != 0 and (const_c is not None or c is not None):
@@ -92,6 +92,8 @@ def _build_matmul(node, constants):
             # a stack of rows times one matrix is one GEMM of all the rows: NumPy would loop
             # over the stack, and off BLAS for a strided view (a Transpose's)
             rows = np.ascontiguousarray(a).reshape(-1, a.shape[-1])
-            return (np.matmul(rows, b).reshape(a.shape[:-1] + b.shape[1:]),)
-        return (np.asarray(np.matmul(a, b)),)
+            with workers_asleep():   # NumPy's BLAS runs threads of its own
+                return (np.matmul(rows, b).reshape(a.shape[:-1] + b.shape[1:]),)
+        with workers_asleep():
+            return (np.asarray(np.matmul(a, b)),)
     return run
