@@ -14,6 +14,7 @@ from math import ceil
 from .machine import Machine
 from .layout import SlabGeometry, slab_shape
 from .overrides import DEPTHWISE_OVERRIDES, forced_note
+from .thread_split import PARTS_PER_THREAD
 
 SLAB_FILL = 0.5       # share of L1 the slabs of one fill may take (the rest: output lines,
                       # the input streaming in)
@@ -39,8 +40,9 @@ class DepthwisePlan(SlabGeometry):
     lanes: int
     nc: int              # channels one slab fill holds (whole planes), else 1
     band: int            # output rows per band (P: whole planes)
-    split: tuple = (1, 1)   # parts of the (image, channel, band) units run in parallel
+    split: tuple = (1, 1)   # the (image, channel, band) units split over threads
     forced: tuple = ()
+    parts_per_thread: int = 1   # parts each thread's share is cut into (see analyze_depthwise)
     origin: str = field(default="", compare=False)   # where it came from when not the model
 
     nf = 1               # filters per packed tile: each output channel's R*S weights in a row
@@ -48,6 +50,11 @@ class DepthwisePlan(SlabGeometry):
     @property
     def threads(self):
         return self.split[0]
+
+    @property
+    def parts(self):
+        """Runs of units, claimed as threads come free."""
+        return self.split[0] * self.parts_per_thread
 
     @property
     def bands(self):
@@ -87,7 +94,7 @@ class DepthwisePlan(SlabGeometry):
             f"of {s.p}, {self.bands} band(s)) = {fill} B vs {SLAB_FILL}*L1 = "
             f"{int(SLAB_FILL * m.l1d)}{forced_note(self, 'nc', 'band')}",
             f"  threads: {self.threads}, the {self.units} (image, channel, band) units in "
-            f"{self.split[0]} part(s){forced_note(self, 'split')}",
+            f"{self.parts} part(s), claimed as threads come free{forced_note(self, 'split')}",
             f"  plan: {self.origin or 'from the model'}",
         ]
         return "\n".join(lines)
@@ -120,11 +127,13 @@ def analyze_depthwise(spec, machine, threads, overrides):
         nc = int(max(1, min(MAX_FILL_CHANNELS, budget // whole))) if band == spec.p else 1
     nc = min(nc, spec.c) if band == spec.p else 1
     units = spec.n * spec.c * ceil(spec.p / band)    # see DepthwisePlan.units
+    least = machine.tuning.depthwise_thread_min_flops   # a thread's work, and a part's
     if split:
-        parts = min(split[0], units)
+        parts, per_thread = min(split[0], units), 1
     else:
-        parts = max(1, min(threads, int(spec.flops // machine.tuning.depthwise_thread_min_flops),
-                           units))
+        parts = max(1, min(threads, int(spec.flops // least), units))
+        per_thread = 1 if parts == 1 else max(1, min(
+            PARTS_PER_THREAD, units // parts, int(spec.flops // (parts * least))))
     return DepthwisePlan(spec, machine, block_vectors, lanes, nc, band, (parts, 1),
-                         tuple(sorted(overrides)))
+                         tuple(sorted(overrides)), per_thread)
 

@@ -14,7 +14,7 @@ from .layout import (SlabGeometry, balanced_row_windows, row_tiles, slab_band_ro
 from .machine import Machine
 from .register_blocking import TILE_VECTORS, direct_windows, filter_vector_tile, microtile
 from .overrides import SLICING_OVERRIDES, forced_note
-from .thread_split import thread_split
+from .thread_split import parts_per_thread, thread_split
 from .variants import choose_vector, reads_input_unpacked, slab_fits, use_direct, use_slab
 
 @dataclass(frozen=True)
@@ -32,13 +32,19 @@ class SlicingPlan(SlabGeometry):
     band: int                               # window tiles per output band (see output_band)
     costs: dict = field(compare=False)      # schedule -> {term: cycles}
     forced: tuple = ()                      # names of the values set by an override
-    split: tuple = (1, 1)                   # output parts run in parallel: (windows, filters)
+    split: tuple = (1, 1)                   # output split over threads: (windows, filters)
+    parts_per_thread: int = 1        # window parts per thread (see parts_per_thread)
     origin: str = field(default="", compare=False)   # where it came from when not the model
 
     @property
     def threads(self):
-        """Threads the plan runs on: one per output part (see thread_split)."""
+        """Threads the plan runs on: one per part of ``split`` (see thread_split)."""
         return self.split[0] * self.split[1]
+
+    @property
+    def parts(self):
+        """(window parts, filter parts) of the output, claimed as threads come free."""
+        return self.split[0] * self.parts_per_thread, self.split[1]
 
     @property
     def direct(self):
@@ -175,11 +181,12 @@ class SlicingPlan(SlabGeometry):
             lines.append(f"    {name}: total {terms['total']:.4g}  ({detail})")
         why = "forced by override" if "schedule" in self.forced else "cheaper"
         lines.append(f"  schedule: {self.schedule} ({why})")
-        lines.append(f"  threads: {self.threads}, the output split into {self.split[0]} part(s) of "
+        lines.append(f"  threads: {self.threads}, the output split into {self.parts[0]} part(s) of "
                      f"the {self.window_units} {'output rows' if self.direct else 'window tiles'} (all images) "
-                     f"x {self.split[1]} of the {self.filter_tiles} filter tiles; L3 counted as "
-                     f"{m.per_thread(self.threads).l3 // 1024} KiB per thread"
-                     + forced_note(self, "split"))
+                     f"x {self.parts[1]} of the {self.filter_tiles} filter tiles "
+                     f"({self.parts_per_thread} window part(s) a thread, claimed as threads "
+                     f"come free); L3 counted as {m.per_thread(self.threads).l3 // 1024} KiB per "
+                     "thread" + forced_note(self, "split"))
         lines.append(f"  plan: {self.origin or 'from the model'}")
         return "\n".join(lines)
 
@@ -253,8 +260,10 @@ def analyze_slicing(spec, machine, threads, overrides):
     splittable = spec.groups == 1 or vectors_along == "windows"
     if split:
         split = (min(split[0], units), min(split[1], t_w) if splittable else 1)
+        per_thread = 1
     else:
         split = thread_split(spec, units, t_w, threads, splittable, machine)
+        per_thread = parts_per_thread(spec, split, units, machine)
     plan_machine, machine = machine, machine.per_thread(split[0] * split[1])
 
     def costed(band):
@@ -274,4 +283,5 @@ def analyze_slicing(spec, machine, threads, overrides):
                                       key=lambda option: option[2][option[3]]["total"])
     b2, b3 = blocks[chosen]
     return SlicingPlan(spec, plan_machine, nwin, nf, nc, k2 or b2, k3 or b3, chosen,
-                       vectors_along, slab, band, costs, tuple(sorted(overrides)), split)
+                       vectors_along, slab, band, costs, tuple(sorted(overrides)), split,
+                       per_thread)

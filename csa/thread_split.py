@@ -3,6 +3,10 @@ from math import ceil
 
 
 FILTER_SPLIT_COST = 0.05  # filter parts each pack (or fill) the whole input again
+# window parts a thread may get at most: with more parts than threads, claimed as threads come
+# free, a thread that is late (its core waking up, or taken by another process) holds up the
+# others by one small part, not by its whole share
+PARTS_PER_THREAD = 4
 
 
 def thread_split(spec, units, filter_tiles, threads, filters_splittable, machine):
@@ -37,3 +41,18 @@ def thread_split(spec, units, filter_tiles, threads, filters_splittable, machine
             if c < best_cost - 1e-9:
                 best, best_cost = (a, b), c
     return best
+
+
+def parts_per_thread(spec, split, units, machine):
+    """Window parts per thread for the thread split ``split`` (window parts, filter parts) of
+    ``units`` window units: up to PARTS_PER_THREAD, each part with at least the record's
+    ``part_min_flops`` (the work worth a hand-off), while a thread's filters stay in L2 from one
+    of its window parts to the next (each reads its filter part again); 1 on one thread."""
+    a, b = split
+    if a * b == 1 or machine.tuning.part_min_flops <= 0:
+        return 1
+    filter_bytes = spec.k * spec.c_per_group * spec.r * spec.s * spec.itemsize
+    if filter_bytes / b > machine.l2 / 2:
+        return 1
+    worth = int(spec.flops // (a * b * machine.tuning.part_min_flops))
+    return max(1, min(PARTS_PER_THREAD, units // a, worth))

@@ -36,6 +36,10 @@ class Tuning:
     direct_windows: tuple = ()
     filter_windows: tuple = ()
     thread_min_flops: float = 3e6   # work a thread must get to pay for handing parts over
+    # work a part must have to be handed out on its own: threads then share more parts than
+    # there are threads (claimed as they come free) where each still has this much; a
+    # calibration derives it from the hand-off it measures (cso.calibration), else this
+    part_min_flops: float = 3e6
     depthwise_thread_min_flops: float = 0.5e6   # the same for a depthwise plan (about 10 us)
     direct_min_depth: int = 512     # C/groups*R*S a direct plan needs (shallower: C's tile costs)
     slab_max_filter_tiles: int = 16  # windows in vectors read a slab when at most this many
@@ -97,12 +101,13 @@ class Tuning:
         return {b: min(by_variant.values()) for b, by_variant in found.items()
                 if len(by_variant) == len(variants)}
 
-    def calibrated(self, fma_in_flight, kernel_speeds, host):
+    def calibrated(self, fma_in_flight, kernel_speeds, host, part_min_flops=None):
         """This record corrected by a calibration on ``host``: ``fma_in_flight`` independent
-        FMAs measured to reach the peak (the model's latency x pipes) and ``kernel_speeds``
-        (as the field)."""
+        FMAs measured to reach the peak (the model's latency x pipes), ``kernel_speeds`` and
+        ``part_min_flops`` (as the fields; None: the record's)."""
         return replace(self, fma_latency=fma_in_flight / self.fma_pipes,
-                       kernel_speeds=tuple(kernel_speeds), calibration=host)
+                       kernel_speeds=tuple(kernel_speeds), calibration=host,
+                       part_min_flops=part_min_flops or self.part_min_flops)
 
 
 AVX512 = Tuning(
@@ -114,7 +119,7 @@ AVX2 = Tuning(
     "avx2", "AMD Zen 3 EPYC (2 cores)", fma_latency=4, fma_pipes=2, loads_per_cycle=1.75,
     broadcast_operand=False, direct_windows=((6, 1.0), (5, 0.97), (4, 0.90)),
     filter_windows=((6, 1.0), (5, 0.98), (4, 0.96)), thread_min_flops=1e6,
-    depthwise_thread_min_flops=0.2e6, direct_min_depth=144, slab_max_filter_tiles=3,
+    part_min_flops=1.2e6, depthwise_thread_min_flops=0.2e6, direct_min_depth=144, slab_max_filter_tiles=3,
     transpose_depth=16, packing_filters=6, packed_1x1_filters=256, output_prefetch=2)
 # no CPU measured: the usual FMA core (latency 4, two pipes) with SSE/NEON-width vectors; the
 # plan constants as the AVX2 core measured them

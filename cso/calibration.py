@@ -4,6 +4,9 @@ The first plan made for a kernel ISA on a CPU measures, in about 1-2 s:
 
 - the FMA peak (independent chains) and the FMA latency (one chain): their ratio is the FMAs
   a tile must keep in flight (latency x pipes), which the register-blocking model uses;
+- the time a second part takes to hand to an awake pool worker (``handoff``), from which the
+  least work worth a part of its own follows (``PART_HANDOFFS`` hand-offs of work at the
+  peak: ``Tuning.part_min_flops``);
 - the speed of each candidate micro-tile in each kernel variant
   (``csa.register_blocking.calibration_candidates``: the tiles the rules pick from the model
   and their neighbours), as a fraction of that peak, the tiles measured in turn (a run of
@@ -40,7 +43,7 @@ from .jobs import run_parts, unrecorded
 from .threads import available_cpus, get_spin
 
 ENV_VAR = "CSO_CALIBRATE"
-VERSION = 2                 # of the record's layout: a record of another version is measured anew
+VERSION = 3                 # of the record's layout: a record of another version is measured anew
 FACTS_VERSION = 1           # of host_facts' layout
 TRIAL_FLOPS = 2e8           # per timed run of a micro-kernel (about 2 ms at 100 GFLOP/s)
 TRIALS = 5                  # best of: a calibration must not keep one disturbed run
@@ -49,7 +52,9 @@ PLAUSIBLE = 0.9             # each kernel variant's fastest tile reaches this sh
                             # (94% or more in every calm calibration on Zen 3, AVX2 and generic)
 RETRIES = 2                 # measurements more, at most, of a record where a kernel variant's
                             # fastest tile does not
-HANDOFF_CALLS, SLEEPS = 400, 12
+HANDOFF_CALLS, HANDOFF_ROUNDS, SLEEPS = 400, 5, 12
+PART_HANDOFFS = 50          # a part's work, in hand-offs: handing it over costs 2% of it
+PART_MIN_RANGE = 4          # the factor a calibration may move the record's part size by
 SLEEP_AFTER_SPIN = 0.005    # seconds beyond the workers' spin window: they sleep then
 NOOP_PART = "define void @noop(ptr %args, i64 %part) {\n  ret void\n}\n"
 
@@ -76,7 +81,20 @@ def calibrated_machine(isa_name):
     speeds = [(variant, TILE_VECTORS, int(b), speed)
               for variant, tiles in found["kernels"].items() for b, speed in tiles.items()]
     return machine.with_(tuning=machine.tuning.calibrated(
-        found["fma_in_flight"], sorted(speeds), f"{found['cpu']}, calibrated {found['date']}"))
+        found["fma_in_flight"], sorted(speeds), f"{found['cpu']}, calibrated {found['date']}",
+        part_min_flops(found, machine.tuning.part_min_flops)))
+
+
+def part_min_flops(record, recorded):
+    """The least work worth a part of its own by calibration ``record``: PART_HANDOFFS
+    hand-offs to an awake worker of work at the FMA peak, within PART_MIN_RANGE of the tuning
+    record's value ``recorded`` (on a VM, some processes measured every hand-off 10x slower
+    than the others, and a calibration is kept); None on one CPU."""
+    handoff_us = record["handoff_us"]
+    if handoff_us is None:
+        return None
+    derived = PART_HANDOFFS * handoff_us * 1e-6 * record["fma_gflops"] * 1e9
+    return min(max(derived, recorded / PART_MIN_RANGE), recorded * PART_MIN_RANGE)
 
 
 @compiled_once
@@ -107,8 +125,8 @@ def _record(kind, version, measure_record, isa_name, again):
 @unrecorded
 def measure(machine, isa_name):
     """Measure what the record holds: ``fma_gflops`` (one core), ``fma_in_flight``,
-    ``kernels`` {kernel variant: {broadcasts: fraction of the FMA peak}}, with the CPU, ISA,
-    date and seconds taken."""
+    ``kernels`` {kernel variant: {broadcasts: fraction of the FMA peak}}, ``handoff_us`` (to
+    an awake worker; None on one CPU), with the CPU, ISA, date and seconds taken."""
     start = time.perf_counter()
     isa = get_isa(isa_name)
     candidates = calibration_candidates(machine)
@@ -134,6 +152,7 @@ def measure(machine, isa_name):
         "version": VERSION, "cpu": cpu_name(), "isa": isa_name,
         "date": time.strftime("%Y-%m-%d"), "fma_gflops": round(peak, 1),
         "fma_in_flight": max(1, round(peak / chain)), "kernels": kernels,
+        "handoff_us": handoff(asleep=False),
         "seconds": round(time.perf_counter() - start, 2)}
 
 
@@ -145,7 +164,8 @@ def measure_facts(machine, isa_name):
     start = time.perf_counter()
     return {"version": FACTS_VERSION, "cpu": cpu_name(), "isa": isa_name,
             "date": time.strftime("%Y-%m-%d"),
-            "read_gbs": read_bandwidth(machine, get_isa(isa_name)), "handoff_us": handoff(),
+            "read_gbs": read_bandwidth(machine, get_isa(isa_name)),
+            "handoff_us": handoff(asleep=True),
             "seconds": round(time.perf_counter() - start, 2)}
 
 
@@ -187,10 +207,10 @@ def read_bandwidth(machine, isa):
     return {level: round(probe.read_bandwidth(size, isa), 1) for level, size in sizes.items()}
 
 
-def handoff():
-    """{"awake", "asleep"}: microseconds a call of two empty parts on two threads takes more
-    than one of a single part on one, with the workers spinning (back-to-back calls) and after
-    they went to sleep (median); None on one CPU."""
+def handoff(asleep):
+    """Microseconds a call of two empty parts on two threads takes more than one of a single
+    part on one (median), with the workers spinning (back-to-back calls), and with ``asleep``
+    as {"awake", "asleep"}, after they went to sleep too; None on one CPU."""
     if available_cpus() < 2:
         return None
     noop = _noop_part()
@@ -204,10 +224,16 @@ def handoff():
             times.append(probe.seconds(lambda: run_parts(noop, args.ctypes.data, parts, threads)))
         return 1e6 * float(np.median(times))
 
-    base = median_us(1, 1, HANDOFF_CALLS)
-    awake = median_us(2, 2, HANDOFF_CALLS) - base
+    # the least of a few rounds' medians: right after the worker's start, or in a slow
+    # spell, whole rounds measured 2.5 us where the others took 0-0.4
+    base = min(median_us(1, 1, HANDOFF_CALLS // HANDOFF_ROUNDS) for _ in range(HANDOFF_ROUNDS))
+    awake = min(median_us(2, 2, HANDOFF_CALLS // HANDOFF_ROUNDS)
+                for _ in range(HANDOFF_ROUNDS)) - base
+    awake = round(max(0.0, awake), 2)
+    if not asleep:
+        return awake
     asleep = median_us(2, 2, SLEEPS, get_spin() + SLEEP_AFTER_SPIN) - base
-    return {"awake": round(max(0.0, awake), 2), "asleep": round(max(0.0, asleep), 1)}
+    return {"awake": awake, "asleep": round(max(0.0, asleep), 1)}
 
 
 @compiled_once

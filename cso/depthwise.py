@@ -71,9 +71,9 @@ def scratch_elements(plan):
 
 
 def output_parts(plan):
-    """The plan's parts (``split[0]`` near-equal runs of units) as the loop nest's ``part``
+    """The plan's parts (``parts`` near-equal runs of units) as the loop nest's ``part``
     vectors (first unit, end unit, 0, 0)."""
-    units, a = plan.units, plan.split[0]
+    units, a = plan.units, plan.parts
     return np.array([(units * i // a, units * (i + 1) // a, 0, 0) for i in range(a)], np.int64)
 
 

@@ -393,12 +393,12 @@ def out_t_elements(plan):
 
 
 def output_parts(plan):
-    """The plan's output parts (``split``: window parts x filter parts) as the loop nest's
+    """The plan's output parts (``parts``: window parts x filter parts) as the loop nest's
     ``part`` vectors: window tiles over all images in near-equal runs of whole units (output
     rows for a direct plan, else tiles), filter tiles in near-equal runs."""
     units = plan.window_units
     per_unit = plan.row_tiles or 1
-    a, b = plan.split
+    a, b = plan.parts
     return np.array([(units * i // a * per_unit, units * (i + 1) // a * per_unit,
                       plan.filter_tiles * j // b, plan.filter_tiles * (j + 1) // b)
                      for i in range(a) for j in range(b)], np.int64)

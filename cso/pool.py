@@ -19,9 +19,10 @@ pool's state is one int64 array (``STATE_WORDS``, its hot words a cache line apa
 - ``alone_until``, ``backoff``, ``last_stall``: a caller that waited on a worker's part far
   longer than its own parts took (a stall: the worker lost its CPU mid-part, to another
   process or another pool's threads) runs the jobs of the next ``backoff`` ns alone, the
-  backoff doubling for stalls that follow each other and starting again at ``MIN_BACKOFF_NS``
-  after a calm spell: on a core shared with other work, the second thread costs a stall now
-  and then instead of one in every job.
+  backoff growing for stalls that follow each other and starting again at ``MIN_BACKOFF_NS``
+  after a calm spell; the workers sleep meanwhile, leaving the core to that other work. On a
+  core shared with other work the second thread costs a stall now and then instead of one in
+  every job.
 
 Times come from ``clock_gettime`` (monotonic). ``pool_worker(state, rank)`` never returns: a
 worker thread lives in it. ``pool_run(state, fn, args, nparts, helpers, spin)`` runs a job on
@@ -57,7 +58,8 @@ POLLS_A_LOOK = 32     # polls between two readings of the clock while spinning
 # a stall: the caller waited on the workers' parts more than STALL_PARTS times its own parts'
 # average, and STALL_NS more (a worker that is merely slower -- a core waking up -- is not one)
 STALL_PARTS, STALL_NS = 2, 50_000
-MIN_BACKOFF_NS, MAX_BACKOFF_NS = 1_000_000, 200_000_000
+MIN_BACKOFF_NS, MAX_BACKOFF_NS = 2_000_000, 200_000_000
+BACKOFF_GROWTH = 4    # the backoff's factor from one stall to the next
 CALM_BACKOFFS = 8     # a stall this many backoffs after the last one starts again at the least
 
 I1, I32, I64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
@@ -246,7 +248,9 @@ def _define_worker(module, triple, run_one, sleep, now):
     polls.add_incoming(polls_next, look)
     since.add_incoming(since_now, look)
     spin = bld.load_word(state, SPIN, "monotonic")
-    bld.cbranch(bld.icmp_signed(">=", bld.sub(t, since_now), spin), doze, loop)
+    backing_off = bld.icmp_signed("<", t, bld.load_word(state, ALONE_UNTIL, "monotonic"))
+    bld.cbranch(bld.or_(backing_off, bld.icmp_signed(">=", bld.sub(t, since_now), spin)),
+                doze, loop)
     # announce the sleep before the last look for work: a caller that posts after that look
     # sees the sleeper and wakes it, and one that posted before it is seen by the look
     bld.position_at_end(doze)
@@ -343,14 +347,14 @@ def _define_run(module, triple, run_one, wake_all, now):
     stall = bld.and_(bld.icmp_signed(">", taken, zero),
                      bld.icmp_signed(">", bld.sub(end, waited_from), limit))
     bld.cbranch(stall, stalled, release)
-    bld.position_at_end(stalled)   # back off: double the last backoff, or start anew if calm
+    bld.position_at_end(stalled)   # back off: longer than last time, or anew after a calm spell
     last = bld.load_word(state, BACKOFF, "monotonic")
     calm = bld.icmp_signed(">", bld.sub(end, bld.load_word(state, LAST_STALL, "monotonic")),
                            bld.mul(last, ir.Constant(I64, CALM_BACKOFFS)))
-    doubled = bld.mul(last, ir.Constant(I64, 2))
-    doubled = bld.select(bld.icmp_signed("<", doubled, ir.Constant(I64, MAX_BACKOFF_NS)),
-                         doubled, ir.Constant(I64, MAX_BACKOFF_NS))
-    length = bld.select(calm, ir.Constant(I64, MIN_BACKOFF_NS), doubled)
+    longer = bld.mul(last, ir.Constant(I64, BACKOFF_GROWTH))
+    longer = bld.select(bld.icmp_signed("<", longer, ir.Constant(I64, MAX_BACKOFF_NS)),
+                        longer, ir.Constant(I64, MAX_BACKOFF_NS))
+    length = bld.select(calm, ir.Constant(I64, MIN_BACKOFF_NS), longer)
     for index, value in ((BACKOFF, length), (LAST_STALL, end),
                          (ALONE_UNTIL, bld.add(end, length))):
         bld.store_word(value, state, index, "monotonic")

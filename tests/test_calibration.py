@@ -59,7 +59,16 @@ def test_the_record_holds_plausible_measurements(first):
         == candidates
     for speeds in record["kernels"].values():
         assert all(0.05 < s < 1.5 for s in speeds.values()), speeds
-    assert "read_gbs" not in record and "handoff_us" not in record   # not on a first plan
+    assert "read_gbs" not in record   # not on a first plan
+    if cso.threads.available_cpus() > 1:   # the hand-off to an awake worker sizes parts
+        assert 0 <= record["handoff_us"] < 1e4
+        recorded = csa.tuning.record(record["isa"]).part_min_flops
+        derived = (calibration.PART_HANDOFFS * record["handoff_us"] * 1e-6
+                   * record["fma_gflops"] * 1e9)
+        assert calibration.part_min_flops(record, recorded) == pytest.approx(min(max(
+            derived, recorded / calibration.PART_MIN_RANGE), recorded * calibration.PART_MIN_RANGE))
+    else:
+        assert record["handoff_us"] is None and calibration.part_min_flops(record, 1e6) is None
     assert 0 < record["seconds"] < 60
 
 
@@ -176,7 +185,7 @@ def test_a_slow_spell_on_the_tiles_is_measured_again(monkeypatch, slow_spells):
     monkeypatch.setattr(probe, "fma_peak", fma_peak)
     monkeypatch.setattr(probe, "kernel_run", lambda spec, calls: None)
     monkeypatch.setattr(calibration, "read_bandwidth", lambda machine, isa: {})
-    monkeypatch.setattr(calibration, "handoff", lambda: None)
+    monkeypatch.setattr(calibration, "handoff", lambda asleep: None)
     isa = default_isa().name
     record = calibration.measure.__wrapped__(calibration.model_machine(isa), isa)
     assert len(calls) == 1 + min(slow_spells, calibration.RETRIES)

@@ -522,10 +522,11 @@ def _slow_part(args, part):
 
 def test_a_stalled_worker_makes_the_next_jobs_run_alone(threads, spin):
     """A job whose worker part takes far longer than the caller's (a worker that lost its CPU)
-    is a stall: the pool runs the next jobs on the caller alone for a backoff that doubles
+    is a stall: the pool runs the next jobs on the caller alone for a backoff that grows
     while stalls follow each other; every part still runs exactly once, the results are
     unchanged, and the pool shares parts again once the backoff is over."""
-    from cso.pool import ALONE_UNTIL, BACKOFF, LAST_STALL, MAX_BACKOFF_NS, MIN_BACKOFF_NS
+    from cso.pool import (ALONE_UNTIL, BACKOFF, BACKOFF_GROWTH, LAST_STALL, MAX_BACKOFF_NS,
+                          MIN_BACKOFF_NS)
     cso.set_spin(0.05)   # the worker awake for the whole test
     counters = np.array([0, 0, 2_000_000], np.int64)   # part 1: a few ms
     cso.threads.pool_address(1)
@@ -540,9 +541,9 @@ def test_a_stalled_worker_makes_the_next_jobs_run_alone(threads, spin):
             assert state[ALONE_UNTIL] == state[LAST_STALL] + state[BACKOFF]
     assert counters[:2].tolist() == [40, 40]
     # the worker took part 1 in some of the jobs: stalls, the first one's backoff the least,
-    # each later one doubling the last or, after a calm spell, starting again at the least
+    # each later one longer than the last or, after a calm spell, starting again at the least
     assert backoffs and backoffs[0] == MIN_BACKOFF_NS
-    assert all(b in (min(2 * a, MAX_BACKOFF_NS), MIN_BACKOFF_NS)
+    assert all(b in (min(BACKOFF_GROWTH * a, MAX_BACKOFF_NS), MIN_BACKOFF_NS)
                for a, b in zip(backoffs, backoffs[1:]))
     # backed off, the next job runs alone: no part for the worker, however slow
     state[ALONE_UNTIL] = np.iinfo(np.int64).max
