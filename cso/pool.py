@@ -22,7 +22,11 @@ pool's state is one int64 array (``STATE_WORDS``, its hot words a cache line apa
   backoff growing for stalls that follow each other and starting again at ``MIN_BACKOFF_NS``
   after a calm spell; the workers sleep meanwhile, leaving the core to that other work. On a
   core shared with other work the second thread costs a stall now and then instead of one in
-  every job.
+  every job;
+- ``warm_until``: a caller that finds workers asleep (a pause longer than their spin) wakes
+  them and runs the jobs of the next ``WARM_NS`` alone while they come up to speed (their
+  cores, idle until then, ran the first parts slowly: at 2 threads, the run of a small model
+  after a 50 ms pause took twice its time back to back).
 
 Times come from ``clock_gettime`` (monotonic). ``pool_worker(state, rank)`` never returns: a
 worker thread lives in it. ``pool_run(state, fn, args, nparts, helpers, spin)`` runs a job on
@@ -45,7 +49,7 @@ from microkernels.once import compiled_once
 
 STATE_WORDS = 64
 CLAIM, DONE, BUSY, FN, ARGS, HELPERS, WAKE, SLEEPERS = 0, 8, 16, 24, 25, 27, 32, 40
-SPIN, ALONE_UNTIL, BACKOFF, LAST_STALL = 48, 49, 50, 51
+SPIN, ALONE_UNTIL, BACKOFF, LAST_STALL, WARM_UNTIL = 48, 49, 50, 51, 52
 PART_BITS = 16   # parts per job < 2**16
 MAX_PARTS = (1 << PART_BITS) - 1
 # futex(2) numbers; elsewhere a sleeping worker polls every SLEEP_US microseconds
@@ -61,6 +65,7 @@ STALL_PARTS, STALL_NS = 2, 50_000
 MIN_BACKOFF_NS, MAX_BACKOFF_NS = 2_000_000, 200_000_000
 BACKOFF_GROWTH = 4    # the backoff's factor from one stall to the next
 CALM_BACKOFFS = 8     # a stall this many backoffs after the last one starts again at the least
+WARM_NS = 1_000_000   # callers run alone this long after waking sleeping workers
 
 I1, I32, I64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
@@ -273,10 +278,10 @@ def _define_run(module, triple, run_one, wake_all, now):
                      "pool_run")
     state, target, args, nparts, helpers, spin = fn.args
     bld = _Builder(fn.append_basic_block("entry"))
-    names = ("backoff", "claim", "alone", "posted", "wake", "work", "waiting", "wait", "poll",
-             "look", "yield", "finished", "stalled", "release", "return")
-    (backoff, claim_pool, alone, posted, wake, work, waiting, wait, poll, look, give_way,
-     finished, stalled, release, done) = (bld.new_block(n) for n in names)
+    names = ("backoff", "claim", "alone", "asleep", "rouse", "posted", "wake", "work", "waiting",
+             "wait", "poll", "look", "yield", "finished", "stalled", "release", "return")
+    (backoff, claim_pool, alone, asleep, rouse, posted, wake, work, waiting, wait, poll, look,
+     give_way, finished, stalled, release, done) = (bld.new_block(n) for n in names)
     zero, one = ir.Constant(I64, 0), ir.Constant(I64, 1)
     # the pool, if there are parts and threads to share, no stall's backoff runs and no other
     # caller owns it
@@ -284,12 +289,26 @@ def _define_run(module, triple, run_one, wake_all, now):
     bld.cbranch(shared, backoff, alone)
     bld.position_at_end(backoff)
     start = bld.call(now, [])
-    calm = bld.icmp_signed(">=", start, bld.load_word(state, ALONE_UNTIL, "monotonic"))
+    calm = bld.and_(bld.icmp_signed(">=", start, bld.load_word(state, ALONE_UNTIL, "monotonic")),
+                    bld.icmp_signed(">=", start, bld.load_word(state, WARM_UNTIL, "monotonic")))
     bld.cbranch(calm, claim_pool, alone)
     bld.position_at_end(claim_pool)
     owned = bld.extract_value(bld.cmpxchg(bld.word(state, BUSY), zero, one, "acquire",
                                           "monotonic"), 1)
-    bld.cbranch(owned, posted, alone)
+    bld.cbranch(owned, asleep, alone)
+
+    # workers asleep (after a pause longer than their spin) take long to wake and their cores
+    # run slowly at first: the jobs of the next WARM_NS run alone while they wake and spin
+    # (unless they sleep at once: ``spin`` 0)
+    bld.position_at_end(asleep)
+    sleeping = bld.icmp_signed(">", bld.load_word(state, SLEEPERS, "seq_cst"), zero)
+    bld.cbranch(bld.and_(sleeping, bld.icmp_signed(">", spin, zero)), rouse, posted)
+    bld.position_at_end(rouse)
+    bld.store_word(bld.add(start, ir.Constant(I64, WARM_NS)), state, WARM_UNTIL, "monotonic")
+    bld.add_word(state, WAKE, ir.Constant(I32, 1))
+    bld.call(wake_all, [bld.word(state, WAKE)])
+    bld.store_word(zero, state, BUSY)
+    bld.branch(alone)
 
     bld.position_at_end(alone)   # every part on this thread
     i, close = bld.count_up(nparts, done, "alone")
