@@ -56,6 +56,10 @@ def write_models(out_dir, facts, results):
         ("p", models.TEXT.format(rtol=models.RTOL)),
         ("table", models.HEADER, models.rows(results)),
         ("list", models.summary_lines(results)),
+        ("h2", "Each engine alone"),
+        ("p", models.ALONE_TEXT.format(pause=1e3 * models.PAUSE_SECONDS)),
+        ("table", models.ALONE_HEADER, models.alone_rows(results)),
+        ("list", models.alone_summary(results)),
     ]
     return _write_documents(out_dir, blocks, {
         "machine": dict(facts), "summary": {"geomean_speedup": models.geomean_speedups(results)},

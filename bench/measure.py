@@ -24,9 +24,9 @@ COPY = "copy"   # the copy-bandwidth probe timed beside depthwise convolutions
 
 def median_seconds(runs, repeat, settle=0.0):
     """{name: median over ``repeat`` samples of the time of one call ``runs[name]()``}, taken
-    in blocks (see the module's docstring): each block an untimed warm-up call, then about
-    half the samples back to back, then ``settle`` seconds of rest (for the thread pools that
-    spin on after a call to stop before the next engine's warm-up)."""
+    in blocks (see the module's docstring): each block ``settle`` seconds of rest (for the
+    thread pools that spin on after a call, the last block's or the caller's, to stop), an
+    untimed warm-up call, then about half the samples back to back."""
     calls = {}
     for name, run in runs.items():
         start = time.perf_counter()
@@ -37,13 +37,13 @@ def median_seconds(runs, repeat, settle=0.0):
     for order, count in zip((list(runs), list(runs)[::-1]), halves):
         for name in order:
             run = runs[name]
+            time.sleep(settle)
             run()
             for _ in range(count):
                 start = time.perf_counter()
                 for _ in range(calls[name]):
                     run()
                 samples[name].append((time.perf_counter() - start) / calls[name])
-            time.sleep(settle)
     return {name: statistics.median(times) for name, times in samples.items()}
 
 

@@ -23,6 +23,7 @@ peak memory; and cso's start in one more child on an empty cache (a temporary
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,6 +41,7 @@ OPENVINO_MISSING = "not installed"   # result["openvino"]["skipped"] without the
 # on several threads, a rest after each engine's block of samples: onnxruntime's pool spins for
 # about 35 ms after a run and cso's for a few ms, on the cores the next engine needs
 SETTLE_SECONDS = 0.1
+PAUSE_SECONDS = 0.05   # the rest before each "after a pause" sample: longer than cso's spin
 
 
 def model_path(name):
@@ -320,11 +322,14 @@ def _status_kib(field):
         return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
 
 
-def engine_child(engine, path, shapes, threads, batches):
+def engine_child(engine, path, shapes, threads, batches, samples=0):
     """In this (new) process: ``engine`` loads the model file ``path`` and runs it on every
     batch, in order; return {"start_s": the seconds of loading and the first run, "peak_mib":
     the peak RSS beyond the RSS just before loading (imports done, inputs made), in MiB}, and
-    for cso "compiled": the kernels it compiled (persistent cache misses)."""
+    for cso "compiled": the kernels it compiled (persistent cache misses). With ``samples``,
+    also "alone_s": the engine alone in its process at the first batch, {"back_to_back": the
+    median of ``samples`` runs after a warm-up, "after_pause": of as many runs each after
+    PAUSE_SECONDS of rest}."""
     import importlib
     engine_modules = {"cso": ("cso.onnx", "threadpoolctl"), "onnxruntime": ("onnxruntime",),
                       "openvino": ("openvino",)}
@@ -339,17 +344,34 @@ def engine_child(engine, path, shapes, threads, batches):
     for feed in feeds[1:]:
         run(feed)
     result = {"start_s": started, "peak_mib": (_status_kib("VmHWM") - before) / 1024}
+    if samples:
+        result["alone_s"] = alone_seconds(lambda: run(feeds[0]), samples)
     if engine == "cso":
         from microkernels import cache
         result["compiled"] = cache.stats()["misses"]
     return result
 
 
-def measure_child(engine, path, shapes, threads, batches, cache_dir=None):
+def alone_seconds(run, samples):
+    """{"back_to_back": median seconds of ``samples`` calls of ``run`` after a warm-up one,
+    "after_pause": of ``samples`` more, each after PAUSE_SECONDS of rest}."""
+    run()
+    back, paused = [], []
+    for times, rest in ((back, 0.0), (paused, PAUSE_SECONDS)):
+        for _ in range(samples):
+            time.sleep(rest)
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+    return {"back_to_back": statistics.median(back), "after_pause": statistics.median(paused)}
+
+
+def measure_child(engine, path, shapes, threads, batches, cache_dir=None, samples=0):
     """``engine_child`` in a child process (``python -m bench.models``); with ``cache_dir``,
     cso's compilation cache there (``CSO_CACHE_DIR``) rather than this process's."""
     command = [sys.executable, "-m", "bench.models", engine, path, json.dumps(shapes),
-               "--threads", str(threads), "--batches", ",".join(map(str, batches))]
+               "--threads", str(threads), "--batches", ",".join(map(str, batches)),
+               "--samples", str(samples)]
     env = None if cache_dir is None else dict(os.environ, CSO_CACHE_DIR=cache_dir)
     done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True, env=env)
     return json.loads(done.stdout.splitlines()[-1])
@@ -376,9 +398,12 @@ def measure(source, batches, repeat, threads):
     """``measure_model`` of a light model by name (``bench_model``) or of an ONNX file as it
     was exported (at the batch it fixes, if it does), then ``measure_child`` of each engine
     that ran (OpenVINO if it did) on the same model, its start ("start_s", cso's on the cache
-    the runs just filled) and peak memory ("peak_mib"), and cso's start on an empty cache
-    ("cold_start_s": at the first batch, in a child whose cache is a new directory, removed
-    after); or {"model", "refused": why} for a model ``cso.onnx`` cannot load."""
+    the runs just filled), peak memory ("peak_mib") and latency alone in its process at the
+    first batch ("alone": {engine: {"ms", "paused_ms"} (``engine_child``'s "alone_s"), and on
+    several threads "one_thread_ms" from one more child on one thread}), and cso's start on an
+    empty cache ("cold_start_s": at the first batch, in a child whose cache is a new
+    directory, removed after); or {"model", "refused": why} for a model ``cso.onnx`` cannot
+    load."""
     import onnx
     from cso.onnx import UnsupportedModel
     name = label(source)
@@ -397,9 +422,17 @@ def measure(source, batches, repeat, threads):
             return {"model": name, "refused": str(err)}
         shapes = input_shapes(model)
         ran = [e for e in ENGINES if e != "openvino" or "openvino" not in result]
-        children = {e: measure_child(e, path, shapes, threads, batches) for e in ran}
+        children = {e: measure_child(e, path, shapes, threads, batches, samples=repeat)
+                    for e in ran}
         result["start_s"] = {e: child["start_s"] for e, child in children.items()}
         result["peak_mib"] = {e: child["peak_mib"] for e, child in children.items()}
+        result["alone"] = {e: {"ms": 1e3 * child["alone_s"]["back_to_back"],
+                               "paused_ms": 1e3 * child["alone_s"]["after_pause"]}
+                           for e, child in children.items()}
+        if threads > 1:
+            for e in ran:
+                one = measure_child(e, path, shapes, 1, batches[:1], samples=repeat)
+                result["alone"][e]["one_thread_ms"] = 1e3 * one["alone_s"]["back_to_back"]
         empty = os.path.join(tmp, "empty-cache")
         os.mkdir(empty)
         result["cold_start_s"] = measure_child("cso", path, shapes, threads, batches[:1],
@@ -435,6 +468,46 @@ def rows(results):
                           start if first else "", cold if first else "",
                           peak if first else ""])
     return table
+
+
+ALONE_HEADER = ["model", "engine", "ms", "after pause ms", "pause x", "1 thread ms",
+                "thread speedup"]
+
+
+def alone_rows(results):
+    """Rows of the engines alone in their processes: one per model and engine, at the first
+    batch: back to back, after a pause (and its ratio), on one thread (and the run's thread
+    count's speedup over it) when the run has several."""
+    table = []
+    for r in loaded(results):
+        for index, (engine, a) in enumerate(r["alone"].items()):
+            one = a.get("one_thread_ms")
+            table.append([r["model"] if index == 0 else "", engine, f"{a['ms']:.2f}",
+                          f"{a['paused_ms']:.2f}", f"{a['paused_ms'] / a['ms']:.2f}x",
+                          "" if one is None else f"{one:.2f}",
+                          "" if one is None else f"{one / a['ms']:.2f}x"])
+    return table
+
+
+def alone_summary(results):
+    """Per engine, over the models: the geomean of its time after a pause over back to back,
+    and on several threads of its speedup over one thread (with the slowest model's)."""
+    from .stats import geomean
+    ran = [r for r in loaded(results) if "alone" in r]
+    lines = []
+    for engine in ENGINES:
+        figures = [r["alone"][engine] for r in ran if engine in r["alone"]]
+        if not figures:
+            continue
+        line = (f"{engine} alone: after a {1e3 * PAUSE_SECONDS:.0f} ms pause "
+                f"{geomean(a['paused_ms'] / a['ms'] for a in figures):.2f}x its back-to-back "
+                f"time (geomean over {len(figures)} models)")
+        speedups = [a["one_thread_ms"] / a["ms"] for a in figures if "one_thread_ms" in a]
+        if speedups:
+            line += (f"; {geomean(speedups):.2f}x faster than on one thread (geomean; least "
+                     f"{min(speedups):.2f}x)")
+        lines.append(line)
+    return lines
 
 
 def _speedup_key(engine):
@@ -496,6 +569,11 @@ TEXT = ("The onnx package's light CNNs (their graphs, with random weights: the s
         "whose compilation cache is a new, empty directory (every kernel compiled). Peak MiB: "
         "the child's peak RSS (VmHWM, Linux) minus its RSS just before loading the model "
         "file: weights, packed filters, workspaces and activations.")
+ALONE_TEXT = ("Each engine alone in its process (the children above, at the first batch: no "
+              "other engine's pool beside it): ms, the median of the samples back to back "
+              "after a warm-up run; after pause ms, of as many runs each after a "
+              "{pause:.0f} ms rest (the engines' pools asleep by then); with several threads, "
+              "1 thread ms from one more child on one thread, and the speedup over it.")
 
 
 def main():
@@ -508,10 +586,14 @@ def main():
     parser.add_argument("shapes", help='JSON {input name: shape after the batch dimension}')
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    parser.add_argument("--samples", type=int, default=0,
+                        help="also time the engine alone: back to back and after a pause")
     opts = parser.parse_args()
+    if opts.samples < 0:
+        parser.error(f"--samples must be at least 0, got {opts.samples}")
     batches = [int(b) for b in opts.batches.split(",")]
     print(json.dumps(engine_child(opts.engine, opts.path, json.loads(opts.shapes),
-                                  opts.threads, batches)))
+                                  opts.threads, batches, opts.samples)))
 
 
 if __name__ == "__main__":

@@ -242,15 +242,18 @@ def print_dask(results):
 
 def print_models(results):
     """``results`` from ``bench.models.measure``: a row per model and batch, then the geomean
-    speedup per batch."""
-    from .models import HEADER, rows, summary_lines
-    table = rows(results)
-    widths = ([max(14, max((len(r[0]) for r in table), default=0) + 2), 6]
-              + [max(9, len(h) + 2) for h in HEADER[2:]])
-    print(_line(HEADER, widths))
-    print("-" * sum(widths))
-    for row in table:
-        print(_line(row, widths))
-    print("-" * sum(widths))
-    for line in summary_lines(results):
-        print(line)
+    speedup per batch; then a row per model and engine alone in its process, with their
+    summary."""
+    from .models import ALONE_HEADER, HEADER, alone_rows, alone_summary, rows, summary_lines
+    for header, table, lines in ((HEADER, rows(results), summary_lines(results)),
+                                 (ALONE_HEADER, alone_rows(results), alone_summary(results))):
+        widths = ([max(14, max((len(r[0]) for r in table), default=0) + 2)]
+                  + [max(9, len(h) + 2) for h in header[1:]])
+        print(_line(header, widths))
+        print("-" * sum(widths))
+        for row in table:
+            print(_line(row, widths))
+        print("-" * sum(widths))
+        for line in lines:
+            print(line)
+        print()

@@ -257,3 +257,42 @@ def test_start_children_run_on_the_warm_cache_and_on_an_empty_one(tmp_path, rng)
     assert warm["compiled"] == 0 and cold["compiled"] > 0
     assert warm["start_s"] > 0 and cold["start_s"] > 0
     assert any((tmp_path / "empty").iterdir())   # the cold child filled its own cache
+
+
+def test_each_engine_alone_back_to_back_after_a_pause_and_on_one_thread(tmp_path, rng,
+                                                                        monkeypatch):
+    """Each engine's latency alone in its process (the start children): back to back and
+    after a pause at every thread count, and on several threads its time on one thread in one
+    more child, the speedup in the table; the summary's geomeans."""
+    monkeypatch.setitem(sys.modules, "openvino", None)   # two engines: fewer children
+    path = export(tmp_path, "conv_relu", rng)
+    timed = []
+    real_child = models.measure_child
+
+    def child(engine, path, shapes, threads, batches, cache_dir=None, samples=0):
+        timed.append((engine, threads, samples))
+        return real_child(engine, path, shapes, threads, batches, cache_dir, samples)
+
+    monkeypatch.setattr(models, "measure_child", child)
+    one, two = models.measure(path, [1], 3, 1), models.measure(path, [1], 3, 2)
+    assert ("cso", 1, 3) in timed and ("onnxruntime", 2, 3) in timed
+    assert timed.count(("cso", 1, 3)) == 2   # the 2-thread run's one-thread child, and run 1's
+    for r, threads in ((one, 1), (two, 2)):
+        assert set(r["alone"]) == {"cso", "onnxruntime"}
+        for a in r["alone"].values():
+            assert a["ms"] > 0 and a["paused_ms"] > 0
+            assert ("one_thread_ms" in a) == (threads > 1)
+    rows = [dict(zip(models.ALONE_HEADER, row)) for row in models.alone_rows([two])]
+    assert [(row["model"], row["engine"]) for row in rows] == [
+        (two["model"], "cso"), ("", "onnxruntime")]
+    a = two["alone"]["cso"]
+    assert rows[0]["pause x"] == f"{a['paused_ms'] / a['ms']:.2f}x"
+    assert rows[0]["thread speedup"] == f"{a['one_thread_ms'] / a['ms']:.2f}x"
+    assert [dict(zip(models.ALONE_HEADER, row))["thread speedup"]
+            for row in models.alone_rows([one])] == ["", ""]
+    lines = models.alone_summary([two])
+    assert lines[0].startswith("cso alone: after a 50 ms pause ") and "faster than on one" \
+        in lines[0]
+    assert "one thread" not in models.alone_summary([one])[0]
+    with pytest.raises(subprocess.CalledProcessError):   # the child checks its arguments
+        real_child("cso", path, {"input": [3, 16, 16]}, 1, [1], samples=-1)
