@@ -19,8 +19,8 @@ pool's state is one int64 array (``STATE_WORDS``, its hot words a cache line apa
 - ``alone_until``, ``backoff``, ``last_stall``: a caller that waited on a worker's part far
   longer than its own parts took (a stall: the worker lost its CPU mid-part, to another
   process or another pool's threads) runs the jobs of the next ``backoff`` ns alone, the
-  backoff growing for stalls that follow each other and starting again at ``MIN_BACKOFF_NS``
-  after a calm spell; the workers sleep meanwhile, leaving the core to that other work. On a
+  backoff growing for stalls that follow each other (within ``CALM_NS`` of the last backoff's
+  end) and starting again at ``MIN_BACKOFF_NS`` after a calm spell; the workers sleep meanwhile, leaving the core to that other work. On a
   core shared with other work the second thread costs a stall now and then instead of one in
   every job;
 - ``warm_until``: a caller that finds workers asleep (a pause longer than their spin) wakes
@@ -63,8 +63,11 @@ POLLS_A_LOOK = 32     # polls between two readings of the clock while spinning
 # average, and STALL_NS more (a worker that is merely slower -- a core waking up -- is not one)
 STALL_PARTS, STALL_NS = 2, 50_000
 MIN_BACKOFF_NS, MAX_BACKOFF_NS = 2_000_000, 200_000_000
-BACKOFF_GROWTH = 4    # the backoff's factor from one stall to the next
-CALM_BACKOFFS = 8     # a stall this many backoffs after the last one starts again at the least
+BACKOFF_GROWTH = 2    # the backoff's factor from one stall to the next
+# a stall this long after the last backoff ended starts again at the least: stalls that come
+# sooner (another process busy on the core: ResNet-18, one stall a run of 65 ms) lengthen it;
+# rare ones (a VM's hiccups: a few a second) keep it short
+CALM_NS = 100_000_000
 WARM_NS = 1_000_000   # callers run alone this long after waking sleeping workers
 
 I1, I32, I64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
@@ -368,8 +371,8 @@ def _define_run(module, triple, run_one, wake_all, now):
     bld.cbranch(stall, stalled, release)
     bld.position_at_end(stalled)   # back off: longer than last time, or anew after a calm spell
     last = bld.load_word(state, BACKOFF, "monotonic")
-    calm = bld.icmp_signed(">", bld.sub(end, bld.load_word(state, LAST_STALL, "monotonic")),
-                           bld.mul(last, ir.Constant(I64, CALM_BACKOFFS)))
+    shared_since = bld.add(bld.load_word(state, LAST_STALL, "monotonic"), last)
+    calm = bld.icmp_signed(">", bld.sub(end, shared_since), ir.Constant(I64, CALM_NS))
     longer = bld.mul(last, ir.Constant(I64, BACKOFF_GROWTH))
     longer = bld.select(bld.icmp_signed("<", longer, ir.Constant(I64, MAX_BACKOFF_NS)),
                         longer, ir.Constant(I64, MAX_BACKOFF_NS))
