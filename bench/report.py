@@ -11,7 +11,7 @@ import csa
 import cso
 from cso import calibration
 from cso.calibration import cpu_name
-from cso.threads import available_cpus
+from cso.cpus import available_cpus
 from microkernels import default_isa, host_isa
 from microkernels.probe import UKERNEL_K, fma_peak, kernel_throughput
 

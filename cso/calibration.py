@@ -40,7 +40,8 @@ from microkernels.once import compiled_once
 from microkernels import probe
 
 from .jobs import run_parts, unrecorded
-from .threads import available_cpus, get_spin
+from .cpus import available_cpus
+from .threads import get_spin
 
 ENV_VAR = "CSO_CALIBRATE"
 VERSION = 3                 # of the record's layout: a record of another version is measured anew

@@ -26,7 +26,9 @@ For writing jobs of one's own: ``data_address`` (an array's address, for the arg
 ``aligned_empty`` (arrays that start on a ``LINE``-byte cache line, which kernels read with
 vector loads) and ``compiled_once`` (build a part function once per process, safely beside
 numba's compiler lock and ``os.fork``), and ``ForeignFunction`` (keep a part function's object
-code, compiled by numba or other means, in the persistent cache, and load it from there).
+code, compiled by numba or other means, in the persistent cache, and load it from there). Work
+that runs threads of its own (NumPy's BLAS) goes in a ``with workers_asleep():`` block, so
+that the pool's idle workers do not spin on the cores it needs.
 """
 import ctypes
 import functools
@@ -39,11 +41,11 @@ from microkernels.jit import ForeignFunction
 from microkernels.once import compiled_once
 
 from .pool import MAX_PARTS, compiled_pool
-from .threads import pool_address, spin_ns
+from .threads import pool_address, spin_ns, workers_asleep
 
 __all__ = ["LINE", "ForeignFunction", "Recording", "aligned_empty", "compiled_once",
            "data_address", "active_recording", "new_workspace", "run_jobs", "run_parts",
-           "unrecorded"]
+           "unrecorded", "workers_asleep"]
 
 
 class _Active(threading.local):

@@ -60,7 +60,7 @@ def test_the_record_holds_plausible_measurements(first):
     for speeds in record["kernels"].values():
         assert all(0.05 < s < 1.5 for s in speeds.values()), speeds
     assert "read_gbs" not in record   # not on a first plan
-    if cso.threads.available_cpus() > 1:   # the hand-off to an awake worker sizes parts
+    if cso.cpus.available_cpus() > 1:   # the hand-off to an awake worker sizes parts
         assert 0 <= record["handoff_us"] < 1e4
         recorded = csa.tuning.record(record["isa"]).part_min_flops
         derived = (calibration.PART_HANDOFFS * record["handoff_us"] * 1e-6
@@ -80,7 +80,7 @@ def test_the_host_facts_are_measured_when_asked_for(first):
     bandwidth = facts["read_gbs"]
     assert list(bandwidth) == ["l1", "l2", "l3", "memory"]
     assert bandwidth["l1"] > bandwidth["memory"] > 0
-    if cso.threads.available_cpus() > 1:
+    if cso.cpus.available_cpus() > 1:
         assert 0 <= facts["handoff_us"]["awake"] < 1e4 and 0 <= facts["handoff_us"]["asleep"]
     else:
         assert facts["handoff_us"] is None

@@ -12,7 +12,7 @@ from numba import cfunc, types
 
 import csa
 import cso
-from cso.threads import cgroup_cpu_quota
+from cso.cpus import cgroup_cpu_quota
 from cso.jobs import Recording, active_recording, run_jobs, run_parts, unrecorded
 
 from .children import CHILD_CWD
@@ -428,10 +428,10 @@ def test_cgroup_v1_quota_and_a_namespaced_mount(tmp_path):
 
 
 def test_default_threads_respect_the_cpu_quota(monkeypatch):
-    monkeypatch.setattr(cso.threads, "cgroup_cpu_quota", lambda: 1)
-    assert cso.threads.available_cpus() == 1
-    monkeypatch.setattr(cso.threads, "cgroup_cpu_quota", lambda: None)
-    assert cso.threads.available_cpus() == len(os.sched_getaffinity(0))
+    monkeypatch.setattr(cso.cpus, "cgroup_cpu_quota", lambda: 1)
+    assert cso.cpus.available_cpus() == 1
+    monkeypatch.setattr(cso.cpus, "cgroup_cpu_quota", lambda: None)
+    assert cso.cpus.available_cpus() == len(os.sched_getaffinity(0))
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 import numpy as np
 
 from .. import get_num_threads
-from ..threads import workers_asleep
+from ..jobs import workers_asleep
 from . import kernels
 from .registry import input_name, kernel_input, operator, output
 
