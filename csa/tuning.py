@@ -119,8 +119,9 @@ AVX2 = Tuning(
     "avx2", "AMD Zen 3 EPYC (2 cores)", fma_latency=4, fma_pipes=2, loads_per_cycle=1.75,
     broadcast_operand=False, direct_windows=((6, 1.0), (5, 0.97), (4, 0.90)),
     filter_windows=((6, 1.0), (5, 0.98), (4, 0.96)), thread_min_flops=1e6,
-    part_min_flops=1.2e6, depthwise_thread_min_flops=0.2e6, direct_min_depth=144, slab_max_filter_tiles=3,
-    transpose_depth=16, packing_filters=6, packed_1x1_filters=256, output_prefetch=2)
+    part_min_flops=1.2e6, depthwise_thread_min_flops=0.2e6, direct_min_depth=144,
+    slab_max_filter_tiles=3, transpose_depth=16, packing_filters=6, packed_1x1_filters=256,
+    output_prefetch=2)
 # no CPU measured: the usual FMA core (latency 4, two pipes) with SSE/NEON-width vectors; the
 # plan constants as the AVX2 core measured them
 GENERIC = Tuning("generic", "not measured: a typical core", fma_latency=4, fma_pipes=2,
