@@ -35,10 +35,11 @@ class Tuning:
     # (windows broadcast from a slab) and packed; () = the model's tiles all equally fast
     direct_windows: tuple = ()
     filter_windows: tuple = ()
-    thread_min_flops: float = 3e6   # work a thread must get to pay for handing parts over
-    # work a part must have to be handed out on its own: threads then share more parts than
-    # there are threads (claimed as they come free) where each still has this much; a
-    # calibration derives it from the hand-off it measures (cso.calibration), else this
+    # work a thread must get to pay for handing parts over; and the work a part must have to be
+    # handed out on its own (threads then share more parts than there are threads, claimed as
+    # they come free, where each still has this much): a calibration derives both from the
+    # hand-off it measures (cso.calibration), else these
+    thread_min_flops: float = 3e6
     part_min_flops: float = 3e6
     depthwise_thread_min_flops: float = 0.5e6   # the same for a depthwise plan (about 10 us)
     direct_min_depth: int = 512     # C/groups*R*S a direct plan needs (shallower: C's tile costs)
@@ -101,12 +102,14 @@ class Tuning:
         return {b: min(by_variant.values()) for b, by_variant in found.items()
                 if len(by_variant) == len(variants)}
 
-    def calibrated(self, fma_in_flight, kernel_speeds, host, part_min_flops=None):
+    def calibrated(self, fma_in_flight, kernel_speeds, host, thread_min_flops=None,
+                   part_min_flops=None):
         """This record corrected by a calibration on ``host``: ``fma_in_flight`` independent
-        FMAs measured to reach the peak (the model's latency x pipes), ``kernel_speeds`` and
-        ``part_min_flops`` (as the fields; None: the record's)."""
+        FMAs measured to reach the peak (the model's latency x pipes), ``kernel_speeds``,
+        ``thread_min_flops`` and ``part_min_flops`` (as the fields; None: the record's)."""
         return replace(self, fma_latency=fma_in_flight / self.fma_pipes,
                        kernel_speeds=tuple(kernel_speeds), calibration=host,
+                       thread_min_flops=thread_min_flops or self.thread_min_flops,
                        part_min_flops=part_min_flops or self.part_min_flops)
 
 

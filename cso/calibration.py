@@ -5,8 +5,9 @@ The first plan made for a kernel ISA on a CPU measures, in about 1-2 s:
 - the FMA peak (independent chains) and the FMA latency (one chain): their ratio is the FMAs
   a tile must keep in flight (latency x pipes), which the register-blocking model uses;
 - the time a second part takes to hand to an awake pool worker (``handoff``), from which the
-  least work worth a part of its own follows (``PART_HANDOFFS`` hand-offs of work at the
-  peak: ``Tuning.part_min_flops``);
+  least work worth a second thread and a part of its own follow (``THREAD_HANDOFFS`` and
+  ``PART_HANDOFFS`` hand-offs of work at the peak: ``Tuning.thread_min_flops`` and
+  ``part_min_flops``);
 - the speed of each candidate micro-tile in each kernel variant
   (``csa.register_blocking.calibration_candidates``: the tiles the rules pick from the model
   and their neighbours), as a fraction of that peak, the tiles measured in turn (a run of
@@ -54,8 +55,11 @@ PLAUSIBLE = 0.9             # each kernel variant's fastest tile reaches this sh
 RETRIES = 2                 # measurements more, at most, of a record where a kernel variant's
                             # fastest tile does not
 HANDOFF_CALLS, HANDOFF_ROUNDS, SLEEPS = 400, 5, 12
+# work worth a second thread, in hand-offs: Zen 3 measured 1 MFLOP on whole convolutions
+# (csa/TUNING.md), 43 of its 0.23 us hand-offs at 102 GFLOP/s
+THREAD_HANDOFFS = 40
 PART_HANDOFFS = 50          # a part's work, in hand-offs: handing it over costs 2% of it
-PART_MIN_RANGE = 4          # the factor a calibration may move the record's part size by
+HANDOFF_RANGE = 4           # the factor a calibration may move the record's values by
 SLEEP_AFTER_SPIN = 0.005    # seconds beyond the workers' spin window: they sleep then
 NOOP_PART = "define void @noop(ptr %args, i64 %part) {\n  ret void\n}\n"
 
@@ -83,19 +87,20 @@ def calibrated_machine(isa_name):
               for variant, tiles in found["kernels"].items() for b, speed in tiles.items()]
     return machine.with_(tuning=machine.tuning.calibrated(
         found["fma_in_flight"], sorted(speeds), f"{found['cpu']}, calibrated {found['date']}",
-        part_min_flops(found, machine.tuning.part_min_flops)))
+        handoffs_work(found, THREAD_HANDOFFS, machine.tuning.thread_min_flops),
+        handoffs_work(found, PART_HANDOFFS, machine.tuning.part_min_flops)))
 
 
-def part_min_flops(record, recorded):
-    """The least work worth a part of its own by calibration ``record``: PART_HANDOFFS
-    hand-offs to an awake worker of work at the FMA peak, within PART_MIN_RANGE of the tuning
-    record's value ``recorded`` (on a VM, some processes measured every hand-off 10x slower
-    than the others, and a calibration is kept); None on one CPU."""
+def handoffs_work(record, handoffs, recorded):
+    """The work (FLOP) of ``handoffs`` hand-offs to an awake worker at the FMA peak, by
+    calibration ``record``, within HANDOFF_RANGE of the tuning record's value ``recorded`` (on
+    a VM, some processes measured every hand-off 10x slower than the others, and a
+    calibration is kept); None on one CPU."""
     handoff_us = record["handoff_us"]
     if handoff_us is None:
         return None
-    derived = PART_HANDOFFS * handoff_us * 1e-6 * record["fma_gflops"] * 1e9
-    return min(max(derived, recorded / PART_MIN_RANGE), recorded * PART_MIN_RANGE)
+    derived = handoffs * handoff_us * 1e-6 * record["fma_gflops"] * 1e9
+    return min(max(derived, recorded / HANDOFF_RANGE), recorded * HANDOFF_RANGE)
 
 
 @compiled_once

@@ -62,13 +62,13 @@ def test_the_record_holds_plausible_measurements(first):
     assert "read_gbs" not in record   # not on a first plan
     if cso.cpus.available_cpus() > 1:   # the hand-off to an awake worker sizes parts
         assert 0 <= record["handoff_us"] < 1e4
-        recorded = csa.tuning.record(record["isa"]).part_min_flops
-        derived = (calibration.PART_HANDOFFS * record["handoff_us"] * 1e-6
-                   * record["fma_gflops"] * 1e9)
-        assert calibration.part_min_flops(record, recorded) == pytest.approx(min(max(
-            derived, recorded / calibration.PART_MIN_RANGE), recorded * calibration.PART_MIN_RANGE))
+        derived = 40 * record["handoff_us"] * 1e-6 * record["fma_gflops"] * 1e9
+        for recorded in (derived, derived * 10, derived / 10):   # within 4x of the record's
+            assert calibration.handoffs_work(record, 40, recorded) == pytest.approx(
+                min(max(derived, recorded / 4), recorded * 4))
     else:
-        assert record["handoff_us"] is None and calibration.part_min_flops(record, 1e6) is None
+        assert record["handoff_us"] is None
+        assert calibration.handoffs_work(record, 40, 1e6) is None
     assert 0 < record["seconds"] < 60
 
 
@@ -210,3 +210,17 @@ def test_probe_tiles_lie_on_cache_lines(monkeypatch):
     assert len(made) == 2 and all(tile.ctypes.data % 64 == 0 for tile in made)
     assert all(np.isfinite(tile).all() for tile in made)
     assert run() > 0
+
+
+def test_a_calibration_sets_the_thread_and_part_sizes_from_its_hand_off():
+    """What a calibration derives from its measured hand-off replaces the tuning record's
+    thread and part sizes; without a measurement (one CPU) the record's stay."""
+    record = csa.tuning.record("avx2")
+    tuned = record.calibrated(8, [], "host", thread_min_flops=2e6, part_min_flops=5e6)
+    assert (tuned.thread_min_flops, tuned.part_min_flops) == (2e6, 5e6)
+    kept = record.calibrated(8, [], "host")
+    assert (kept.thread_min_flops, kept.part_min_flops) == (record.thread_min_flops,
+                                                            record.part_min_flops)
+    found = {"handoff_us": 0.25, "fma_gflops": 100.0}
+    assert calibration.handoffs_work(found, calibration.THREAD_HANDOFFS, 1e6) == \
+        pytest.approx(calibration.THREAD_HANDOFFS * 0.25e-6 * 100e9)
