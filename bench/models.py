@@ -356,14 +356,19 @@ def alone_seconds(run, samples):
     """{"back_to_back": median seconds of ``samples`` calls of ``run`` after a warm-up one,
     "after_pause": of ``samples`` more, each after PAUSE_SECONDS of rest}."""
     run()
-    back, paused = [], []
-    for times, rest in ((back, 0.0), (paused, PAUSE_SECONDS)):
-        for _ in range(samples):
-            time.sleep(rest)
-            start = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - start)
-    return {"back_to_back": statistics.median(back), "after_pause": statistics.median(paused)}
+    return {"back_to_back": median_call_seconds(run, samples),
+            "after_pause": median_call_seconds(run, samples, PAUSE_SECONDS)}
+
+
+def median_call_seconds(run, samples, rest=0.0):
+    """The median seconds of ``samples`` calls of ``run``, each after ``rest`` seconds."""
+    times = []
+    for _ in range(samples):
+        time.sleep(rest)
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def measure_child(engine, path, shapes, threads, batches, cache_dir=None, samples=0):

@@ -229,6 +229,11 @@ def print_scaling(results, threads, peak):
           f"{len(scaling)} convolutions at least {0.9 * threads:.2f}x faster than on 1; lowest "
           f"{scaling[0][0]:.2f}x on {scaling[0][1]} (CSA keeps convolutions too small for "
           f"several threads on one)")
+    from .models import PAUSE_SECONDS
+    for e in engines:
+        paused = {t: geomean(r["paused_x"][t] for r in results[e]) for t in ("1", n)}
+        print(f"{e} after a {1e3 * PAUSE_SECONDS:.0f} ms pause: {paused['1']:.2f}x its "
+              f"back-to-back time on 1 thread, {paused[n]:.2f}x on {threads} (geomean)")
 
 
 def print_dask(results):

@@ -4,9 +4,10 @@ Engines that share a process distort each other's threaded timings: onnxruntime'
 OpenBLAS's workers keep spinning for milliseconds after a call (OpenBLAS's for about 0.1 s), on
 the cores the next engine wants. So ``python -m bench --threads N --scaling`` runs
 ``python -m bench.scaling`` once per engine; that child times its engine on 1 and on N
-threads, in blocks (``median_seconds``), and prints one JSON line per convolution. The
-parent prints the table: GFLOP/s on 1 and N threads, the scaling factor, and cso's ratio to
-each other engine on N threads.
+threads, in blocks (``median_seconds``), then each call after a 50 ms rest (the pools asleep
+by then), and prints one JSON line per convolution. The parent prints the table: GFLOP/s on 1
+and N threads, the scaling factor, and cso's ratio to each other engine on N threads; and each
+engine's time after a pause over its back-to-back time.
 
 im2col is left out: OpenBLAS fixes its thread count when NumPy loads, so one process cannot
 time it on two thread counts.
@@ -21,6 +22,7 @@ import csa
 
 from .engines import ENGINES, check, reference
 from .measure import median_seconds, operands
+from .models import PAUSE_SECONDS, median_call_seconds
 
 SCALING_ENGINES = ("cso", "onnxruntime", "torch")
 
@@ -38,7 +40,8 @@ def _thread_setter(engine):
 
 def measure_scaling(spec, engine, threads, repeat):
     """``engine`` on ``spec`` with 1 and ``threads`` threads: both outputs checked against the
-    float64 reference, then timed in blocks."""
+    float64 reference, then timed in blocks; then at each count, the median of ``repeat``
+    calls each after PAUSE_SECONDS of rest, over the back-to-back time ("paused_x")."""
     x, w = operands(spec)
     ref = reference(spec, x, w)
     set_threads = _thread_setter(engine)
@@ -54,8 +57,11 @@ def measure_scaling(spec, engine, threads, repeat):
         check(f"{engine} on {count} thread(s)", spec, call(), ref)
         runs[count] = call
     seconds = median_seconds(runs, repeat)
+    paused = {count: median_call_seconds(run, repeat, PAUSE_SECONDS)
+              for count, run in runs.items()}
     return {"spec": str(spec), "gflop": spec.flops / 1e9,
-            "gflops": {str(count): spec.flops / s / 1e9 for count, s in seconds.items()}}
+            "gflops": {str(count): spec.flops / s / 1e9 for count, s in seconds.items()},
+            "paused_x": {str(count): paused[count] / seconds[count] for count in runs}}
 
 
 def run_children(specs, engines, threads, repeat):

@@ -87,6 +87,7 @@ def test_scaling_mode_times_each_engine_on_1_and_n_threads():
     assert float(one) > 0 and float(two) > 0 and peak.endswith("%")
     assert float(scaling) == pytest.approx(float(two) / float(one), abs=0.01)
     assert "cso on 2 threads: " in result.stdout
+    assert "cso after a 50 ms pause: " in result.stdout
 
 
 def test_measure_scaling_checks_and_times_both_thread_counts():
@@ -95,6 +96,8 @@ def test_measure_scaling_checks_and_times_both_thread_counts():
     result = measure_scaling(spec, "cso", 2, 1)
     assert result["spec"] == str(spec) and set(result["gflops"]) == {"1", "2"}
     assert all(g > 0 for g in result["gflops"].values())
+    assert set(result["paused_x"]) == {"1", "2"} and all(
+        x > 0 for x in result["paused_x"].values())
 
 
 @pytest.mark.parametrize("argv, message", [
