@@ -158,7 +158,7 @@ def measure(machine, isa_name):
         "version": VERSION, "cpu": cpu_name(), "isa": isa_name,
         "date": time.strftime("%Y-%m-%d"), "fma_gflops": round(peak, 1),
         "fma_in_flight": max(1, round(peak / chain)), "kernels": kernels,
-        "handoff_us": handoff(asleep=False),
+        "handoff_us": awake_handoff(),
         "seconds": round(time.perf_counter() - start, 2)}
 
 
@@ -171,7 +171,7 @@ def measure_facts(machine, isa_name):
     return {"version": FACTS_VERSION, "cpu": cpu_name(), "isa": isa_name,
             "date": time.strftime("%Y-%m-%d"),
             "read_gbs": read_bandwidth(machine, get_isa(isa_name)),
-            "handoff_us": handoff(asleep=True),
+            "handoff_us": handoff(),
             "seconds": round(time.perf_counter() - start, 2)}
 
 
@@ -213,33 +213,46 @@ def read_bandwidth(machine, isa):
     return {level: round(probe.read_bandwidth(size, isa), 1) for level, size in sizes.items()}
 
 
-def handoff(asleep):
+def awake_handoff():
     """Microseconds a call of two empty parts on two threads takes more than one of a single
-    part on one (median), with the workers spinning (back-to-back calls), and with ``asleep``
-    as {"awake", "asleep"}, after they went to sleep too; None on one CPU."""
+    part on one, with the workers spinning (back-to-back calls); None on one CPU."""
+    times = _handoff_times()
+    return None if times is None else round(max(0.0, times[1] - times[0]), 2)
+
+
+def handoff():
+    """{"awake": ``awake_handoff``, "asleep": the same after the workers went to sleep
+    (median)}; None on one CPU."""
+    times = _handoff_times()
+    if times is None:
+        return None
+    base, awake = times
+    asleep = _median_call_us(2, 2, SLEEPS, get_spin() + SLEEP_AFTER_SPIN) - base
+    return {"awake": round(max(0.0, awake - base), 2), "asleep": round(max(0.0, asleep), 1)}
+
+
+def _handoff_times():
+    """(microseconds of a call of one empty part on one thread, of two parts on two threads),
+    the least of a few rounds' medians each: right after the worker's start, or in a slow
+    spell, whole rounds measured the hand-off at 2.5 us where the others took 0-0.4; None on
+    one CPU."""
     if available_cpus() < 2:
         return None
-    noop = _noop_part()
-    args = np.zeros(1, np.int64)
+    calls = HANDOFF_CALLS // HANDOFF_ROUNDS
+    return tuple(min(_median_call_us(count, count, calls) for _ in range(HANDOFF_ROUNDS))
+                 for count in (1, 2))
 
-    def median_us(parts, threads, calls, pause=0.0):
-        times = []
-        for _ in range(calls):
-            if pause:
-                time.sleep(pause)
-            times.append(probe.seconds(lambda: run_parts(noop, args.ctypes.data, parts, threads)))
-        return 1e6 * float(np.median(times))
 
-    # the least of a few rounds' medians: right after the worker's start, or in a slow
-    # spell, whole rounds measured 2.5 us where the others took 0-0.4
-    base = min(median_us(1, 1, HANDOFF_CALLS // HANDOFF_ROUNDS) for _ in range(HANDOFF_ROUNDS))
-    awake = min(median_us(2, 2, HANDOFF_CALLS // HANDOFF_ROUNDS)
-                for _ in range(HANDOFF_ROUNDS)) - base
-    awake = round(max(0.0, awake), 2)
-    if not asleep:
-        return awake
-    asleep = median_us(2, 2, SLEEPS, get_spin() + SLEEP_AFTER_SPIN) - base
-    return {"awake": awake, "asleep": round(max(0.0, asleep), 1)}
+def _median_call_us(parts, threads, calls, pause=0.0):
+    """The median microseconds of ``calls`` calls of ``parts`` empty parts on ``threads``
+    threads, each after ``pause`` seconds."""
+    noop, args = _noop_part(), np.zeros(1, np.int64)
+    times = []
+    for _ in range(calls):
+        if pause:
+            time.sleep(pause)
+        times.append(probe.seconds(lambda: run_parts(noop, args.ctypes.data, parts, threads)))
+    return 1e6 * float(np.median(times))
 
 
 @compiled_once

@@ -185,7 +185,7 @@ def test_a_slow_spell_on_the_tiles_is_measured_again(monkeypatch, slow_spells):
     monkeypatch.setattr(probe, "fma_peak", fma_peak)
     monkeypatch.setattr(probe, "kernel_run", lambda spec, calls: None)
     monkeypatch.setattr(calibration, "read_bandwidth", lambda machine, isa: {})
-    monkeypatch.setattr(calibration, "handoff", lambda asleep: None)
+    monkeypatch.setattr(calibration, "awake_handoff", lambda: None)
     isa = default_isa().name
     record = calibration.measure.__wrapped__(calibration.model_machine(isa), isa)
     assert len(calls) == 1 + min(slow_spells, calibration.RETRIES)
