@@ -94,7 +94,7 @@ for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 from . import documents, report  # noqa: E402  (imports NumPy)
 from .engines import CSO_OPTIONS, ENGINES, available_engines  # noqa: E402
-from .measure import measure_conv, measure_schedules  # noqa: E402
+from .measure import measure_conv, measure_schedules, settle_seconds  # noqa: E402
 from .scaling import SCALING_ENGINES, run_children  # noqa: E402
 from .memory import measure_memory, memory_lines  # noqa: E402
 from . import models  # noqa: E402
@@ -174,8 +174,8 @@ def main_models():
                    f"onnxruntime, and OpenVINO when installed) timed in blocks: a warm-up run, "
                    f"then half its samples back to back, the engines in turn and then in "
                    f"reverse order"
-                   + (f", {models.SETTLE_SECONDS} s of rest after each block"
-                      if opts.threads > 1 else "")
+                   + (f", {settle_seconds(opts.threads):.2f} s of rest before each block "
+                      "(the engines' pools asleep by then)" if opts.threads > 1 else "")
                    + "; cso's and OpenVINO's outputs checked against onnxruntime's first; start: "
                      "each engine's load and first run in a fresh process (cso's on the warm "
                      "cache, and on an empty one)"),
@@ -225,8 +225,11 @@ def main():
                   if label == "Threads" else text) for label, text in facts]
     facts += [
         ("Suite", f"{opts.suite}{' (--quick)' if opts.quick else ''}: {len(specs)} convolutions, float32"),
-        ("Timing", f"median of {repeat} sample{'s' * (repeat > 1)} after a warm-up; every output "
-                   "checked against a float64 reference first"),
+        ("Timing", f"median of {repeat} sample{'s' * (repeat > 1)}, each engine timed in blocks "
+                   "(a warm-up, then back-to-back samples; the engines in turn, then in reverse"
+                   + (f"; {settle_seconds(opts.threads):.2f} s of rest before each block"
+                      if opts.threads > 1 else "")
+                   + "); every output checked against a float64 reference first"),
         ("cso plans", "tuned on this host (--tune: the fastest of CSA's best-ranked plans, timed "
                       "once per machine and kept in the cache; its load time includes that)"
          if opts.tune else "from the model (CSA's rules and this host's calibration)"),

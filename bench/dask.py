@@ -11,14 +11,13 @@ sends back; the model, SqueezeNet (when onnx is installed), 4 KB.
 """
 import numpy as np
 
-from .measure import median_seconds
+from .measure import median_seconds, settle_seconds
 from .models import bench_model
 
 BATCH = 32
 CHUNK = 4   # images per task
 LAYER = (64, 56, 64, 3)   # channels, height and width, filters, kernel size (padding 1)
 MODEL = "squeezenet"
-SETTLE_SECONDS = 0.1   # rest between samples: cso's pool spins on a few ms after a call
 HEADER = ["workload", "one process img/s", "LocalCluster img/s", "cluster / one"]
 
 
@@ -64,7 +63,7 @@ def measure(workers, repeat):
                 raise AssertionError(f"cso.dask on the cluster differs from cso in one process "
                                      f"on {name}")
             seconds = median_seconds({"one": lambda: layer(local), "cluster": y.compute},
-                                     repeat, SETTLE_SECONDS)
+                                     repeat, settle_seconds(workers))
             results.append({"workload": name, **{k: BATCH / s for k, s in seconds.items()}})
     return results
 

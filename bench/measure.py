@@ -19,6 +19,9 @@ from cso.lowering import PACK, POST
 from .engines import ENGINES, check, cso_engine, reference
 
 MIN_SAMPLE_SECONDS = 0.005
+# how long other engines' pools spin on after a call (onnxruntime's: tens of ms)
+OTHER_POOLS_SPIN_SECONDS = 0.05
+SETTLE_MARGIN_SECONDS = 0.02
 COPY = "copy"   # the copy-bandwidth probe timed beside depthwise convolutions
 
 
@@ -45,6 +48,16 @@ def median_seconds(runs, repeat, settle=0.0):
                     run()
                 samples[name].append((time.perf_counter() - start) / calls[name])
     return {name: statistics.median(times) for name, times in samples.items()}
+
+
+def settle_seconds(threads):
+    """The rest before each block on ``threads`` threads: longer than any engine's pool spins
+    on after a call (cso's: ``cso.get_spin()``), so none sits beside the next block; none on
+    one thread."""
+    if threads <= 1:
+        return 0.0
+    import cso
+    return max(cso.get_spin(), OTHER_POOLS_SPIN_SECONDS) + SETTLE_MARGIN_SECONDS
 
 
 def _timed(make):
@@ -81,7 +94,7 @@ def measure_conv(spec, engines, repeat, threads=1):
         src = np.ones(moved // 2 // x.itemsize, x.dtype)
         dst = np.empty_like(src)
         timed[COPY] = lambda: np.copyto(dst, src)
-    seconds = median_seconds(timed, repeat)
+    seconds = median_seconds(timed, repeat, settle_seconds(threads))
     if depthwise:
         copy = seconds.pop(COPY)
         result["bandwidth"] = {"bytes": moved, "cso_gbs": moved / seconds["cso"] / 1e9,

@@ -38,10 +38,7 @@ BATCHES = (1, 8)
 RTOL = 1e-4   # max |cso - onnxruntime| / max |onnxruntime|, per output (OpenVINO's alike)
 ENGINES = ("cso", "onnxruntime", "openvino")   # openvino: when installed
 OPENVINO_MISSING = "not installed"   # result["openvino"]["skipped"] without the module
-# on several threads, a rest after each engine's block of samples: onnxruntime's pool spins for
-# about 35 ms after a run and cso's for a few ms, on the cores the next engine needs
-SETTLE_SECONDS = 0.1
-PAUSE_SECONDS = 0.05   # the rest before each "after a pause" sample: longer than cso's spin
+PAUSE_SECONDS = 0.05   # the rest before each "after a pause" sample
 
 
 def model_path(name):
@@ -276,7 +273,7 @@ def measure_model(name, model, batches, repeat, threads, path=None):
     where it did not (not installed, no ``path``, a model it cannot load)."""
     import cso
     import cso.onnx
-    from .measure import median_seconds
+    from .measure import median_seconds, settle_seconds
     cso.set_num_threads(threads)
     ours = cso.onnx.load(model)
     theirs = onnxruntime_session(model, threads)
@@ -296,7 +293,7 @@ def measure_model(name, model, batches, repeat, threads, path=None):
             _check("OpenVINO", name, batch, [got[output] for output in ours.output_names],
                    expected, ours.output_names)
             runs["openvino"] = lambda: openvino(feeds)
-        seconds = median_seconds(runs, repeat, SETTLE_SECONDS if threads > 1 else 0.0)
+        seconds = median_seconds(runs, repeat, settle_seconds(threads))
         conv = rest = 0.0
         for _ in range(repeat):
             steps = ours.time_by_operator(feeds)
@@ -577,8 +574,8 @@ TEXT = ("The onnx package's light CNNs (their graphs, with random weights: the s
 ALONE_TEXT = ("Each engine alone in its process (the children above, at the first batch: no "
               "other engine's pool beside it): ms, the median of the samples back to back "
               "after a warm-up run; after pause ms, of as many runs each after a "
-              "{pause:.0f} ms rest (the engines' pools asleep by then); with several threads, "
-              "1 thread ms from one more child on one thread, and the speedup over it.")
+              "{pause:.0f} ms rest (a pool whose spin is shorter asleep by then); with several "
+              "threads, 1 thread ms from one more child on one thread, and the speedup over it.")
 
 
 def main():

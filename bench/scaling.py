@@ -4,8 +4,8 @@ Engines that share a process distort each other's threaded timings: onnxruntime'
 OpenBLAS's workers keep spinning for milliseconds after a call (OpenBLAS's for about 0.1 s), on
 the cores the next engine wants. So ``python -m bench --threads N --scaling`` runs
 ``python -m bench.scaling`` once per engine; that child times its engine on 1 and on N
-threads, in blocks (``median_seconds``), then each call after a 50 ms rest (the pools asleep
-by then), and prints one JSON line per convolution. The parent prints the table: GFLOP/s on 1
+threads, in blocks (``median_seconds``), then each call after a 50 ms rest (a pool whose spin
+is shorter asleep by then), and prints one JSON line per convolution. The parent prints the table: GFLOP/s on 1
 and N threads, the scaling factor, and cso's ratio to each other engine on N threads; and each
 engine's time after a pause over its back-to-back time.
 

@@ -31,8 +31,8 @@ pool's state is one int64 array (``STATE_WORDS``, its hot words a cache line apa
 Times come from ``clock_gettime`` (monotonic). ``pool_worker(state, rank)`` never returns: a
 worker thread lives in it. ``pool_run(state, fn, args, nparts, helpers, spin)`` runs a job on
 the caller and up to ``helpers`` workers, or on the caller alone when another caller owns the
-pool or a stall's backoff runs, and returns when every part has run (waiting ``spin`` ns
-before it yields its CPU between looks). ``pool_run_jobs(state, jobs, count, threads, spin)``
+pool or a stall's backoff runs, and returns when every part has run (waiting ``spin`` ns,
+at most ``CALLER_SPIN_NS``, before it yields its CPU between looks). ``pool_run_jobs(state, jobs, count, threads, spin)``
 runs ``count`` jobs one after the other, each an (fn, args, nparts) triple of int64 at
 ``jobs``, on up to ``threads`` threads: a model's recorded steps in one call. All are called
 through ctypes, which releases the GIL for their whole run.
@@ -69,6 +69,10 @@ BACKOFF_GROWTH = 2    # the backoff's factor from one stall to the next
 # rare ones (a VM's hiccups: a few a second) keep it short
 CALM_NS = 100_000_000
 WARM_NS = 1_000_000   # callers run alone this long after waking sleeping workers
+# a caller waits for its job's end at most this long (or the spin window, if shorter) before
+# it yields its CPU between looks: a worker that has not finished by then has likely lost its
+# core, which may be the one the caller holds (more threads than cores)
+CALLER_SPIN_NS = 5_000_000
 
 I1, I32, I64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
@@ -342,6 +346,8 @@ def _define_run(module, triple, run_one, wake_all, now):
 
     bld.position_at_end(waiting)   # until the workers' parts are done: spin, then yield
     waited_from = bld.call(now, [])
+    caller_spin = ir.Constant(I64, CALLER_SPIN_NS)
+    caller_spin = bld.select(bld.icmp_signed("<", spin, caller_spin), spin, caller_spin)
     bld.branch(wait)
     bld.position_at_end(wait)
     polls = bld.phi(I64)
@@ -354,8 +360,8 @@ def _define_run(module, triple, run_one, wake_all, now):
     bld.cbranch(_every_look(bld, polls_next), look, wait)
     bld.position_at_end(look)
     polls.add_incoming(polls_next, look)
-    bld.cbranch(bld.icmp_signed(">", bld.sub(bld.call(now, []), waited_from), spin), give_way,
-                wait)
+    bld.cbranch(bld.icmp_signed(">", bld.sub(bld.call(now, []), waited_from), caller_spin),
+                give_way, wait)
     bld.position_at_end(give_way)
     bld.call(_declare(module, "sched_yield", I32, []), [])
     polls.add_incoming(polls_next, give_way)

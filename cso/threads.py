@@ -25,18 +25,20 @@ from .pool import SPIN, STATE_WORDS, compiled_pool
 
 ENV_VAR = "CSO_NUM_THREADS"
 SPIN_ENV_VAR = "CSO_SPIN_US"
-# how long a worker spins for the next job before it sleeps, and a caller for the end of its job
-# before it yields its CPU between looks: longer than the gap between two layers of a model, so
-# that back-to-back calls find their workers awake (a sleeping worker's core is slow to come
-# back: csa/TUNING.md, "Threads and the pool"), short enough that an idle process soon burns
-# no CPU
-DEFAULT_SPIN_SECONDS = 0.005
+# how long a worker spins for the next job before it sleeps: a core left idle comes back
+# slowly (on 2 threads, small models ran 1.2-1.7x their back-to-back time after a 50 ms pause
+# with 5 ms of spin, 1.0-1.16x with 60 ms: csa/TUNING.md, "Threads and the pool"), so calls
+# some tens of ms apart (a service's requests) find their workers awake, as onnxruntime's
+# (tens of ms) and Intel's OpenMP (200 ms) do; after it an idle process burns no CPU
+DEFAULT_SPIN_SECONDS = 0.1
 MAX_SPIN_SECONDS = 60.0
 
 _threads = None      # set by set_num_threads or on first use; None: not decided yet
 _spin_ns = None      # set by set_spin or on first use
 _pool = None   # (state words, their address, workers started), created on first use
 _start_lock = fork_safe_lock()   # guards _pool
+_asleep_blocks = 0   # workers_asleep blocks open, in all threads (guarded by _spin_lock)
+_spin_lock = fork_safe_lock()
 
 
 def _from_env():
@@ -73,9 +75,9 @@ def set_num_threads(n):
 
 
 def get_spin():
-    """Seconds an idle pool worker spins for the next job before it sleeps (and a caller for
-    its job's end before it yields its CPU): set by ``set_spin``, else ``CSO_SPIN_US``
-    (microseconds), else DEFAULT_SPIN_SECONDS."""
+    """Seconds an idle pool worker spins for the next job before it sleeps (and a caller, at
+    most ``cso.pool.CALLER_SPIN_NS`` of them, for its job's end before it yields its CPU): set
+    by ``set_spin``, else ``CSO_SPIN_US`` (microseconds), else DEFAULT_SPIN_SECONDS."""
     return spin_ns() / 1e9
 
 
@@ -109,10 +111,9 @@ def set_spin(seconds):
     if not 0 <= seconds <= MAX_SPIN_SECONDS:
         raise ValueError(f"set_spin: seconds must be from 0 to {MAX_SPIN_SECONDS}, got "
                          f"{seconds}")
-    _spin_ns = round(float(seconds) * 1e9)
-    ready = _pool
-    if ready is not None:
-        ready[0][SPIN] = _spin_ns   # the workers read it each time they go idle
+    with _spin_lock:
+        _spin_ns = round(float(seconds) * 1e9)
+        _set_pool_spin()
 
 
 @contextlib.contextmanager
@@ -120,16 +121,26 @@ def workers_asleep():
     """A block during which idle pool workers sleep at once instead of spinning: for work
     that runs threads of its own on the cores (NumPy's BLAS), which a spinning worker would
     slow down (ConvNeXt on 2 threads: 185 ms with the workers spinning beside its MatMuls, 99
-    without)."""
-    ready = _pool
-    if ready is None:
-        yield
-        return
-    ready[0][SPIN] = 0      # the workers look at it every 32 polls: asleep within microseconds
+    without). Blocks may nest and overlap from several threads: the spin window is back when
+    the last one ends."""
+    global _asleep_blocks
+    with _spin_lock:
+        _asleep_blocks += 1
+        _set_pool_spin()
     try:
         yield
     finally:
-        ready[0][SPIN] = spin_ns()
+        with _spin_lock:
+            _asleep_blocks -= 1
+            _set_pool_spin()
+
+
+def _set_pool_spin():
+    """The pool's spin word (the workers read it each time they go idle, and every 32 polls:
+    asleep within microseconds of a 0): 0 inside a ``workers_asleep`` block, else the window."""
+    ready = _pool
+    if ready is not None:
+        ready[0][SPIN] = 0 if _asleep_blocks else spin_ns()
 
 
 def pool_address(helpers):
@@ -142,8 +153,9 @@ def pool_address(helpers):
     with _start_lock:
         if _pool is None:
             state = np.zeros(STATE_WORDS, np.int64)
-            state[SPIN] = spin_ns()
             _pool = (state, state.ctypes.data, [])
+            with _spin_lock:
+                _set_pool_spin()
         _, address, started = _pool
         while len(started) < helpers:
             rank = len(started) + 1

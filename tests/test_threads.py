@@ -496,6 +496,49 @@ def test_an_idle_process_burns_no_cpu_beyond_the_spin_window(spin_seconds):
     assert float(child.stdout) <= spin_seconds + 0.05
 
 
+ASLEEP_CHILD = """
+import threading, time, numpy as np, cso
+from cso.pool import SPIN
+cso.set_num_threads(2)
+cso.set_spin(5.0)
+conv = cso.Conv2d(np.ones((64, 32, 3, 3), np.float32), padding=1,
+                  plan_overrides={"split": (2, 1)})
+x = np.ones((1, 32, 40, 40), np.float32)
+def spin_word():
+    return int(cso.threads._pool[0][SPIN])
+with cso.workers_asleep():
+    for _ in range(20):
+        conv(x)
+    before = time.process_time()
+    time.sleep(1.0)
+    idle = time.process_time() - before
+    inner_ended = threading.Event()
+    def other_block():
+        with cso.workers_asleep():
+            pass
+        inner_ended.set()
+    threading.Thread(target=other_block).start()
+    inner_ended.wait()
+    with cso.workers_asleep():
+        cso.set_spin(4.0)
+    still = spin_word()
+after = spin_word()
+print(idle, still, after)
+"""
+
+
+def test_workers_asleep_blocks_sleep_the_workers_until_the_last_one_ends():
+    """Inside ``workers_asleep``, a second of idleness after 2-thread calls costs no spin
+    window (5 s here); blocks nest and overlap from other threads, and neither their ends nor
+    ``set_spin`` wake the workers before the last block ends, which brings the window (the
+    last one set) back."""
+    child = _in_child(ASLEEP_CHILD)
+    assert child.returncode == 0, child.stderr
+    idle, still, after = child.stdout.split()
+    assert float(idle) <= 0.05
+    assert int(still) == 0 and int(after) == 4_000_000_000
+
+
 def test_results_are_bit_identical_at_every_spin_setting(rng, threads, spin):
     wt = rng.standard_normal((40, 24, 3, 3)).astype(np.float32)
     x = rng.standard_normal((2, 24, 19, 17)).astype(np.float32)
