@@ -20,9 +20,9 @@ pool's state is one int64 array (``STATE_WORDS``, its hot words a cache line apa
   longer than its own parts took (a stall: the worker lost its CPU mid-part, to another
   process or another pool's threads) runs the jobs of the next ``backoff`` ns alone, the
   backoff growing for stalls that follow each other (within ``CALM_NS`` of the last backoff's
-  end) and starting again at ``MIN_BACKOFF_NS`` after a calm spell; the workers sleep meanwhile, leaving the core to that other work. On a
-  core shared with other work the second thread costs a stall now and then instead of one in
-  every job;
+  end) and starting again at ``MIN_BACKOFF_NS`` after a calm spell; the workers sleep
+  meanwhile, leaving the core to that other work. On a core shared with other work the second
+  thread costs a stall now and then instead of one in every job;
 - ``warm_until``: a caller that finds workers asleep (a pause longer than their spin) wakes
   them and runs the jobs of the next ``WARM_NS`` alone while they come up to speed (their
   cores, idle until then, ran the first parts slowly: at 2 threads, the run of a small model
@@ -32,10 +32,11 @@ Times come from ``clock_gettime`` (monotonic). ``pool_worker(state, rank)`` neve
 worker thread lives in it. ``pool_run(state, fn, args, nparts, helpers, spin)`` runs a job on
 the caller and up to ``helpers`` workers, or on the caller alone when another caller owns the
 pool or a stall's backoff runs, and returns when every part has run (waiting ``spin`` ns,
-at most ``CALLER_SPIN_NS``, before it yields its CPU between looks). ``pool_run_jobs(state, jobs, count, threads, spin)``
-runs ``count`` jobs one after the other, each an (fn, args, nparts) triple of int64 at
-``jobs``, on up to ``threads`` threads: a model's recorded steps in one call. All are called
-through ctypes, which releases the GIL for their whole run.
+at most ``CALLER_SPIN_NS``, before it yields its CPU between looks).
+``pool_run_jobs(state, jobs, count, threads, spin)`` runs ``count`` jobs one after the other,
+each an (fn, args, nparts) triple of int64 at ``jobs``, on up to ``threads`` threads: a
+model's recorded steps in one call. All are called through ctypes, which releases the GIL for
+their whole run.
 """
 import ctypes
 import platform
