@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 import csa
-from cso.lowering import PACK, POST
+from cso.loop_nests import PACK, POST
 
 from .engines import ENGINES, check, cso_engine, reference
 

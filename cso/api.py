@@ -21,7 +21,7 @@ from . import arguments as args
 from . import autotune
 from . import host
 from .activations import Activation
-from .lowering import ALL_PHASES
+from .loop_nests import ALL_PHASES
 from .prepared import Prepared
 from .threads import get_num_threads
 
@@ -197,7 +197,7 @@ class Conv2d:
         return run
 
     def call_phases(self, x: np.ndarray, phases: int) -> np.ndarray:
-        """Run only ``phases`` (``cso.lowering`` PACK | KERNEL | POST) of the loop nest on ``x``
+        """Run only ``phases`` (``cso.loop_nests`` PACK | KERNEL | POST) of the loop nest on ``x``
         and return the output, whose values are then undefined: the benchmark's time breakdown
         times the phases apart this way, on the very tiles a call uses."""
         return self._call(x, None, phases)

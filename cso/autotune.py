@@ -23,7 +23,7 @@ from packing import pack_filters
 from . import host
 from .calibration import calibration, enabled as calibrated
 from .jobs import unrecorded
-from .lowering import ALL_PHASES
+from .loop_nests import ALL_PHASES
 from .prepared import Prepared
 from .threads import get_num_threads
 

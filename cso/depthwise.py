@@ -18,7 +18,7 @@ from packing import row_copier
 from packing.inputs import define_fill_slab
 
 from .entry import EntryCode, Geom
-from .lowering import ALL_PHASES, KERNEL, PACK, define_slab_offsets
+from .loop_nests import ALL_PHASES, KERNEL, PACK, define_slab_offsets
 
 GEOM = Geom("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q", "P", "M", "nc", "band", "Hb", "Hs",
             "Ws", "planes", "epilogue", "phases", "fill_width", "kernel", "copy_rows", "shuffle",

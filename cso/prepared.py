@@ -12,7 +12,7 @@ from microkernels.dtypes import dtype_name
 from . import depthwise
 from . import lowering as slicing
 from .entry import CALL_ARGS
-from .lowering import ALL_PHASES
+from .loop_nests import ALL_PHASES
 from . import jobs
 from .jobs import active_recording, data_address, run_parts
 from .pool import compiled_pool
@@ -35,7 +35,7 @@ class PartEntry:
 
 @compiled_once
 def part_entry(define_loop_nest, dtype):
-    """The C entry ``define_loop_nest`` (``lowering.define_conv_loop_nest`` or
+    """The C entry ``define_loop_nest`` (a ``loop_nests`` generator or
     ``depthwise.define_depthwise_loop_nest``) generates for ``dtype``, compiled once (or
     loaded from the persistent cache)."""
     return PartEntry(native_function(define_loop_nest, dtype_name(dtype)))

@@ -235,16 +235,17 @@ def test_entries_cached_without_cso_are_not_loaded_with_it(tmp_path):
     assert run_sources_child(tmp_path, "cso")["hits"] == 1
 
 
-@pytest.mark.parametrize("define", ["conv", "depthwise"])
+@pytest.mark.parametrize("define", ["windows_packed", "windows_slab", "filters_packed",
+                                    "filters_direct", "depthwise_loop_nest"])
 def test_loop_nests_need_no_runtime(define):
     """A loop nest's code calls only what its arguments point at and LLVM intrinsics: a
     process loads it from the cache with nothing else set up."""
     from llvmlite import ir
 
-    from cso.depthwise import define_depthwise_loop_nest
-    from cso.lowering import define_conv_loop_nest
+    from cso import depthwise, loop_nests
     module = ir.Module()
-    {"conv": define_conv_loop_nest, "depthwise": define_depthwise_loop_nest}[define](module, "f32")
+    getattr(depthwise if define.startswith("depthwise") else loop_nests, f"define_{define}")(
+        module, "f32")
     declared = [f.name for f in module.functions if f.is_declaration]
     assert all(name.startswith("llvm.") for name in declared), declared
 

@@ -368,7 +368,7 @@ def test_one_loop_nest_serves_every_shape_and_micro_kernel(rng):
 def test_phases_alone_run_the_same_tiles(rng, overrides):
     """The benchmark's time breakdown runs loop-nest phases alone: all of them is exactly a
     call; packing only or post-conv only run without touching anything else."""
-    from cso.lowering import ALL_PHASES, KERNEL, PACK, POST
+    from cso.loop_nests import ALL_PHASES, KERNEL, PACK, POST
     x = rng.standard_normal((2, 12, 5, 37)).astype(np.float32)   # rows wide enough for a slab
     w = rng.standard_normal((20, 12, 3, 3)).astype(np.float32)
     conv = cso.Conv2d(w, rng.standard_normal(20).astype(np.float32), padding=1, activation="relu",
@@ -385,7 +385,7 @@ def test_unpadded_1x1_reads_its_input_in_place_with_windows_in_vectors(rng, vect
     """Windows in vectors: full window tiles of an unpadded stride-1 1x1 are the input rows
     themselves (no packing; the plane's last partial tile is packed). With filters in vectors
     the broadcast windows are packed. Both match the reference, on several images."""
-    from cso.lowering import GEOM
+    from cso.loop_nests import GEOM
     x = rng.standard_normal((3, 20, 9, 11)).astype(np.float32)     # 99 windows: 3 full tiles + 3
     w = rng.standard_normal((24, 20, 1, 1)).astype(np.float32)
     b = rng.standard_normal(24).astype(np.float32)

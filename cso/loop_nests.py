@@ -1,0 +1,388 @@
+"""The slicing loop nests, one generator per variant over shared loops.
+
+A variant is how a plan's micro-kernel meets its operands (``lowering.loop_nest`` picks it):
+
+- ``define_windows_packed``: windows in vectors, each input tile packed right before the
+  filter tiles use it in turn (or read in place where the input already is one: a 1x1
+  convolution at stride 1, ``unpacked``);
+- ``define_windows_slab``: windows in vectors, read in place from a slab;
+- ``define_filters_packed``: filters in vectors, a block's input tiles packed ahead;
+- ``define_filters_direct``: filters in vectors, windows broadcast from a slab.
+
+Each generates the C entry ``conv_{variant}_{dtype}(args, part)`` (``cso.entry``) around the
+micro-kernel ``geom`` names (``lowering.geometry``), computing the output part ``part`` =
+(first window tile, end window tile, first filter tile, end filter tile): window tiles
+numbered over all images (image n's tile t is n*T_in + t), filter tiles within each group.
+Parts share no output element and each element's channel tiles run in the same order whatever
+the part: parts run on several threads give the same result as one.
+
+The shared loops (``_LoopNest.loops``): images; output bands (``band`` window tiles: every
+channel tile of a band runs before the next band, so that the band's partial outputs stay in
+L2); groups; channel tiles; the IS / WS blocks within the band (IS: K3 window tiles x K2 filter
+tiles, WS: K3 filter tiles x K2 window tiles); then the vector operand's tiles, and inside them
+the broadcast operand's. The schedule (IS or WS) is a run-time argument: it only orders the
+same loops.
+
+With filters in vectors the kernel accumulates one output band transposed (windows x K) in
+``out_t``, which a pass at the end of the band turns into NCHW with bias and activation while
+it is hot in L2.
+
+A slab plan packs no tiles: per output band, each channel tile's rows that the band reads are
+copied once, zero-padded and split into stride phases, into ``scratch`` (planes of Hb x Ws,
+see ``csa.layout.slab_shape`` and ``slab_band_rows``); the output rows lie on the Hs x Ws
+phase planes (the last Ws - Q columns padding), and the kernel reads its row (c, r, s) in
+place at the offset ``slab_offsets`` gives from the band's first slab row. With windows in
+vectors a window tile is NWIN consecutive positions on the planes (straddling rows); in a
+direct plan it is at most NWIN consecutive windows of one output row, ``row_tiles`` tiles to a
+row, each window broadcast from the slab.
+"""
+from types import SimpleNamespace
+
+from microkernels import ACCUMULATE, outer_product, transpose
+from microkernels.dtypes import DTYPES
+from microkernels.loop_ir import LoopCode
+from packing.inputs import define_fill_slab, define_pack_input_tile
+
+from .entry import PART_WORDS, EntryCode, Geom
+
+# the loop nests' ``geom``: the convolution's shape, the plan's tiling and the geometry it
+# implies, and the addresses of the functions the loop nest calls
+GEOM = Geom("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q", "P", "groups", "Cg", "Kg", "nc",
+            "k2", "k3", "is_input_stationary", "epilogue", "unpacked", "phases", "Hs", "Ws",
+            "windows", "slots", "band", "Hb", "planes", "row_tiles", "nwin", "nf", "lanes",
+            "kernel", "transpose", "copy_rows", "copy_taps", "fill_width", "tail_kernel",
+            "params")
+
+# The loop nest's phases (geom "phases"): a call runs all of them; the benchmark's time
+# breakdown runs some alone on the same tiles (ConvBench's packing / micro-kernel / post-conv).
+PACK, KERNEL, POST = 1, 2, 4
+ALL_PHASES = PACK | KERNEL | POST
+
+
+def define_windows_packed(module, dtype):
+    """Windows in vectors, input tiles packed: each window tile packed (or, ``unpacked``, read
+    in place but for a last partial tile) before the filter tiles of its block use it in turn
+    while it is hot in L1; IS packs a block's tiles on its first pass over the filter blocks
+    and keeps K3 of them."""
+    nest = _LoopNest(module, dtype, "windows_packed")
+    code = nest.code
+
+    def window_tile(at, wt):
+        tile, in_place = nest.packed_tile(at, wt)
+        with code.if_(~in_place & nest.packing & (at.first_pass | ~nest.input_stationary)):
+            nest.pack_tile(at, tile.first, tile.windows, tile.address)
+        return tile
+
+    nest.loops(window_tile, filters_in_vectors=False)
+    return nest.finish()
+
+
+def define_windows_slab(module, dtype):
+    """Windows in vectors, read in place from the band's slab: a window tile is NWIN
+    consecutive positions on the phase planes, straddling rows."""
+    nest = _LoopNest(module, dtype, "windows_slab")
+
+    def window_tile(at, wt):
+        p0 = wt * nest.NWIN
+        return SimpleNamespace(address=nest.scratch + (p0 - at.row0 * nest.Ws) * nest.item,
+                               stride=nest.NWIN, windows=nest.code.min(nest.NWIN,
+                                                                      nest.windows - p0),
+                               first=p0 // nest.Ws * nest.Q, column=p0 % nest.Ws)
+
+    nest.loops(window_tile, filters_in_vectors=False,
+               slab_row=lambda b0: b0 * nest.NWIN // nest.Ws)
+    return nest.finish()
+
+
+def define_filters_packed(module, dtype):
+    """Filters in vectors, input tiles packed: a block's window tiles packed together before
+    the filter tiles sweep them (WS), or before the first filter block does (IS: K3 tiles stay
+    packed); window tiles innermost."""
+    nest = _LoopNest(module, dtype, "filters_packed")
+    code = nest.code
+
+    def pack_block(at):
+        with code.if_((~nest.input_stationary | at.first_pass) & nest.packing):
+            with code.range(at.wb, at.wend) as wt:
+                p0 = wt * nest.NWIN
+                with code.if_(~nest.unpacked | (p0 + nest.NWIN > nest.PQ)):
+                    nest.pack_tile(at, p0, code.min(nest.NWIN, nest.PQ - p0),
+                                   nest.scratch + (wt - at.wb) * at.tile_bytes)
+
+    def window_tile(at, wt):
+        return nest.packed_tile(at, wt)[0]
+
+    nest.loops(window_tile, filters_in_vectors=True, block=pack_block)
+    return nest.finish()
+
+
+def define_filters_direct(module, dtype):
+    """Filters in vectors, each window broadcast from the band's slab: a window tile is at most
+    NWIN consecutive windows of one output row, ``row_tiles`` of them to a row (evened out:
+    ``row_column``), stepped along the row from one tile to the next (a division per call
+    would cost a shallow kernel call up to a tenth of its time); a row's short tiles run
+    ``tail_kernel``."""
+    nest = _LoopNest(module, dtype, "filters_direct", direct=True)
+    code = nest.code
+    row_tiles = nest.row_tiles
+
+    def start_row(at):
+        """The block's first window tile's output row, tile in that row and first column."""
+        row = code.var(at.wb // row_tiles), code.var(at.wb % row_tiles), code.var()
+        row[2].set(row_column(row[1], row_tiles, nest.Q))
+        return row
+
+    def window_tile(at, wt, row):
+        oh, j, ow0 = row
+        ow1 = row_column(j + 1, row_tiles, nest.Q)
+        tile = SimpleNamespace(address=nest.scratch + ((oh - at.row0) * nest.Ws + ow0) * nest.item,
+                               stride=nest.NWIN, windows=ow1 - ow0, first=oh * nest.Q + ow0,
+                               column=0)
+        row_end = j + 1 == row_tiles   # step to the next tile's, along the row
+        oh.set(oh + code.choose(row_end, 1, 0))
+        j.set(code.choose(row_end, 0, j + 1))
+        ow0.set(code.choose(row_end, 0, ow1))
+        return tile
+
+    nest.loops(window_tile, filters_in_vectors=True, slab_row=lambda b0: b0 // row_tiles,
+               start_row=start_row)
+    return nest.finish()
+
+
+def row_column(tile_in_row, row_tiles, Q):
+    """The first column of a direct row's tile: the row's ``row_tiles`` tiles even, of
+    Q // row_tiles or one more windows each (``csa.layout.balanced_row_windows``)."""
+    return tile_in_row * Q // row_tiles
+
+
+def define_slab_offsets(module):
+    """``slab_offsets(rows, nc, R, S, sh, sw, dh, dw, Hs, Ws)`` in ``module`` (defined once):
+    the offsets of the kernel's rows (c, r, s) on a slab of sh*sw phase planes of Hs x Ws per
+    channel, written as int64 at address ``rows``: tap (r, s) reads plane (r*dh % sh,
+    s*dw % sw) shifted by (r*dh // sh, s*dw // sw)."""
+    if "slab_offsets" in module.globals:
+        return module.globals["slab_offsets"]
+    code = LoopCode(module, "slab_offsets", ("rows", "nc", "R", "S", "sh", "sw", "dh", "dw", "Hs",
+                                          "Ws"), internal=True)
+    rows, nc, R, S, sh, sw, dh, dw, Hs, Ws = code.args(*code.arg_names)
+    plane = Hs * Ws
+    with code.range(0, nc) as c:
+        with code.range(0, R) as r:
+            with code.range(0, S) as s:
+                phase = (r * dh % sh) * sw + s * dw % sw
+                code.store(rows, (c * R + r) * S + s,
+                           (c * sh * sw + phase) * plane + r * dh // sh * Ws + s * dw // sw)
+    code.ret()
+    return code.function
+
+
+class _LoopNest:
+    """The entry being generated and what every variant reads: the ``geom`` fields and call
+    arguments (as attributes), the shared loops (``loops``) and the steps variants share."""
+
+    def __init__(self, module, dtype, variant, direct=False):
+        self.module, self.dtype, self.direct = module, dtype, direct
+        self.code = code = EntryCode(module, f"conv_{variant}_{dtype}", GEOM)
+        self.item = DTYPES[dtype].itemsize
+        for name in ("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q", "P", "Cg", "Kg", "k2",
+                     "k3", "epilogue", "Hs", "Ws", "windows", "slots", "band", "Hb", "planes",
+                     "row_tiles", "fill_width", "params"):
+            setattr(self, name, code.geom(name))
+        self.G, self.nc_max = code.geom("groups", "nc")
+        self.NWIN, self.NF, self.LANES = code.geom("nwin", "nf", "lanes")
+        self.input_stationary, self.unpacked = (code.geom(f) != 0
+                                                for f in ("is_input_stationary", "unpacked"))
+        self.packing, self.kernels, self.post = ((code.geom("phases") & phase) != 0
+                                                 for phase in (PACK, KERNEL, POST))
+        self.x, self.N, self.C, self.H, self.W, self.weights, self.bias, self.out, self.K = (
+            code.call_arg(a) for a in ("x", "n", "c", "h", "w", "weights", "bias", "out",
+                                       "out_k"))
+        self.scratch, self.out_t = code.workspace("scratch", self.item), code.workspace(
+            "out_t", self.item)
+        self.rows = code.workspace("rows", 8)
+        self.part = [code.part_field(i) for i in range(PART_WORDS)]
+        self.PQ = self.P * self.Q
+        self.t_w = (self.Kg + self.NF - 1) // self.NF   # filter tiles per group
+
+    def first_window(self, tile):
+        """The output position (p = oh*Q + ow) of a window tile's first window."""
+        if self.direct:
+            return (tile // self.row_tiles * self.Q
+                    + row_column(tile % self.row_tiles, self.row_tiles, self.Q))
+        return tile * self.NWIN
+
+    def loops(self, window_tile, filters_in_vectors, slab_row=None, block=None,
+              start_row=None):
+        """The shared loops around the kernel on the window tile ``window_tile(at, wt[,
+        row])`` describes (its address and row stride, windows used, first output position,
+        and column on its slab row). ``at`` holds the loops' values: the image, band, group,
+        channel tile and block. With filters in vectors, window tiles run innermost and the
+        band's transposing pass at its end. The variant's steps: ``slab_row(b0)``, a slab's
+        first row for band ``b0`` (the slab is filled per channel tile); ``block(at)``, before a
+        block's tiles; ``start_row(at)``, a direct block's first row, which ``window_tile``
+        steps along."""
+        code = self.code
+        kernel = self.filters_kernel if filters_in_vectors else self.windows_kernel
+        if slab_row is not None:   # the slab's row offsets, its tail zeroed
+            code.call(define_slab_offsets(self.module), self.rows, self.nc_max, self.R, self.S,
+                      self.sh, self.sw, self.dh, self.dw, self.Hb, self.Ws)
+            slab_end = self.nc_max * self.sh * self.sw * self.Hb * self.Ws
+            code.zero(self.scratch + slab_end * self.item,
+                      (code.call_arg("scratch_row") - slab_end) * self.item)
+        t_in = (self.P * self.row_tiles if self.direct
+                else (self.windows + self.NWIN - 1) // self.NWIN)
+        IS = self.input_stationary
+        w_block, f_block = code.choose(IS, self.k3, self.k2), code.choose(IS, self.k2, self.k3)
+        f_lo, f_hi = self.part[2], self.part[3]
+        at = SimpleNamespace()
+        with code.range(self.part[0] // t_in,
+                        code.min(self.N, (self.part[1] + t_in - 1) // t_in)) as n:
+            at.n = n
+            t_lo = code.max(0, self.part[0] - n * t_in)
+            t_hi = code.min(t_in, self.part[1] - n * t_in)
+            with code.range(t_lo, t_hi, self.band) as b0:
+                b1 = code.min(t_hi, b0 + self.band)
+                at.row0 = 0 if slab_row is None else slab_row(b0)
+                at.p_lo = self.first_window(b0)
+                # IS: window blocks of the band, then filter blocks; WS: filter blocks, then
+                # window blocks of the band
+                outer_lo, outer_hi, outer_step, inner_lo, inner_hi, inner_step = (
+                    code.choose(IS, a, b) for a, b in
+                    ((b0, f_lo), (b1, f_hi), (w_block, f_block), (f_lo, b0), (f_hi, b1),
+                     (f_block, w_block)))
+                with code.range(0, self.G) as g:
+                    with code.range(0, self.Cg, self.nc_max) as c0:
+                        self._channel_tile(at, g, c0, filters_in_vectors)
+                        if slab_row is not None:
+                            self._fill_slab(at)
+                        with code.range(outer_lo, outer_hi, outer_step) as outer:
+                            with code.range(inner_lo, inner_hi, inner_step) as inner:
+                                at.wb, at.fb = code.choose(IS, outer, inner), code.choose(
+                                    IS, inner, outer)
+                                at.wend = code.min(b1, at.wb + w_block)
+                                at.fend = code.min(f_hi, at.fb + f_block)
+                                at.first_pass = inner == inner_lo
+                                if block is not None:
+                                    block(at)
+                                self._tiles(at, window_tile, kernel, filters_in_vectors,
+                                            start_row)
+                if filters_in_vectors:
+                    with code.if_(self.post):
+                        self._transpose_band(at, b1, t_in, f_lo, f_hi)
+
+    def _channel_tile(self, at, g, c0, filters_in_vectors):
+        """``at``'s values for channel tile ``c0`` of group ``g``: its kernel flags (the
+        transposed tiles start from zero; their pass applies ``epilogue``), the packed tiles'
+        depth and size, the filters', the output's and the unpacked input's addresses."""
+        code, item = self.code, self.item
+        at.g, at.c0 = g, c0
+        at.nc = nc = code.min(self.nc_max, self.Cg - c0)
+        at.flags = code.choose(c0 > 0, ACCUMULATE, 0)
+        if not filters_in_vectors:
+            at.flags = (at.flags | (self.epilogue & ACCUMULATE)
+                        | code.choose(c0 + nc == self.Cg, self.epilogue, 0))
+        at.depth = nc * self.R * self.S                   # rows of the packed tiles (kernel k)
+        at.tile_bytes = at.depth * self.NWIN * item
+        at.w_base = self.weights + (g * self.t_w * self.Cg + c0) * self.R * self.S * self.NF * item
+        at.out_base = self.out + (at.n * self.K + g * self.Kg) * self.PQ * item
+        at.x_base = self.x + (at.n * self.C + g * self.Cg + c0) * self.PQ * item  # unpacked only
+
+    def _tiles(self, at, window_tile, kernel, filters_in_vectors, start_row):
+        """A block's tiles: the vector operand's tile stays in L1 while the broadcast operand's
+        tiles stream past it (filter tiles innermost with windows in vectors, each window tile
+        set up once for them; window tiles innermost with filters in vectors)."""
+        code = self.code
+        if not filters_in_vectors:
+            with code.range(at.wb, at.wend) as wt:
+                tile = window_tile(at, wt)
+                with code.range(at.fb, at.fend) as ft:
+                    kernel(at, ft, tile)
+            return
+        with code.range(at.fb, at.fend) as ft:
+            row = () if start_row is None else (start_row(at),)
+            with code.range(at.wb, at.wend) as wt:
+                kernel(at, ft, window_tile(at, wt, *row))
+
+    def packed_tile(self, at, wt):
+        """(window tile ``wt`` of a packed variant, whether it is read in place): its slot of
+        packed tiles (see ``lowering.scratch_tiles``), or the input itself where the plan
+        reads it ``unpacked`` and the tile is whole."""
+        code, p0 = self.code, wt * self.NWIN
+        in_place = self.unpacked & (p0 + self.NWIN <= self.PQ)
+        slot = code.choose(self.slots > 1, wt - at.wb, 0)
+        tile = SimpleNamespace(address=code.choose(in_place, at.x_base + p0 * self.item,
+                                                   self.scratch + slot * at.tile_bytes),
+                               stride=code.choose(in_place, self.PQ, self.NWIN),
+                               windows=code.min(self.NWIN, self.windows - p0), first=p0,
+                               column=0)
+        return tile, in_place
+
+    def pack_tile(self, at, p0, nwin_used, dst):
+        """Pack the input tile of ``nwin_used`` windows from position ``p0`` at ``dst``."""
+        self.code.call(define_pack_input_tile(self.module, self.dtype), self.x, self.C, self.H,
+                       self.W, at.n, at.g * self.Cg + at.c0, at.nc, p0, nwin_used, self.R,
+                       self.S, self.sh, self.sw, self.dh, self.dw, self.pt, self.pl, self.Q, dst,
+                       self.NWIN, self.code.geom("copy_rows"), self.code.geom("copy_taps"))
+
+    def _fill_slab(self, at):
+        """The band's slab rows of the channel tile, zero-padded and split into phases."""
+        code, item = self.code, self.item
+        with code.if_(self.packing):
+            code.call(define_fill_slab(self.module, self.dtype),
+                      self.x + (at.n * self.C + at.g * self.Cg + at.c0) * self.H * self.W * item,
+                      self.H * self.W * item, self.H, self.W, at.nc, self.sh, self.sw, self.Hb,
+                      self.Ws, at.row0, code.min(self.Hb, self.Hs - at.row0), self.pt, self.pl,
+                      self.planes, self.scratch, self.fill_width, code.geom("copy_rows"))
+
+    def windows_kernel(self, at, ft, tile):
+        """The kernel (windows in vectors) on filter tile ``ft``, into ``out`` in place."""
+        code, item = self.code, self.item
+        f0 = ft * self.NF
+        with code.if_(self.kernels):
+            code.call((code.geom("kernel"), outer_product.FUNCTION_TYPE), at.depth, tile.address,
+                      tile.stride, at.w_base + ft * self._filter_tile_bytes(), self.NF,
+                      at.out_base + (f0 * self.PQ + tile.first) * item, self.PQ, tile.windows,
+                      code.min(self.NF, self.Kg - f0), self.bias + (at.g * self.Kg + f0) * item,
+                      at.flags, self.rows, tile.column, self.Ws, self.Ws - self.Q, self.params)
+
+    def filters_kernel(self, at, ft, tile):
+        """The kernel (filters in vectors) on filter tile ``ft``, into the band's transposed
+        output; a direct row's short tile runs ``tail_kernel`` (when there is one)."""
+        code, item = self.code, self.item
+        f0 = ft * self.NF
+        kernel = code.geom("kernel")
+        if self.direct:
+            tail = code.geom("tail_kernel")
+            kernel = code.choose((tail != 0) & (tile.windows < self.NWIN), tail, kernel)
+        with code.if_(self.kernels):
+            code.call((kernel, outer_product.FUNCTION_TYPE), at.depth,
+                      at.w_base + ft * self._filter_tile_bytes(), self.NF, tile.address,
+                      tile.stride,
+                      self.out_t + ((tile.first - at.p_lo) * self.K + at.g * self.Kg + f0) * item,
+                      self.K, code.min(self.NF, self.Kg - f0), tile.windows, self.bias, at.flags,
+                      self.rows, 0, 0, 0, self.params)
+
+    def _filter_tile_bytes(self):
+        """The stride between filter tiles."""
+        return self.Cg * self.R * self.S * self.NF * self.item
+
+    def _transpose_band(self, at, b1, t_in, f_lo, f_hi):
+        """The band's out[n, k, p] = act(out_t[p - p_lo, k] (+ bias[k])) while its rows are hot
+        in L2, one vector-square block at a time (the part's filters: a plan splits the filters
+        of one group only, in whole filter tiles)."""
+        code, item, LANES, K = self.code, self.item, self.LANES, self.K
+        p_hi = code.cond(b1 < t_in, lambda: self.first_window(b1), lambda: self.PQ)
+        k_lo = code.choose(self.G == 1, f_lo * self.NF, 0)
+        k_hi = code.choose(self.G == 1, code.min(K, f_hi * self.NF), K)
+        out_n = self.out + at.n * K * self.PQ * item
+        with code.range(at.p_lo, p_hi, LANES) as p0:
+            with code.range(k_lo, k_hi, LANES) as k0:
+                code.call((code.geom("transpose"), transpose.FUNCTION_TYPE),
+                          self.out_t + ((p0 - at.p_lo) * K + k0) * item, K,
+                          out_n + (k0 * self.PQ + p0) * item, self.PQ,
+                          code.min(LANES, p_hi - p0), code.min(LANES, k_hi - k0),
+                          self.bias + k0 * item, self.epilogue, self.params)
+
+    def finish(self):
+        self.code.ret()
+        return self.code.function
