@@ -195,7 +195,7 @@ def openvino_engine(path, threads):
 
 def load_engine(engine, model, threads):
     """``engine``'s ``run(feeds) -> outputs`` for ``model`` (a ModelProto or a path; a path for
-    OpenVINO)."""
+    OpenVINO) on ``threads`` threads (cso's: set by each run, the count being the process's)."""
     if engine == "openvino":
         return openvino_engine(model, threads)[1]
     if engine == "cso":
@@ -203,7 +203,11 @@ def load_engine(engine, model, threads):
         import cso.onnx
         cso.set_num_threads(threads)
         loaded = cso.onnx.load(model)
-        return lambda feeds: loaded.run(None, feeds)
+
+        def run(feeds):
+            cso.set_num_threads(threads)
+            return loaded.run(None, feeds)
+        return run
     session = onnxruntime_session(model, threads)
     return lambda feeds: session.run(None, feeds)
 
@@ -324,9 +328,8 @@ def engine_child(engine, path, shapes, threads, batches, samples=0):
     batch, in order; return {"start_s": the seconds of loading and the first run, "peak_mib":
     the peak RSS beyond the RSS just before loading (imports done, inputs made), in MiB}, and
     for cso "compiled": the kernels it compiled (persistent cache misses). With ``samples``,
-    also "alone_s": the engine alone in its process at the first batch, {"back_to_back": the
-    median of ``samples`` runs after a warm-up, "after_pause": of as many runs each after
-    PAUSE_SECONDS of rest}."""
+    also "alone_s": the engine alone in its process at the first batch (``alone_seconds``; on
+    several threads beside the engine loaded again on one thread, after the peak's reading)."""
     import importlib
     engine_modules = {"cso": ("cso.onnx", "threadpoolctl"), "onnxruntime": ("onnxruntime",),
                       "openvino": ("openvino",)}
@@ -342,19 +345,32 @@ def engine_child(engine, path, shapes, threads, batches, samples=0):
         run(feed)
     result = {"start_s": started, "peak_mib": (_status_kib("VmHWM") - before) / 1024}
     if samples:
-        result["alone_s"] = alone_seconds(lambda: run(feeds[0]), samples)
+        one = None if threads == 1 else load_engine(engine, path, 1)
+        result["alone_s"] = alone_seconds(lambda: run(feeds[0]), samples,
+                                          one and (lambda: one(feeds[0])), threads)
     if engine == "cso":
         from microkernels import cache
         result["compiled"] = cache.stats()["misses"]
     return result
 
 
-def alone_seconds(run, samples):
-    """{"back_to_back": median seconds of ``samples`` calls of ``run`` after a warm-up one,
-    "after_pause": of ``samples`` more, each after PAUSE_SECONDS of rest}."""
-    run()
-    return {"back_to_back": median_call_seconds(run, samples),
-            "after_pause": median_call_seconds(run, samples, PAUSE_SECONDS)}
+def alone_seconds(run, samples, run_one_thread=None, threads=1):
+    """{"back_to_back": median seconds of ``samples`` calls of ``run`` (on ``threads``
+    threads), "after_pause": of ``samples`` more, each after PAUSE_SECONDS of rest}; with
+    ``run_one_thread``, the same engine on one thread, also "one_thread": its back-to-back
+    median, both timed in alternate blocks (``median_seconds``: a rest before each, for the
+    pool of the other to stop spinning), so that the speedup's two figures share the
+    process's and the host's drifts."""
+    from .measure import median_seconds, settle_seconds
+    if run_one_thread is None:
+        run()
+        seconds = {"back_to_back": median_call_seconds(run, samples)}
+    else:
+        blocks = median_seconds({"back_to_back": run, "one_thread": run_one_thread},
+                                samples, settle_seconds(threads))
+        seconds = {"back_to_back": blocks["back_to_back"], "one_thread": blocks["one_thread"]}
+    seconds["after_pause"] = median_call_seconds(run, samples, PAUSE_SECONDS)
+    return seconds
 
 
 def median_call_seconds(run, samples, rest=0.0):
@@ -402,7 +418,7 @@ def measure(source, batches, repeat, threads):
     that ran (OpenVINO if it did) on the same model, its start ("start_s", cso's on the cache
     the runs just filled), peak memory ("peak_mib") and latency alone in its process at the
     first batch ("alone": {engine: {"ms", "paused_ms"} (``engine_child``'s "alone_s"), and on
-    several threads "one_thread_ms" from one more child on one thread}), and cso's start on an
+    several threads "one_thread_ms", the same child's engine on one thread}), and cso's start on an
     empty cache ("cold_start_s": at the first batch, in a child whose cache is a new
     directory, removed after); or {"model", "refused": why} for a model ``cso.onnx`` cannot
     load."""
@@ -431,10 +447,9 @@ def measure(source, batches, repeat, threads):
         result["alone"] = {e: {"ms": 1e3 * child["alone_s"]["back_to_back"],
                                "paused_ms": 1e3 * child["alone_s"]["after_pause"]}
                            for e, child in children.items()}
-        if threads > 1:
-            for e in ran:
-                one = measure_child(e, path, shapes, 1, batches[:1], samples=repeat)
-                result["alone"][e]["one_thread_ms"] = 1e3 * one["alone_s"]["back_to_back"]
+        for e, child in children.items():
+            if "one_thread" in child["alone_s"]:
+                result["alone"][e]["one_thread_ms"] = 1e3 * child["alone_s"]["one_thread"]
         empty = os.path.join(tmp, "empty-cache")
         os.mkdir(empty)
         result["cold_start_s"] = measure_child("cso", path, shapes, threads, batches[:1],
@@ -575,7 +590,9 @@ ALONE_TEXT = ("Each engine alone in its process (the children above, at the firs
               "other engine's pool beside it): ms, the median of the samples back to back "
               "after a warm-up run; after pause ms, of as many runs each after a "
               "{pause:.0f} ms rest (a pool whose spin is shorter asleep by then); with several "
-              "threads, 1 thread ms from one more child on one thread, and the speedup over it.")
+              "threads, 1 thread ms from the engine loaded again in the same child on one "
+              "thread, timed in blocks that alternate with the others' (a rest before each), "
+              "and the speedup over it.")
 
 
 def main():

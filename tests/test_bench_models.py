@@ -4,6 +4,7 @@ installed and the report says so when it is not. No timing is asserted."""
 import math
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -276,7 +277,7 @@ def test_each_engine_alone_back_to_back_after_a_pause_and_on_one_thread(tmp_path
     monkeypatch.setattr(models, "measure_child", child)
     one, two = models.measure(path, [1], 3, 1), models.measure(path, [1], 3, 2)
     assert ("cso", 1, 3) in timed and ("onnxruntime", 2, 3) in timed
-    assert timed.count(("cso", 1, 3)) == 2   # the 2-thread run's one-thread child, and run 1's
+    assert timed.count(("cso", 1, 3)) == 1   # run 1's: the 2-thread run's children time 1 too
     for r, threads in ((one, 1), (two, 2)):
         assert set(r["alone"]) == {"cso", "onnxruntime"}
         for a in r["alone"].values():
@@ -296,3 +297,23 @@ def test_each_engine_alone_back_to_back_after_a_pause_and_on_one_thread(tmp_path
     assert "one thread" not in models.alone_summary([one])[0]
     with pytest.raises(subprocess.CalledProcessError):   # the child checks its arguments
         real_child("cso", path, {"input": [3, 16, 16]}, 1, [1], samples=-1)
+
+
+def test_alone_seconds_times_both_thread_counts_in_alternate_blocks(monkeypatch):
+    """On several threads an engine's back-to-back time and its one-thread instance's come
+    from blocks that alternate (in turn, then in reverse), each after a rest longer than any
+    pool's spin; its after-pause samples follow, each after PAUSE_SECONDS."""
+    from bench.measure import settle_seconds
+    events = []
+    monkeypatch.setattr(time, "sleep", lambda seconds: events.append(("rest", seconds)))
+    seconds = models.alone_seconds(lambda: events.append("N"), 4, lambda: events.append("1"),
+                                   2)
+    assert set(seconds) == {"back_to_back", "one_thread", "after_pause"}
+    assert all(s > 0 for s in seconds.values())
+    blocks = []   # (what came before it, the runs' label) of each run of one label
+    for before, event in zip([None] + events, events):
+        if event != before and event in ("N", "1"):
+            blocks.append((before, event))
+    assert [label for _, label in blocks[2:6]] == ["N", "1", "1", "N"]
+    assert all(rest == ("rest", settle_seconds(2)) for rest, _ in blocks[2:6])
+    assert events[-2:] == [("rest", models.PAUSE_SECONDS), "N"]
