@@ -14,7 +14,9 @@ pool's state is one int64 array (``STATE_WORDS``, its hot words a cache line apa
   ``helpers``: how many workers (ranks 1..helpers) may take its parts;
 - ``wake`` (32-bit) and ``sleepers``: a worker that found nothing for ``spin`` nanoseconds
   sleeps on ``wake`` (a futex on Linux, else short sleeps); a caller bumps it and wakes the
-  sleepers;
+  sleepers. Past ``HOT_SPIN_NS`` of that spin it yields its CPU at each look: another thread
+  that wants the core (the caller's own code, NumPy's BLAS threads, another process) gets it,
+  and an idle core stays busy with the worker, and so awake;
 - ``spin``: the workers' spin window (ns, ``cso.threads.set_spin``);
 - ``alone_until``, ``backoff``, ``last_stall``: a caller that waited on a worker's part far
   longer than its own parts took (a stall: the worker lost its CPU mid-part, to another
@@ -70,6 +72,9 @@ BACKOFF_GROWTH = 2    # the backoff's factor from one stall to the next
 # rare ones (a VM's hiccups: a few a second) keep it short
 CALM_NS = 100_000_000
 WARM_NS = 1_000_000   # callers run alone this long after waking sleeping workers
+# an idle worker spins this long, then yields its CPU at each look (every POLLS_A_LOOK polls)
+# until its spin window ends: a busy process beside it takes the core, an idle core stays awake
+HOT_SPIN_NS = 5_000_000
 # a caller waits for its job's end at most this long (or the spin window, if shorter) before
 # it yields its CPU between looks: a worker that has not finished by then has likely lost its
 # core, which may be the one the caller holds (more threads than cores)
@@ -171,6 +176,10 @@ def _open_part(bld, state, rank, order):
     return claim, part, bld.and_(bld.icmp_unsigned("<", part, parts), allowed)
 
 
+def _sched_yield(module):
+    return module.globals.get("sched_yield") or _declare(module, "sched_yield", I32, [])
+
+
 def _pause(module, bld, triple):
     if triple.startswith(("x86_64", "i686", "i386")):
         name = "llvm.x86.sse2.pause"
@@ -236,8 +245,9 @@ def _define_worker(module, triple, run_one, sleep, now):
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64]), "pool_worker")
     state, rank = fn.args
     bld = _Builder(fn.append_basic_block("entry"))
-    loop, idle, look, doze, nap, woke = (bld.new_block(n)
-                                         for n in ("loop", "idle", "look", "doze", "nap", "woke"))
+    loop, idle, look, keep, polite, doze, nap, woke = (
+        bld.new_block(n) for n in ("loop", "idle", "look", "keep", "polite", "doze", "nap",
+                                   "woke"))
     zero = ir.Constant(I64, 0)
     bld.branch(loop)
     bld.position_at_end(loop)
@@ -258,12 +268,21 @@ def _define_worker(module, triple, run_one, sleep, now):
     bld.position_at_end(look)   # spun for the window (``spin``, read anew: it may change)?
     t = bld.call(now, [])
     since_now = bld.select(bld.icmp_unsigned("==", polls, zero), t, since)
-    polls.add_incoming(polls_next, look)
-    since.add_incoming(since_now, look)
     spin = bld.load_word(state, SPIN, "monotonic")
     backing_off = bld.icmp_signed("<", t, bld.load_word(state, ALONE_UNTIL, "monotonic"))
-    bld.cbranch(bld.or_(backing_off, bld.icmp_signed(">=", bld.sub(t, since_now), spin)),
-                doze, loop)
+    idle_for = bld.sub(t, since_now)
+    bld.cbranch(bld.or_(backing_off, bld.icmp_signed(">=", idle_for, spin)), doze, keep)
+    # past HOT_SPIN_NS, spin politely: yield the CPU at each look, so that another thread
+    # that wants this core (another process's, the caller's) takes it, while an idle core
+    # stays busy with this one and so awake
+    bld.position_at_end(keep)
+    bld.cbranch(bld.icmp_signed(">=", idle_for, ir.Constant(I64, HOT_SPIN_NS)), polite, loop)
+    bld.position_at_end(polite)
+    bld.call(_sched_yield(module), [])
+    bld.branch(loop)
+    for block in (keep, polite):
+        polls.add_incoming(polls_next, block)
+        since.add_incoming(since_now, block)
     # announce the sleep before the last look for work: a caller that posts after that look
     # sees the sleeper and wakes it, and one that posted before it is seen by the look
     bld.position_at_end(doze)
@@ -364,7 +383,7 @@ def _define_run(module, triple, run_one, wake_all, now):
     bld.cbranch(bld.icmp_signed(">", bld.sub(bld.call(now, []), waited_from), caller_spin),
                 give_way, wait)
     bld.position_at_end(give_way)
-    bld.call(_declare(module, "sched_yield", I32, []), [])
+    bld.call(_sched_yield(module), [])
     polls.add_incoming(polls_next, give_way)
     bld.branch(wait)
 

@@ -496,6 +496,33 @@ def test_an_idle_process_burns_no_cpu_beyond_the_spin_window(spin_seconds):
     assert float(child.stdout) <= spin_seconds + 0.05
 
 
+POLITE_CHILD = """
+import os, time, numpy as np, cso
+os.sched_setaffinity(0, {{min(os.sched_getaffinity(0))}})   # one CPU for both threads
+cso.set_num_threads(2)
+cso.set_spin(5.0)
+conv = cso.Conv2d(np.ones((64, 32, 3, 3), np.float32), padding=1,
+                  plan_overrides={{"split": (2, 1)}})
+conv(np.ones((1, 32, 40, 40), np.float32))
+time.sleep({hot})   # the worker spins on: past its hot spin, politely
+start, cpu = time.perf_counter(), time.thread_time()
+while time.perf_counter() - start < 0.5:
+    pass
+print((time.thread_time() - cpu) / (time.perf_counter() - start))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity")
+def test_a_spinning_worker_yields_its_cpu_after_the_hot_spin():
+    """Past ``HOT_SPIN_NS`` of its spin window an idle worker yields its CPU at each look: a
+    thread that wants the same CPU (here the caller's own Python loop, the two pinned to one
+    CPU) gets nearly all of it, where a worker spinning on would take half."""
+    from cso.pool import HOT_SPIN_NS
+    child = _in_child(POLITE_CHILD.format(hot=2 * HOT_SPIN_NS / 1e9))
+    assert child.returncode == 0, child.stderr
+    assert float(child.stdout) >= 0.8
+
+
 ASLEEP_CHILD = """
 import threading, time, numpy as np, cso
 from cso.pool import SPIN
