@@ -73,7 +73,7 @@ def define_windows_packed(module, dtype):
             nest.pack_tile(at, tile.first, tile.windows, tile.address)
         return tile
 
-    nest.loops(window_tile, filters_in_vectors=False)
+    nest.loops(window_tile, nest.kernel_into_output, windows_innermost=False)
     return nest.finish()
 
 
@@ -89,7 +89,7 @@ def define_windows_slab(module, dtype):
                                                                       nest.windows - p0),
                                first=p0 // nest.Ws * nest.Q, column=p0 % nest.Ws)
 
-    nest.loops(window_tile, filters_in_vectors=False,
+    nest.loops(window_tile, nest.kernel_into_output, windows_innermost=False,
                slab_row=lambda b0: b0 * nest.NWIN // nest.Ws)
     return nest.finish()
 
@@ -112,7 +112,8 @@ def define_filters_packed(module, dtype):
     def window_tile(at, wt):
         return nest.packed_tile(at, wt)[0]
 
-    nest.loops(window_tile, filters_in_vectors=True, block=pack_block)
+    nest.loops(window_tile, nest.kernel_into_band, windows_innermost=True,
+               band_pass=nest.transpose_band, block=pack_block)
     return nest.finish()
 
 
@@ -144,7 +145,8 @@ def define_filters_direct(module, dtype):
         ow0.set(code.choose(row_end, 0, ow1))
         return tile
 
-    nest.loops(window_tile, filters_in_vectors=True, slab_row=lambda b0: b0 // row_tiles,
+    nest.loops(window_tile, nest.kernel_into_band, windows_innermost=True,
+               band_pass=nest.transpose_band, slab_row=lambda b0: b0 // row_tiles,
                start_row=start_row)
     return nest.finish()
 
@@ -211,18 +213,19 @@ class _LoopNest:
                     + row_column(tile % self.row_tiles, self.row_tiles, self.Q))
         return tile * self.NWIN
 
-    def loops(self, window_tile, filters_in_vectors, slab_row=None, block=None,
-              start_row=None):
-        """The shared loops around the kernel on the window tile ``window_tile(at, wt[,
-        row])`` describes (its address and row stride, windows used, first output position,
-        and column on its slab row). ``at`` holds the loops' values: the image, band, group,
-        channel tile and block. With filters in vectors, window tiles run innermost and the
-        band's transposing pass at its end. The variant's steps: ``slab_row(b0)``, a slab's
-        first row for band ``b0`` (the slab is filled per channel tile); ``block(at)``, before a
-        block's tiles; ``start_row(at)``, a direct block's first row, which ``window_tile``
-        steps along."""
+    def loops(self, window_tile, kernel, windows_innermost, band_pass=None, slab_row=None,
+              block=None, start_row=None):
+        """The shared loops around ``kernel(at, filter_tile, tile)`` on the window tile
+        ``window_tile(at, wt[, row])`` describes (its address and row stride, windows used,
+        first output position, and column on its slab row). ``at`` holds the loops' values:
+        the image, band, group, channel tile and block. The variant's steps:
+        ``windows_innermost``, the loop order (the vector operand's tiles outside);
+        ``band_pass(at, b1, t_in, f_lo, f_hi)``, a pass over each band's output after its
+        channel tiles, which then applies the epilogue (else the kernel's store does, on the
+        last channel tile); ``slab_row(b0)``, a slab's first row for band ``b0`` (the slab is
+        filled per channel tile); ``block(at)``, before a block's tiles; ``start_row(at)``, a
+        direct block's first row, which ``window_tile`` steps along."""
         code = self.code
-        kernel = self.filters_kernel if filters_in_vectors else self.windows_kernel
         if slab_row is not None:   # the slab's row offsets, its tail zeroed
             code.call(define_slab_offsets(self.module), self.rows, self.nc_max, self.R, self.S,
                       self.sh, self.sw, self.dh, self.dw, self.Hb, self.Ws)
@@ -252,7 +255,7 @@ class _LoopNest:
                      (f_block, w_block)))
                 with code.range(0, self.G) as g:
                     with code.range(0, self.Cg, self.nc_max) as c0:
-                        self._channel_tile(at, g, c0, filters_in_vectors)
+                        self._channel_tile(at, g, c0, band_pass is None)
                         if slab_row is not None:
                             self._fill_slab(at)
                         with code.range(outer_lo, outer_hi, outer_step) as outer:
@@ -264,21 +267,22 @@ class _LoopNest:
                                 at.first_pass = inner == inner_lo
                                 if block is not None:
                                     block(at)
-                                self._tiles(at, window_tile, kernel, filters_in_vectors,
+                                self._tiles(at, window_tile, kernel, windows_innermost,
                                             start_row)
-                if filters_in_vectors:
+                if band_pass is not None:
                     with code.if_(self.post):
-                        self._transpose_band(at, b1, t_in, f_lo, f_hi)
+                        band_pass(at, b1, t_in, f_lo, f_hi)
 
-    def _channel_tile(self, at, g, c0, filters_in_vectors):
+    def _channel_tile(self, at, g, c0, stores_output):
         """``at``'s values for channel tile ``c0`` of group ``g``: its kernel flags (the
-        transposed tiles start from zero; their pass applies ``epilogue``), the packed tiles'
-        depth and size, the filters', the output's and the unpacked input's addresses."""
+        ``epilogue`` on the last channel tile when the kernel ``stores_output``; else its tiles
+        start from zero and a band pass applies it), the packed tiles' depth and size, the
+        filters', the output's and the unpacked input's addresses."""
         code, item = self.code, self.item
         at.g, at.c0 = g, c0
         at.nc = nc = code.min(self.nc_max, self.Cg - c0)
         at.flags = code.choose(c0 > 0, ACCUMULATE, 0)
-        if not filters_in_vectors:
+        if stores_output:
             at.flags = (at.flags | (self.epilogue & ACCUMULATE)
                         | code.choose(c0 + nc == self.Cg, self.epilogue, 0))
         at.depth = nc * self.R * self.S                   # rows of the packed tiles (kernel k)
@@ -287,12 +291,12 @@ class _LoopNest:
         at.out_base = self.out + (at.n * self.K + g * self.Kg) * self.PQ * item
         at.x_base = self.x + (at.n * self.C + g * self.Cg + c0) * self.PQ * item  # unpacked only
 
-    def _tiles(self, at, window_tile, kernel, filters_in_vectors, start_row):
+    def _tiles(self, at, window_tile, kernel, windows_innermost, start_row):
         """A block's tiles: the vector operand's tile stays in L1 while the broadcast operand's
         tiles stream past it (filter tiles innermost with windows in vectors, each window tile
         set up once for them; window tiles innermost with filters in vectors)."""
         code = self.code
-        if not filters_in_vectors:
+        if not windows_innermost:
             with code.range(at.wb, at.wend) as wt:
                 tile = window_tile(at, wt)
                 with code.range(at.fb, at.fend) as ft:
@@ -334,7 +338,7 @@ class _LoopNest:
                       self.Ws, at.row0, code.min(self.Hb, self.Hs - at.row0), self.pt, self.pl,
                       self.planes, self.scratch, self.fill_width, code.geom("copy_rows"))
 
-    def windows_kernel(self, at, ft, tile):
+    def kernel_into_output(self, at, ft, tile):
         """The kernel (windows in vectors) on filter tile ``ft``, into ``out`` in place."""
         code, item = self.code, self.item
         f0 = ft * self.NF
@@ -345,7 +349,7 @@ class _LoopNest:
                       code.min(self.NF, self.Kg - f0), self.bias + (at.g * self.Kg + f0) * item,
                       at.flags, self.rows, tile.column, self.Ws, self.Ws - self.Q, self.params)
 
-    def filters_kernel(self, at, ft, tile):
+    def kernel_into_band(self, at, ft, tile):
         """The kernel (filters in vectors) on filter tile ``ft``, into the band's transposed
         output; a direct row's short tile runs ``tail_kernel`` (when there is one)."""
         code, item = self.code, self.item
@@ -366,7 +370,7 @@ class _LoopNest:
         """The stride between filter tiles."""
         return self.Cg * self.R * self.S * self.NF * self.item
 
-    def _transpose_band(self, at, b1, t_in, f_lo, f_hi):
+    def transpose_band(self, at, b1, t_in, f_lo, f_hi):
         """The band's out[n, k, p] = act(out_t[p - p_lo, k] (+ bias[k])) while its rows are hot
         in L2, one vector-square block at a time (the part's filters: a plan splits the filters
         of one group only, in whole filter tiles)."""
