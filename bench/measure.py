@@ -14,6 +14,7 @@ import time
 import numpy as np
 
 import csa
+import cso
 from cso.loop_nests import PACK, POST
 
 from .engines import ENGINES, check, cso_engine, reference
@@ -56,7 +57,6 @@ def settle_seconds(threads):
     one thread."""
     if threads <= 1:
         return 0.0
-    import cso
     return max(cso.get_spin(), OTHER_POOLS_SPIN_SECONDS) + SETTLE_MARGIN_SECONDS
 
 
