@@ -4,10 +4,11 @@ Engines that share a process distort each other's threaded timings: onnxruntime'
 OpenBLAS's workers keep spinning for milliseconds after a call (OpenBLAS's for about 0.1 s), on
 the cores the next engine wants. So ``python -m bench --threads N --scaling`` runs
 ``python -m bench.scaling`` once per engine; that child times its engine on 1 and on N
-threads, in blocks (``median_seconds``), then each call after a 50 ms rest (a pool whose spin
-is shorter asleep by then), and prints one JSON line per convolution. The parent prints the table: GFLOP/s on 1
-and N threads, the scaling factor, and cso's ratio to each other engine on N threads; and each
-engine's time after a pause over its back-to-back time.
+threads, in blocks (``median_seconds``, a rest before each for the other count's pool to stop
+spinning), then each call after a 50 ms rest (a pool whose spin is shorter asleep by then), and
+prints one JSON line per convolution. The parent prints the table: GFLOP/s on 1 and N threads,
+the scaling factor, and cso's ratio to each other engine on N threads; and each engine's time
+after a pause over its back-to-back time.
 
 im2col is left out: OpenBLAS fixes its thread count when NumPy loads, so one process cannot
 time it on two thread counts.
@@ -21,7 +22,7 @@ import sys
 import csa
 
 from .engines import ENGINES, check, reference
-from .measure import median_seconds, operands
+from .measure import median_seconds, operands, settle_seconds
 from .models import PAUSE_SECONDS, median_call_seconds
 
 SCALING_ENGINES = ("cso", "onnxruntime", "torch")
@@ -56,7 +57,7 @@ def measure_scaling(spec, engine, threads, repeat):
 
         check(f"{engine} on {count} thread(s)", spec, call(), ref)
         runs[count] = call
-    seconds = median_seconds(runs, repeat)
+    seconds = median_seconds(runs, repeat, settle_seconds(threads))
     paused = {count: median_call_seconds(run, repeat, PAUSE_SECONDS)
               for count, run in runs.items()}
     return {"spec": str(spec), "gflop": spec.flops / 1e9,

@@ -6,11 +6,11 @@ Contract: for the virtual positions 0 <= v < ``positions`` of a slab whose virtu
     out[v - (v // width) * (width - q)] = act(sum_{t < taps} weights[t] * slab[v + offsets[t]]
                                               (+ bias[0]))           for every v % width < q
 
-``offsets`` are element offsets (int64) of the taps on the slab, as ``cso.loop_nests.define_slab_offsets``
-lays them out for one channel (a depthwise convolution: one input channel per output channel);
-``taps`` may cover several channels' slabs as well. ``flags``: BIAS adds ``bias[0]`` (read only
-then), ACTIVATE applies ``spec.activation`` (``act``) with its parameters at ``params`` (the
-same for every call of a layer, so a select).
+``offsets`` are element offsets (int64) of the taps on the slab, as
+``cso.loop_nests.define_slab_offsets`` lays them out for one channel (a depthwise convolution:
+one input channel per output channel); ``taps`` may cover several channels' slabs as well.
+``flags``: BIAS adds ``bias[0]`` (read only then), ACTIVATE applies ``spec.activation``
+(``act``) with its parameters at ``params`` (the same for every call of a layer, so a select).
 
 The kernel is vectorised along the virtual rows: a block of ``spec.vectors`` vectors of
 consecutive positions, ``spec.vectors`` accumulators, each tap a broadcast weight times an
