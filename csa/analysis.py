@@ -16,15 +16,22 @@ TUNE_CANDIDATES = 8   # plans autotuning times per convolution, the model's incl
 
 
 def analyze(spec: ConvSpec, machine: Optional[Machine] = None, *, threads: int = 1,
-            **overrides) -> Union[SlicingPlan, DepthwisePlan]:
+            layout: str = "nchw", **overrides) -> Union[SlicingPlan, DepthwisePlan]:
     """Plan ``spec`` for ``machine`` (default: ``Machine.host()``) and up to ``threads``
     threads: a ``DepthwisePlan`` when C/groups = 1 (unless ``depthwise=False``), else a
-    ``SlicingPlan``. Keyword overrides (``csa.OVERRIDES``) force a value of either plan;
+    ``SlicingPlan``. ``layout`` "blocked" plans it on channel-blocked activations (blocks of
+    the vector lanes, ``csa.layout.blocked_fits``: ValueError for a convolution that cannot
+    take them). Keyword overrides (``csa.OVERRIDES``) force a value of either plan;
     one the chosen plan does not have raises ValueError (see ``check_overrides``)."""
     depthwise, given = check_overrides(spec.c_per_group, **overrides)
     given.pop("depthwise", None)
-    run = analyze_depthwise if depthwise else analyze_slicing
-    return run(spec, machine or Machine.host(), threads, given)
+    machine = machine or Machine.host()
+    if depthwise:
+        if layout != "nchw":
+            raise ValueError(f"{spec} is depthwise: its plan reads and writes NCHW, not "
+                             f"layout {layout!r}")
+        return analyze_depthwise(spec, machine, threads, given)
+    return analyze_slicing(spec, machine, threads, given, layout)
 
 
 def filters_per_tile(machine, itemsize, depthwise):

@@ -1,5 +1,6 @@
 """Tile and slab geometry: where a plan's window tiles lie (packed, on a padded slab's stride
-phase planes, or row-aligned for a direct plan), and what a band of them reads. Pure functions of
+phase planes, or row-aligned for a direct plan), and what a band of them reads; the same for a
+plan on channel-blocked activations (``blocked_*``). Pure functions of
 the spec and the tile: the planner uses them before a plan exists, the plans expose them as
 properties (``SlicingPlan.slab_shape``, ...) for the lowering."""
 from math import ceil
@@ -91,3 +92,43 @@ class SlabGeometry:
     @property
     def slab_planes(self):
         return slab_planes(self.spec)
+
+
+# activation layouts a slicing plan reads and writes: NCHW, or channel-blocked (NCHWc: N x
+# ceil(C/L) x H x W x L, L channels per block, the plan's vector lanes; ``cso.layouts``)
+LAYOUTS = ("nchw", "blocked")
+
+
+def blocked_fits(spec, lanes):
+    """Whether ``spec`` runs on channel-blocked activations of ``lanes`` channels a block:
+    every group's channels and filters start on a block (one group, or whole blocks per
+    group; not a depthwise convolution, whose plan is its own)."""
+    return spec.groups == 1 or (spec.c_per_group % lanes == 0 and spec.k_per_group % lanes == 0)
+
+
+def reads_in_place(spec):
+    """A blocked plan reads its windows from the input's blocks themselves when the
+    convolution has no padding (every tap of every window inside), else from a slab: the
+    band's rows copied, zero-padded (``blocked_slab_shape``)."""
+    return spec.padding == (0, 0, 0, 0)
+
+
+def blocked_slab_shape(spec):
+    """(rows, columns) of the zero-padded input a blocked plan's windows reach, each column a
+    block (no stride phases: window j of a row is j*stride blocks along)."""
+    (sh, sw), (dh, dw) = spec.stride, spec.dilation
+    return (spec.p - 1) * sh + dh * (spec.r - 1) + 1, (spec.q - 1) * sw + dw * (spec.s - 1) + 1
+
+
+def blocked_band_rows(spec, band, row_tiles):
+    """Slab rows a blocked band of ``band`` window tiles (whole output rows of ``row_tiles``)
+    reads: its output rows' taps."""
+    rows = -(-band // row_tiles)
+    return min(blocked_slab_shape(spec)[0], (rows - 1) * spec.stride[0]
+               + spec.dilation[0] * (spec.r - 1) + 1)
+
+
+def block_channel_tile(nc, lanes, c_per_group):
+    """A blocked plan's channel tile: ``nc`` rounded down to whole blocks (at least one),
+    so that every tile starts on a block; all channels when ``nc`` covers them."""
+    return c_per_group if nc >= c_per_group else max(lanes, nc - nc % lanes)

@@ -9,8 +9,10 @@ from .bands import (band_buffers, direct_band_channel_tile, direct_l2_set, outpu
 from .blocking import (CACHE_FILL, DIRECT_FILTER_FILL, OUTPUT_BAND_FILL, SCHEDULES, band_fits_l2,
                        blocking, channel_tile, direct_channel_tile, schedule_costs,
                        tile_footprints)
-from .layout import (SlabGeometry, balanced_row_windows, row_tiles, slab_band_rows, slab_shape,
-                     window_positions, window_tiles, window_units)
+from .layout import (LAYOUTS, SlabGeometry, balanced_row_windows, block_channel_tile,
+                     blocked_band_rows, blocked_fits, blocked_slab_shape, reads_in_place,
+                     row_tiles, slab_band_rows, slab_shape, window_positions, window_tiles,
+                     window_units)
 from .machine import Machine
 from .register_blocking import TILE_VECTORS, direct_windows, filter_vector_tile, microtile
 from .overrides import SLICING_OVERRIDES, forced_note
@@ -35,6 +37,7 @@ class SlicingPlan(SlabGeometry):
     split: tuple = (1, 1)                   # output split over threads: (windows, filters)
     parts_per_thread: int = 1        # window parts per thread (see parts_per_thread)
     origin: str = field(default="", compare=False)   # where it came from when not the model
+    layout: str = "nchw"     # the activations': "nchw", or "blocked" (see csa.layout.LAYOUTS)
 
     @property
     def threads(self):
@@ -52,10 +55,22 @@ class SlicingPlan(SlabGeometry):
         return self.slab and self.vectors_along == "filters"
 
     @property
+    def blocked(self):
+        """On channel-blocked activations: a direct plan whose windows are broadcast from the
+        input's blocks (in place, or from a slab of them when padded) and whose kernel stores
+        into the output's blocks (no transposing pass)."""
+        return self.layout == "blocked"
+
+    @property
+    def lanes(self):
+        return self.machine.vector_bytes // self.spec.itemsize
+
+    @property
     def variant(self):
-        """The kernel variant (``KernelSpec.variant``): "direct", "slab" (windows in vectors
-        read in place from a slab) or "packed"."""
-        return "direct" if self.direct else "slab" if self.slab else "packed"
+        """The kernel variant (``KernelSpec.variant``): "blocked", "direct", "slab" (windows in
+        vectors read in place from a slab) or "packed"."""
+        return ("blocked" if self.blocked else "direct" if self.direct else "slab" if self.slab
+                else "packed")
 
     @property
     def output_prefetch(self):
@@ -88,8 +103,16 @@ class SlicingPlan(SlabGeometry):
 
     # the geometry the plan implies, for the lowering (see ``csa.layout``)
     @property
+    def slab_shape(self):
+        """(Hs, Ws): the slab's phase planes, or a blocked plan's padded input
+        (``csa.layout.blocked_slab_shape``)."""
+        return blocked_slab_shape(self.spec) if self.blocked else slab_shape(self.spec)
+
+    @property
     def band_rows(self):
-        """Rows of each slab phase plane a band reads."""
+        """Rows of each slab phase plane (of a blocked plan's slab) a band reads."""
+        if self.blocked:
+            return blocked_band_rows(self.spec, self.band, self.row_tiles)
         return slab_band_rows(self.spec, self.nwin, self.band, self.row_tiles)
 
     @property
@@ -103,11 +126,19 @@ class SlicingPlan(SlabGeometry):
 
     @property
     def reads_input_unpacked(self):
+        if self.blocked:
+            return reads_in_place(self.spec)
         return reads_input_unpacked(self.spec, self.vectors_along, self.machine.tuning)
 
     @property
     def band_buffers(self):
-        """(slab, transposed output) elements of one band (``csa.bands.band_buffers``)."""
+        """(slab, transposed output) elements of one band (``csa.bands.band_buffers``); a
+        blocked plan's slab holds whole blocks, its output needs no transposing."""
+        if self.blocked:
+            blocks = -(-self.nc // self.lanes)
+            slab = (0 if self.reads_input_unpacked
+                    else blocks * self.lanes * self.band_rows * self.slab_shape[1])
+            return slab, 0
         return band_buffers(self.spec, self.nwin, self.nc, self.band, self.slab, self.vectors_along,
                             self.row_tiles)
 
@@ -162,7 +193,20 @@ class SlicingPlan(SlabGeometry):
             f"{where} {OUTPUT_BAND_FILL}*{CACHE_FILL}*L2 between the {self.channel_tiles} channel "
             f"tiles" if self.channel_tiles > 1 else " (one channel tile: no partial outputs)")
             + forced_note(self, "band"))
-        if self.slab:
+        if self.blocked:
+            short = self.row_tiles * self.nwin - s.q
+            lines.append(
+                f"  layout: channel-blocked ({self.lanes} channels a block, the vector lanes): "
+                f"the kernel stores each tile into the output's blocks (no transposing pass), "
+                f"{self.row_tiles} tiles per output row"
+                + (f", {short} of them of {self.nwin - 1} windows by a kernel of their own"
+                   if short else ""))
+            lines.append("  input: " + (
+                "read in place from its blocks (no padding), a window every "
+                f"{s.stride[1]} block(s)" if self.reads_input_unpacked else
+                f"a zero-padded slab of its blocks ({self.band_rows} rows of "
+                f"{self.slab_shape[1]} columns per band and channel tile), copied once per band"))
+        elif self.slab:
             short = self.row_tiles * self.nwin - s.q
             why = (f"direct: windows broadcast from it, {self.row_tiles} tiles per output row"
                    + (f", {short} of them of {self.nwin - 1} windows by a kernel of their own"
@@ -205,15 +249,23 @@ class SlicingPlan(SlabGeometry):
         return flops / (max(speed, 0.05) * peak_gflops * 1e9 * self.threads)
 
 
-def analyze_slicing(spec, machine, threads, overrides):
+def analyze_slicing(spec, machine, threads, overrides, layout="nchw"):
     """The slicing plan of ``spec`` for ``machine`` and up to ``threads`` threads (see
-    ``csa.analyze``). ``overrides`` (as ``check_overrides`` returns them) force a value:
+    ``csa.analyze``) on activations of ``layout`` (``csa.layout.LAYOUTS``). ``overrides`` (as
+    ``check_overrides`` returns them) force a value:
     ``microtile_shape`` is (windows, filters) per tile in the plan's orientation, ``split`` the
     output parts, whatever ``threads``; the rest is derived by the rules. Only the blocking and
     the schedule depend on ``threads`` (through each thread's share of L3), never the channel
-    tiles or kernels: the result is the same for any thread count."""
+    tiles or kernels: the result is the same for any thread count.
+
+    On blocked activations the plan is a direct one whatever its shape (the layout already
+    holds the windows as the kernel broadcasts them, and takes its stores in place): the
+    tiles, channel tile (in whole blocks), bands, split and schedule follow the direct rules."""
     vectors_along, microtile_shape, nc, k2, k3, schedule, slab, band, split = (
         overrides.get(name) for name in SLICING_OVERRIDES)
+    blocked = _check_layout(spec, machine, layout, vectors_along, slab)
+    if blocked:
+        vectors_along, slab = "filters", True
     tiles = {"windows": microtile(machine, spec.itemsize),
              "filters": filter_vector_tile(machine, spec.itemsize, spec.p * spec.q)}
     direct_tile = (direct_windows(spec, machine),
@@ -228,7 +280,7 @@ def analyze_slicing(spec, machine, threads, overrides):
     nwin, nf = microtile_shape or (direct_tile if direct else tiles[vectors_along])
     if direct:
         nwin = balanced_row_windows(spec.q, nwin)
-    if slab and not slab_fits(spec, nwin, vectors_along):
+    if slab and not blocked and not slab_fits(spec, nwin, vectors_along):
         raise ValueError(f"slab override: {spec} is an unpadded stride-1 1x1, or needs slab rows "
                          f"of at least {nwin} columns with windows in vectors "
                          f"(has {slab_shape(spec)[1]})")
@@ -254,10 +306,12 @@ def analyze_slicing(spec, machine, threads, overrides):
         # the order of the sums, are the same for any thread count
         one_thread = min(band or min(banded_and_cap(machine)), t_in)
         nc = direct_band_channel_tile(spec, nwin, nf, nc, one_thread, per_row, machine)
+    if blocked and "nc" not in overrides:
+        nc = block_channel_tile(nc, machine.vector_bytes // spec.itemsize, spec.c_per_group)
     fin, fw, fout = tile_footprints(spec, nwin, nf, nc)
     # filter parts of grouped filters-in-vectors plans would transpose a group's filters apart
     units = window_units(spec, nwin, slab, vectors_along)
-    splittable = spec.groups == 1 or vectors_along == "windows"
+    splittable = spec.groups == 1 or vectors_along == "windows" or blocked
     if split:
         split = (min(split[0], units), min(split[1], t_w) if splittable else 1)
         per_thread = 1
@@ -284,4 +338,23 @@ def analyze_slicing(spec, machine, threads, overrides):
     b2, b3 = blocks[chosen]
     return SlicingPlan(spec, plan_machine, nwin, nf, nc, k2 or b2, k3 or b3, chosen,
                        vectors_along, slab, band, costs, tuple(sorted(overrides)), split,
-                       per_thread)
+                       per_thread, layout=layout)
+
+
+def _check_layout(spec, machine, layout, vectors_along, slab):
+    """Whether ``layout`` is the blocked one, for a convolution that can take it and overrides
+    that leave its orientation alone; ValueError otherwise."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if layout == "nchw":
+        return False
+    lanes = machine.vector_bytes // spec.itemsize
+    if not blocked_fits(spec, lanes):
+        raise ValueError(f"{spec} cannot run on blocks of {lanes} channels: its "
+                         f"{spec.groups} groups of {spec.c_per_group} channels and "
+                         f"{spec.k_per_group} filters do not start on blocks")
+    if vectors_along not in (None, "filters") or slab is not None:
+        raise ValueError("a blocked plan has filters in vectors and reads its input in place or "
+                         "from a slab as its padding asks: vectors_along and slab cannot be "
+                         "overridden")
+    return True

@@ -21,6 +21,7 @@ from . import arguments as args
 from . import autotune
 from . import host
 from .activations import Activation
+from .layouts import LAYOUTS, Blocked, block_size
 from .loop_nests import ALL_PHASES
 from .prepared import Prepared
 from .threads import get_num_threads
@@ -90,6 +91,7 @@ class Conv2d:
         self.weight_shape = weight.shape
         self.bias = np.empty(0, self.dtype) if bias is None else np.array(bias, copy=True)
         self._by_shape = {}
+        self._padded_bias = None
         # what a copy is built from besides the filters and bias (pickling, ``copy.deepcopy``)
         self._arguments = dict(
             stride=self.stride, dilation=self.dilation, groups=self.groups,
@@ -128,18 +130,19 @@ class Conv2d:
         group) that runs inputs of ``shape`` (N, C, H, W) or (C, H, W)."""
         return self._prepared(tuple(shape), self.dtype, get_num_threads()).plan
 
-    def _prepared(self, shape, dtype, threads):
+    def _prepared(self, shape, dtype, threads, blocks=None):
         """Everything a call on ``shape`` with up to ``threads`` threads needs that does not
         depend on the data, computed once per shape and thread count (a small FIFO-bounded
-        table: a stream of new shapes cannot grow it)."""
-        key = (shape, dtype, threads)
+        table: a stream of new shapes cannot grow it); with ``blocks`` (input, output channels
+        a block), the blocked plan's."""
+        key = (shape, dtype, threads, blocks)
         found = self._by_shape.get(key)
         if found is None:
             spec = self.spec_for(shape, dtype)
             flags = ((BIAS if self.bias.size else 0) | (ACTIVATE if self.activation else 0)
                      | (ACCUMULATE if self.accumulate else 0))
             try:
-                plan = self._plan_for(spec, threads)
+                plan = self._plan_for(spec, threads, "blocked" if blocks else "nchw")
                 if self.accumulate and isinstance(plan, csa.DepthwisePlan):
                     raise ValueError(f"accumulate=True is not supported by depthwise plans "
                                      f"(weight {self.weight_shape}, groups={self.groups}, input "
@@ -148,7 +151,8 @@ class Conv2d:
                     raise ValueError(f"channel_shuffle={self.channel_shuffle} needs a "
                                      f"depthwise plan (weight {self.weight_shape}, "
                                      f"groups={self.groups}, input of shape {shape})")
-                found = Prepared(plan, flags, self.isa, self.channel_shuffle, self.activation)
+                found = Prepared(plan, flags, self.isa, self.channel_shuffle, self.activation,
+                                 blocks)
             except ValueError as err:   # an override this shape or kernel cannot take
                 if not self.overrides:
                     raise
@@ -160,16 +164,25 @@ class Conv2d:
                 self._by_shape[key] = found
         return found
 
-    def _plan_for(self, spec, threads):
-        if not self.tune:
-            return host.plan(spec, self.isa, self.overrides, threads)
+    def _plan_for(self, spec, threads, layout="nchw"):
+        if not self.tune or layout != "nchw":   # (autotuning times NCHW plans)
+            return host.plan(spec, self.isa, self.overrides, threads, layout)
         record = autotune.tuned(spec, self.isa, threads)
         _, given = csa.check_overrides(spec.c_per_group, **record["overrides"])
         overrides = tuple(sorted(given.items()))
         return autotune.tuned_plan(host.plan(spec, self.isa, overrides, threads), record)
 
-    def __call__(self, x: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
-        return self._call(x, out, ALL_PHASES)
+    def __call__(self, x: Union[np.ndarray, Blocked], out: Union[np.ndarray, Blocked, None] = None,
+                 *, layout: Optional[str] = None,
+                 out_layout: Optional[str] = None) -> Union[np.ndarray, Blocked]:
+        """The convolution of ``x``: an NCHW array, an NHWC one (``layout="nhwc"``) or a
+        ``cso.Blocked``. The result is laid out as ``out_layout`` says ("nchw", "nhwc" or
+        "blocked"; default: as ``x``), in ``out`` when given (an array of that layout, or a
+        ``Blocked`` of the kernels' block, ``cso.layouts.block_size``). Blocked and NHWC
+        values run on blocked plans (``csa.analyze(..., layout="blocked")``) where the
+        convolution takes them (``csa.layout.blocked_fits``), else on the NCHW plan with
+        reorders around it."""
+        return self._call(x, out, ALL_PHASES, layout, out_layout)
 
     def bound(self, shape: Shape):
         """``run(x, out)``: ``self(x, out=out)`` with the shape work done here, once, for
@@ -202,7 +215,11 @@ class Conv2d:
         times the phases apart this way, on the very tiles a call uses."""
         return self._call(x, None, phases)
 
-    def _call(self, x, out, phases):
+    def _call(self, x, out, phases, layout=None, out_layout=None):
+        in_layout = _input_layout(x, layout)
+        out_layout = in_layout if out_layout is None else _check_layout("out_layout", out_layout)
+        if in_layout != "nchw" or out_layout != "nchw":
+            return self._call_blocked(x, out, phases, in_layout, out_layout)
         args.check_array("input", x)
         threads = get_num_threads()
         prepared = self._prepared(x.shape, x.dtype, threads)
@@ -232,6 +249,78 @@ class Conv2d:
             out[...] = result.reshape(out.shape)
         return out
 
+    def _call_blocked(self, x, out, phases, in_layout, out_layout):
+        """``_call`` where the input or the output is not NCHW: on a blocked plan, the input
+        read as it is (NCHW, channels last, or blocks the kernels can read; other blocks are
+        re-blocked) and the output written in the kernels' blocks, or channels last; on the
+        NCHW plan with reorders around it for convolutions a blocked plan cannot take."""
+        xb = Blocked.from_nhwc(x) if in_layout == "nhwc" else x
+        if in_layout == "nchw" or in_layout == "nhwc":
+            args.check_array("input", x)
+            if x.ndim != 4:
+                raise ValueError(f"input must be 4-D ({in_layout.upper()}) for out_layout "
+                                 f"{out_layout!r}, got shape {x.shape}")
+        if xb.dtype != self.dtype:
+            raise TypeError(f"input dtype {xb.dtype} differs from weight dtype {self.dtype}; "
+                            "mixed dtypes are not supported")
+        shape = xb.shape if isinstance(xb, Blocked) else x.shape
+        threads = get_num_threads()
+        spec = self.spec_for(shape, self.dtype)   # (checks the shapes)
+        lanes = block_size(self.dtype, self.isa)
+        out_shape = (shape[0],) + spec.output_shape[1:]
+        _check_out(out, out_layout, out_shape, self.dtype, lanes)
+        if out is None and self.accumulate:
+            raise ValueError(f"accumulate=True adds to out: pass out= (of shape {out_shape} "
+                             f"as NCHW, layout {out_layout!r})")
+        plan = self._blocked_plan(spec, lanes, threads)
+        if plan is None:   # NCHW in between
+            acc = _to_nchw(out, out_layout) if self.accumulate else None
+            result = self._call(_to_nchw(xb, in_layout), acc, phases)
+            return _written(_from_nchw(result, out_layout, lanes), out)
+        in_block = 1 if in_layout == "nchw" else xb.block
+        if not _reads_blocks(plan, in_block):
+            xb, in_block = xb.reblocked(lanes), lanes
+        out_block = spec.k if out_layout == "nhwc" else lanes
+        if out_layout == "blocked" and out is not None:
+            result = out
+        elif out_layout == "nhwc" and out is not None:
+            result = Blocked.from_nhwc(out)
+        elif self.accumulate:   # (an NCHW out)
+            result = Blocked.from_nchw(out, lanes)
+        else:
+            result = Blocked.empty(out_shape, self.dtype, out_block)
+        prepared = self._prepared(shape, self.dtype, threads, (in_block, out_block))
+        if shape[0]:
+            data = x if in_layout == "nchw" else xb.data
+            prepared.run(data, self.packed_weight(plan.nf), self._bias_for(result.data),
+                         result.data, phases, threads)
+        if out_layout == "blocked":
+            return result
+        if out_layout == "nhwc":
+            return result.to_nhwc() if out is None else out
+        return _written(result.to_nchw(), out)
+
+    def _blocked_plan(self, spec, lanes, threads):
+        """The blocked plan of ``spec``, or None where it has none (a depthwise convolution,
+        groups off the blocks, a channel shuffle)."""
+        if (self.channel_shuffle > 1 or not csa.layout.blocked_fits(spec, lanes)
+                or csa.check_overrides(spec.c_per_group, **dict(self.overrides))[0]):
+            return None
+        return self._plan_for(spec, threads, "blocked")
+
+    def _bias_for(self, out_data):
+        """The bias over the output's channels, padding included (zero there), for a blocked
+        output of one group: its kernels add a vector of it to each block."""
+        padded = out_data.shape[1] * out_data.shape[4]
+        if not self.bias.size or padded == self.bias.size:
+            return self.bias
+        with _tables:
+            found = self._padded_bias
+            if found is None or found.size != padded:
+                found = self._padded_bias = np.zeros(padded, self.dtype)
+                found[:self.bias.size] = self.bias
+        return found
+
     def kernel_for(self, shape: Shape) -> Union[KernelSpec, DepthwiseSpec]:
         """The micro-kernel (``KernelSpec``, or ``DepthwiseSpec``) that runs inputs of
         ``shape``."""
@@ -255,6 +344,81 @@ class Conv2d:
                 + (f", channel_shuffle={self.channel_shuffle}" if self.channel_shuffle > 1
                    else "")
                 + (", tune=True)" if self.tune else ")"))
+
+
+def _input_layout(x, layout):
+    """The layout of call input ``x``: a ``Blocked``'s, else ``layout`` (default "nchw")."""
+    if isinstance(x, Blocked):
+        if layout not in (None, "blocked"):
+            raise ValueError(f"layout={layout!r} describes an array input; the input is a "
+                             f"cso.Blocked")
+        return "blocked"
+    if layout is None:
+        return "nchw"
+    if layout not in ("nchw", "nhwc"):
+        raise ValueError(f"layout must be 'nchw' or 'nhwc' (an array input's), got {layout!r}")
+    return layout
+
+
+def _check_layout(name, value):
+    if value not in LAYOUTS:
+        raise ValueError(f"{name} must be one of {LAYOUTS}, got {value!r}")
+    return value
+
+
+def _reads_blocks(plan, block):
+    """Whether ``plan``'s loop nest reads input blocks of ``block`` channels as they are:
+    every channel tile starts on a block."""
+    s = plan.spec
+    starts_on_blocks = plan.nc % block == 0 or plan.channel_tiles == 1
+    return block == 1 or (starts_on_blocks and (s.groups == 1 or s.c_per_group % block == 0))
+
+
+def _check_out(out, out_layout, shape, dtype, block):
+    """ValueError unless ``out`` is None or holds a result of NCHW ``shape`` in
+    ``out_layout``: a Blocked of the kernels' ``block``, or an array (C-contiguous for
+    NHWC, which the kernels write in place)."""
+    if out is None:
+        return
+    if out_layout == "blocked":
+        if not isinstance(out, Blocked) or out.shape != shape or out.block != block \
+                or out.dtype != dtype:
+            raise ValueError(f"out must be a cso.Blocked of shape {shape}, block {block} and "
+                             f"dtype {dtype}, got {out!r}")
+        return
+    args.check_array("out", out)
+    expected = shape if out_layout == "nchw" else (shape[0], shape[2], shape[3], shape[1])
+    if out.shape != expected or out.dtype != dtype:
+        raise ValueError(f"out must have shape {expected} ({out_layout.upper()}) and dtype "
+                         f"{dtype}, got {out.shape} {out.dtype}")
+    if out_layout == "nhwc" and not (out.flags.c_contiguous and out.flags.writeable):
+        raise ValueError(f"out (NHWC) must be a writeable C-contiguous array, got strides "
+                         f"{out.strides}")
+
+
+def _to_nchw(value, layout):
+    """A ``Blocked``, or an array laid out as ``layout``, as an NCHW array."""
+    if isinstance(value, Blocked):
+        return value.to_nchw()
+    return np.ascontiguousarray(value.transpose(0, 3, 1, 2)) if layout == "nhwc" else value
+
+
+def _from_nchw(value, layout, block):
+    """An NCHW array as ``layout`` (a ``Blocked`` of ``block`` for "blocked")."""
+    if layout == "blocked":
+        return Blocked.from_nchw(value, block)
+    return np.ascontiguousarray(value.transpose(0, 2, 3, 1)) if layout == "nhwc" else value
+
+
+def _written(result, out):
+    """``result``, or written into ``out`` (a Blocked's data, or an array) and ``out``."""
+    if out is None:
+        return result
+    if isinstance(out, Blocked):
+        out.data[...] = result.data
+    else:
+        out[...] = result
+    return out
 
 
 def _store_activation(activation):

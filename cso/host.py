@@ -17,10 +17,12 @@ def host_machine(isa_name: Optional[str] = None) -> csa.Machine:
 
 
 @lru_cache(maxsize=1024)
-def plan(spec, isa_name, overrides, threads):
+def plan(spec, isa_name, overrides, threads, layout="nchw"):
     """CSA's plan of ``spec`` for kernels of ``isa_name`` on up to ``threads`` threads, with
-    ``overrides`` (a sorted tuple of checked ``csa.check_overrides`` items); cached."""
-    return csa.analyze(spec, host_machine(isa_name), threads=threads, **dict(overrides))
+    ``overrides`` (a sorted tuple of checked ``csa.check_overrides`` items), on activations of
+    ``layout``; cached."""
+    return csa.analyze(spec, host_machine(isa_name), threads=threads, layout=layout,
+                       **dict(overrides))
 
 
 def check_isa(name):

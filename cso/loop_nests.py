@@ -7,7 +7,10 @@ A variant is how a plan's micro-kernel meets its operands (``lowering.loop_nest`
   convolution at stride 1, ``unpacked``);
 - ``define_windows_slab``: windows in vectors, read in place from a slab;
 - ``define_filters_packed``: filters in vectors, a block's input tiles packed ahead;
-- ``define_filters_direct``: filters in vectors, windows broadcast from a slab.
+- ``define_filters_direct``: filters in vectors, windows broadcast from a slab;
+- ``define_filters_blocked``: on channel-blocked activations (``cso.layouts``), filters in
+  vectors, windows broadcast from the input's blocks (in place, or from a slab of them when the
+  convolution pads), each tile stored into the output's blocks.
 
 Each generates the C entry ``conv_{variant}_{dtype}(args, part)`` (``cso.entry``) around the
 micro-kernel ``geom`` names (``lowering.geometry``), computing the output part ``part`` =
@@ -51,7 +54,7 @@ GEOM = Geom("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q", "P", "groups", "C
             "k2", "k3", "is_input_stationary", "epilogue", "unpacked", "phases", "Hs", "Ws",
             "windows", "slots", "band", "Hb", "planes", "row_tiles", "nwin", "nf", "lanes",
             "kernel", "transpose", "copy_rows", "copy_taps", "fill_width", "tail_kernel",
-            "params")
+            "params", "in_block", "out_block")
 
 # The loop nest's phases (geom "phases"): a call runs all of them; the benchmark's time
 # breakdown runs some alone on the same tiles (ConvBench's packing / micro-kernel / post-conv).
@@ -124,30 +127,41 @@ def define_filters_direct(module, dtype):
     would cost a shallow kernel call up to a tenth of its time); a row's short tiles run
     ``tail_kernel``."""
     nest = _LoopNest(module, dtype, "filters_direct", direct=True)
-    code = nest.code
-    row_tiles = nest.row_tiles
-
-    def start_row(at):
-        """The block's first window tile's output row, tile in that row and first column."""
-        row = code.var(at.wb // row_tiles), code.var(at.wb % row_tiles), code.var()
-        row[2].set(row_column(row[1], row_tiles, nest.Q))
-        return row
 
     def window_tile(at, wt, row):
-        oh, j, ow0 = row
-        ow1 = row_column(j + 1, row_tiles, nest.Q)
-        tile = SimpleNamespace(address=nest.scratch + ((oh - at.row0) * nest.Ws + ow0) * nest.item,
+        oh, ow0, ow1 = nest.step_along_row(row)
+        return SimpleNamespace(address=nest.scratch + ((oh - at.row0) * nest.Ws + ow0) * nest.item,
                                stride=nest.NWIN, windows=ow1 - ow0, first=oh * nest.Q + ow0,
                                column=0)
-        row_end = j + 1 == row_tiles   # step to the next tile's, along the row
-        oh.set(oh + code.choose(row_end, 1, 0))
-        j.set(code.choose(row_end, 0, j + 1))
-        ow0.set(code.choose(row_end, 0, ow1))
-        return tile
 
     nest.loops(window_tile, nest.kernel_into_band, windows_innermost=True,
-               band_pass=nest.transpose_band, slab_row=lambda b0: b0 // row_tiles,
-               start_row=start_row)
+               band_pass=nest.transpose_band, slab_row=lambda b0: b0 // nest.row_tiles,
+               start_row=nest.start_row)
+    return nest.finish()
+
+
+def define_filters_blocked(module, dtype):
+    """Filters in vectors on channel-blocked activations: the input is ``block`` channels a
+    pixel-block (its geom field; 1 for an NCHW input), the output the kernel's lanes a block.
+    Window tiles are a direct plan's, at most NWIN windows of one output row (``row_tiles`` to
+    a row), each window broadcast every ``sw`` blocks from the input itself when the
+    convolution has no padding (``unpacked``), else from the band's slab: each channel tile's
+    blocks over the rows the band reads, copied once per band with their zero padding
+    (``csa.layout.blocked_slab_shape``: Hb x Ws blocks a block of channels). The kernel stores
+    every tile into the output's blocks, the epilogue on the last channel tile: no transposing
+    pass."""
+    nest = _BlockedNest(module, dtype, "filters_blocked", direct=True)
+    code, B = nest.code, nest.block
+
+    def window_tile(at, wt, row):
+        oh, ow0, ow1 = nest.step_along_row(row)
+        address = at.base + ((oh * nest.sh - at.row0) * nest.Ws + ow0 * nest.sw) * B * nest.item
+        return SimpleNamespace(address=address, windows=ow1 - ow0, first=oh * nest.Q + ow0)
+
+    nest.loops(window_tile, nest.kernel_into_blocks, windows_innermost=True,
+               slab_row=lambda b0: code.choose(nest.unpacked, 0,
+                                               b0 // nest.row_tiles * nest.sh),
+               start_row=nest.start_row)
     return nest.finish()
 
 
@@ -155,6 +169,25 @@ def row_column(tile_in_row, row_tiles, Q):
     """The first column of a direct row's tile: the row's ``row_tiles`` tiles even, of
     Q // row_tiles or one more windows each (``csa.layout.balanced_row_windows``)."""
     return tile_in_row * Q // row_tiles
+
+
+def define_blocked_offsets(module):
+    """``blocked_offsets(rows, nc, R, S, dh, dw, Hb, Ws, B)`` in ``module`` (defined once):
+    the offsets of the kernel's rows (c, r, s) on blocks of ``B`` channels of Hb x Ws pixels
+    (the input's, or a slab of them), written as int64 at address ``rows``: channel c's lane
+    of its block, shifted by the tap's rows and columns."""
+    if "blocked_offsets" in module.globals:
+        return module.globals["blocked_offsets"]
+    code = LoopCode(module, "blocked_offsets", ("rows", "nc", "R", "S", "dh", "dw", "Hb", "Ws",
+                                                "B"), internal=True)
+    rows, nc, R, S, dh, dw, Hb, Ws, B = code.args(*code.arg_names)
+    with code.range(0, nc) as c:
+        with code.range(0, R) as r:
+            with code.range(0, S) as s:
+                code.store(rows, (c * R + r) * S + s,
+                           c // B * Hb * Ws * B + c % B + (r * dh * Ws + s * dw) * B)
+    code.ret()
+    return code.function
 
 
 def define_slab_offsets(module):
@@ -226,12 +259,8 @@ class _LoopNest:
         filled per channel tile); ``block(at)``, before a block's tiles; ``start_row(at)``, a
         direct block's first row, which ``window_tile`` steps along."""
         code = self.code
-        if slab_row is not None:   # the slab's row offsets, its tail zeroed
-            code.call(define_slab_offsets(self.module), self.rows, self.nc_max, self.R, self.S,
-                      self.sh, self.sw, self.dh, self.dw, self.Hb, self.Ws)
-            slab_end = self.nc_max * self.sh * self.sw * self.Hb * self.Ws
-            code.zero(self.scratch + slab_end * self.item,
-                      (code.call_arg("scratch_row") - slab_end) * self.item)
+        if slab_row is not None:
+            self.set_up_slab()
         t_in = (self.P * self.row_tiles if self.direct
                 else (self.windows + self.NWIN - 1) // self.NWIN)
         IS = self.input_stationary
@@ -257,7 +286,7 @@ class _LoopNest:
                     with code.range(0, self.Cg, self.nc_max) as c0:
                         self._channel_tile(at, g, c0, band_pass is None)
                         if slab_row is not None:
-                            self._fill_slab(at)
+                            self.fill_slab(at)
                         with code.range(outer_lo, outer_hi, outer_step) as outer:
                             with code.range(inner_lo, inner_hi, inner_step) as inner:
                                 at.wb, at.fb = code.choose(IS, outer, inner), code.choose(
@@ -328,7 +357,36 @@ class _LoopNest:
                        self.S, self.sh, self.sw, self.dh, self.dw, self.pt, self.pl, self.Q, dst,
                        self.NWIN, self.code.geom("copy_rows"), self.code.geom("copy_taps"))
 
-    def _fill_slab(self, at):
+    def set_up_slab(self):
+        """The kernel's row offsets on the slab, its tail zeroed."""
+        code = self.code
+        code.call(define_slab_offsets(self.module), self.rows, self.nc_max, self.R, self.S,
+                  self.sh, self.sw, self.dh, self.dw, self.Hb, self.Ws)
+        slab_end = self.nc_max * self.sh * self.sw * self.Hb * self.Ws
+        code.zero(self.scratch + slab_end * self.item,
+                  (code.call_arg("scratch_row") - slab_end) * self.item)
+
+    def start_row(self, at):
+        """A direct block's first window tile: its output row, tile in that row and first
+        column, which ``step_along_row`` steps."""
+        code = self.code
+        row = (code.var(at.wb // self.row_tiles), code.var(at.wb % self.row_tiles), code.var())
+        row[2].set(row_column(row[1], self.row_tiles, self.Q))
+        return row
+
+    def step_along_row(self, row):
+        """(output row, first column, end column) of the direct tile at ``row``, which steps
+        to the next tile's, along the row (a division per call would cost a shallow kernel
+        call up to a tenth of its time)."""
+        code, (oh, j, ow0) = self.code, row
+        tile = oh + 0, ow0 + 0, row_column(j + 1, self.row_tiles, self.Q)
+        row_end = j + 1 == self.row_tiles
+        oh.set(oh + code.choose(row_end, 1, 0))
+        j.set(code.choose(row_end, 0, j + 1))
+        ow0.set(code.choose(row_end, 0, tile[2]))
+        return tile
+
+    def fill_slab(self, at):
         """The band's slab rows of the channel tile, zero-padded and split into phases."""
         code, item = self.code, self.item
         with code.if_(self.packing):
@@ -345,7 +403,8 @@ class _LoopNest:
         with code.if_(self.kernels):
             code.call((code.geom("kernel"), outer_product.FUNCTION_TYPE), at.depth, tile.address,
                       tile.stride, at.w_base + ft * self._filter_tile_bytes(), self.NF,
-                      at.out_base + (f0 * self.PQ + tile.first) * item, self.PQ, tile.windows,
+                      at.out_base + (f0 * self.PQ + tile.first) * item, self.PQ, self.LANES,
+                      tile.windows,
                       code.min(self.NF, self.Kg - f0), self.bias + (at.g * self.Kg + f0) * item,
                       at.flags, self.rows, tile.column, self.Ws, self.Ws - self.Q, self.params)
 
@@ -363,7 +422,8 @@ class _LoopNest:
                       at.w_base + ft * self._filter_tile_bytes(), self.NF, tile.address,
                       tile.stride,
                       self.out_t + ((tile.first - at.p_lo) * self.K + at.g * self.Kg + f0) * item,
-                      self.K, code.min(self.NF, self.Kg - f0), tile.windows, self.bias, at.flags,
+                      self.K, self.LANES, code.min(self.NF, self.Kg - f0), tile.windows, self.bias,
+                      at.flags,
                       self.rows, 0, 0, 0, self.params)
 
     def _filter_tile_bytes(self):
@@ -390,3 +450,56 @@ class _LoopNest:
     def finish(self):
         self.code.ret()
         return self.code.function
+
+
+class _BlockedNest(_LoopNest):
+    """A loop nest on channel-blocked activations (``define_filters_blocked``): its input is
+    blocks of ``in_block`` channels (``C`` its padded channel count, a whole number of
+    blocks), its output of ``out_block``: the lanes, or all K channels (channels last; ``K``
+    likewise padded): the slab holds blocks, the kernel stores into the output's blocks."""
+
+    def __init__(self, module, dtype, variant, direct=True):
+        super().__init__(module, dtype, variant, direct)
+        self.block, self.out_block = self.code.geom("in_block", "out_block")
+
+    def set_up_slab(self):
+        """The kernel's row offsets on the input's blocks, or on the slab's."""
+        self.code.call(define_blocked_offsets(self.module), self.rows, self.nc_max, self.R,
+                       self.S, self.dh, self.dw, self.Hb, self.Ws, self.block)
+
+    def fill_slab(self, at):
+        """``at.base``: the channel tile's first block, in the input (read in place) or copied
+        with the band's rows into the slab (one fill_slab plane a block: its rows of Ws
+        pixels are Ws*B values)."""
+        code, item, B = self.code, self.item, self.block
+        first_block = self.x + (at.n * self.C + at.g * self.Cg + at.c0) * self.H * self.W * item
+        at.base = code.choose(self.unpacked, first_block, self.scratch)
+        with code.if_(~self.unpacked & self.packing):
+            code.call(define_fill_slab(self.module, self.dtype), first_block,
+                      self.H * self.W * B * item, self.H, self.W * B, (at.nc + B - 1) // B, 1,
+                      1, self.Hb, self.Ws * B, at.row0, code.min(self.Hb, self.Hs - at.row0),
+                      self.pt, self.pl * B, 1, self.scratch, self.fill_width,
+                      code.geom("copy_rows"))
+
+    def kernel_into_blocks(self, at, ft, tile):
+        """The kernel on filter tile ``ft``, stored into the output's blocks: a window every
+        block, a vector every block plane (blocks of the lanes) or every lanes (channels
+        last); its lanes up to the group's filters, or with one group up to the padded
+        channels (the padding lanes get the zero filters' outputs)."""
+        code, item, LANES, Bo = self.code, self.item, self.LANES, self.out_block
+        f0 = ft * self.NF
+        tail = code.geom("tail_kernel")
+        kernel = code.choose((tail != 0) & (tile.windows < self.NWIN), tail,
+                             code.geom("kernel"))
+        filters = code.choose(self.G == 1, self.K, self.Kg)
+        k0 = at.g * self.Kg + f0   # the tile's first channel, on a vector of its block
+        out = (self.out + (at.n * self.K * self.PQ + k0 // Bo * self.PQ * Bo + k0 % Bo
+                           + tile.first * Bo) * item)
+        with code.if_(self.kernels):
+            code.call((kernel, outer_product.FUNCTION_TYPE), at.depth,
+                      at.w_base + ft * self._filter_tile_bytes(), self.NF, tile.address,
+                      self.sw * self.block, out, Bo,
+                      code.choose(Bo == LANES, self.PQ * LANES, LANES),
+                      code.min(self.NF, filters - f0), tile.windows,
+                      self.bias + (at.g * self.Kg + f0) * item, at.flags, self.rows, 0, 0, 0,
+                      self.params)

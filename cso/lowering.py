@@ -18,20 +18,24 @@ from microkernels.jit import native_function
 from microkernels.dtypes import dtype_name
 from packing import row_copier, tile_copiers
 
-from .loop_nests import (ALL_PHASES, GEOM, define_filters_direct, define_filters_packed,
-                         define_windows_packed, define_windows_slab)
+from .loop_nests import (ALL_PHASES, GEOM, define_filters_blocked, define_filters_direct,
+                         define_filters_packed, define_windows_packed, define_windows_slab)
 
 
-def geometry(plan, kspec, epilogue_flags, params):
+def geometry(plan, kspec, epilogue_flags, params, in_block=1, out_block=1):
     """The ``geom`` vector for ``plan`` around micro-kernel ``kspec`` (``kernel_spec``),
     compiling the functions it calls on first use; ``epilogue_flags`` (BIAS | ACTIVATE) apply
     on the last channel tile (with filters in vectors, in the transposing pass), ACCUMULATE on
     the first: the output is added to what ``out`` holds (a residual) rather than written.
     ``params``: the address of the activation's parameters (``kspec.activation``'s), which the
-    caller keeps."""
+    caller keeps. A blocked plan's input has ``in_block`` channels a block (1: NCHW; C:
+    channels last), its output ``out_block`` (the lanes, or K: channels last)."""
     s = plan.spec
     hs, ws = plan.slab_shape
-    filters_in_vectors = plan.vectors_along == "filters"
+    hb = plan.band_rows
+    if plan.blocked and plan.reads_input_unpacked:   # the kernel's rows on the input's blocks
+        hb, ws = s.h, s.w
+    filters_in_vectors = plan.vectors_along == "filters" and not plan.blocked
     # a slab is filled in runs of the kernel's vector width (whole vectors stored: a direct
     # tile's few windows made every store a masked one, microcoded on AMD), tiles per window
     fill_width = kspec.width
@@ -44,14 +48,15 @@ def geometry(plan, kspec, epilogue_flags, params):
         is_input_stationary=plan.schedule == "IS", epilogue=epilogue_flags,
         unpacked=plan.reads_input_unpacked, phases=ALL_PHASES, Hs=hs, Ws=ws,
         windows=plan.window_positions, slots=scratch_tiles(plan), band=plan.band,
-        Hb=plan.band_rows, planes=plan.slab_planes, row_tiles=plan.row_tiles, nwin=plan.nwin,
+        Hb=hb, planes=plan.slab_planes, row_tiles=plan.row_tiles, nwin=plan.nwin,
         nf=plan.nf, lanes=kspec.lanes,
         kernel=native_function(outer_product.define_kernel, kspec).address,
         transpose=(native_function(transpose.define_transpose,
                                    TransposeSpec(kspec.dtype, kspec.isa, kspec.activation)).address
                    if filters_in_vectors else 0),
         copy_rows=copy_rows, copy_taps=copy_taps, fill_width=fill_width,
-        tail_kernel=tail_kernel(plan, kspec), params=params)
+        tail_kernel=tail_kernel(plan, kspec), params=params, in_block=in_block,
+        out_block=out_block)
 
 
 def tail_kernel(plan, kspec):
@@ -82,6 +87,8 @@ def scratch_elements(plan):
     (``row_copy.SCRATCH_SLACK``)."""
     s = plan.spec
     slack = row_copy.SCRATCH_SLACK // s.itemsize
+    if plan.blocked:
+        return plan.band_buffers[0] and plan.band_buffers[0] + slack
     if plan.slab:
         return plan.band_buffers[0] + plan.slab_shape[1] + plan.nwin + slack
     return scratch_tiles(plan) * plan.nwin * plan.nc * s.r * s.s + slack
@@ -101,6 +108,8 @@ def kernel_spec(plan, isa, activation=STORE_ACTIVATION):
 
 def loop_nest(plan):
     """The generator of ``plan``'s loop nest: its variant's (``loop_nests``)."""
+    if plan.blocked:
+        return define_filters_blocked
     if plan.vectors_along == "windows":
         return define_windows_slab if plan.slab else define_windows_packed
     return define_filters_direct if plan.slab else define_filters_packed

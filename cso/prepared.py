@@ -46,9 +46,11 @@ class Prepared:
     what a call on one input shape needs besides the data. ``epilogue_flags`` (BIAS |
     ACTIVATE) apply once, on the last channel tile (or in the transposing pass), ACTIVATE
     applying ``activation`` (a ``cso.Activation``; ReLU when None); a depthwise plan may read
-    its input channels through a ``channel_shuffle`` (see ``Conv2d``)."""
+    its input channels through a ``channel_shuffle`` (see ``Conv2d``); a blocked plan reads
+    blocks of ``blocks[0]`` channels and writes blocks of ``blocks[1]`` (``cso.layouts``)."""
 
-    def __init__(self, plan, epilogue_flags, isa, channel_shuffle=1, activation=None):
+    def __init__(self, plan, epilogue_flags, isa, channel_shuffle=1, activation=None,
+                 blocks=None):
         self.plan = plan
         self.image_output_shape = plan.spec.output_shape[1:]   # (K, P, Q)
         lowering = depthwise if isinstance(plan, DepthwisePlan) else slicing
@@ -57,9 +59,11 @@ class Prepared:
                        else lowering.kernel_spec(plan, isa, activation.kind))
         self.params = np.empty(0, dtype) if activation is None else activation.vector(dtype)
         self.entry = part_entry(lowering.loop_nest(plan), dtype)
-        shuffle = {"channel_shuffle": channel_shuffle} if channel_shuffle > 1 else {}
+        extra = {"channel_shuffle": channel_shuffle} if channel_shuffle > 1 else {}
+        if blocks:
+            extra = dict(zip(("in_block", "out_block"), blocks))
         self.geom = lowering.geometry(plan, self.kernel, epilogue_flags,
-                                      data_address(self.params), **shuffle)
+                                      data_address(self.params), **extra)
         self.phases_at = lowering.GEOM.index("phases")
         self.parts = lowering.output_parts(plan)
         self.part_count = len(self.parts)
@@ -88,7 +92,9 @@ class Prepared:
     def run(self, x, packed_w, bias, out, phases=ALL_PHASES, threads=1):
         """``x`` 4-D C-contiguous (N >= 1), ``packed_w`` from ``packing.pack_filters`` with the
         plan's filter tile, ``bias`` 1-D (length K, or empty for none), ``out`` 4-D
-        C-contiguous of the output shape. The plan's output parts run on up to ``threads``
+        C-contiguous of the output shape; for a blocked plan ``x`` and ``out`` are 5-D, N x
+        blocks x H x W x block (``x`` may be 4-D NCHW: blocks of one channel), and ``bias``
+        covers the output's blocks. The plan's output parts run on up to ``threads``
         threads, each with its own rows of the workspaces: concurrent calls share nothing.
         Fewer ``phases`` than all (PACK | KERNEL | POST) leave ``out`` undefined: they exist to
         time the phases apart."""
@@ -118,9 +124,9 @@ class Prepared:
         if (found is None or found[0] is not packed_w or found[1] is not bias
                 or found[2] != shapes):
             rows, none = self.row_lengths, {t: data_address(a) for t, a in _NONE.items()}
-            values = dict(x=0, n=x.shape[0], c=x.shape[1], h=x.shape[2], w=x.shape[3],
+            values = dict(x=0, n=x.shape[0], c=_channels(x), h=x.shape[2], w=x.shape[3],
                           weights=data_address(packed_w), bias=data_address(bias), out=0,
-                          out_k=out.shape[1], geom=data_address(self.geom),
+                          out_k=_channels(out), geom=data_address(self.geom),
                           parts=data_address(self.parts), scratch=none[x.dtype],
                           scratch_row=rows[SCRATCH_ARG], out_t=none[x.dtype],
                           out_t_row=rows[OUT_T_ARG], rows=none[np.dtype(np.int64)],
@@ -130,6 +136,11 @@ class Prepared:
         args = found[3][:]
         args[X_ARG], args[OUT_ARG] = data_address(x), data_address(out)
         return args
+
+
+def _channels(array):
+    """Channels an image of ``array`` holds: NCHW's, or blocks x block (padding included)."""
+    return array.shape[1] * (array.shape[4] if array.ndim == 5 else 1)
 
 
 def _row_length(count, elements, per_line):

@@ -22,7 +22,13 @@ rows). Padding columns are never stored: C is the real row-major output plane (r
 col0 + j`` in the first row and ``gap`` elements earlier in the second. A ``"direct"`` kernel
 reads B in place instead: row i at ``b + slab_rows[i]`` (``ldb`` unused), its ``broadcasts``
 values consecutive (filters in vectors: that many windows along one slab row); it stores like a
-packed kernel. Other kernels ignore ``slab_rows``, ``col0``, ``row_width`` and ``gap``.
+packed kernel. A ``"blocked"`` kernel (filters in vectors on channel-blocked activations, see
+``cso.layouts``) reads B like a direct kernel but its broadcast f at ``b + slab_rows[i] +
+f*ldb`` (a window every ``ldb`` elements: the stride times the input's channel block), and
+writes C in place of a blocked output: vector v of row f (a window) at ``c + f*ldc + v*ldv``
+(ldc the output's block, ldv its channel-block plane), with the bias along the vectors
+(``bias[v*lanes + lane]``, lanes < width_used). Other kernels store vector v at ``v*lanes``
+(``ldv`` unused) and ignore ``slab_rows``, ``col0``, ``row_width`` and ``gap``.
 
 ``spec.prefetch`` > 0 adds prefetch hints for C's rows that many tiles further along (the
 loop nest's later window tiles with windows in vectors): hints, not accesses, they never fault
@@ -45,10 +51,10 @@ from .ir import (ACCUMULATE, ACTIVATE, BIAS, CACHE_LINE, I64, PTR, KernelBuilder
 
 UNROLL = 4  # k-loop unroll; a power of two
 
-ARG_NAMES = ("k", "a", "lda", "b", "ldb", "c", "ldc", "width_used", "rows_used", "bias", "flags",
-             "slab_rows", "col0", "row_width", "gap", "params")
-FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [I64, PTR, I64, PTR, I64, PTR, I64, I64, I64, PTR, I64,
-                                                PTR, I64, I64, I64, PTR])
+ARG_NAMES = ("k", "a", "lda", "b", "ldb", "c", "ldc", "ldv", "width_used", "rows_used", "bias",
+             "flags", "slab_rows", "col0", "row_width", "gap", "params")
+FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [I64, PTR, I64, PTR, I64, PTR, I64, I64, I64, I64,
+                                                PTR, I64, PTR, I64, I64, I64, PTR])
 
 
 def define_kernel(module, spec):
@@ -69,12 +75,15 @@ class _KernelBuilder(KernelBuilder):
         bld = ir.IRBuilder(self.fn.append_basic_block("entry"))
         slot = zero_slot(bld, self.scalar, "zero_slot")
         self._prefetch_output(bld)
-        k_main = bld.and_(k, ir.Constant(I64, -UNROLL), name="k_main")
+        # a blocked kernel's broadcasts a run-time stride apart: unrolled, LLVM's scheduler
+        # hoisted the next rows' broadcasts over the FMAs and spilled them (half speed)
+        unroll = 1 if spec.variant == "blocked" else UNROLL
+        k_main = bld.and_(k, ir.Constant(I64, -unroll), name="k_main")
         # UNROLL rows of A and B per trip, then the last k mod UNROLL one at a time
         tests = (lambda bld, i: bld.icmp_unsigned("<", i, k_main),
                  lambda bld, i: bld.icmp_unsigned("<", i, k))
         accs, = accumulate(bld, [self.zero] * (spec.broadcasts * spec.vectors), self._step,
-                           UNROLL, tests)
+                           unroll, tests)
         self._epilogue(bld, accs, slot)
         return self.fn
 
@@ -104,14 +113,16 @@ class _KernelBuilder(KernelBuilder):
             offset = bld.load(bld.gep(args["slab_rows"], [row], inbounds=True, source_etype=I64),
                               typ=I64, align=8)
             a_row, b_row = (offset, b_row) if spec.variant == "slab" else (a_row, offset)
+
         def a_vec(v):
             ptr = bld.gep(a, [bld.add(a_row, ir.Constant(I64, v * spec.lanes))],
                           inbounds=True, source_etype=self.scalar)
             return bld.load(ptr, typ=self.vec, align=self.align)
 
         def b_vec(f):
-            ptr = bld.gep(b, [bld.add(b_row, ir.Constant(I64, f))], inbounds=True,
-                          source_etype=self.scalar)
+            at = (bld.mul(ir.Constant(I64, f), args["ldb"]) if spec.variant == "blocked"
+                  else ir.Constant(I64, f))
+            ptr = bld.gep(b, [bld.add(b_row, at)], inbounds=True, source_etype=self.scalar)
             return splat(bld, bld.load(ptr, typ=self.scalar, align=self.align), self.vec)
 
         # the fewer operands are loaded first and each of the others streams past them: the
@@ -218,12 +229,16 @@ class _KernelBuilder(KernelBuilder):
         (shift, masks) stores the lanes its masks select ``shift`` elements off (None:
         unmasked)."""
         spec, args = self.spec, self.args
-        c = args["c"]
-        bvec = bias_splat(bld, bias_on, bld.gep(args["bias"], [ir.Constant(I64, f)],
-                                                source_etype=self.scalar), slot, self)
+        c, blocked = args["c"], spec.variant == "blocked"
+        if not blocked:
+            bvec = bias_splat(bld, bias_on, bld.gep(args["bias"], [ir.Constant(I64, f)],
+                                                    source_etype=self.scalar), slot, self)
         row = bld.mul(ir.Constant(I64, f), args["ldc"])
         for v in range(spec.vectors):
-            at = bld.add(row, ir.Constant(I64, v * spec.lanes))
+            if blocked:
+                bvec = self._bias_vector(bld, bias_on, v)
+            at = bld.add(row, bld.mul(ir.Constant(I64, v), args["ldv"]) if blocked
+                         else ir.Constant(I64, v * spec.lanes))
             ptrs = [bld.gep(c, [at if shift is None else bld.add(at, shift)], source_etype=self.scalar)
                     for shift, _ in segments]
             val = accs[f * spec.vectors + v]
@@ -240,3 +255,14 @@ class _KernelBuilder(KernelBuilder):
                     bld.store(val, ptr, align=self.align)
                 else:
                     bld.call(self.masked_store, [val, ptr, masks[v]])
+
+    def _bias_vector(self, bld, on, v):
+        """A blocked kernel's bias of vector v: ``bias[v*lanes + lane]`` for the lanes <
+        width_used when ``on``, else zeros (nothing read)."""
+        spec, args = self.spec, self.args
+        ivec = ir.VectorType(I64, spec.lanes)
+        used = bld.icmp_signed("<", lane_ids(spec.lanes, v * spec.lanes, I64),
+                               splat(bld, args["width_used"], ivec))
+        mask = bld.and_(used, splat(bld, on, ir.VectorType(ir.IntType(1), spec.lanes)))
+        ptr = bld.gep(args["bias"], [ir.Constant(I64, v * spec.lanes)], source_etype=self.scalar)
+        return bld.call(self.masked_load, [ptr, mask, self.zero])

@@ -42,23 +42,30 @@ def stored_windows(width_used, col0=0, row_width=None, gap=0):
 
 
 def outer_product(spec, k, a, b, c, ldc, width_used, rows_used, bias=None, flags=0, lda=None,
-                  ldb=None, slab_rows=None, col0=0, row_width=None, gap=0, params=()):
+                  ldb=None, slab_rows=None, col0=0, row_width=None, gap=0, params=(), ldv=None):
     """C rows f < rows_used, stored elements: act((C +) A^T B (+ bias)). A's rows
     are at ``slab_rows`` (element offsets) for a "slab" kernel, else every ``lda``; B's at
-    ``slab_rows`` for a "direct" kernel, else every ``ldb``."""
+    ``slab_rows`` for a "direct" or "blocked" kernel, else every ``ldb``. A blocked kernel's
+    broadcast f is ``ldb`` elements after f - 1, its element e of row f at ``f*ldc +
+    (e // lanes)*ldv + e % lanes``, with bias[e]."""
     lda = spec.width if lda is None else lda
     ldb = spec.broadcasts if ldb is None else ldb
+    blocked = spec.variant == "blocked"
     a_starts = slab_rows[:k] if spec.variant == "slab" else np.arange(k) * lda
-    b_starts = slab_rows[:k] if spec.variant == "direct" else np.arange(k) * ldb
+    b_starts = slab_rows[:k] if spec.variant in ("direct", "blocked") else np.arange(k) * ldb
+    step = ldb if blocked else 1
     A = np.stack([a[i: i + width_used] for i in a_starts])
-    B = np.stack([b[i: i + rows_used] for i in b_starts])
+    B = np.stack([b[i: i + rows_used * step: step] for i in b_starts])
     tile = (B.T @ A).astype(spec.np_dtype)
     elements, offsets = stored_windows(width_used, col0,
                                        row_width if spec.variant == "slab" else None, gap)
+    if blocked:
+        offsets = elements // spec.lanes * ldv + elements % spec.lanes
     for f in range(rows_used):
         at = f * ldc + offsets
         value = tile[f, elements] + c[at] if flags & ACCUMULATE else tile[f, elements]
-        c[at] = _epilogue(spec, value, bias[f] if flags & BIAS else 0, flags, params)
+        row_bias = (bias[elements] if blocked else bias[f]) if flags & BIAS else 0
+        c[at] = _epilogue(spec, value, row_bias, flags, params)
 
 
 def depthwise(spec, slab, offsets, weights, out, positions, row_width, q, bias=None, flags=0,

@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields, replace
 from .dtypes import DTYPES, get_dtype
 from .isa import get_isa
 
-VARIANTS = {"packed": "", "slab": "_slab", "direct": "_direct"}   # KernelSpec variant -> suffix
+VARIANTS = {"packed": "", "slab": "_slab", "direct": "_direct", "blocked": "_blocked"}   # KernelSpec variant -> suffix
 
 # activation kind -> the names of its run-time parameters, in the order kernels take them
 # (``microkernels.activation``; PyTorch's semantics, ``cso.Activation``)
@@ -101,8 +101,9 @@ class KernelSpec(_Spec):
     of the broadcast operand (rows of C) by ``width`` elements along the vectors (a multiple of
     the lanes), for one dtype and ISA. With windows in vectors, ``broadcasts`` are filters and
     ``width`` windows; with filters in vectors the other way round. ``variant``: "packed"
-    (operand A, the vectors, a packed tile), "slab" (A read in place from a padded slab) or
-    "direct" (B, the broadcasts, read in place from a slab). ``prefetch``: the kernel asks for
+    (operand A, the vectors, a packed tile), "slab" (A read in place from a padded slab),
+    "direct" (B, the broadcasts, read in place from a slab) or "blocked" (B read in place from
+    channel-blocked activations, C stored into them). ``prefetch``: the kernel asks for
     the cache lines of C's rows this many tiles (``width`` elements) further along, to be
     written (0: none); with windows in vectors the loop nest's later tiles store there."""
     dtype: str

@@ -85,18 +85,23 @@ class _Kernel:
 
 class OuterProduct(_Kernel):
     def __call__(self, k, a, b, c, ldc, width_used, rows_used, bias=None, flags=0, lda=None,
-                 ldb=None, slab_rows=None, col0=0, row_width=None, gap=0, params=()):
-        """``lda`` and ``ldb`` default to packed tiles' ``width`` and ``broadcasts``. A slab or
-        direct kernel takes ``slab_rows`` (int64 element offsets of A's rows, or B's), a slab
-        kernel also its virtual row (``col0``, ``row_width``, ``gap``)."""
+                 ldb=None, slab_rows=None, col0=0, row_width=None, gap=0, params=(), ldv=None):
+        """``lda`` and ``ldb`` default to packed tiles' ``width`` and ``broadcasts``. A slab,
+        direct or blocked kernel takes ``slab_rows`` (int64 element offsets of A's rows, or
+        B's), a slab kernel also its virtual row (``col0``, ``row_width``, ``gap``), a blocked
+        kernel ``ldb`` (its broadcasts' stride, default 1) and ``ldv`` (C's vector stride)."""
         spec, dt = self.spec, self.spec.np_dtype
+        blocked = spec.variant == "blocked"
         lda = spec.width if lda is None else lda
-        ldb = spec.broadcasts if ldb is None else ldb
-        _need(k >= 1 and lda >= spec.width and ldb >= spec.broadcasts
+        ldb = (1 if blocked else spec.broadcasts) if ldb is None else ldb
+        ldv = spec.lanes if ldv is None else ldv
+        _need(k >= 1 and lda >= spec.width and ldb >= (1 if blocked else spec.broadcasts)
+              and ldv >= spec.lanes
               and 1 <= rows_used <= spec.broadcasts and 1 <= width_used <= spec.width,
-              f"need k >= 1, lda >= {spec.width}, ldb >= {spec.broadcasts}, 1 <= rows_used <= "
-              f"{spec.broadcasts}, 1 <= width_used <= {spec.width}; got k={k}, lda={lda}, "
-              f"ldb={ldb}, rows_used={rows_used}, width_used={width_used}")
+              f"need k >= 1, lda >= {spec.width}, ldb >= {spec.broadcasts} (1 blocked), ldv >= "
+              f"{spec.lanes}, 1 <= rows_used <= {spec.broadcasts}, 1 <= width_used <= "
+              f"{spec.width}; got k={k}, lda={lda}, ldb={ldb}, ldv={ldv}, rows_used={rows_used}, "
+              f"width_used={width_used}")
         a_end, b_end, rows_address = (k - 1) * lda + spec.width, (k - 1) * ldb + spec.broadcasts, 0
         if spec.variant != "packed":
             _need(isinstance(slab_rows, np.ndarray) and slab_rows.dtype == np.int64
@@ -107,22 +112,32 @@ class OuterProduct(_Kernel):
             rows_address = slab_rows.ctypes.data
         if spec.variant == "direct":
             b_end = int(slab_rows[:k].max()) + spec.broadcasts
+        if blocked:
+            b_end = int(slab_rows[:k].max()) + (spec.broadcasts - 1) * ldb + 1
         if spec.variant == "slab":
             _need(row_width is not None and 0 <= gap < row_width and 0 <= col0 < row_width
                   and col0 + spec.width <= 2 * row_width,
                   f"need 0 <= gap < row_width, 0 <= col0 < row_width, col0 + {spec.width} <= "
                   f"2*row_width; got col0={col0}, row_width={row_width}, gap={gap}")
             a_end = int(slab_rows[:k].max()) + spec.width
-        _, offsets = stored_windows(width_used, col0,
-                                    row_width if spec.variant == "slab" else None, gap)
+        elements, offsets = stored_windows(width_used, col0,
+                                           row_width if spec.variant == "slab" else None, gap)
+        if blocked:
+            offsets = elements // spec.lanes * ldv + elements % spec.lanes
+            _need(ldc >= spec.lanes and (ldv >= ldc * spec.broadcasts or ldc >= width_used),
+                  f"a blocked kernel's C rows and vectors must not overlap: need ldc >= "
+                  f"{spec.lanes} and ldv >= ldc*{spec.broadcasts} (blocks) or ldc >= "
+                  f"width_used (channels last); got ldc={ldc}, ldv={ldv}")
         row_end = offsets.max() + 1 if offsets.size else 0
         values = self._params(spec.activation, params)   # referenced until the call returns
-        _need(ldc >= row_end, f"need ldc >= the {row_end} columns a C row is stored on, "
-                              f"got ldc={ldc}")
+        _need(blocked or ldc >= row_end, f"need ldc >= the {row_end} columns a C row is stored "
+                                         f"on, got ldc={ldc}")
         self._function(
             k, _address("a", a, dt, 0, a_end), lda, _address("b", b, dt, 0, b_end), ldb,
-            _address("c", c, dt, 0, (rows_used - 1) * ldc + row_end, writeable=True), ldc,
-            width_used, rows_used, _address("bias", bias, dt, 0, rows_used) if flags & BIAS else 0,
+            _address("c", c, dt, 0, (rows_used - 1) * ldc + row_end, writeable=True), ldc, ldv,
+            width_used, rows_used,
+            _address("bias", bias, dt, 0, width_used if blocked else rows_used)
+            if flags & BIAS else 0,
             flags, rows_address, col0, row_width or 0, gap, values.ctypes.data)
 
 

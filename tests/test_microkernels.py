@@ -166,6 +166,39 @@ def test_direct_kernel(spec, rng):
             check(spec, actual, expected, inside, k)
 
 
+@pytest.mark.parametrize("spec", sorted({mk.KernelSpec(s.dtype, b, s.width, s.isa, "blocked")
+                                         for s in SPECS for b in (s.broadcasts, 5)}, key=str), ids=str)
+def test_blocked_kernel(spec, rng):
+    """Windows broadcast every ``ldb`` elements from rows at scattered offsets (no slack after
+    the last window), C stored as channel blocks (rows ``ldc`` = the lanes apart, vectors a
+    block plane apart) or channels last (vectors adjacent, rows a pixel of K apart); the bias
+    along the vectors; every edge count, and nothing written outside the used lanes."""
+    dt, lanes = spec.np_dtype, spec.lanes
+    for k in DEPTHS:
+        for rows_used in range(1, spec.broadcasts + 1):
+            width_used = spec.width - (rows_used * 3 + k) % spec.width
+            flags = FLAG_SETS[(rows_used + k) % len(FLAG_SETS)]
+            ldb = (1, 2 * lanes, lanes + 3)[(rows_used + k) % 3]
+            slab_rows = rng.integers(0, 2 * k + lanes, size=k).astype(np.int64)
+            a = rng.standard_normal(k * spec.width).astype(dt)
+            b = rng.standard_normal(int(slab_rows.max()) + (spec.broadcasts - 1) * ldb + 1).astype(dt)
+            bias = rng.standard_normal(width_used).astype(dt)   # no slack past the used lanes
+            for ldc, ldv in ((lanes, lanes * spec.broadcasts + 5), (spec.width + 2, lanes)):
+                guard = 7
+                offsets = np.arange(width_used) // lanes * ldv + np.arange(width_used) % lanes
+                c = np.full(2 * guard + (rows_used - 1) * ldc + offsets[-1] + 1, SENTINEL, dt)
+                inside = np.zeros(c.shape, bool)
+                for f in range(rows_used):
+                    inside[guard + f * ldc + offsets] = True
+                c[inside] = rng.standard_normal(inside.sum())
+                expected, actual = c.copy(), c.copy()
+                args = (k, a, b, None, ldc, width_used, rows_used, bias, flags)
+                call = dict(ldb=ldb, slab_rows=slab_rows, ldv=ldv)
+                mk.reference_kernel(spec)(*args[:3], expected[guard:], *args[4:], **call)
+                mk.compile(spec)(*args[:3], actual[guard:], *args[4:], **call)
+                check(spec, actual, expected, inside, k)
+
+
 @pytest.mark.parametrize("spec", sorted({mk.TransposeSpec(s.dtype, s.isa) for s in SPECS}, key=str),
                          ids=str)
 def test_transpose_block_every_size(spec, rng):

@@ -1,0 +1,133 @@
+"""Activation layouts besides NCHW: channel-blocked arrays (``Blocked``) that convolutions read
+and write directly, and channels-last (NHWC) arrays in and out.
+
+A ``Blocked`` holds an N x C x H x W tensor as ``data`` of shape N x ceil(C/B) x H x W x B: B
+channels a block, each pixel's block contiguous (NCHWc, as onnxruntime and oneDNN keep
+activations between layers). B is the vector width in floats of the kernels that wrote it (16
+on AVX-512, 8 on AVX2, 4 on NEON; ``block_size``), so that a convolution loads a block as one
+vector of filters' outputs and broadcasts an input pixel's channel from it, without packing.
+The channels past C in the last block are padding: a convolution writes them (as the output of
+zero filters) and never reads them into a result, so they hold finite values, not necessarily
+zeros. A chain of convolutions on ``Blocked`` values reorders nothing between them:
+
+    x = cso.Blocked.from_nchw(image)          # once, at the input
+    y = conv2(conv1(x))                       # Conv2d calls: Blocked in, Blocked out
+    result = y.to_nchw()                      # once, at the output
+
+Any block size is read correctly (a ``Blocked`` pickled on an AVX-512 machine and loaded on an
+AVX2 one is re-blocked on its way in, when the kernels cannot read its blocks as they are).
+A channels-last (NHWC) array is the blocked layout with one block of all C channels:
+``Blocked.from_nhwc`` wraps one without a copy, and ``Conv2d(...)(x, layout="nhwc")`` takes
+and returns NHWC arrays.
+"""
+import numpy as np
+
+from microkernels.aligned import aligned_empty
+
+from .host import host_machine
+
+LAYOUTS = ("nchw", "nhwc", "blocked")   # what a call's ``out_layout`` may ask for
+
+
+def block_size(dtype, isa=None):
+    """Channels a block for ``dtype`` on kernel ISA ``isa`` (default: the host's): its vector
+    lanes."""
+    return host_machine(isa).vector_bytes // np.dtype(dtype).itemsize
+
+
+class Blocked:
+    """An N x C x H x W tensor held channel-blocked (see the module's docstring): ``data``, a
+    C-contiguous N x ceil(C/B) x H x W x B array, and ``channels``, C."""
+
+    __slots__ = ("data", "channels")
+
+    def __init__(self, data, channels):
+        if not isinstance(data, np.ndarray) or data.ndim != 5:
+            raise TypeError(f"Blocked data must be a 5-D numpy.ndarray (N, C/B, H, W, B), got "
+                            f"{type(data).__name__} of shape {getattr(data, 'shape', None)}")
+        if data.dtype not in (np.float32, np.float64) or not data.flags.c_contiguous:
+            raise TypeError(f"Blocked data must be C-contiguous float32 or float64, got "
+                            f"{data.dtype} of shape {data.shape}")
+        blocks, block = data.shape[1], data.shape[4]
+        if (not isinstance(channels, (int, np.integer)) or isinstance(channels, bool)
+                or not (blocks - 1) * block < channels <= blocks * block):
+            raise ValueError(f"Blocked channels must be an int filling the last of {blocks} "
+                             f"blocks of {block} (from {(blocks - 1) * block + 1} to "
+                             f"{blocks * block}), got {channels!r}")
+        self.data, self.channels = data, int(channels)
+
+    @property
+    def shape(self):
+        """(N, C, H, W), the tensor's shape."""
+        n, _, h, w, _ = self.data.shape
+        return (n, self.channels, h, w)
+
+    @property
+    def block(self):
+        return self.data.shape[4]
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    @classmethod
+    def empty(cls, shape, dtype, block):
+        """An uninitialised Blocked of ``shape`` (N, C, H, W), its data on a cache line."""
+        n, c, h, w = shape
+        return cls(aligned_empty((n, -(-c // block), h, w, block), dtype), c)
+
+    @classmethod
+    def from_nchw(cls, x, block=None):
+        """``x`` (N, C, H, W) blocked by ``block`` channels (default ``block_size``), the
+        padding channels zero."""
+        if not isinstance(x, np.ndarray) or x.ndim != 4:
+            raise TypeError(f"from_nchw takes a 4-D numpy.ndarray (N, C, H, W), got "
+                            f"{type(x).__name__} of shape {getattr(x, 'shape', None)}")
+        block = block_size(x.dtype) if block is None else block
+        n, c, h, w = x.shape
+        result = cls.empty(x.shape, x.dtype, block)
+        padded = -(-c // block) * block
+        if padded > c:
+            result.data[:, -1, :, :, c - padded:] = 0
+        full, rest = divmod(c, block)
+        view = result.data.transpose(0, 1, 4, 2, 3)   # N, C/B, B, H, W
+        view[:, :full] = x[:, :full * block].reshape(n, full, block, h, w)
+        if rest:
+            view[:, full, :rest] = x[:, full * block:]
+        return result
+
+    @classmethod
+    def from_nhwc(cls, x):
+        """``x`` (N, H, W, C), C-contiguous, as one block of all C channels: a view, no copy."""
+        if not isinstance(x, np.ndarray) or x.ndim != 4:
+            raise TypeError(f"from_nhwc takes a 4-D numpy.ndarray (N, H, W, C), got "
+                            f"{type(x).__name__} of shape {getattr(x, 'shape', None)}")
+        n, h, w, c = x.shape
+        return cls(np.ascontiguousarray(x).reshape(n, 1, h, w, c), c)
+
+    def to_nchw(self):
+        """The tensor as a new C-contiguous (N, C, H, W) array."""
+        n, c, h, w = self.shape
+        flat = self.data.transpose(0, 1, 4, 2, 3).reshape(n, -1, h, w)
+        return np.ascontiguousarray(flat[:, :c])
+
+    def to_nhwc(self):
+        """The tensor as a C-contiguous (N, H, W, C) array: a view of ``data`` when it is one
+        block of exactly C channels, else a copy."""
+        n, c, h, w = self.shape
+        if self.data.shape[1] == 1 and self.block == c:
+            return self.data.reshape(n, h, w, c)
+        flat = self.data.transpose(0, 2, 3, 1, 4).reshape(n, h, w, -1)
+        return np.ascontiguousarray(flat[..., :c])
+
+    def reblocked(self, block):
+        """The tensor in blocks of ``block`` channels (itself when they are already)."""
+        if block == self.block:
+            return self
+        return Blocked.from_nchw(self.to_nchw(), block)
+
+    def __reduce__(self):
+        return Blocked, (self.data, self.channels)
+
+    def __repr__(self):
+        return (f"Blocked(shape={self.shape}, block={self.block}, dtype={self.dtype})")
