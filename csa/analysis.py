@@ -26,12 +26,8 @@ def analyze(spec: ConvSpec, machine: Optional[Machine] = None, *, threads: int =
     depthwise, given = check_overrides(spec.c_per_group, **overrides)
     given.pop("depthwise", None)
     machine = machine or Machine.host()
-    if depthwise:
-        if layout != "nchw":
-            raise ValueError(f"{spec} is depthwise: its plan reads and writes NCHW, not "
-                             f"layout {layout!r}")
-        return analyze_depthwise(spec, machine, threads, given)
-    return analyze_slicing(spec, machine, threads, given, layout)
+    run = analyze_depthwise if depthwise else analyze_slicing
+    return run(spec, machine, threads, given, layout)
 
 
 def filters_per_tile(machine, itemsize, depthwise):

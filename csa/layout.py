@@ -102,8 +102,9 @@ LAYOUTS = ("nchw", "blocked")
 def blocked_fits(spec, lanes):
     """Whether ``spec`` runs on channel-blocked activations of ``lanes`` channels a block:
     every group's channels and filters start on a block (one group, or whole blocks per
-    group; not a depthwise convolution, whose plan is its own)."""
-    return spec.groups == 1 or (spec.c_per_group % lanes == 0 and spec.k_per_group % lanes == 0)
+    group), or it is depthwise with one filter per channel (a lane per channel)."""
+    return (spec.groups == 1 or (spec.c_per_group % lanes == 0 and spec.k_per_group % lanes == 0)
+            or spec.c_per_group == spec.k_per_group == 1)
 
 
 def reads_in_place(spec):

@@ -277,36 +277,57 @@ class Conv2d:
             acc = _to_nchw(out, out_layout) if self.accumulate else None
             result = self._call(_to_nchw(xb, in_layout), acc, phases)
             return _written(_from_nchw(result, out_layout, lanes), out)
+        depthwise = isinstance(plan, csa.DepthwisePlan)
         in_block = 1 if in_layout == "nchw" else xb.block
         if not _reads_blocks(plan, in_block):
-            xb, in_block = xb.reblocked(lanes), lanes
-        out_block = spec.k if out_layout == "nhwc" else lanes
+            xb = Blocked.from_nchw(x, lanes) if in_layout == "nchw" else xb.reblocked(lanes)
+            in_layout, in_block = "blocked", lanes
+        # a depthwise plan writes blocks of the lanes only
+        out_block = spec.k if out_layout == "nhwc" and not depthwise else lanes
         if out_layout == "blocked" and out is not None:
             result = out
-        elif out_layout == "nhwc" and out is not None:
+        elif out_layout == "nhwc" and out is not None and out_block == spec.k:
             result = Blocked.from_nhwc(out)
-        elif self.accumulate:   # (an NCHW out)
+        elif self.accumulate and out_layout == "nchw":
             result = Blocked.from_nchw(out, lanes)
         else:
             result = Blocked.empty(out_shape, self.dtype, out_block)
         prepared = self._prepared(shape, self.dtype, threads, (in_block, out_block))
         if shape[0]:
             data = x if in_layout == "nchw" else xb.data
-            prepared.run(data, self.packed_weight(plan.nf), self._bias_for(result.data),
-                         result.data, phases, threads)
+            weights = (self._blocked_depthwise_weight(lanes) if depthwise
+                       else self.packed_weight(plan.nf))
+            prepared.run(data, weights, self._bias_for(result.data), result.data, phases,
+                         threads)
         if out_layout == "blocked":
             return result
         if out_layout == "nhwc":
-            return result.to_nhwc() if out is None else out
+            if out is not None and result.data.base is out:   # written in place
+                return out
+            return _written(result.to_nhwc(), out)
         return _written(result.to_nchw(), out)
 
     def _blocked_plan(self, spec, lanes, threads):
-        """The blocked plan of ``spec``, or None where it has none (a depthwise convolution,
-        groups off the blocks, a channel shuffle)."""
-        if (self.channel_shuffle > 1 or not csa.layout.blocked_fits(spec, lanes)
-                or csa.check_overrides(spec.c_per_group, **dict(self.overrides))[0]):
+        """The blocked plan of ``spec``, or None where it has none (groups off the blocks, a
+        depthwise convolution of several filters per channel, a channel shuffle)."""
+        if self.channel_shuffle > 1 or not csa.layout.blocked_fits(spec, lanes):
             return None
         return self._plan_for(spec, threads, "blocked")
+
+    def _blocked_depthwise_weight(self, lanes):
+        """A depthwise convolution's filters for its blocked plan: per block of ``lanes``
+        channels, its R*S taps' vectors of weights (zero for the padding channels)."""
+        key = ("blocked", lanes)
+        found = self._packed.get(key)
+        if found is None:
+            k, _, r, s = self.weight_shape
+            taps = self.packed_weight(1).reshape(k, r * s)   # (a filter a row)
+            padded = np.zeros((-(-k // lanes) * lanes, r * s), self.dtype)
+            padded[:k] = taps
+            found = np.ascontiguousarray(padded.reshape(-1, lanes, r * s).transpose(0, 2, 1))
+            with _tables:
+                found = self._packed.setdefault(key, found)
+        return found
 
     def _bias_for(self, out_data):
         """The bias over the output's channels, padding included (zero there), for a blocked
@@ -370,6 +391,8 @@ def _reads_blocks(plan, block):
     """Whether ``plan``'s loop nest reads input blocks of ``block`` channels as they are:
     every channel tile starts on a block."""
     s = plan.spec
+    if isinstance(plan, csa.DepthwisePlan):
+        return block == plan.lanes
     starts_on_blocks = plan.nc % block == 0 or plan.channel_tiles == 1
     return block == 1 or (starts_on_blocks and (s.groups == 1 or s.c_per_group % block == 0))
 

@@ -10,7 +10,7 @@ the slicing loop nest, the kernel and the row copies are called through their ad
 """
 import numpy as np
 
-from microkernels import DepthwiseSpec, depthwise, row_copy
+from microkernels import BlockedDepthwiseSpec, DepthwiseSpec, depthwise, depthwise_blocked, row_copy
 from microkernels.spec import STORE_ACTIVATION
 from microkernels.jit import native_function
 from microkernels.dtypes import DTYPES, dtype_name
@@ -18,7 +18,8 @@ from packing import row_copier
 from packing.inputs import define_fill_slab
 
 from .entry import EntryCode, Geom
-from .loop_nests import ALL_PHASES, KERNEL, PACK, define_slab_offsets
+from .loop_nests import (ALL_PHASES, KERNEL, PACK, define_blocked_offsets, define_slab_offsets,
+                         row_column)
 
 GEOM = Geom("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q", "P", "M", "nc", "band", "Hb", "Hs",
             "Ws", "planes", "epilogue", "phases", "fill_width", "kernel", "copy_rows", "shuffle",
@@ -28,10 +29,23 @@ GEOM = Geom("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q", "P", "M", "nc", "
 MAX_FILL_VECTORS = 4
 
 
-def geometry(plan, kspec, epilogue_flags, params, channel_shuffle=1):
+# a blocked plan's: its windows per row tile, the kernel of one fewer, whether it reads in place
+BLOCKED_GEOM = Geom("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q", "P", "band", "Hb", "Hs",
+                    "Ws", "lanes", "windows", "row_tiles", "unpacked", "epilogue", "phases", "fill_width",
+                    "kernel", "tail_kernel", "copy_rows", "params")
+
+
+def geometry(plan, kspec, epilogue_flags, params, channel_shuffle=1, in_block=None,
+             out_block=None):
     """The ``geom`` vector for ``plan`` around depthwise kernel ``kspec``, compiling the
     functions it calls on first use; ``params``: the address of the activation's parameters;
-    ``channel_shuffle`` groups: see ``Conv2d``."""
+    ``channel_shuffle`` groups: see ``Conv2d``. A blocked plan reads and writes blocks of the
+    lanes (``in_block`` and ``out_block``, which must be)."""
+    if plan.blocked:
+        if (in_block, out_block) != (plan.lanes, plan.lanes):
+            raise ValueError(f"a blocked depthwise plan reads and writes blocks of "
+                             f"{plan.lanes}, not {in_block} and {out_block}")
+        return _blocked_geometry(plan, kspec, epilogue_flags, params)
     s = plan.spec
     hs, ws = plan.slab_shape
     fill_width = kspec.lanes * min(MAX_FILL_VECTORS, -(-ws // kspec.lanes))
@@ -44,13 +58,35 @@ def geometry(plan, kspec, epilogue_flags, params, channel_shuffle=1):
         copy_rows=row_copier(kspec, fill_width), shuffle=channel_shuffle, params=params)
 
 
+def _blocked_geometry(plan, kspec, epilogue_flags, params):
+    s = plan.spec
+    hs, ws = plan.slab_shape
+    hb = plan.band_rows
+    if plan.reads_input_unpacked:   # the taps' offsets on the input's blocks
+        hb, ws = s.h, s.w
+    fill_width = kspec.lanes * MAX_FILL_VECTORS
+    tail = (native_function(depthwise_blocked.define_blocked_depthwise,
+                            BlockedDepthwiseSpec(kspec.dtype, kspec.windows - 1, kspec.isa,
+                                                 kspec.activation)).address
+            if s.q % plan.row_tiles else 0)
+    return BLOCKED_GEOM.pack(
+        R=s.r, S=s.s, sh=s.stride[0], sw=s.stride[1], dh=s.dilation[0], dw=s.dilation[1],
+        pt=s.padding[0], pl=s.padding[2], Q=s.q, P=s.p, band=plan.band, Hb=hb, Hs=hs, Ws=ws,
+        lanes=plan.lanes, windows=plan.block_vectors, row_tiles=plan.row_tiles, unpacked=plan.reads_input_unpacked,
+        epilogue=epilogue_flags, phases=ALL_PHASES, fill_width=fill_width,
+        kernel=native_function(depthwise_blocked.define_blocked_depthwise, kspec).address,
+        tail_kernel=tail, copy_rows=row_copier(kspec, fill_width), params=params)
+
+
 def kernel_spec(plan, isa, activation=STORE_ACTIVATION):
-    return DepthwiseSpec(dtype_name(plan.spec.dtype), plan.block_vectors, isa, activation)
+    family = BlockedDepthwiseSpec if plan.blocked else DepthwiseSpec
+    return family(dtype_name(plan.spec.dtype), plan.block_vectors, isa, activation)
 
 
 def loop_nest(plan):
-    """The generator of ``plan``'s loop nest (see ``define_depthwise_loop_nest``)."""
-    return define_depthwise_loop_nest
+    """The generator of ``plan``'s loop nest (see ``define_depthwise_loop_nest`` and
+    ``define_blocked_depthwise_loop_nest``)."""
+    return define_blocked_depthwise_loop_nest if plan.blocked else define_depthwise_loop_nest
 
 
 def rows_elements(plan):
@@ -66,6 +102,9 @@ def scratch_elements(plan):
     """The slabs of one fill and a tail: the kernel's last vector reads up to a vector past
     the last channel's slab, and its aligned loads (``microkernels.depthwise``) one more; then
     the slack the filler's blended stores may rewrite (``row_copy.SCRATCH_SLACK``)."""
+    if plan.blocked:
+        return plan.channel_elements and (plan.channel_elements
+                                          + row_copy.SCRATCH_SLACK // plan.spec.itemsize)
     return (plan.nc * plan.channel_elements + 2 * plan.lanes
             + row_copy.SCRATCH_SLACK // plan.spec.itemsize)
 
@@ -131,5 +170,51 @@ def define_depthwise_loop_nest(module, dtype):
                               out_addr + ((n * K + k) * P + oh0) * Q * item, positions, Ws, Q,
                               bias_addr + k * item, epilogue, params)
         u.set(u + count)
+    code.ret()
+    return code.function
+
+
+def define_blocked_depthwise_loop_nest(module, dtype):
+    """A blocked plan's loop nest as the C entry ``blocked_depthwise_loop_nest_{dtype}(args,
+    part)``: units (image, block, band) part[0] .. part[1]-1, per unit the block's band read in
+    place or filled into a slab with its zero padding (``packing.inputs.define_fill_slab``
+    over the block's rows of W*lanes values), then per output row its tiles of windows
+    (``row_tiles``, evened out, a ``tail_kernel`` for the shorter ones); ``weights`` holds a
+    block's R*S weight vectors in turn, ``bias`` the padded channels'."""
+    code = EntryCode(module, f"blocked_depthwise_loop_nest_{dtype}", BLOCKED_GEOM)
+    item = DTYPES[dtype].itemsize
+    R, S, sh, sw, dh, dw, pt, pl, Q, P = code.geom("R", "S", "sh", "sw", "dh", "dw", "pt", "pl",
+                                                   "Q", "P")
+    band, Hb, Hs, Ws, L, windows, row_tiles, unpacked = code.geom(
+        "band", "Hb", "Hs", "Ws", "lanes", "windows", "row_tiles", "unpacked")
+    epilogue, phases, params, fill_width = code.geom("epilogue", "phases", "params",
+                                                     "fill_width")
+    kernel, tail = code.geom("kernel", "tail_kernel")
+    x_addr, C, H, W, w_addr, bias_addr, out_addr, K = (
+        code.call_arg(a) for a in ("x", "c", "h", "w", "weights", "bias", "out", "out_k"))
+    scratch, offsets = code.workspace("scratch", item), code.workspace("rows", 8)
+    first, end = code.part_field(0), code.part_field(1)
+    code.call(define_blocked_offsets(module), offsets, 1, R, S, dh, dw, Hb, Ws, L)
+    blocks, bands = C // L, (P + band - 1) // band
+    with code.range(first, end) as u:
+        n, cb, oh0 = u // (blocks * bands), u // bands % blocks, u % bands * band
+        block = x_addr + (n * C + cb * L) * H * W * item
+        row0 = code.choose(unpacked != 0, 0, oh0 * sh)
+        base = code.choose(unpacked != 0, block, scratch)
+        with code.if_((unpacked == 0) & ((phases & PACK) != 0)):
+            code.call(define_fill_slab(module, dtype), block, 0, H, W * L, 1, 1, 1, Hb,
+                      Ws * L, row0, code.min(Hb, Hs - row0), pt, pl * L, 1, scratch,
+                      fill_width, code.geom("copy_rows"))
+        with code.if_((phases & KERNEL) != 0):
+            with code.range(oh0, code.min(P, oh0 + band)) as oh:
+                with code.range(0, row_tiles) as j:
+                    ow0 = row_column(j, row_tiles, Q)
+                    count = row_column(j + 1, row_tiles, Q) - ow0
+                    code.call((code.choose(count < windows, tail, kernel),
+                               depthwise_blocked.FUNCTION_TYPE), R * S,
+                              base + ((oh * sh - row0) * Ws + ow0 * sw) * L * item, offsets,
+                              sw * L, w_addr + cb * R * S * L * item,
+                              out_addr + ((n * K + cb * L) * P * Q + (oh * Q + ow0) * L) * item,
+                              bias_addr + cb * L * item, epilogue, params)
     code.ret()
     return code.function

@@ -6,7 +6,7 @@ from importlib import import_module
 _EXPORTS = {
     "ir": ("ACCUMULATE", "BIAS", "ACTIVATE"),
     "isa": ("ISAS", "Isa", "default_isa", "get_isa", "host_isa", "select_isa", "supported_isas"),
-    "spec": ("KernelSpec", "DepthwiseSpec", "TransposeSpec", "RowCopySpec", "TapCopySpec",
+    "spec": ("KernelSpec", "DepthwiseSpec", "BlockedDepthwiseSpec", "TransposeSpec", "RowCopySpec", "TapCopySpec",
              "ActivationSpec", "ACTIVATIONS", "parse_name"),
     "wrappers": ("compile",),
     "reference": ("reference_kernel",),

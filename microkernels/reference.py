@@ -7,8 +7,8 @@ import numpy as np
 
 from .ir import ACCUMULATE, ACTIVATE, BIAS
 from .row_copy import TAP_STRIDES, max_taps
-from .spec import (ACTIVATIONS, ActivationSpec, DepthwiseSpec, KernelSpec, RowCopySpec,
-                   TapCopySpec, TransposeSpec)
+from .spec import (ACTIVATIONS, ActivationSpec, BlockedDepthwiseSpec, DepthwiseSpec, KernelSpec,
+                   RowCopySpec, TapCopySpec, TransposeSpec)
 
 
 def reference_kernel(spec):
@@ -66,6 +66,18 @@ def outer_product(spec, k, a, b, c, ldc, width_used, rows_used, bias=None, flags
         value = tile[f, elements] + c[at] if flags & ACCUMULATE else tile[f, elements]
         row_bias = (bias[elements] if blocked else bias[f]) if flags & BIAS else 0
         c[at] = _epilogue(spec, value, row_bias, flags, params)
+
+
+def blocked_depthwise(spec, x, offsets, step, weights, out, bias=None, flags=0, params=()):
+    """out[t*lanes + j] = act(sum_i x[offsets[i] + t*step + j] * weights[i*lanes + j]
+    (+ bias[j])) for windows t < spec.windows and lanes j."""
+    lanes, taps = spec.lanes, offsets.size
+    j = np.arange(lanes)
+    w = weights[:taps * lanes].reshape(taps, lanes).astype(np.float64)
+    for t in range(spec.windows):
+        value = (x[offsets[:, None] + t * step + j].astype(np.float64) * w).sum(axis=0)
+        out[t * lanes + j] = _epilogue(spec, value, bias[:lanes] if flags & BIAS else 0,
+                                       flags, params)
 
 
 def depthwise(spec, slab, offsets, weights, out, positions, row_width, q, bias=None, flags=0,
@@ -195,5 +207,6 @@ def activation_values(kind, x, params=()):
         return np.asarray(_ACTIVATION_VALUES[kind](x, *(float(p) for p in params)), np.float64)
 
 
-REFERENCES = {KernelSpec: outer_product, DepthwiseSpec: depthwise, TransposeSpec: transpose,
+REFERENCES = {KernelSpec: outer_product, DepthwiseSpec: depthwise,
+              BlockedDepthwiseSpec: blocked_depthwise, TransposeSpec: transpose,
               RowCopySpec: row_copy, TapCopySpec: tap_copy, ActivationSpec: activation}

@@ -163,6 +163,19 @@ class DepthwiseSpec(_Spec):
 
 
 @dataclass(frozen=True)
+class BlockedDepthwiseSpec(_Spec):
+    """The depthwise micro-kernel on channel-blocked activations
+    (``microkernels.depthwise_blocked``): ``windows`` output pixels of one block of channels
+    (the vector lanes), an accumulator each."""
+    dtype: str
+    windows: int
+    isa: str
+    activation: str = STORE_ACTIVATION
+
+    _FORMAT = "{dtype}_dw_blocked_ukernel_{windows}w__{isa}"
+
+
+@dataclass(frozen=True)
 class TransposeSpec(_Spec):
     """The block transpose with the convolution epilogue (``microkernels.transpose``), blocks
     of up to lanes x lanes."""
@@ -208,7 +221,8 @@ class ActivationSpec(_Spec):
                              f"{self.kind!r}")
 
 
-FAMILIES = (KernelSpec, DepthwiseSpec, TransposeSpec, RowCopySpec, TapCopySpec, ActivationSpec)
+FAMILIES = (KernelSpec, DepthwiseSpec, BlockedDepthwiseSpec, TransposeSpec, RowCopySpec,
+            TapCopySpec, ActivationSpec)
 
 
 def parse_name(name):

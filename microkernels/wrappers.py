@@ -12,17 +12,19 @@ from functools import lru_cache
 
 import numpy as np
 
-from . import activation, depthwise, outer_product, row_copy, transpose
+from . import activation, depthwise, depthwise_blocked, outer_product, row_copy, transpose
 from .ir import BIAS, I64
 from .jit import native_function
 from .reference import stored_windows
-from .spec import (ACTIVATIONS, ActivationSpec, DepthwiseSpec, KernelSpec, RowCopySpec,
-                   TapCopySpec, TransposeSpec)
+from .spec import (ACTIVATIONS, ActivationSpec, BlockedDepthwiseSpec, DepthwiseSpec, KernelSpec,
+                   RowCopySpec, TapCopySpec, TransposeSpec)
 
 # spec type -> (generator, its function type)
 GENERATORS = {
     KernelSpec: (outer_product.define_kernel, outer_product.FUNCTION_TYPE),
     DepthwiseSpec: (depthwise.define_depthwise, depthwise.FUNCTION_TYPE),
+    BlockedDepthwiseSpec: (depthwise_blocked.define_blocked_depthwise,
+                           depthwise_blocked.FUNCTION_TYPE),
     TransposeSpec: (transpose.define_transpose, transpose.FUNCTION_TYPE),
     RowCopySpec: (row_copy.define_row_copy, row_copy.FUNCTION_TYPE),
     TapCopySpec: (row_copy.define_tap_copy, row_copy.TAP_FUNCTION_TYPE),
@@ -164,6 +166,26 @@ class Depthwise(_Kernel):
             _address("bias", bias, dt, 0, 1) if flags & BIAS else 0, flags, values.ctypes.data)
 
 
+class BlockedDepthwise(_Kernel):
+    def __call__(self, x, offsets, step, weights, out, bias=None, flags=0, params=()):
+        """Taps as many as ``offsets`` (int64, non-negative); window t of tap i reads the
+        lanes at ``offsets[i] + t*step`` of ``x``, ``weights`` holds a vector per tap."""
+        spec, dt, lanes = self.spec, self.spec.np_dtype, self.spec.lanes
+        _need(isinstance(offsets, np.ndarray) and offsets.dtype == np.int64
+              and offsets.flags.c_contiguous and offsets.size >= 1 and offsets.min() >= 0
+              and step >= 0,
+              "offsets must be a C-contiguous int64 array of at least one non-negative offset, "
+              f"step >= 0; got step={step}")
+        taps = offsets.size
+        values = self._params(spec.activation, params)
+        self._function(
+            taps, _address("x", x, dt, 0, int(offsets.max()) + (spec.windows - 1) * step + lanes),
+            offsets.ctypes.data, step, _address("weights", weights, dt, 0, taps * lanes),
+            _address("out", out, dt, 0, spec.windows * lanes, writeable=True),
+            _address("bias", bias, dt, 0, lanes) if flags & BIAS else 0, flags,
+            values.ctypes.data)
+
+
 class Transpose(_Kernel):
     def __call__(self, src, lds, dst, ldd, rows, cols, bias=None, flags=0, params=()):
         dt, lanes = self.spec.np_dtype, self.spec.lanes
@@ -237,7 +259,8 @@ class Activation(_Kernel):
                        values.ctypes.data)
 
 
-WRAPPERS = {KernelSpec: OuterProduct, DepthwiseSpec: Depthwise, TransposeSpec: Transpose,
+WRAPPERS = {KernelSpec: OuterProduct, DepthwiseSpec: Depthwise,
+            BlockedDepthwiseSpec: BlockedDepthwise, TransposeSpec: Transpose,
             RowCopySpec: RowCopy, TapCopySpec: TapCopy, ActivationSpec: Activation}
 
 

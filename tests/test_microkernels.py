@@ -199,6 +199,32 @@ def test_blocked_kernel(spec, rng):
                 check(spec, actual, expected, inside, k)
 
 
+@pytest.mark.parametrize("spec", sorted({mk.BlockedDepthwiseSpec(s.dtype, w, s.isa, act)
+                                         for s in SPECS for w in (1, 7, 8)
+                                         for act in ("relu", "silu")}, key=str), ids=str)
+def test_blocked_depthwise_kernel(spec, rng):
+    """Every tap count, windows ``step`` apart (stride 1 and 2 blocks, and adjacent), each flag
+    set: the windows' lanes written, nothing around them, and the input read no further than
+    the last window's last tap (it ends there)."""
+    dt, lanes = spec.np_dtype, spec.lanes
+    for taps in (1, 2, 9, 25):
+        for step, flags in ((lanes, FLAG_SETS[taps % 5]), (2 * lanes, mk.BIAS | mk.ACTIVATE),
+                            (lanes + 1, 0)):
+            offsets = (rng.permutation(taps + 3)[:taps] * lanes).astype(np.int64)
+            x = rng.standard_normal(int(offsets.max()) + (spec.windows - 1) * step + lanes).astype(dt)
+            weights = rng.standard_normal(taps * lanes).astype(dt)
+            bias = rng.standard_normal(lanes).astype(dt)
+            guard = 5
+            out = np.full(spec.windows * lanes + 2 * guard, SENTINEL, dt)
+            expected = out.copy()
+            args = (x, offsets, step, weights)
+            mk.compile(spec)(*args, out[guard:-guard], bias, flags)
+            mk.reference_kernel(spec)(*args, expected[guard:-guard], bias, flags)
+            inside = np.zeros(out.shape, bool)
+            inside[guard:-guard] = True
+            check(spec, out, expected, inside, taps)
+
+
 @pytest.mark.parametrize("spec", sorted({mk.TransposeSpec(s.dtype, s.isa) for s in SPECS}, key=str),
                          ids=str)
 def test_transpose_block_every_size(spec, rng):
