@@ -133,3 +133,18 @@ def block_channel_tile(nc, lanes, c_per_group):
     """A blocked plan's channel tile: ``nc`` rounded down to whole blocks (at least one),
     so that every tile starts on a block; all channels when ``nc`` covers them."""
     return c_per_group if nc >= c_per_group else max(lanes, nc - nc % lanes)
+
+
+MERGED_ROW_WINDOWS = 24   # a blocked 1x1's rows are merged up to at least this many windows
+
+
+def merged_rows(spec, windows=MERGED_ROW_WINDOWS):
+    """Output rows a blocked plan of a plain 1x1 (stride 1, no padding) runs as one row: its
+    plane is a matrix of pixels, whatever its rows, and tiles along a row of 7 or 14 windows
+    are short (4 + 3, 5 + 5 + 4: fewer accumulators, a kernel of their own). The fewest
+    rows dividing P that make a row of at least ``windows`` (7 x 7: one row of 49; 14 x 14:
+    rows of 28); 1 for other convolutions."""
+    if not plain_1x1(spec):
+        return 1
+    return next((m for m in range(1, spec.p + 1) if spec.p % m == 0 and spec.q * m >= windows),
+                spec.p)

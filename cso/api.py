@@ -209,6 +209,46 @@ class Conv2d:
         run.out_shape = out_shape
         return run
 
+    def bound_blocked(self, shape: Shape, in_block: int):
+        """``run(x, out)`` as ``bound`` on the data of channel-blocked values: for inputs of
+        ``shape`` (N, C, H, W) held as ``in_block`` channels a block (1: an NCHW array; else
+        a ``Blocked``'s ``data``), writing ``out``, a ``Blocked``'s data of the kernels'
+        block (``.out_shape``; ``cso.onnx`` keeps values so between layers). ValueError
+        where the convolution has no blocked plan (``csa.layout.blocked_fits``) or cannot
+        read such blocks; other arrays than those shapes take the checked call."""
+        shape = tuple(shape)
+        threads, lanes = get_num_threads(), block_size(self.dtype, self.isa)
+        spec = self.spec_for(shape)
+        plan, rows = self._blocked_plan(spec, lanes, threads)
+        if plan is None or not _reads_blocks(plan, in_block):
+            raise ValueError(f"{spec} has no blocked plan reading blocks of {in_block} "
+                             f"channels (blocks of {lanes}, groups {self.groups})")
+        prepared = self._prepared(_merged(shape, rows), self.dtype, threads, (in_block, lanes))
+        weights = (self._blocked_depthwise_weight(lanes) if isinstance(plan, csa.DepthwisePlan)
+                   else self.packed_weight(plan.nf))
+        n, k, p, q = (shape[0],) + spec.output_shape[1:]
+        in_shape = shape if in_block == 1 else (n, -(-shape[1] // in_block)) + shape[2:] + (
+            in_block,)
+        out_shape, dtype = (n, -(-k // lanes), p, q, lanes), self.dtype
+        bias = self._bias_for(np.empty((1,) + out_shape[1:], dtype))
+        run_prepared = prepared.run
+        # the arrays as the plan sees them (a 1x1's rows merged: views)
+        x_view, out_view = _merged(in_shape, rows), _merged(out_shape, rows)
+
+        def run(x, out):
+            if (type(x) is not np.ndarray or type(out) is not np.ndarray
+                    or x.shape != in_shape or out.shape != out_shape or x.dtype != dtype
+                    or out.dtype != dtype or not x.flags.c_contiguous
+                    or not out.flags.c_contiguous or not out.flags.writeable
+                    or np.may_share_memory(x, out) or not n):
+                value = x if in_block == 1 else Blocked(x, shape[1])
+                return self(value, out=Blocked(out, k), out_layout="blocked").data
+            run_prepared(x.reshape(x_view), weights, bias, out.reshape(out_view), ALL_PHASES,
+                         threads)
+            return out
+        run.out_shape = out_shape
+        return run
+
     def call_phases(self, x: np.ndarray, phases: int) -> np.ndarray:
         """Run only ``phases`` (``cso.loop_nests`` PACK | KERNEL | POST) of the loop nest on ``x``
         and return the output, whose values are then undefined: the benchmark's time breakdown
@@ -272,7 +312,7 @@ class Conv2d:
         if out is None and self.accumulate:
             raise ValueError(f"accumulate=True adds to out: pass out= (of shape {out_shape} "
                              f"as NCHW, layout {out_layout!r})")
-        plan = self._blocked_plan(spec, lanes, threads)
+        plan, rows = self._blocked_plan(spec, lanes, threads)
         if plan is None:   # NCHW in between
             acc = _to_nchw(out, out_layout) if self.accumulate else None
             result = self._call(_to_nchw(xb, in_layout), acc, phases)
@@ -292,13 +332,15 @@ class Conv2d:
             result = Blocked.from_nchw(out, lanes)
         else:
             result = Blocked.empty(out_shape, self.dtype, out_block)
-        prepared = self._prepared(shape, self.dtype, threads, (in_block, out_block))
+        prepared = self._prepared(_merged(shape, rows), self.dtype, threads,
+                                  (in_block, out_block))
         if shape[0]:
             data = x if in_layout == "nchw" else xb.data
             weights = (self._blocked_depthwise_weight(lanes) if depthwise
                        else self.packed_weight(plan.nf))
-            prepared.run(data, weights, self._bias_for(result.data), result.data, phases,
-                         threads)
+            prepared.run(data.reshape(_merged(data.shape, rows)), weights,
+                         self._bias_for(result.data),
+                         result.data.reshape(_merged(result.data.shape, rows)), phases, threads)
         if out_layout == "blocked":
             return result
         if out_layout == "nhwc":
@@ -308,11 +350,14 @@ class Conv2d:
         return _written(result.to_nchw(), out)
 
     def _blocked_plan(self, spec, lanes, threads):
-        """The blocked plan of ``spec``, or None where it has none (groups off the blocks, a
+        """(the blocked plan of ``spec``, the rows of its plane it runs as one: a plain 1x1's,
+        ``csa.layout.merged_rows``), or (None, 1) where it has none (groups off the blocks, a
         depthwise convolution of several filters per channel, a channel shuffle)."""
         if self.channel_shuffle > 1 or not csa.layout.blocked_fits(spec, lanes):
-            return None
-        return self._plan_for(spec, threads, "blocked")
+            return None, 1
+        rows = csa.layout.merged_rows(spec)
+        plan_spec = self.spec_for(_merged(spec.input_shape, rows))
+        return self._plan_for(plan_spec, threads, "blocked"), rows
 
     def _blocked_depthwise_weight(self, lanes):
         """A depthwise convolution's filters for its blocked plan: per block of ``lanes``
@@ -385,6 +430,12 @@ def _check_layout(name, value):
     if value not in LAYOUTS:
         raise ValueError(f"{name} must be one of {LAYOUTS}, got {value!r}")
     return value
+
+
+def _merged(shape, rows):
+    """The data ``shape`` (NCHW, or blocked N, blocks, H, W, B) with ``rows`` of its rows
+    merged into one (a plain 1x1's plane: the same pixels)."""
+    return shape[:2] + (shape[2] // rows, shape[3] * rows) + tuple(shape[4:])
 
 
 def _reads_blocks(plan, block):

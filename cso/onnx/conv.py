@@ -82,6 +82,7 @@ class ConvStep(_BuiltOnce):
             raise node.error(f"group={self.groups} does not divide the {weight.shape[0]} filters "
                              f"of weight {weight.shape}")
         self.weight = weight      # the model's, scaled per channel (``scale``) when built
+        self.weight_shape = weight.shape
         self.scale = np.ones(weight.shape[0])
         self.bias = np.zeros(weight.shape[0]) if bias is None else bias.astype(np.float64)
         self.activation = None   # a cso.Activation its store applies (fusion)
@@ -92,6 +93,9 @@ class ConvStep(_BuiltOnce):
         # (the batch its shuffle's Reshapes fix, 0 for any; the first of them)
         self.shuffle_batch = (0, None)
         self.conv = None
+        # its output held channel-blocked (``cso.onnx.layouts``): then its input is too, or
+        # NCHW, as the values' arrays' dimensions say
+        self.blocked = False
         self._lock = threading.Lock()
         self._bound = {}   # (input shape, threads) -> the Conv2d's bound call on it
 
@@ -111,12 +115,15 @@ class ConvStep(_BuiltOnce):
 
     def __call__(self, x, residual=None, buffers=None, out=None):
         """The output (in ``out`` if given, else in an array from ``buffers``)."""
+        if x.ndim != 4 and not (self.blocked and x.ndim == 5):
+            raise self.node.error(f"input of shape {x.shape}: a 2-D convolution takes N, C, H, W")
+        # (a blocked input's shape as NCHW)
+        shape = x.shape if x.ndim == 4 else (x.shape[0], self.weight_shape[1] * self.groups) \
+            + x.shape[2:4]
         if self.conv is None:
             with self._lock:
                 if self.conv is None:
-                    self.conv = self._build(x.shape)
-        if x.ndim != 4:
-            raise self.node.error(f"input of shape {x.shape}: a 2-D convolution takes N, C, H, W")
+                    self.conv = self._build(shape)
         batch, reshape = self.shuffle_batch
         if batch and x.shape[0] != batch:   # as the Reshape fused away would
             raise reshape.error(f"input of shape {x.shape}: its shape fixes the batch at {batch}")
@@ -125,7 +132,9 @@ class ConvStep(_BuiltOnce):
         if run is None:
             if len(self._bound) >= BOUND_SHAPES:   # a stream of batch sizes cannot grow it
                 self._bound.clear()
-            run = self._bound[key] = self.conv.bound(x.shape)
+            run = self._bound[key] = (self.conv.bound_blocked(shape, x.shape[4] if x.ndim == 5
+                                                              else 1)
+                                      if self.blocked else self.conv.bound(shape))
         if self.residual:
             if self.in_place:
                 out = residual
@@ -140,9 +149,10 @@ class ConvStep(_BuiltOnce):
                 else:
                     np.copyto(out, residual)
         elif out is None:
-            if buffers is None:
+            if buffers is None and not self.blocked:
                 return (self.conv(x),)
-            out = buffers.get(run.out_shape, x.dtype)
+            out = (buffers.get(run.out_shape, x.dtype) if buffers
+                   else np.empty(run.out_shape, x.dtype))
         return (run(x, out),)
 
     def _build(self, shape):

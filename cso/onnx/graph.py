@@ -502,9 +502,11 @@ class Fuser:
         return Step(tuple(ops), run, [x, residual], [out], buffered=True, takes_out=True)
 
 
-def build_steps(graph):
+def build_steps(graph, place=None):
     """The steps that compute ``graph.outputs`` from its inputs, each value dropped after its
-    last use, and the values made in their Concat's array ({name: ``concat.Slot``})."""
+    last use, and the values made in their Concat's array ({name: ``concat.Slot``});
+    ``place(steps, graph)``, when given, decides the values' layouts over the fused steps
+    (``layouts.place``)."""
     read_names = {name for node in graph.nodes for name in node.inputs} | set(graph.outputs)
     for node in graph.nodes:   # optional outputs no one reads (Dropout's mask) are not made
         node.outputs[1:] = [name if name in read_names else "" for name in node.outputs[1:]]
@@ -520,6 +522,8 @@ def build_steps(graph):
                 fuser.note(step)
                 if node.op_type == "Concat":
                     concat_axes[id(step)] = node.attr("axis")
+    if place is not None:
+        steps = place(steps, graph)
     last_use = {}   # a value no step reads (Dropout's mask, say) is dropped where it is made
     for index, step in enumerate(steps):
         for name in step.inputs + step.outputs:

@@ -426,6 +426,69 @@ def _layer_norm_part(dtype):
     return part
 
 
+def _unblock_part(dtype):
+    """The part function writing channel-blocked values as NCHW: each unit one block of one
+    image, (H*W, L) values in, its channels below C out as planes. Args: x, out, units,
+    blocks a image, C, H*W, L, the parts."""
+    typ = from_dtype(dtype)
+
+    def part(args, index):
+        x, out = _pointer(args[0], typ), _pointer(args[1], typ)
+        blocks, c, pixels, lanes = args[3], args[4], args[5], args[6]
+        first, last = _share(index, args[7], args[2])
+        for unit in range(first, last):
+            n, block = unit // blocks, unit % blocks
+            source = unit * pixels * lanes
+            for lane in range(min(lanes, c - block * lanes)):
+                at = (n * c + block * lanes + lane) * pixels
+                for p in range(pixels):
+                    out[at + p] = x[source + p * lanes + lane]
+    return part
+
+
+def _blocked_pool_part(kind, dtype):
+    """The global pool part function of channel-blocked values: each unit one block of one
+    image, its H*W pixels' L lanes reduced to L values, written at ``out + n * channels +
+    block * L`` (an NCHW (N, C, 1, 1) output: the lanes below ``channels`` only; a blocked
+    one's ``channels`` are its padded count). Args: x, out, units, blocks a image, channels,
+    H*W, L, the parts."""
+    typ, is_max, identity, _, _ = _reduction(kind, dtype)
+    divides = kind == "average"
+
+    def part(args, index):
+        x, out = _pointer(args[0], typ), _pointer(args[1], typ)
+        blocks, c, pixels, lanes = args[3], args[4], args[5], args[6]
+        first, last = _share(index, args[7], args[2])
+        for unit in range(first, last):
+            n, block = unit // blocks, unit % blocks
+            source = unit * pixels * lanes
+            for lane in range(min(lanes, c - block * lanes)):
+                acc = identity
+                for p in range(pixels):
+                    value = x[source + p * lanes + lane]
+                    acc = _larger(acc, value) if is_max else acc + value
+                out[n * c + block * lanes + lane] = acc / typ(pixels) if divides else acc
+    return part
+
+
+def _blocked_gate_part(dtype):
+    """The part function scaling channel-blocked values by a gate of one value per channel
+    and image (squeeze-excitation): each unit one block of one image. Args: x, gate, out,
+    units, H*W, L, the parts."""
+    typ = from_dtype(dtype)
+
+    def part(args, index):
+        x, gate, out = _pointer(args[0], typ), _pointer(args[1], typ), _pointer(args[2], typ)
+        pixels, lanes = args[4], args[5]
+        first, last = _share(index, args[6], args[3])
+        for unit in range(first, last):
+            at, scale = unit * pixels * lanes, unit * lanes
+            for p in range(pixels):
+                for lane in range(lanes):
+                    out[at + p * lanes + lane] = x[at + p * lanes + lane] * gate[scale + lane]
+    return part
+
+
 def _copy_part():
     """The part function copying a share of ``blocks`` blocks of ``size`` bytes, block b from
     ``source + b * source_step`` to ``destination + b * destination_step``; args: source and
@@ -738,4 +801,37 @@ def affine(x, out, scale, shift, relu, threads):
                      data_address(shift), 0], np.int64)
     _run(_compiled(_affine_part, bool(relu), x.dtype).address, args, n * c, threads, scale,
          shift)
+    return out
+
+
+def unblock(x, out, threads):
+    """``out`` (N, C, H, W) = the channel-blocked ``x`` (N, ceil(C/L), H, W, L) as NCHW, both
+    C-contiguous of one dtype."""
+    n, blocks, h, w, lanes = x.shape
+    args = np.array([data_address(x), data_address(out), n * blocks, blocks, out.shape[1],
+                     h * w, lanes, 0], np.int64)
+    _run(_compiled(_unblock_part, x.dtype).address, args, n * blocks, threads)
+    return out
+
+
+def blocked_global_pool(kind, x, out, threads):
+    """``out`` = the ``kind`` ("max" or "average") of each channel's pixels of the
+    channel-blocked ``x`` (N, blocks, H, W, L): NCHW (N, C, 1, 1), or blocked (N, blocks, 1,
+    1, L); both C-contiguous of one dtype."""
+    n, blocks, h, w, lanes = x.shape
+    channels = out.size // n if n else 0
+    args = np.array([data_address(x), data_address(out), n * blocks, blocks, channels, h * w,
+                     lanes, 0], np.int64)
+    _run(_compiled(_blocked_pool_part, kind, x.dtype).address, args, n * blocks, threads)
+    return out
+
+
+def blocked_gate(x, gate, out, threads):
+    """``out`` = the channel-blocked ``x`` (N, blocks, H, W, L) times ``gate`` (N, blocks, 1,
+    1, L), each channel's plane by its value; all C-contiguous of one dtype, ``out`` may be
+    ``x``."""
+    n, blocks, h, w, lanes = x.shape
+    args = np.array([data_address(x), data_address(gate), data_address(out), n * blocks,
+                     h * w, lanes, 0], np.int64)
+    _run(_compiled(_blocked_gate_part, x.dtype).address, args, n * blocks, threads)
     return out

@@ -9,6 +9,7 @@ import numpy as np
 
 from .. import get_num_threads
 from .buffers import Buffers
+from . import layouts
 from .graph import build_steps, read
 from .node import UnsupportedModel
 from .program import Program
@@ -231,12 +232,16 @@ class Model:
                 f"outputs {self.output_names}, {len(self.steps)} steps, {convs} convolutions)")
 
 
-def load(model, input_shapes=None):
+def load(model, input_shapes=None, *, blocked=True):
     """Load an ONNX model (a path or an ``onnx.ModelProto``) to run with cso: constants folded,
     every Conv's filters packed (and BatchNormalization, per-channel Mul/Add and Relu after it
     fused into it) and its kernels compiled for the input shapes, which are the model's
     (``input_shapes`` {name: shape} gives those it leaves open; an open batch dimension is 1).
+    ``blocked``: hold the activations between convolutions channel-blocked where the steps
+    allow (``cso.onnx.layouts``); False keeps every value NCHW.
     Raises ``UnsupportedModel`` (a ValueError) naming the first node it cannot run."""
+    if not isinstance(blocked, bool):
+        raise TypeError(f"blocked must be True or False, got {blocked!r}")
     try:
         import onnx
     except ImportError:
@@ -251,7 +256,7 @@ def load(model, input_shapes=None):
     # it (VGG-19 peaked at the proto, the constants and the packed filters at once)
     del model
     inputs = graph.inputs
-    steps, slots = build_steps(graph)
+    steps, slots = build_steps(graph, layouts.place if blocked else None)
     loaded = Model(steps, inputs, graph.outputs, graph.constants, slots)
     del graph
     # a first run on zeros builds every convolution for its input shape: packs its filters and

@@ -1,0 +1,243 @@
+"""Channel-blocked values between a model's steps (``cso.layouts``): which values a model holds
+blocked, and the reorders to NCHW where a step needs it.
+
+A blocked value is an array of the data of a ``cso.Blocked`` (N, ceil(C/L), H, W, L): the
+convolutions read and write it directly (``ConvStep.blocked``: a blocked plan, ``csa.analyze(...,
+layout="blocked")``), with no reorder or packing between them. The values are decided in
+groups: the inputs and output of an elementwise step (an activation, a sum of one shape, a
+squeeze-excitation gate) share their layout, as do a depthwise convolution's input and output
+and a residual convolution's sum and output. A group is blocked when
+
+- every value of it is a 4-D float tensor of known shape, none the graph's input or output;
+- every step making one of them can write it blocked: a convolution with a blocked plan
+  (``csa.layout.blocked_fits``), a global pool (from any layout), or the group's elementwise
+  steps;
+- no Concat reads one of them (a Concat's inputs are made in its array, NCHW: ``concat``);
+- and a step outside the group reads one of them blocked: a convolution whose output is
+  blocked, or a global pool. (So a group read by NCHW steps alone stays NCHW.)
+
+A blocked convolution reads an NCHW input as it is (blocks of one channel: the stem's three).
+Any other step that reads a blocked value reads an NCHW copy (a ``Reorder`` step after the
+value's maker), and a global pool writes NCHW or blocked as its readers take it.
+"""
+from types import SimpleNamespace
+
+import numpy as np
+
+from csa.layout import blocked_fits
+
+from .. import get_num_threads
+from ..layouts import block_size
+from . import kernels
+from .conv import ConvStep
+from .graph import ActivationStep, Operator, Step, sum_relu
+
+# operators applied to each element alone (their other inputs, if any, constants captured)
+ELEMENTWISE = {"Relu", "Sigmoid", "Tanh", "Erf", "HardSwish", "HardSigmoid", "LeakyRelu",
+               "Gelu", "Clip", "Identity"}
+GLOBAL_POOLS = {"GlobalAveragePool": "average", "GlobalMaxPool": "max"}
+
+
+def place(steps, graph):
+    """``steps`` with their values' layouts decided (see the module's docstring): blocked
+    convolutions set, global pools and gates on blocked values replaced by their blocked
+    runs, a ``Reorder`` step after each blocked value some step reads as NCHW."""
+    dtypes = {dtype for _, dtype in graph.inputs.values() if dtype.kind == "f"}
+    if len(dtypes) != 1:
+        return steps
+    lanes = block_size(dtypes.pop())
+    shapes = graph.shapes
+    data = [[name for name in step.inputs if name and name not in graph.constants]
+            for step in steps]
+    kinds = [_kind(step, names, shapes, lanes) for step, names in zip(steps, data)]
+    groups = _Groups()
+    for step, names, kind in zip(steps, data, kinds):
+        if kind == "tied":
+            groups.join(names + step.outputs)
+        elif kind == "conv" and (step.run.residual or step.run.depthwise):
+            groups.join(names[1:] + step.outputs if step.run.residual else names + step.outputs)
+    made_by = {name: index for index, step in enumerate(steps) for name in step.outputs}
+    readers = {}
+    for index, names in enumerate(data):
+        for name in names:
+            readers.setdefault(name, []).append(index)
+
+    def possible(name):
+        shape = shapes.get(name)
+        maker = made_by.get(name)
+        return (shape is not None and len(shape) == 4 and name not in graph.outputs
+                and maker is not None and kinds[maker] != "nchw"
+                and all(steps[r].ops != ("Concat",) for r in readers.get(name, ())))
+
+    members = groups.members(made_by)
+    blocked = {root for root, names in members.items() if all(map(possible, names))}
+
+    def reads_blocked(index, name):
+        """Whether step ``index`` reads value ``name`` (of a blocked group) as it is."""
+        kind = kinds[index]
+        if kind == "pool":
+            return True
+        if kind == "conv":
+            return groups.find(steps[index].outputs[0]) in blocked
+        return kind == "tied" and groups.find(name) == groups.find(steps[index].outputs[0])
+
+    changed = True
+    while changed:   # drop the groups no step outside them reads blocked, until none
+        changed = False
+        for root in list(blocked):
+            outside = [(r, name) for name in members[root] for r in readers.get(name, ())
+                       if groups.find(steps[r].outputs[0]) != root]
+            if not any(reads_blocked(r, name) for r, name in outside):
+                blocked.discard(root)
+                changed = True
+    return _apply(steps, data, kinds, groups, blocked, readers, shapes, reads_blocked)
+
+
+def _apply(steps, data, kinds, groups, blocked, readers, shapes, reads_blocked):
+    """The steps with the layouts ``blocked`` (group roots) decided set and the reorders."""
+    is_blocked = {name for index, step in enumerate(steps) for name in step.outputs
+                  if name and groups.find(name) in blocked}
+    result = []
+    for index, (step, kind) in enumerate(zip(steps, kinds)):
+        if kind == "conv":
+            step.run.blocked = step.outputs[0] in is_blocked
+        elif kind == "pool" and data[index][0] in is_blocked:
+            step.run = BlockedGlobalPool(GLOBAL_POOLS[step.ops[0]], step.run,
+                                         step.outputs[0] in is_blocked,
+                                         shapes[step.outputs[0]][1])
+        elif kind == "tied" and step.outputs[0] in is_blocked and step.ops == ("Mul",):
+            step.run = BlockedGate(step.run)
+        result.append(step)
+        for name in step.outputs:
+            nchw = [r for r in readers.get(name, ()) if name in is_blocked
+                    and not reads_blocked(r, name)]
+            if nchw:
+                copy = f"{name}/nchw"
+                result.append(Step(("Reorder",), Reorder(shapes[name][1]), [name], [copy],
+                                   buffered=True))
+                for r in nchw:
+                    steps[r].inputs[:] = [copy if n == name else n for n in steps[r].inputs]
+    return result
+
+
+def _kind(step, names, shapes, lanes):
+    """How step ``step`` (reading the values ``names``) meets the layouts: "conv" (a
+    convolution with a blocked plan), "pool" (a global pool, from and to any layout), "tied"
+    (its values and output in one layout), or "nchw"."""
+    run = step.run
+    if isinstance(run, ConvStep):
+        return "conv" if _conv_fits(run, shapes.get(names[0] if names else ""), lanes) else "nchw"
+    if len(step.outputs) != 1 or not step.outputs[0]:
+        return "nchw"
+    if isinstance(run, ActivationStep) or (run is sum_relu and _one_shape(names, shapes)):
+        return "tied"
+    if not isinstance(run, Operator):
+        return "nchw"
+    op = run.node.op_type
+    if op in GLOBAL_POOLS and len(names) == 1:
+        return "pool"
+    if op in ELEMENTWISE and len(names) == 1 and step.inputs[0] == names[0]:
+        return "tied"
+    if op == "Add" and len(names) == 2 and _one_shape(names, shapes):
+        return "tied"
+    if op == "Mul" and len(names) == 2 and _gate(names, shapes):
+        return "tied"
+    return "nchw"
+
+
+def _conv_fits(run, shape, lanes):
+    """Whether the convolution ``run`` (a ConvStep) of input ``shape`` has a blocked plan."""
+    if shape is None or len(shape) != 4 or run.channel_shuffle > 1:
+        return False
+    k, c_per_group = run.weight_shape[:2]
+    return blocked_fits(SimpleNamespace(groups=run.groups, c_per_group=c_per_group,
+                                        k_per_group=k // run.groups), lanes)
+
+
+def _one_shape(names, shapes):
+    found = {shapes.get(name) for name in names}
+    return len(found) == 1 and None not in found and len(next(iter(found))) == 4
+
+
+def _gate(names, shapes):
+    """Whether the two values are a squeeze-excitation's (N, C, H, W) and (N, C, 1, 1)."""
+    a, b = (shapes.get(name) for name in names)
+    if a is None or b is None or len(a) != 4 or len(b) != 4:
+        return False
+    return (a[:2] == b[:2]) and (b[2:] == (1, 1) or a[2:] == (1, 1)) and a != b
+
+
+class _Groups:
+    """Union-find of value names: the values that share a layout."""
+
+    def __init__(self):
+        self.parent = {}
+
+    def find(self, name):
+        root = self.parent.setdefault(name, name)
+        while root != self.parent[root]:
+            root = self.parent[root]
+        self.parent[name] = root
+        return root
+
+    def join(self, names):
+        names = [name for name in names if name]
+        for name in names[1:]:
+            self.parent[self.find(name)] = self.find(names[0])
+
+    def members(self, made):
+        """{root: [values]} of every value ``made`` names."""
+        found = {}
+        for name in made:
+            found.setdefault(self.find(name), []).append(name)
+        return found
+
+
+class Reorder:
+    """A blocked value as an NCHW array of its ``channels`` (a compiled job)."""
+
+    jobs_only = True
+
+    def __init__(self, channels):
+        self.channels = channels
+
+    def __call__(self, x, buffers=None):
+        shape = (x.shape[0], self.channels) + x.shape[2:4]
+        out = buffers.get(shape, x.dtype) if buffers else np.empty(shape, x.dtype)
+        return (kernels.unblock(np.ascontiguousarray(x), out, get_num_threads()),)
+
+
+class BlockedGlobalPool:
+    """A global pool of a blocked value: its output blocked (N, blocks, 1, 1, L) or NCHW
+    (N, C, 1, 1) (a compiled job). ``nchw_run``: the operator's own run, which pickles."""
+
+    jobs_only = True
+
+    def __init__(self, kind, nchw_run, blocked_out, channels):
+        self.kind, self.nchw_run = kind, nchw_run
+        self.blocked_out, self.channels = blocked_out, channels
+
+    def __call__(self, x, out=None, buffers=None):
+        shape = (x.shape[:2] + (1, 1, x.shape[4]) if self.blocked_out
+                 else (x.shape[0], self.channels, 1, 1))
+        if out is None:
+            out = buffers.get(shape, x.dtype) if buffers else np.empty(shape, x.dtype)
+        return (kernels.blocked_global_pool(self.kind, np.ascontiguousarray(x), out,
+                                            get_num_threads()),)
+
+
+class BlockedGate:
+    """A squeeze-excitation Mul of blocked values, (N, blocks, H, W, L) by (N, blocks, 1, 1,
+    L) (a compiled job). ``nchw_run``: the operator's own run."""
+
+    jobs_only = True
+
+    def __init__(self, nchw_run):
+        self.nchw_run = nchw_run
+
+    def __call__(self, a, b, out=None, buffers=None):
+        x, gate = (a, b) if b.shape[2:4] == (1, 1) and a.shape != b.shape else (b, a)
+        if out is None:
+            out = buffers.get(x.shape, x.dtype) if buffers else np.empty(x.shape, x.dtype)
+        return (kernels.blocked_gate(np.ascontiguousarray(x), np.ascontiguousarray(gate), out,
+                                     get_num_threads()),)

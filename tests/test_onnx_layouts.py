@@ -1,0 +1,165 @@
+"""cso.onnx with channel-blocked values between steps (``cso.onnx.layouts``): which values are
+held blocked, the reorders, and every output equal to the NCHW run's and onnxruntime's."""
+import pickle
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import cso
+import cso.onnx
+from cso.layouts import block_size
+from cso.onnx.conv import ConvStep
+from cso.onnx.layouts import BlockedGate, BlockedGlobalPool, Reorder
+
+from .onnx_models import make_model, onnxruntime, tensor
+
+LANES = block_size(np.float32)
+
+
+def _conv(name, x, y, weights, rng, c, k, kernel=3, stride=1, group=1, pad=None, bias=True):
+    """A Conv node and its initializers (``weights``, updated)."""
+    pad = kernel // 2 if pad is None else pad
+    weights[f"{name}_w"] = (rng.standard_normal((k, c // group, kernel, kernel)) /
+                            np.sqrt(c // group * kernel * kernel)).astype(np.float32)
+    inputs = [x, f"{name}_w"]
+    if bias:
+        weights[f"{name}_b"] = rng.standard_normal(k).astype(np.float32)
+        inputs.append(f"{name}_b")
+    return helper.make_node("Conv", inputs, [y], name=name, kernel_shape=[kernel, kernel],
+                            strides=[stride, stride], pads=[pad] * 4, group=group)
+
+
+def _network(rng, c=13, width=20):
+    """A small CNN with what a blocked model meets: a stem read from NCHW (3 channels), a
+    residual sum, a depthwise convolution, a squeeze-excitation gate, a conv read by a conv and
+    by pools (a reorder), a Concat (kept NCHW) read by a conv, a sum of two convs and a
+    standalone activation, a global pool, a flatten and a Gemm; odd channel counts (``c``,
+    ``width``) leave blocks padded."""
+    w = {}
+    nodes = [
+        _conv("stem", "x", "s", w, rng, 3, c, stride=2),
+        helper.make_node("Relu", ["s"], ["s_relu"]),
+        _conv("c1", "s_relu", "a", w, rng, c, width),
+        helper.make_node("Relu", ["a"], ["a_relu"]),
+        _conv("c2", "a_relu", "b", w, rng, width, width),
+        helper.make_node("Add", ["b", "a_relu"], ["sum"]),            # a residual sum
+        helper.make_node("Relu", ["sum"], ["sum_relu"]),
+        _conv("dw", "sum_relu", "d", w, rng, width, width, group=width),
+        helper.make_node("HardSwish", ["d"], ["d_act"]),
+        helper.make_node("GlobalAveragePool", ["d_act"], ["pooled"]),     # squeeze ...
+        _conv("se1", "pooled", "se_a", w, rng, width, 8, kernel=1),
+        helper.make_node("Relu", ["se_a"], ["se_r"]),
+        _conv("se2", "se_r", "se_b", w, rng, 8, width, kernel=1),
+        helper.make_node("Sigmoid", ["se_b"], ["gate"]),
+        helper.make_node("Mul", ["d_act", "gate"], ["excited"]),          # ... and excitation
+        _conv("c3", "excited", "e", w, rng, width, 2 * LANES, kernel=1),
+        # e is read blocked by c4, as NCHW by the pools (one reorder)
+        helper.make_node("MaxPool", ["e"], ["e_max"], kernel_shape=[3, 3], strides=[2, 2],
+                         pads=[1, 1, 1, 1]),
+        helper.make_node("AveragePool", ["e"], ["e_avg"], kernel_shape=[3, 3], strides=[2, 2],
+                         pads=[1, 1, 1, 1]),
+        _conv("c4", "e", "f", w, rng, 2 * LANES, 24, stride=2),
+        helper.make_node("Concat", ["e_max", "e_avg"], ["cat"], axis=1),   # kept NCHW
+        _conv("c5", "cat", "g", w, rng, 4 * LANES, 24, kernel=1),
+        helper.make_node("Add", ["f", "g"], ["fg"]),
+        helper.make_node("Tanh", ["fg"], ["fg_act"]),
+        helper.make_node("GlobalAveragePool", ["fg_act"], ["gap"]),
+        helper.make_node("Flatten", ["gap"], ["flat"]),
+        helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["y"], transB=1),
+    ]
+    w["fc_w"] = rng.standard_normal((10, 24)).astype(np.float32)
+    w["fc_b"] = rng.standard_normal(10).astype(np.float32)
+    return make_model(nodes, [tensor("x", [None, 3, 33, 35])], [tensor("y", [None, 10])], w,
+                      opset=17)
+
+
+@pytest.fixture(scope="module")
+def network():
+    return _network(np.random.default_rng(3))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_blocked_model_runs_as_the_nchw_one(network, threads):
+    """Blocked and NCHW runs of one model agree to float rounding, on every batch size,
+    recorded and replayed; the blocked one holds the convolutions' values blocked but where
+    a Concat reads them, and reorders where a MaxPool does."""
+    cso.set_num_threads(threads)
+    try:
+        blocked = cso.onnx.load(network, {"x": (2, 3, 33, 35)})
+        plain = cso.onnx.load(network, {"x": (2, 3, 33, 35)}, blocked=False)
+        rng = np.random.default_rng(0)
+        for batch in (2, 1, 3, 2):
+            x = rng.standard_normal((batch, 3, 33, 35)).astype(np.float32)
+            expected = plain(x)
+            for _ in range(2):   # the recording, then the replay
+                np.testing.assert_allclose(blocked(x), expected, rtol=2e-5, atol=2e-5)
+    finally:
+        cso.set_num_threads(1)
+    convs = {step.run.node.name: step.run.blocked for step in blocked.steps
+             if isinstance(step.run, ConvStep)}
+    assert convs == dict.fromkeys(("stem", "c1", "c2", "dw", "se1", "se2", "c3", "c4", "c5"),
+                                  True), convs
+    kinds = [type(step.run) for step in blocked.steps]
+    assert kinds.count(Reorder) == 1     # e, for the pools
+    assert kinds.count(BlockedGate) == 1 and kinds.count(BlockedGlobalPool) == 2
+    assert not any(isinstance(step.run, ConvStep) and step.run.blocked
+                   for step in plain.steps)
+
+
+def test_blocked_values_stay_blocked_between_convolutions(network):
+    """The values a blocked convolution makes are 5-D blocks of the lanes, padded; the model
+    keeps no other layout between them (no reorder but the MaxPool's)."""
+    model = cso.onnx.load(network, {"x": (1, 3, 33, 35)})
+    seen = {}
+    original = ConvStep.__call__
+
+    def spy(self, x, *args, **kwargs):
+        result = original(self, x, *args, **kwargs)
+        seen[self.node.name] = (x.shape, result[0].shape)
+        return result
+    ConvStep.__call__ = spy
+    try:
+        model.time_by_operator({"x": np.ones((1, 3, 33, 35), np.float32)})
+    finally:
+        ConvStep.__call__ = original
+    assert seen["stem"] == ((1, 3, 33, 35), (1, -(-13 // LANES), 17, 18, LANES))
+    assert seen["c1"][0] == seen["stem"][1]                # read blocked, as made
+    assert seen["c2"][1] == (1, -(-20 // LANES), 17, 18, LANES)
+    assert seen["c5"] == ((1, 4 * LANES, 9, 9), (1, -(-24 // LANES), 9, 9, LANES))
+
+
+@pytest.mark.skipif(onnxruntime is None, reason="onnxruntime is not installed")
+def test_a_blocked_model_matches_onnxruntime(network):
+    from bench.models import onnxruntime_session
+    model = cso.onnx.load(network, {"x": (1, 3, 33, 35)})
+    session = onnxruntime_session(network, 1)
+    x = np.random.default_rng(1).standard_normal((1, 3, 33, 35)).astype(np.float32)
+    expected = session.run(None, {"x": x})[0]
+    np.testing.assert_allclose(model(x), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_blocked_models_pickle(network):
+    """A blocked model pickles (its blocked steps with it) and runs the same when loaded."""
+    model = cso.onnx.load(network, {"x": (1, 3, 33, 35)})
+    x = np.random.default_rng(2).standard_normal((1, 3, 33, 35)).astype(np.float32)
+    copy = pickle.loads(pickle.dumps(model))
+    np.testing.assert_array_equal(copy(x), model(x))
+
+
+def test_blocked_is_a_bool(network):
+    with pytest.raises(TypeError, match="blocked must be True or False"):
+        cso.onnx.load(network, {"x": (1, 3, 33, 35)}, blocked=1)
+
+
+def test_a_model_reads_nchw_where_no_convolution_reads_blocked():
+    """Values read by NCHW steps alone stay NCHW: a conv feeding only a MaxPool writes NCHW,
+    no reorder."""
+    rng = np.random.default_rng(4)
+    w = {}
+    nodes = [_conv("a", "x", "y0", w, rng, 3, 16),
+             helper.make_node("MaxPool", ["y0"], ["y"], kernel_shape=[2, 2], strides=[2, 2])]
+    model = cso.onnx.load(make_model(nodes, [tensor("x", [1, 3, 8, 8])],
+                                     [tensor("y", [1, 16, 4, 4])], w))
+    assert not any(isinstance(s.run, (ConvStep,)) and s.run.blocked for s in model.steps)
+    assert not any(isinstance(s.run, Reorder) for s in model.steps)
