@@ -306,8 +306,12 @@ def analyze_slicing(spec, machine, threads, overrides, layout="nchw"):
         # the order of the sums, are the same for any thread count
         one_thread = min(band or min(banded_and_cap(machine)), t_in)
         nc = direct_band_channel_tile(spec, nwin, nf, nc, one_thread, per_row, machine)
-    if blocked and "nc" not in overrides:
-        nc = block_channel_tile(nc, machine.vector_bytes // spec.itemsize, spec.c_per_group)
+    if blocked:
+        lanes = machine.vector_bytes // spec.itemsize
+        if "nc" in overrides and nc % lanes and nc < spec.c_per_group:
+            raise ValueError(f"nc override {nc}: a blocked plan's channel tiles are whole "
+                             f"blocks of {lanes} channels (or all {spec.c_per_group})")
+        nc = block_channel_tile(nc, lanes, spec.c_per_group)
     fin, fw, fout = tile_footprints(spec, nwin, nf, nc)
     # filter parts of grouped filters-in-vectors plans would transpose a group's filters apart
     units = window_units(spec, nwin, slab, vectors_along)

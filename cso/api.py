@@ -294,12 +294,13 @@ class Conv2d:
         read as it is (NCHW, channels last, or blocks the kernels can read; other blocks are
         re-blocked) and the output written in the kernels' blocks, or channels last; on the
         NCHW plan with reorders around it for convolutions a blocked plan cannot take."""
-        xb = Blocked.from_nhwc(x) if in_layout == "nhwc" else x
         if in_layout == "nchw" or in_layout == "nhwc":
             args.check_array("input", x)
             if x.ndim != 4:
                 raise ValueError(f"input must be 4-D ({in_layout.upper()}) for out_layout "
                                  f"{out_layout!r}, got shape {x.shape}")
+            x = np.ascontiguousarray(x)   # (the kernels read it in place)
+        xb = Blocked.from_nhwc(x) if in_layout == "nhwc" else x
         if xb.dtype != self.dtype:
             raise TypeError(f"input dtype {xb.dtype} differs from weight dtype {self.dtype}; "
                             "mixed dtypes are not supported")
@@ -352,8 +353,11 @@ class Conv2d:
     def _blocked_plan(self, spec, lanes, threads):
         """(the blocked plan of ``spec``, the rows of its plane it runs as one: a plain 1x1's,
         ``csa.layout.merged_rows``), or (None, 1) where it has none (groups off the blocks, a
-        depthwise convolution of several filters per channel, a channel shuffle)."""
-        if self.channel_shuffle > 1 or not csa.layout.blocked_fits(spec, lanes):
+        depthwise convolution of several filters per channel, a channel shuffle, overrides of
+        the orientation or the slab, which a blocked plan does not take)."""
+        overridden = {name for name, _ in self.overrides} & {"vectors_along", "slab"}
+        if (self.channel_shuffle > 1 or overridden
+                or not csa.layout.blocked_fits(spec, lanes)):
             return None, 1
         rows = csa.layout.merged_rows(spec)
         plan_spec = self.spec_for(_merged(spec.input_shape, rows))
@@ -439,13 +443,15 @@ def _merged(shape, rows):
 
 
 def _reads_blocks(plan, block):
-    """Whether ``plan``'s loop nest reads input blocks of ``block`` channels as they are:
-    every channel tile starts on a block."""
+    """Whether ``plan``'s loop nest reads input blocks of ``block`` channels as they are: an
+    NCHW input (blocks of one), the kernels' own blocks, or channels last (one block of all
+    channels, a single channel tile). Its slab holds a channel tile in the kernels' blocks:
+    wider ones would overflow it."""
     s = plan.spec
     if isinstance(plan, csa.DepthwisePlan):
         return block == plan.lanes
-    starts_on_blocks = plan.nc % block == 0 or plan.channel_tiles == 1
-    return block == 1 or (starts_on_blocks and (s.groups == 1 or s.c_per_group % block == 0))
+    return (block in (1, plan.lanes)
+            or (block == s.c and s.groups == 1 and plan.channel_tiles == 1))
 
 
 def _check_out(out, out_layout, shape, dtype, block):
@@ -456,17 +462,19 @@ def _check_out(out, out_layout, shape, dtype, block):
         return
     if out_layout == "blocked":
         if not isinstance(out, Blocked) or out.shape != shape or out.block != block \
-                or out.dtype != dtype:
-            raise ValueError(f"out must be a cso.Blocked of shape {shape}, block {block} and "
-                             f"dtype {dtype}, got {out!r}")
+                or out.dtype != dtype or not out.data.flags.writeable:
+            raise ValueError(f"out must be a writeable cso.Blocked of shape {shape}, block "
+                             f"{block} and dtype {dtype}, got {out!r}")
         return
     args.check_array("out", out)
     expected = shape if out_layout == "nchw" else (shape[0], shape[2], shape[3], shape[1])
     if out.shape != expected or out.dtype != dtype:
         raise ValueError(f"out must have shape {expected} ({out_layout.upper()}) and dtype "
                          f"{dtype}, got {out.shape} {out.dtype}")
-    if out_layout == "nhwc" and not (out.flags.c_contiguous and out.flags.writeable):
-        raise ValueError(f"out (NHWC) must be a writeable C-contiguous array, got strides "
+    if not out.flags.writeable:
+        raise ValueError(f"out must be writeable (an array of shape {out.shape})")
+    if out_layout == "nhwc" and not out.flags.c_contiguous:
+        raise ValueError(f"out (NHWC) must be a C-contiguous array, got strides "
                          f"{out.strides}")
 
 

@@ -84,6 +84,8 @@ class Blocked:
             raise TypeError(f"from_nchw takes a 4-D numpy.ndarray (N, C, H, W), got "
                             f"{type(x).__name__} of shape {getattr(x, 'shape', None)}")
         block = block_size(x.dtype) if block is None else block
+        if not isinstance(block, (int, np.integer)) or isinstance(block, bool) or block < 1:
+            raise ValueError(f"block must be a positive int (channels a block), got {block!r}")
         n, c, h, w = x.shape
         result = cls.empty(x.shape, x.dtype, block)
         padded = -(-c // block) * block
@@ -108,7 +110,8 @@ class Blocked:
     def to_nchw(self):
         """The tensor as a new C-contiguous (N, C, H, W) array."""
         n, c, h, w = self.shape
-        flat = self.data.transpose(0, 1, 4, 2, 3).reshape(n, -1, h, w)
+        padded = self.data.shape[1] * self.block
+        flat = self.data.transpose(0, 1, 4, 2, 3).reshape(n, padded, h, w)
         return np.ascontiguousarray(flat[:, :c])
 
     def to_nhwc(self):
@@ -117,7 +120,7 @@ class Blocked:
         n, c, h, w = self.shape
         if self.data.shape[1] == 1 and self.block == c:
             return self.data.reshape(n, h, w, c)
-        flat = self.data.transpose(0, 2, 3, 1, 4).reshape(n, h, w, -1)
+        flat = self.data.transpose(0, 2, 3, 1, 4).reshape(n, h, w, self.data.shape[1] * self.block)
         return np.ascontiguousarray(flat[..., :c])
 
     def reblocked(self, block):
