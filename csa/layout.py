@@ -110,14 +110,28 @@ def blocked_fits(spec, lanes):
 def reads_in_place(spec):
     """A blocked plan reads its windows from the input's blocks themselves when the
     convolution has no padding (every tap of every window inside), else from a slab: the
-    band's rows copied, zero-padded (``blocked_slab_shape``)."""
-    return spec.padding == (0, 0, 0, 0)
+    band's rows copied, zero-padded (``blocked_slab_shape``). Not a strided 1x1 either: its
+    windows, every other block of every other row, would use half of each line read; its
+    slab holds them alone (``subsampled``)."""
+    return spec.padding == (0, 0, 0, 0) and not subsampled(spec)
+
+
+def subsampled(spec):
+    """A 1x1 with a stride and no padding: its blocked slab holds the pixels its windows read
+    and no others (P x Q, a window a block), read as a stride-1 1x1's."""
+    return (spec.r, spec.s, spec.padding) == (1, 1, (0, 0, 0, 0)) and spec.stride != (1, 1)
+
+
+def _slab_strides(spec):
+    """The strides and dilations of a blocked slab's geometry: a subsampled 1x1's slab is
+    read as a stride-1 1x1's."""
+    return ((1, 1), (1, 1)) if subsampled(spec) else (spec.stride, spec.dilation)
 
 
 def blocked_slab_shape(spec):
     """(rows, columns) of the zero-padded input a blocked plan's windows reach, each column a
     block (no stride phases: window j of a row is j*stride blocks along)."""
-    (sh, sw), (dh, dw) = spec.stride, spec.dilation
+    (sh, sw), (dh, dw) = _slab_strides(spec)
     return (spec.p - 1) * sh + dh * (spec.r - 1) + 1, (spec.q - 1) * sw + dw * (spec.s - 1) + 1
 
 
@@ -125,8 +139,8 @@ def blocked_band_rows(spec, band, row_tiles):
     """Slab rows a blocked band of ``band`` window tiles (whole output rows of ``row_tiles``)
     reads: its output rows' taps."""
     rows = -(-band // row_tiles)
-    return min(blocked_slab_shape(spec)[0], (rows - 1) * spec.stride[0]
-               + spec.dilation[0] * (spec.r - 1) + 1)
+    (sh, _), (dh, _) = _slab_strides(spec)
+    return min(blocked_slab_shape(spec)[0], (rows - 1) * sh + dh * (spec.r - 1) + 1)
 
 
 def block_channel_tile(nc, lanes, c_per_group):

@@ -54,7 +54,7 @@ GEOM = Geom("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q", "P", "groups", "C
             "k2", "k3", "is_input_stationary", "epilogue", "unpacked", "phases", "Hs", "Ws",
             "windows", "slots", "band", "Hb", "planes", "row_tiles", "nwin", "nf", "lanes",
             "kernel", "transpose", "copy_rows", "copy_taps", "fill_width", "tail_kernel",
-            "params", "in_block", "out_block")
+            "params", "in_block", "out_block", "subsample")
 
 # The loop nest's phases (geom "phases"): a call runs all of them; the benchmark's time
 # breakdown runs some alone on the same tiles (ConvBench's packing / micro-kernel / post-conv).
@@ -155,12 +155,13 @@ def define_filters_blocked(module, dtype):
 
     def window_tile(at, wt, row):
         oh, ow0, ow1 = nest.step_along_row(row)
-        address = at.base + ((oh * nest.sh - at.row0) * nest.Ws + ow0 * nest.sw) * B * nest.item
+        address = (at.base + ((oh * nest.step_h - at.row0) * nest.Ws + ow0 * nest.step_w) * B
+                   * nest.item)
         return SimpleNamespace(address=address, windows=ow1 - ow0, first=oh * nest.Q + ow0)
 
     nest.loops(window_tile, nest.kernel_into_blocks, windows_innermost=True,
                slab_row=lambda b0: code.choose(nest.unpacked, 0,
-                                               b0 // nest.row_tiles * nest.sh),
+                                               b0 // nest.row_tiles * nest.step_h),
                start_row=nest.start_row)
     return nest.finish()
 
@@ -186,6 +187,31 @@ def define_blocked_offsets(module):
             with code.range(0, S) as s:
                 code.store(rows, (c * R + r) * S + s,
                            c // B * Hb * Ws * B + c % B + (r * dh * Ws + s * dw) * B)
+    code.ret()
+    return code.function
+
+
+def define_subsample_blocks(module, dtype):
+    """``subsample_blocks(src, src_step, blocks, W, B, sh, sw, row0, rows, Q, Hb, dst)`` in
+    ``module`` (defined once): a subsampled 1x1's slab (``csa.layout.subsampled``): of
+    ``blocks`` blocks of ``B`` channels, H x W pixels each (the first at ``src``, each
+    ``src_step`` bytes after the one before), the pixels output rows row0 .. row0+rows-1 read
+    (every ``sh``-th row, every ``sw``-th column), written as Hb x Q pixels a block at
+    ``dst``."""
+    name = f"subsample_blocks_{dtype}"
+    if name in module.globals:
+        return module.globals[name]
+    item = DTYPES[dtype].itemsize
+    code = LoopCode(module, name, ("src", "src_step", "blocks", "W", "B", "sh", "sw", "row0",
+                                   "rows", "Q", "Hb", "dst"), internal=True)
+    src, src_step, blocks, W, B, sh, sw, row0, rows, Q, Hb, dst = code.args(*code.arg_names)
+    with code.range(0, blocks) as b:
+        with code.range(0, rows) as i:
+            source = src + b * src_step + (row0 + i) * sh * W * B * item
+            target = dst + (b * Hb + i) * Q * B * item
+            with code.range(0, Q) as q:
+                with code.range(0, B) as lane:
+                    code.move(target, q * B + lane, source, q * sw * B + lane, item)
     code.ret()
     return code.function
 
@@ -460,7 +486,11 @@ class _BlockedNest(_LoopNest):
 
     def __init__(self, module, dtype, variant, direct=True):
         super().__init__(module, dtype, variant, direct)
-        self.block, self.out_block = self.code.geom("in_block", "out_block")
+        code = self.code
+        self.block, self.out_block = code.geom("in_block", "out_block")
+        # a subsampled 1x1's slab holds its windows alone: read as a stride-1 1x1's
+        self.subsample = code.geom("subsample") != 0
+        self.step_h, self.step_w = (code.choose(self.subsample, 1, s) for s in (self.sh, self.sw))
 
     def set_up_slab(self):
         """The kernel's row offsets on the input's blocks, or on the slab's."""
@@ -474,12 +504,18 @@ class _BlockedNest(_LoopNest):
         code, item, B = self.code, self.item, self.block
         first_block = self.x + (at.n * self.C + at.g * self.Cg + at.c0) * self.H * self.W * item
         at.base = code.choose(self.unpacked, first_block, self.scratch)
-        with code.if_(~self.unpacked & self.packing):
+        blocks = (at.nc + B - 1) // B
+        with code.if_(~self.unpacked & self.packing & ~self.subsample):
             code.call(define_fill_slab(self.module, self.dtype), first_block,
-                      self.H * self.W * B * item, self.H, self.W * B, (at.nc + B - 1) // B, 1,
+                      self.H * self.W * B * item, self.H, self.W * B, blocks, 1,
                       1, self.Hb, self.Ws * B, at.row0, code.min(self.Hb, self.Hs - at.row0),
                       self.pt, self.pl * B, 1, self.scratch, self.fill_width,
                       code.geom("copy_rows"))
+        with code.if_(self.packing & self.subsample):
+            code.call(define_subsample_blocks(self.module, self.dtype), first_block,
+                      self.H * self.W * B * item, blocks, self.W, B, self.sh,
+                      self.sw, at.row0, code.min(self.Hb, self.Hs - at.row0), self.Q, self.Hb,
+                      self.scratch)
 
     def kernel_into_blocks(self, at, ft, tile):
         """The kernel on filter tile ``ft``, stored into the output's blocks: a window every
@@ -498,7 +534,7 @@ class _BlockedNest(_LoopNest):
         with code.if_(self.kernels):
             code.call((kernel, outer_product.FUNCTION_TYPE), at.depth,
                       at.w_base + ft * self._filter_tile_bytes(), self.NF, tile.address,
-                      self.sw * self.block, out, Bo,
+                      self.step_w * self.block, out, Bo,
                       code.choose(Bo == LANES, self.PQ * LANES, LANES),
                       code.min(self.NF, filters - f0), tile.windows,
                       self.bias + (at.g * self.Kg + f0) * item, at.flags, self.rows, 0, 0, 0,

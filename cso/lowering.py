@@ -12,6 +12,8 @@ from dataclasses import replace
 
 import numpy as np
 
+from csa.layout import subsampled
+
 from microkernels import KernelSpec, TransposeSpec, outer_product, row_copy, transpose
 from microkernels.spec import STORE_ACTIVATION
 from microkernels.jit import native_function
@@ -56,7 +58,7 @@ def geometry(plan, kspec, epilogue_flags, params, in_block=1, out_block=1):
                    if filters_in_vectors else 0),
         copy_rows=copy_rows, copy_taps=copy_taps, fill_width=fill_width,
         tail_kernel=tail_kernel(plan, kspec), params=params, in_block=in_block,
-        out_block=out_block)
+        out_block=out_block, subsample=plan.blocked and subsampled(s))
 
 
 def tail_kernel(plan, kspec):

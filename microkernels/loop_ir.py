@@ -245,9 +245,16 @@ class LoopCode:
     def store(self, address, index, value):
         self.builder.store(self.value(value), self._element(address, index), align=8)
 
-    def _element(self, address, index):
+    def move(self, dst, dst_index, src, src_index, itemsize):
+        """The ``itemsize``-byte element at ``src`` + itemsize*``src_index`` copied to ``dst``
+        + itemsize*``dst_index``."""
+        word = ir.IntType(8 * itemsize)
+        value = self.builder.load(self._element(src, src_index, word), typ=word, align=itemsize)
+        self.builder.store(value, self._element(dst, dst_index, word), align=itemsize)
+
+    def _element(self, address, index, typ=I64):
         base = self.builder.inttoptr(self.value(address), PTR)
-        return self.builder.gep(base, [self.value(index)], source_etype=I64)
+        return self.builder.gep(base, [self.value(index)], source_etype=typ)
 
     def zero(self, address, count):
         """``count`` bytes at ``address`` set to zero."""

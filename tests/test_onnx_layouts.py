@@ -163,3 +163,31 @@ def test_a_model_reads_nchw_where_no_convolution_reads_blocked():
                                      [tensor("y", [1, 16, 4, 4])], w))
     assert not any(isinstance(s.run, (ConvStep,)) and s.run.blocked for s in model.steps)
     assert not any(isinstance(s.run, Reorder) for s in model.steps)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("pixels", [(1, 1), (3, 5), (7, 7)])
+def test_the_blocked_kernels(dtype, pixels):
+    """The reorder, the global pools (to NCHW and to blocks; pixels not a multiple of the four
+    a step sums; a NaN kept by the max) and the gate, against NumPy on the tensor."""
+    from cso.onnx import kernels
+    rng = np.random.default_rng(5)
+    lanes = block_size(dtype)
+    x = rng.standard_normal((2, 13) + pixels).astype(dtype)
+    x[1, 12, 0, 0] = np.nan
+    blocked = cso.Blocked.from_nchw(x).data
+    out = np.full(x.shape, 7, dtype)
+    np.testing.assert_array_equal(kernels.unblock(blocked, out, 2), x)
+    for kind, reduce in (("average", np.mean), ("max", np.max)):
+        expected = reduce(x, axis=(2, 3), keepdims=True)
+        nchw = kernels.blocked_global_pool(kind, blocked, np.full((2, 13, 1, 1), 7, dtype), 2)
+        np.testing.assert_allclose(nchw, expected, rtol=1e-5, atol=1e-6)
+        padded = np.full((2, blocked.shape[1], 1, 1, lanes), 7, dtype)
+        as_blocks = kernels.blocked_global_pool(kind, blocked, padded, 2)
+        np.testing.assert_allclose(cso.Blocked(as_blocks, 13).to_nchw(), expected, rtol=1e-5,
+                                   atol=1e-6)
+        assert np.isfinite(as_blocks[0, -1, ..., 13 % lanes:]).all()   # padding lanes written
+    gate = cso.Blocked.from_nchw(rng.standard_normal((2, 13, 1, 1)).astype(dtype)).data
+    scaled = kernels.blocked_gate(blocked, gate, np.empty_like(blocked), 2)
+    np.testing.assert_array_equal(cso.Blocked(scaled, 13).to_nchw(),
+                                  x * cso.Blocked(gate, 13).to_nchw())

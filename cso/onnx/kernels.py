@@ -451,7 +451,8 @@ def _blocked_pool_part(kind, dtype):
     image, its H*W pixels' L lanes reduced to L values, written at ``out + n * channels +
     block * L`` (an NCHW (N, C, 1, 1) output: the lanes below ``channels`` only; a blocked
     one's ``channels`` are its padded count). Args: x, out, units, blocks a image, channels,
-    H*W, L, the parts."""
+    H*W, L, the parts. The lanes are summed a pixel at a time, in the output's own lanes
+    (contiguous on both sides: one vector a pixel)."""
     typ, is_max, identity, _, _ = _reduction(kind, dtype)
     divides = kind == "average"
 
@@ -461,13 +462,27 @@ def _blocked_pool_part(kind, dtype):
         first, last = _share(index, args[7], args[2])
         for unit in range(first, last):
             n, block = unit // blocks, unit % blocks
-            source = unit * pixels * lanes
-            for lane in range(min(lanes, c - block * lanes)):
-                acc = identity
-                for p in range(pixels):
-                    value = x[source + p * lanes + lane]
-                    acc = _larger(acc, value) if is_max else acc + value
-                out[n * c + block * lanes + lane] = acc / typ(pixels) if divides else acc
+            source, at = unit * pixels * lanes, n * c + block * lanes
+            used = min(lanes, c - block * lanes)
+            for lane in range(used):
+                out[at + lane] = identity
+            whole = pixels // 4 * 4   # four pixels a step: a quarter of the chained stores
+            for p in range(0, whole, 4):
+                row = source + p * lanes
+                for lane in range(used):
+                    v0, v1 = x[row + lane], x[row + lanes + lane]
+                    v2, v3 = x[row + 2 * lanes + lane], x[row + 3 * lanes + lane]
+                    out[at + lane] = (_larger(_larger(out[at + lane], _larger(v0, v1)),
+                                              _larger(v2, v3)) if is_max
+                                      else out[at + lane] + ((v0 + v1) + (v2 + v3)))
+            for p in range(whole, pixels):
+                row = source + p * lanes
+                for lane in range(used):
+                    out[at + lane] = (_larger(out[at + lane], x[row + lane]) if is_max
+                                      else out[at + lane] + x[row + lane])
+            if divides:
+                for lane in range(used):
+                    out[at + lane] = out[at + lane] / typ(pixels)
     return part
 
 
