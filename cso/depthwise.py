@@ -18,8 +18,8 @@ from packing import row_copier
 from packing.inputs import define_fill_slab
 
 from .entry import EntryCode, Geom
-from .loop_nests import (ALL_PHASES, KERNEL, PACK, define_blocked_offsets, define_slab_offsets,
-                         row_column)
+from .loop_nests import (ALL_PHASES, KERNEL, PACK, define_blocked_offsets, define_fill_blocks,
+                         define_slab_offsets, row_column)
 
 GEOM = Geom("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q", "P", "M", "nc", "band", "Hb", "Hs",
             "Ws", "planes", "epilogue", "phases", "fill_width", "kernel", "copy_rows", "shuffle",
@@ -31,8 +31,8 @@ MAX_FILL_VECTORS = 4
 
 # a blocked plan's: its windows per row tile, the kernel of one fewer, whether it reads in place
 BLOCKED_GEOM = Geom("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q", "P", "band", "Hb", "Hs",
-                    "Ws", "lanes", "windows", "row_tiles", "unpacked", "epilogue", "phases", "fill_width",
-                    "kernel", "tail_kernel", "copy_rows", "params")
+                    "Ws", "lanes", "windows", "row_tiles", "unpacked", "epilogue", "phases",
+                    "kernel", "tail_kernel", "params")
 
 
 def geometry(plan, kspec, epilogue_flags, params, channel_shuffle=1, in_block=None,
@@ -64,7 +64,6 @@ def _blocked_geometry(plan, kspec, epilogue_flags, params):
     hb = plan.band_rows
     if plan.reads_input_unpacked:   # the taps' offsets on the input's blocks
         hb, ws = s.h, s.w
-    fill_width = kspec.lanes * MAX_FILL_VECTORS
     tail = (native_function(depthwise_blocked.define_blocked_depthwise,
                             BlockedDepthwiseSpec(kspec.dtype, kspec.windows - 1, kspec.isa,
                                                  kspec.activation)).address
@@ -73,9 +72,9 @@ def _blocked_geometry(plan, kspec, epilogue_flags, params):
         R=s.r, S=s.s, sh=s.stride[0], sw=s.stride[1], dh=s.dilation[0], dw=s.dilation[1],
         pt=s.padding[0], pl=s.padding[2], Q=s.q, P=s.p, band=plan.band, Hb=hb, Hs=hs, Ws=ws,
         lanes=plan.lanes, windows=plan.block_vectors, row_tiles=plan.row_tiles, unpacked=plan.reads_input_unpacked,
-        epilogue=epilogue_flags, phases=ALL_PHASES, fill_width=fill_width,
+        epilogue=epilogue_flags, phases=ALL_PHASES,
         kernel=native_function(depthwise_blocked.define_blocked_depthwise, kspec).address,
-        tail_kernel=tail, copy_rows=row_copier(kspec, fill_width), params=params)
+        tail_kernel=tail, params=params)
 
 
 def kernel_spec(plan, isa, activation=STORE_ACTIVATION):
@@ -177,8 +176,8 @@ def define_depthwise_loop_nest(module, dtype):
 def define_blocked_depthwise_loop_nest(module, dtype):
     """A blocked plan's loop nest as the C entry ``blocked_depthwise_loop_nest_{dtype}(args,
     part)``: units (image, block, band) part[0] .. part[1]-1, per unit the block's band read in
-    place or filled into a slab with its zero padding (``packing.inputs.define_fill_slab``
-    over the block's rows of W*lanes values), then per output row its tiles of windows
+    place or filled into a slab with its zero padding (``loop_nests.define_fill_blocks``),
+    then per output row its tiles of windows
     (``row_tiles``, evened out, a ``tail_kernel`` for the shorter ones); ``weights`` holds a
     block's R*S weight vectors in turn, ``bias`` the padded channels'."""
     code = EntryCode(module, f"blocked_depthwise_loop_nest_{dtype}", BLOCKED_GEOM)
@@ -187,8 +186,7 @@ def define_blocked_depthwise_loop_nest(module, dtype):
                                                    "Q", "P")
     band, Hb, Hs, Ws, L, windows, row_tiles, unpacked = code.geom(
         "band", "Hb", "Hs", "Ws", "lanes", "windows", "row_tiles", "unpacked")
-    epilogue, phases, params, fill_width = code.geom("epilogue", "phases", "params",
-                                                     "fill_width")
+    epilogue, phases, params = code.geom("epilogue", "phases", "params")
     kernel, tail = code.geom("kernel", "tail_kernel")
     x_addr, C, H, W, w_addr, bias_addr, out_addr, K = (
         code.call_arg(a) for a in ("x", "c", "h", "w", "weights", "bias", "out", "out_k"))
@@ -202,9 +200,8 @@ def define_blocked_depthwise_loop_nest(module, dtype):
         row0 = code.choose(unpacked != 0, 0, oh0 * sh)
         base = code.choose(unpacked != 0, block, scratch)
         with code.if_((unpacked == 0) & ((phases & PACK) != 0)):
-            code.call(define_fill_slab(module, dtype), block, 0, H, W * L, 1, 1, 1, Hb,
-                      Ws * L, row0, code.min(Hb, Hs - row0), pt, pl * L, 1, scratch,
-                      fill_width, code.geom("copy_rows"))
+            code.call(define_fill_blocks(module), block, 0, 1, H, W, L * item, Hb, Ws, row0,
+                      code.min(Hb, Hs - row0), pt, pl, scratch)
         with code.if_((phases & KERNEL) != 0):
             with code.range(oh0, code.min(P, oh0 + band)) as oh:
                 with code.range(0, row_tiles) as j:

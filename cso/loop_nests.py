@@ -191,6 +191,39 @@ def define_blocked_offsets(module):
     return code.function
 
 
+def define_fill_blocks(module):
+    """``fill_blocks(src, src_step, blocks, H, W, pixel, Hb, Ws, row0, rows, pt, pl, dst)`` in
+    ``module`` (defined once): a blocked slab (``csa.layout.blocked_slab_shape``): of
+    ``blocks`` blocks of H x W pixels of ``pixel`` bytes (the first at ``src``, each
+    ``src_step`` bytes after the one before), padded rows row0 .. row0+rows-1 (input row
+    row - pt) written as rows of Ws pixels a block (Hb rows apart), each the input row's
+    pixels from column pl on and zeros around them (rows outside the input all zeros): a
+    memcpy and two memsets a row."""
+    if "fill_blocks" in module.globals:
+        return module.globals["fill_blocks"]
+    code = LoopCode(module, "fill_blocks", ("src", "src_step", "blocks", "H", "W", "pixel",
+                                            "Hb", "Ws", "row0", "rows", "pt", "pl", "dst"),
+                    internal=True)
+    src, src_step, blocks, H, W, pixel, Hb, Ws, row0, rows, pt, pl, dst = code.args(
+        *code.arg_names)
+    left = code.min(pl, Ws)
+    copied = code.max(0, code.min(W, Ws - left))   # pixels of an input row the slab holds
+    with code.range(0, blocks) as b:
+        with code.range(0, rows) as i:
+            ih = row0 + i - pt
+            target = dst + (b * Hb + i) * Ws * pixel
+            with code.if_else((ih >= 0) & (ih < H)) as (inside, outside):
+                with inside:
+                    code.zero(target, left * pixel)
+                    code.copy(target + left * pixel, src + b * src_step + ih * W * pixel,
+                              copied * pixel)
+                    code.zero(target + (left + copied) * pixel, (Ws - left - copied) * pixel)
+                with outside:
+                    code.zero(target, Ws * pixel)
+    code.ret()
+    return code.function
+
+
 def define_subsample_blocks(module, dtype):
     """``subsample_blocks(src, src_step, blocks, W, B, sh, sw, row0, rows, Q, Hb, dst)`` in
     ``module`` (defined once): a subsampled 1x1's slab (``csa.layout.subsampled``): of
@@ -499,18 +532,16 @@ class _BlockedNest(_LoopNest):
 
     def fill_slab(self, at):
         """``at.base``: the channel tile's first block, in the input (read in place) or copied
-        with the band's rows into the slab (one fill_slab plane a block: its rows of Ws
-        pixels are Ws*B values)."""
+        with the band's rows into the slab (``define_fill_blocks``; a subsampled 1x1's
+        windows alone, ``define_subsample_blocks``)."""
         code, item, B = self.code, self.item, self.block
         first_block = self.x + (at.n * self.C + at.g * self.Cg + at.c0) * self.H * self.W * item
         at.base = code.choose(self.unpacked, first_block, self.scratch)
         blocks = (at.nc + B - 1) // B
         with code.if_(~self.unpacked & self.packing & ~self.subsample):
-            code.call(define_fill_slab(self.module, self.dtype), first_block,
-                      self.H * self.W * B * item, self.H, self.W * B, blocks, 1,
-                      1, self.Hb, self.Ws * B, at.row0, code.min(self.Hb, self.Hs - at.row0),
-                      self.pt, self.pl * B, 1, self.scratch, self.fill_width,
-                      code.geom("copy_rows"))
+            code.call(define_fill_blocks(self.module), first_block, self.H * self.W * B * item,
+                      blocks, self.H, self.W, B * item, self.Hb, self.Ws, at.row0,
+                      code.min(self.Hb, self.Hs - at.row0), self.pt, self.pl, self.scratch)
         with code.if_(self.packing & self.subsample):
             code.call(define_subsample_blocks(self.module, self.dtype), first_block,
                       self.H * self.W * B * item, blocks, self.W, B, self.sh,

@@ -41,7 +41,8 @@ def geometry(plan, kspec, epilogue_flags, params, in_block=1, out_block=1):
     # a slab is filled in runs of the kernel's vector width (whole vectors stored: a direct
     # tile's few windows made every store a masked one, microcoded on AMD), tiles per window
     fill_width = kspec.width
-    copy_rows, copy_taps = ((row_copier(kspec, fill_width), 0) if plan.slab
+    copy_rows, copy_taps = ((0, 0) if plan.blocked   # (its slab rows copied whole)
+                            else (row_copier(kspec, fill_width), 0) if plan.slab
                             else tile_copiers(kspec, plan.nwin, s.s, s.stride[1], s.dilation[1]))
     return GEOM.pack(
         R=s.r, S=s.s, sh=s.stride[0], sw=s.stride[1], dh=s.dilation[0], dw=s.dilation[1],

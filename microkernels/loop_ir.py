@@ -263,6 +263,13 @@ class LoopCode:
                                    ir.Constant(ir.IntType(8), 0), self.value(count),
                                    ir.Constant(I1, 0)])
 
+    def copy(self, dst, src, count):
+        """``count`` bytes at ``src`` copied to ``dst`` (not overlapping)."""
+        memcpy = self.function.module.declare_intrinsic("llvm.memcpy", [PTR, PTR, I64])
+        self.builder.call(memcpy, [self.builder.inttoptr(self.value(dst), PTR),
+                                   self.builder.inttoptr(self.value(src), PTR),
+                                   self.value(count), ir.Constant(I1, 0)])
+
     def call(self, target, *args):
         """Calls ``target``, a function of this module or (``(address, function_type)``) one at
         an address; integer addresses are passed where it takes pointers."""
