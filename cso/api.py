@@ -21,7 +21,8 @@ from . import arguments as args
 from . import autotune
 from . import host
 from .activations import Activation
-from .layouts import LAYOUTS, Blocked, block_size
+from .layouts import (Blocked, block_size, check_layout, check_out, from_nchw, input_layout,
+                      merged, reads_blocks, to_nchw, written)
 from .loop_nests import ALL_PHASES
 from .prepared import Prepared
 from .threads import get_num_threads
@@ -220,10 +221,10 @@ class Conv2d:
         threads, lanes = get_num_threads(), block_size(self.dtype, self.isa)
         spec = self.spec_for(shape)
         plan, rows = self._blocked_plan(spec, lanes, threads)
-        if plan is None or not _reads_blocks(plan, in_block):
+        if plan is None or not reads_blocks(plan, in_block):
             raise ValueError(f"{spec} has no blocked plan reading blocks of {in_block} "
                              f"channels (blocks of {lanes}, groups {self.groups})")
-        prepared = self._prepared(_merged(shape, rows), self.dtype, threads, (in_block, lanes))
+        prepared = self._prepared(merged(shape, rows), self.dtype, threads, (in_block, lanes))
         weights = (self._blocked_depthwise_weight(lanes) if isinstance(plan, csa.DepthwisePlan)
                    else self.packed_weight(plan.nf))
         n, k, p, q = (shape[0],) + spec.output_shape[1:]
@@ -233,7 +234,7 @@ class Conv2d:
         bias = self._bias_for(np.empty((1,) + out_shape[1:], dtype))
         run_prepared = prepared.run
         # the arrays as the plan sees them (a 1x1's rows merged: views)
-        x_view, out_view = _merged(in_shape, rows), _merged(out_shape, rows)
+        x_view, out_view = merged(in_shape, rows), merged(out_shape, rows)
 
         def run(x, out):
             if (type(x) is not np.ndarray or type(out) is not np.ndarray
@@ -256,8 +257,8 @@ class Conv2d:
         return self._call(x, None, phases)
 
     def _call(self, x, out, phases, layout=None, out_layout=None):
-        in_layout = _input_layout(x, layout)
-        out_layout = in_layout if out_layout is None else _check_layout("out_layout", out_layout)
+        in_layout = input_layout(x, layout)
+        out_layout = in_layout if out_layout is None else check_layout("out_layout", out_layout)
         if in_layout != "nchw" or out_layout != "nchw":
             return self._call_blocked(x, out, phases, in_layout, out_layout)
         args.check_array("input", x)
@@ -309,18 +310,18 @@ class Conv2d:
         spec = self.spec_for(shape, self.dtype)   # (checks the shapes)
         lanes = block_size(self.dtype, self.isa)
         out_shape = (shape[0],) + spec.output_shape[1:]
-        _check_out(out, out_layout, out_shape, self.dtype, lanes)
+        check_out(out, out_layout, out_shape, self.dtype, lanes)
         if out is None and self.accumulate:
             raise ValueError(f"accumulate=True adds to out: pass out= (of shape {out_shape} "
                              f"as NCHW, layout {out_layout!r})")
         plan, rows = self._blocked_plan(spec, lanes, threads)
         if plan is None:   # NCHW in between
-            acc = _to_nchw(out, out_layout) if self.accumulate else None
-            result = self._call(_to_nchw(xb, in_layout), acc, phases)
-            return _written(_from_nchw(result, out_layout, lanes), out)
+            acc = to_nchw(out, out_layout) if self.accumulate else None
+            result = self._call(to_nchw(xb, in_layout), acc, phases)
+            return written(from_nchw(result, out_layout, lanes), out)
         depthwise = isinstance(plan, csa.DepthwisePlan)
         in_block = 1 if in_layout == "nchw" else xb.block
-        if not _reads_blocks(plan, in_block):
+        if not reads_blocks(plan, in_block):
             xb = Blocked.from_nchw(x, lanes) if in_layout == "nchw" else xb.reblocked(lanes)
             in_layout, in_block = "blocked", lanes
         # a depthwise plan writes blocks of the lanes only
@@ -333,22 +334,22 @@ class Conv2d:
             result = Blocked.from_nchw(out, lanes)
         else:
             result = Blocked.empty(out_shape, self.dtype, out_block)
-        prepared = self._prepared(_merged(shape, rows), self.dtype, threads,
+        prepared = self._prepared(merged(shape, rows), self.dtype, threads,
                                   (in_block, out_block))
         if shape[0]:
             data = x if in_layout == "nchw" else xb.data
             weights = (self._blocked_depthwise_weight(lanes) if depthwise
                        else self.packed_weight(plan.nf))
-            prepared.run(data.reshape(_merged(data.shape, rows)), weights,
+            prepared.run(data.reshape(merged(data.shape, rows)), weights,
                          self._bias_for(result.data),
-                         result.data.reshape(_merged(result.data.shape, rows)), phases, threads)
+                         result.data.reshape(merged(result.data.shape, rows)), phases, threads)
         if out_layout == "blocked":
             return result
         if out_layout == "nhwc":
             if out is not None and result.data.base is out:   # written in place
                 return out
-            return _written(result.to_nhwc(), out)
-        return _written(result.to_nchw(), out)
+            return written(result.to_nhwc(), out)
+        return written(result.to_nchw(), out)
 
     def _blocked_plan(self, spec, lanes, threads):
         """(the blocked plan of ``spec``, the rows of its plane it runs as one: a plain 1x1's,
@@ -360,7 +361,7 @@ class Conv2d:
                 or not csa.layout.blocked_fits(spec, lanes)):
             return None, 1
         rows = csa.layout.merged_rows(spec)
-        plan_spec = self.spec_for(_merged(spec.input_shape, rows))
+        plan_spec = self.spec_for(merged(spec.input_shape, rows))
         return self._plan_for(plan_spec, threads, "blocked"), rows
 
     def _blocked_depthwise_weight(self, lanes):
@@ -414,93 +415,6 @@ class Conv2d:
                 + (f", channel_shuffle={self.channel_shuffle}" if self.channel_shuffle > 1
                    else "")
                 + (", tune=True)" if self.tune else ")"))
-
-
-def _input_layout(x, layout):
-    """The layout of call input ``x``: a ``Blocked``'s, else ``layout`` (default "nchw")."""
-    if isinstance(x, Blocked):
-        if layout not in (None, "blocked"):
-            raise ValueError(f"layout={layout!r} describes an array input; the input is a "
-                             f"cso.Blocked")
-        return "blocked"
-    if layout is None:
-        return "nchw"
-    if layout not in ("nchw", "nhwc"):
-        raise ValueError(f"layout must be 'nchw' or 'nhwc' (an array input's), got {layout!r}")
-    return layout
-
-
-def _check_layout(name, value):
-    if value not in LAYOUTS:
-        raise ValueError(f"{name} must be one of {LAYOUTS}, got {value!r}")
-    return value
-
-
-def _merged(shape, rows):
-    """The data ``shape`` (NCHW, or blocked N, blocks, H, W, B) with ``rows`` of its rows
-    merged into one (a plain 1x1's plane: the same pixels)."""
-    return shape[:2] + (shape[2] // rows, shape[3] * rows) + tuple(shape[4:])
-
-
-def _reads_blocks(plan, block):
-    """Whether ``plan``'s loop nest reads input blocks of ``block`` channels as they are: an
-    NCHW input (blocks of one), the kernels' own blocks, or channels last (one block of all
-    channels, a single channel tile). Its slab holds a channel tile in the kernels' blocks:
-    wider ones would overflow it."""
-    s = plan.spec
-    if isinstance(plan, csa.DepthwisePlan):
-        return block == plan.lanes
-    return (block in (1, plan.lanes)
-            or (block == s.c and s.groups == 1 and plan.channel_tiles == 1))
-
-
-def _check_out(out, out_layout, shape, dtype, block):
-    """ValueError unless ``out`` is None or holds a result of NCHW ``shape`` in
-    ``out_layout``: a Blocked of the kernels' ``block``, or an array (C-contiguous for
-    NHWC, which the kernels write in place)."""
-    if out is None:
-        return
-    if out_layout == "blocked":
-        if not isinstance(out, Blocked) or out.shape != shape or out.block != block \
-                or out.dtype != dtype or not out.data.flags.writeable:
-            raise ValueError(f"out must be a writeable cso.Blocked of shape {shape}, block "
-                             f"{block} and dtype {dtype}, got {out!r}")
-        return
-    args.check_array("out", out)
-    expected = shape if out_layout == "nchw" else (shape[0], shape[2], shape[3], shape[1])
-    if out.shape != expected or out.dtype != dtype:
-        raise ValueError(f"out must have shape {expected} ({out_layout.upper()}) and dtype "
-                         f"{dtype}, got {out.shape} {out.dtype}")
-    if not out.flags.writeable:
-        raise ValueError(f"out must be writeable (an array of shape {out.shape})")
-    if out_layout == "nhwc" and not out.flags.c_contiguous:
-        raise ValueError(f"out (NHWC) must be a C-contiguous array, got strides "
-                         f"{out.strides}")
-
-
-def _to_nchw(value, layout):
-    """A ``Blocked``, or an array laid out as ``layout``, as an NCHW array."""
-    if isinstance(value, Blocked):
-        return value.to_nchw()
-    return np.ascontiguousarray(value.transpose(0, 3, 1, 2)) if layout == "nhwc" else value
-
-
-def _from_nchw(value, layout, block):
-    """An NCHW array as ``layout`` (a ``Blocked`` of ``block`` for "blocked")."""
-    if layout == "blocked":
-        return Blocked.from_nchw(value, block)
-    return np.ascontiguousarray(value.transpose(0, 2, 3, 1)) if layout == "nhwc" else value
-
-
-def _written(result, out):
-    """``result``, or written into ``out`` (a Blocked's data, or an array) and ``out``."""
-    if out is None:
-        return result
-    if isinstance(out, Blocked):
-        out.data[...] = result.data
-    else:
-        out[...] = result
-    return out
 
 
 def _store_activation(activation):

@@ -22,8 +22,10 @@ and returns NHWC arrays.
 """
 import numpy as np
 
+from csa import DepthwisePlan
 from microkernels.aligned import aligned_empty
 
+from .arguments import check_array
 from .host import host_machine
 
 LAYOUTS = ("nchw", "nhwc", "blocked")   # what a call's ``out_layout`` may ask for
@@ -134,3 +136,92 @@ class Blocked:
 
     def __repr__(self):
         return (f"Blocked(shape={self.shape}, block={self.block}, dtype={self.dtype})")
+
+
+# --- what Conv2d calls on values of these layouts need ------------------------------------
+
+def input_layout(x, layout):
+    """The layout of call input ``x``: a ``Blocked``'s, else ``layout`` (default "nchw")."""
+    if isinstance(x, Blocked):
+        if layout not in (None, "blocked"):
+            raise ValueError(f"layout={layout!r} describes an array input; the input is a "
+                             f"cso.Blocked")
+        return "blocked"
+    if layout is None:
+        return "nchw"
+    if layout not in ("nchw", "nhwc"):
+        raise ValueError(f"layout must be 'nchw' or 'nhwc' (an array input's), got {layout!r}")
+    return layout
+
+
+def check_layout(name, value):
+    if value not in LAYOUTS:
+        raise ValueError(f"{name} must be one of {LAYOUTS}, got {value!r}")
+    return value
+
+
+def merged(shape, rows):
+    """The data ``shape`` (NCHW, or blocked N, blocks, H, W, B) with ``rows`` of its rows
+    merged into one (a plain 1x1's plane: the same pixels)."""
+    return shape[:2] + (shape[2] // rows, shape[3] * rows) + tuple(shape[4:])
+
+
+def reads_blocks(plan, block):
+    """Whether ``plan``'s loop nest reads input blocks of ``block`` channels as they are: an
+    NCHW input (blocks of one), the kernels' own blocks, or channels last (one block of all
+    channels, a single channel tile). Its slab holds a channel tile in the kernels' blocks:
+    wider ones would overflow it."""
+    s = plan.spec
+    if isinstance(plan, DepthwisePlan):
+        return block == plan.lanes
+    return (block in (1, plan.lanes)
+            or (block == s.c and s.groups == 1 and plan.channel_tiles == 1))
+
+
+def check_out(out, out_layout, shape, dtype, block):
+    """ValueError unless ``out`` is None or holds a result of NCHW ``shape`` in
+    ``out_layout``: a Blocked of the kernels' ``block``, or an array (C-contiguous for
+    NHWC, which the kernels write in place)."""
+    if out is None:
+        return
+    if out_layout == "blocked":
+        if not isinstance(out, Blocked) or out.shape != shape or out.block != block \
+                or out.dtype != dtype or not out.data.flags.writeable:
+            raise ValueError(f"out must be a writeable cso.Blocked of shape {shape}, block "
+                             f"{block} and dtype {dtype}, got {out!r}")
+        return
+    check_array("out", out)
+    expected = shape if out_layout == "nchw" else (shape[0], shape[2], shape[3], shape[1])
+    if out.shape != expected or out.dtype != dtype:
+        raise ValueError(f"out must have shape {expected} ({out_layout.upper()}) and dtype "
+                         f"{dtype}, got {out.shape} {out.dtype}")
+    if not out.flags.writeable:
+        raise ValueError(f"out must be writeable (an array of shape {out.shape})")
+    if out_layout == "nhwc" and not out.flags.c_contiguous:
+        raise ValueError(f"out (NHWC) must be a C-contiguous array, got strides "
+                         f"{out.strides}")
+
+
+def to_nchw(value, layout):
+    """A ``Blocked``, or an array laid out as ``layout``, as an NCHW array."""
+    if isinstance(value, Blocked):
+        return value.to_nchw()
+    return np.ascontiguousarray(value.transpose(0, 3, 1, 2)) if layout == "nhwc" else value
+
+
+def from_nchw(value, layout, block):
+    """An NCHW array as ``layout`` (a ``Blocked`` of ``block`` for "blocked")."""
+    if layout == "blocked":
+        return Blocked.from_nchw(value, block)
+    return np.ascontiguousarray(value.transpose(0, 2, 3, 1)) if layout == "nhwc" else value
+
+
+def written(result, out):
+    """``result``, or written into ``out`` (a Blocked's data, or an array) and ``out``."""
+    if out is None:
+        return result
+    if isinstance(out, Blocked):
+        out.data[...] = result.data
+    else:
+        out[...] = result
+    return out

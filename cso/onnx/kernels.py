@@ -426,6 +426,15 @@ def _layer_norm_part(dtype):
     return part
 
 
+@njit(inline="always")
+def _block_units(args, index):
+    """(blocks an image, channels, pixels, lanes, first unit, end unit) of part ``index`` of
+    a blocked values' kernel, whose args are x, out, units (image, block), blocks an image,
+    channels, H*W, L, the parts."""
+    first, last = _share(index, args[7], args[2])
+    return args[3], args[4], args[5], args[6], first, last
+
+
 def _unblock_part(dtype):
     """The part function writing channel-blocked values as NCHW: each unit one block of one
     image, (H*W, L) values in, its channels below C out as planes. Args: x, out, units,
@@ -434,8 +443,7 @@ def _unblock_part(dtype):
 
     def part(args, index):
         x, out = _pointer(args[0], typ), _pointer(args[1], typ)
-        blocks, c, pixels, lanes = args[3], args[4], args[5], args[6]
-        first, last = _share(index, args[7], args[2])
+        blocks, c, pixels, lanes, first, last = _block_units(args, index)
         for unit in range(first, last):
             n, block = unit // blocks, unit % blocks
             source = unit * pixels * lanes
@@ -458,8 +466,7 @@ def _blocked_pool_part(kind, dtype):
 
     def part(args, index):
         x, out = _pointer(args[0], typ), _pointer(args[1], typ)
-        blocks, c, pixels, lanes = args[3], args[4], args[5], args[6]
-        first, last = _share(index, args[7], args[2])
+        blocks, c, pixels, lanes, first, last = _block_units(args, index)
         for unit in range(first, last):
             n, block = unit // blocks, unit % blocks
             source, at = unit * pixels * lanes, n * c + block * lanes
