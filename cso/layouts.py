@@ -20,9 +20,12 @@ A channels-last (NHWC) array is the blocked layout with one block of all C chann
 ``Blocked.from_nhwc`` wraps one without a copy, and ``Conv2d(...)(x, layout="nhwc")`` takes
 and returns NHWC arrays.
 """
+from types import SimpleNamespace
+
 import numpy as np
 
 from csa import DepthwisePlan
+from csa.layout import blocked_fits
 from microkernels.aligned import aligned_empty
 
 from .arguments import check_array
@@ -35,6 +38,15 @@ def block_size(dtype, isa=None):
     """Channels a block for ``dtype`` on kernel ISA ``isa`` (default: the host's): its vector
     lanes."""
     return host_machine(isa).vector_bytes // np.dtype(dtype).itemsize
+
+
+def has_blocked_plan(weight_shape, groups, dtype, isa=None):
+    """Whether a convolution of OIHW ``weight_shape`` and ``groups`` runs on blocked values
+    directly (``csa.layout.blocked_fits`` for blocks of ``block_size(dtype, isa)``), not
+    through NCHW."""
+    k, c_per_group = weight_shape[:2]
+    return blocked_fits(SimpleNamespace(groups=groups, c_per_group=c_per_group,
+                                        k_per_group=k // groups), block_size(dtype, isa))
 
 
 class Blocked:

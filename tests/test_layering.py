@@ -11,7 +11,8 @@ import pytest
 
 PACKAGES = ("microkernels", "csa", "packing", "cso", "bench")
 INTEGRATIONS = ("cso.onnx", "cso.dask")
-PUBLIC_CORE = {"cso", "cso.jobs"}   # what an integration may import of the core
+# what an integration may import of the core (cso.layouts: the blocked values' type and layout)
+PUBLIC_CORE = {"cso", "cso.jobs", "cso.layouts"}
 
 
 def _sources():

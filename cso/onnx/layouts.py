@@ -20,14 +20,10 @@ A blocked convolution reads an NCHW input as it is (blocks of one channel: the s
 Any other step that reads a blocked value reads an NCHW copy (a ``Reorder`` step after the
 value's maker), and a global pool writes NCHW or blocked as its readers take it.
 """
-from types import SimpleNamespace
-
 import numpy as np
 
-from csa.layout import blocked_fits
-
 from .. import get_num_threads
-from ..layouts import block_size
+from ..layouts import has_blocked_plan
 from . import kernels
 from .conv import ConvStep
 from .graph import ActivationStep, Operator, Step, sum_relu
@@ -45,11 +41,11 @@ def place(steps, graph):
     dtypes = {dtype for _, dtype in graph.inputs.values() if dtype.kind == "f"}
     if len(dtypes) != 1:
         return steps
-    lanes = block_size(dtypes.pop())
+    dtype = dtypes.pop()
     shapes = graph.shapes
     data = [[name for name in step.inputs if name and name not in graph.constants]
             for step in steps]
-    kinds = [_kind(step, names, shapes, lanes) for step, names in zip(steps, data)]
+    kinds = [_kind(step, names, shapes, dtype) for step, names in zip(steps, data)]
     groups = _Groups()
     for step, names, kind in zip(steps, data, kinds):
         if kind == "tied":
@@ -120,13 +116,13 @@ def _apply(steps, data, kinds, groups, blocked, readers, shapes, reads_blocked):
     return result
 
 
-def _kind(step, names, shapes, lanes):
+def _kind(step, names, shapes, dtype):
     """How step ``step`` (reading the values ``names``) meets the layouts: "conv" (a
     convolution with a blocked plan), "pool" (a global pool, from and to any layout), "tied"
     (its values and output in one layout), or "nchw"."""
     run = step.run
     if isinstance(run, ConvStep):
-        return "conv" if _conv_fits(run, shapes.get(names[0] if names else ""), lanes) else "nchw"
+        return "conv" if _conv_fits(run, shapes.get(names[0] if names else ""), dtype) else "nchw"
     if len(step.outputs) != 1 or not step.outputs[0]:
         return "nchw"
     if isinstance(run, ActivationStep) or (run is sum_relu and _one_shape(names, shapes)):
@@ -145,13 +141,11 @@ def _kind(step, names, shapes, lanes):
     return "nchw"
 
 
-def _conv_fits(run, shape, lanes):
+def _conv_fits(run, shape, dtype):
     """Whether the convolution ``run`` (a ConvStep) of input ``shape`` has a blocked plan."""
     if shape is None or len(shape) != 4 or run.channel_shuffle > 1:
         return False
-    k, c_per_group = run.weight_shape[:2]
-    return blocked_fits(SimpleNamespace(groups=run.groups, c_per_group=c_per_group,
-                                        k_per_group=k // run.groups), lanes)
+    return has_blocked_plan(run.weight_shape, run.groups, dtype)
 
 
 def _one_shape(names, shapes):
