@@ -280,6 +280,7 @@ def measure_model(name, model, batches, repeat, threads, path=None):
     from .measure import median_seconds, settle_seconds
     cso.set_num_threads(threads)
     ours = cso.onnx.load(model)
+    plain = cso.onnx.load(model, blocked=False)   # every value NCHW: what blocking buys
     theirs = onnxruntime_session(model, threads)
     shapes = input_shapes(model)
     result = {"model": name, "batches": {}}
@@ -290,7 +291,10 @@ def measure_model(name, model, batches, repeat, threads, path=None):
         feeds = inputs(shapes, batch)
         expected = theirs.run(None, feeds)
         _check("cso.onnx", name, batch, ours.run(None, feeds), expected, ours.output_names)
+        _check("cso.onnx (NCHW)", name, batch, plain.run(None, feeds), expected,
+               ours.output_names)
         runs = {"cso": lambda: ours.run(None, feeds),
+                "cso_nchw": lambda: plain.run(None, feeds),
                 "onnxruntime": lambda: theirs.run(None, feeds)}
         if openvino is not None:
             got = openvino(feeds)   # by name: OpenVINO's outputs may come in another order
@@ -308,6 +312,7 @@ def measure_model(name, model, batches, repeat, threads, path=None):
                     rest += s
         result["batches"][str(batch)] = {"seconds": seconds,
                                          "speedup": seconds["onnxruntime"] / seconds["cso"],
+                                         "blocked_gain": seconds["cso_nchw"] / seconds["cso"],
                                          "conv_share": conv / (conv + rest)}
         if openvino is not None:
             result["batches"][str(batch)]["speedup_openvino"] = (seconds["openvino"]
@@ -458,7 +463,8 @@ def measure(source, batches, repeat, threads):
 
 
 HEADER = ["model", "batch", "cso ms", "onnxruntime ms", "speedup", "openvino ms", "speedup ov",
-          "conv %", "rest %", "start s cso / ort / ov", "cold s cso", "peak MiB cso / ort / ov"]
+          "blocked x", "conv %", "rest %", "start s cso / ort / ov", "cold s cso",
+          "peak MiB cso / ort / ov"]
 
 
 def loaded(results):
@@ -481,7 +487,7 @@ def rows(results):
                           f"{1e3 * b['seconds']['onnxruntime']:.2f}", f"{b['speedup']:.2f}x",
                           f"{1e3 * b['seconds']['openvino']:.2f}" if ov else "",
                           f"{b['speedup_openvino']:.2f}x" if ov else "",
-                          f"{100 * b['conv_share']:.0f}", f"{100 * (1 - b['conv_share']):.0f}",
+                          f"{b['blocked_gain']:.2f}x", f"{100 * b['conv_share']:.0f}", f"{100 * (1 - b['conv_share']):.0f}",
                           start if first else "", cold if first else "",
                           peak if first else ""])
     return table
@@ -528,7 +534,8 @@ def alone_summary(results):
 
 
 def _speedup_key(engine):
-    return "speedup" if engine == "onnxruntime" else f"speedup_{engine}"
+    return {"onnxruntime": "speedup", "cso_nchw": "blocked_gain"}.get(engine,
+                                                                       f"speedup_{engine}")
 
 
 def geomean_speedups(results, engine="onnxruntime"):
@@ -551,6 +558,9 @@ def summary_lines(results):
                   f"above 1, cso is faster) over "
                   f"{sum(key in r['batches'].get(b, {}) for r in ran)} models"
                   for b, s in geomean_speedups(results, engine).items()]
+    lines += [f"batch {b}: cso's channel-blocked values {s:.2f}x the speed of its NCHW ones "
+              f"(geomean over {sum(b in r['batches'] for r in ran)} models)"
+              for b, s in geomean_speedups(results, "cso_nchw").items()]
     skipped = [r for r in ran if "skipped" in r.get("openvino", {})]
     if any(r["openvino"]["skipped"] == OPENVINO_MISSING for r in skipped):
         lines.append("OpenVINO was not installed (pip install openvino): no OpenVINO figures")
@@ -575,7 +585,9 @@ TEXT = ("The onnx package's light CNNs (their graphs, with random weights: the s
         "stop spinning), "
         "after cso's and OpenVINO's outputs matched onnxruntime's (max error at most {rtol} of "
         "the largest magnitude). Speedup: onnxruntime's time over cso's; speedup ov: "
-        "OpenVINO's time over cso's. conv % / rest %: cso's time in its "
+        "OpenVINO's time over cso's; blocked x: cso's time with every value NCHW "
+        "(cso.onnx.load(blocked=False), timed in the same blocks) over its time with "
+        "channel-blocked values (the default). conv % / rest %: cso's time in its "
         "convolution steps (what is fused into them included) and in the other operators "
         "(NumPy). A child process per engine, its imports done and its inputs made, then "
         "loads the model file and runs every batch. Start s: in that child, loading the model "

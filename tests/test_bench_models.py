@@ -132,8 +132,9 @@ def test_report_with_openvino(tmp_path, rng):
         assert isinstance(r["cold_start_s"], float) and 0 < r["cold_start_s"] < math.inf
         for b in r["batches"].values():
             seconds = b["seconds"]
-            assert set(seconds) == {"cso", "onnxruntime", "openvino"}
+            assert set(seconds) == {"cso", "cso_nchw", "onnxruntime", "openvino"}
             assert all(s > 0 for s in seconds.values())
+            assert b["blocked_gain"] == seconds["cso_nchw"] / seconds["cso"] > 0
             assert b["speedup_openvino"] == seconds["openvino"] / seconds["cso"] > 0
             assert b["speedup"] == seconds["onnxruntime"] / seconds["cso"] > 0
     table = [cells(row) for row in models.rows(results)]
@@ -143,6 +144,7 @@ def test_report_with_openvino(tmp_path, rng):
     for row, (r, b) in zip(table, batches):
         assert row["openvino ms"] == f"{1e3 * b['seconds']['openvino']:.2f}"
         assert row["speedup ov"] == f"{b['seconds']['openvino'] / b['seconds']['cso']:.2f}x"
+        assert row["blocked x"] == f"{b['seconds']['cso_nchw'] / b['seconds']['cso']:.2f}x"
     for row, r in ((table[0], results[0]), (table[1], results[1])):
         assert row["start s cso / ort / ov"] == " / ".join(
             f"{r['start_s'][e]:.2f}" for e in ("cso", "onnxruntime", "openvino"))
@@ -162,6 +164,9 @@ def test_report_with_openvino(tmp_path, rng):
     assert any(line.startswith("batch 3: ") and "over OpenVINO" in line and
                line.endswith("over 1 models") for line in lines)
     assert not any("OpenVINO was not installed" in line for line in lines)
+    gain = models.geomean_speedups(results, "cso_nchw")["1"]
+    assert (f"batch 1: cso's channel-blocked values {gain:.2f}x the speed of its NCHW ones "
+            f"(geomean over 2 models)") in lines
 
 
 def test_report_without_openvino(tmp_path, rng, monkeypatch):
@@ -176,7 +181,8 @@ def test_report_without_openvino(tmp_path, rng, monkeypatch):
         assert all(isinstance(s, float) and s > 0 for s in r["start_s"].values())
         assert isinstance(r["cold_start_s"], float) and r["cold_start_s"] > 0
         for b in r["batches"].values():
-            assert set(b["seconds"]) == {"cso", "onnxruntime"} and "speedup_openvino" not in b
+            assert set(b["seconds"]) == {"cso", "cso_nchw", "onnxruntime"}
+            assert "speedup_openvino" not in b
             assert b["speedup"] == b["seconds"]["onnxruntime"] / b["seconds"]["cso"] > 0
     table = [cells(row) for row in models.rows(results)]
     assert len(table) == 3

@@ -170,14 +170,23 @@ def residual_block(rng, shortcut_also_reshaped=False):
     return model, {"x": rng.standard_normal((2, k, 6, 7)).astype(np.float32)}
 
 
+@pytest.mark.parametrize("blocked", [False, True])
 @pytest.mark.parametrize("also_reshaped", [False, True])
-def test_residual_sums_are_added_in_the_convolution_store(rng, also_reshaped):
+def test_residual_sums_are_added_in_the_convolution_store(rng, also_reshaped, blocked):
+    """Fused the same with values NCHW or blocked; blocked, r, t and y are (ending in y's
+    reorder for the NCHW-writing convolutions that read it, and r's for the Reshape)."""
     model, feeds = residual_block(rng, also_reshaped)
-    loaded = assert_matches_onnxruntime(model, feeds)
-    assert [s.label for s in loaded.steps if s.label != "Reshape"] == [
-        "Conv+Relu", "Conv+Relu", "Conv+BatchNormalization+Add+Relu", "Conv", "Conv+Sum+Relu"]
+    loaded = assert_matches_onnxruntime(model, feeds, cso.onnx.load(model, blocked=blocked))
+    expected = ["Conv+Relu", "Conv+Relu", "Conv+BatchNormalization+Add+Relu", "Conv",
+                "Conv+Sum+Relu"]
+    if blocked:
+        expected.insert(3, "Reorder")
+        if also_reshaped:
+            expected.insert(1, "Reorder")
+    assert [s.label for s in loaded.steps if s.label != "Reshape"] == expected
     residual_steps = [s for s in loaded.steps if "Add" in s.label or "Sum" in s.label]
     # the shortcut r is summed in its own array unless a view of it (the Reshape) may live on
+    # (or, blocked, a reorder of it: a step other than a convolution reads it)
     assert [s.run.in_place for s in residual_steps] == [not also_reshaped, True]
     for _ in range(2):   # reused arrays: a second run gives the same answer
         assert_matches_onnxruntime(model, feeds, loaded)

@@ -427,11 +427,11 @@ def _layer_norm_part(dtype):
 
 
 @njit(inline="always")
-def _block_units(args, index):
+def _block_units(args, index, parts_at):
     """(blocks an image, channels, pixels, lanes, first unit, end unit) of part ``index`` of
     a blocked values' kernel, whose args are x, out, units (image, block), blocks an image,
-    channels, H*W, L, the parts."""
-    first, last = _share(index, args[7], args[2])
+    channels, H*W, L, and the parts at ``parts_at``."""
+    first, last = _share(index, args[parts_at], args[2])
     return args[3], args[4], args[5], args[6], first, last
 
 
@@ -443,7 +443,7 @@ def _unblock_part(dtype):
 
     def part(args, index):
         x, out = _pointer(args[0], typ), _pointer(args[1], typ)
-        blocks, c, pixels, lanes, first, last = _block_units(args, index)
+        blocks, c, pixels, lanes, first, last = _block_units(args, index, 7)
         for unit in range(first, last):
             n, block = unit // blocks, unit % blocks
             source = unit * pixels * lanes
@@ -459,37 +459,51 @@ def _blocked_pool_part(kind, dtype):
     image, its H*W pixels' L lanes reduced to L values, written at ``out + n * channels +
     block * L`` (an NCHW (N, C, 1, 1) output: the lanes below ``channels`` only; a blocked
     one's ``channels`` are its padded count). Args: x, out, units, blocks a image, channels,
-    H*W, L, the parts. The lanes are summed a pixel at a time, in the output's own lanes
-    (contiguous on both sides: one vector a pixel)."""
+    H*W, L, a scratch array of L float64 values per part (``_part_scratch``), the bytes from
+    one part's to the next, the parts. A pixel at a time, contiguous on both sides (a vector
+    a pixel): the max in the output's lanes, a sum in float64 lanes (summed in the dtype, a
+    56 x 56 plane's lane took 3136 rounded steps: EfficientNet's squeeze-excitation gates,
+    and its output, 7 times further from float64's than the NCHW pool's)."""
     typ, is_max, identity, _, _ = _reduction(kind, dtype)
     divides = kind == "average"
+    wide = types.float64
 
     def part(args, index):
         x, out = _pointer(args[0], typ), _pointer(args[1], typ)
-        blocks, c, pixels, lanes, first, last = _block_units(args, index)
+        blocks, c, pixels, lanes, first, last = _block_units(args, index, 9)
+        sums = _pointer(args[7] + index * args[8], wide)
         for unit in range(first, last):
             n, block = unit // blocks, unit % blocks
             source, at = unit * pixels * lanes, n * c + block * lanes
             used = min(lanes, c - block * lanes)
-            for lane in range(used):
-                out[at + lane] = identity
             whole = pixels // 4 * 4   # four pixels a step: a quarter of the chained stores
+            if is_max:
+                for lane in range(used):
+                    out[at + lane] = identity
+                for p in range(0, whole, 4):
+                    row = source + p * lanes
+                    for lane in range(used):
+                        v0, v1 = x[row + lane], x[row + lanes + lane]
+                        v2, v3 = x[row + 2 * lanes + lane], x[row + 3 * lanes + lane]
+                        out[at + lane] = _larger(_larger(out[at + lane], _larger(v0, v1)),
+                                                 _larger(v2, v3))
+                for p in range(whole, pixels):
+                    for lane in range(used):
+                        out[at + lane] = _larger(out[at + lane], x[source + p * lanes + lane])
+                continue
+            for lane in range(used):
+                sums[lane] = 0.0
             for p in range(0, whole, 4):
                 row = source + p * lanes
                 for lane in range(used):
-                    v0, v1 = x[row + lane], x[row + lanes + lane]
-                    v2, v3 = x[row + 2 * lanes + lane], x[row + 3 * lanes + lane]
-                    out[at + lane] = (_larger(_larger(out[at + lane], _larger(v0, v1)),
-                                              _larger(v2, v3)) if is_max
-                                      else out[at + lane] + ((v0 + v1) + (v2 + v3)))
+                    sums[lane] += ((wide(x[row + lane]) + wide(x[row + lanes + lane]))
+                                   + (wide(x[row + 2 * lanes + lane])
+                                      + wide(x[row + 3 * lanes + lane])))
             for p in range(whole, pixels):
-                row = source + p * lanes
                 for lane in range(used):
-                    out[at + lane] = (_larger(out[at + lane], x[row + lane]) if is_max
-                                      else out[at + lane] + x[row + lane])
-            if divides:
-                for lane in range(used):
-                    out[at + lane] = out[at + lane] / typ(pixels)
+                    sums[lane] += wide(x[source + p * lanes + lane])
+            for lane in range(used):
+                out[at + lane] = typ(sums[lane] / pixels if divides else sums[lane])
     return part
 
 
@@ -842,9 +856,10 @@ def blocked_global_pool(kind, x, out, threads):
     1, L); both C-contiguous of one dtype."""
     n, blocks, h, w, lanes = x.shape
     channels = out.size // n if n else 0
+    sums, stride = _part_scratch(_parts(n * blocks, threads), lanes * 8)
     args = np.array([data_address(x), data_address(out), n * blocks, blocks, channels, h * w,
-                     lanes, 0], np.int64)
-    _run(_compiled(_blocked_pool_part, kind, x.dtype).address, args, n * blocks, threads)
+                     lanes, data_address(sums), stride, 0], np.int64)
+    _run(_compiled(_blocked_pool_part, kind, x.dtype).address, args, n * blocks, threads, sums)
     return out
 
 
