@@ -66,6 +66,21 @@ def direct_windows(spec, machine):
     return fastest_windows(spec.q, counts, tuning.direct_windows)
 
 
+def blocked_tile(spec, machine):
+    """(windows, filters) per tile of a blocked plan: the direct tile, or three vectors of
+    filters where they pad the group's filters less (24 filters on AVX2: one tile of three
+    vectors by 4 windows, not two of two vectors, the second half zeros), by the window count
+    that covers an output row fastest among those the model finds fastest for three vectors."""
+    lanes = machine.vector_bytes // spec.itemsize
+    two = (direct_windows(spec, machine), TILE_VECTORS * lanes)
+    k = spec.k_per_group
+    if ceil(k / (3 * lanes)) * 3 * lanes < ceil(k / two[1]) * two[1]:
+        counts = machine.tuning.broadcast_counts(machine.vector_registers, 3, DIRECT_VARIANTS)
+        if counts:
+            return fastest_windows(spec.q, counts, ()), 3 * lanes
+    return two
+
+
 CALIBRATION_PLANES = (7, 14, 28, 56, 112)   # output widths (square planes) of real networks
 
 

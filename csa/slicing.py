@@ -14,7 +14,8 @@ from .layout import (LAYOUTS, SlabGeometry, balanced_row_windows, block_channel_
                      row_tiles, slab_band_rows, slab_shape, window_positions, window_tiles,
                      window_units)
 from .machine import Machine
-from .register_blocking import TILE_VECTORS, direct_windows, filter_vector_tile, microtile
+from .register_blocking import (TILE_VECTORS, blocked_tile, direct_windows, filter_vector_tile,
+                                microtile)
 from .overrides import SLICING_OVERRIDES, forced_note
 from .thread_split import parts_per_thread, thread_split
 from .variants import choose_vector, reads_input_unpacked, slab_fits, use_direct, use_slab
@@ -268,8 +269,9 @@ def analyze_slicing(spec, machine, threads, overrides, layout="nchw"):
         vectors_along, slab = "filters", True
     tiles = {"windows": microtile(machine, spec.itemsize),
              "filters": filter_vector_tile(machine, spec.itemsize, spec.p * spec.q)}
-    direct_tile = (direct_windows(spec, machine),
-                   TILE_VECTORS * machine.vector_bytes // spec.itemsize)
+    direct_tile = (blocked_tile(spec, machine) if blocked else
+                   (direct_windows(spec, machine),
+                    TILE_VECTORS * machine.vector_bytes // spec.itemsize))
     tile = microtile_shape or direct_tile
     fits_direct = use_direct(spec, *tile, machine.tuning) and slab_within(
         spec, tile[0], direct_channel_tile(spec, tile[1], machine.l2), "filters", machine.l3)
@@ -335,6 +337,8 @@ def analyze_slicing(spec, machine, threads, overrides, layout="nchw"):
     # output bands where the model finds the partial outputs they keep in L2 worth the filters
     # they read again (one band on a tie); a direct plan is always banded (see output_band)
     banded, cap = banded_and_cap(machine)
+    if band and per_row:   # a direct plan's bands are whole output rows (its slab's rows)
+        band = max(per_row, band - band % per_row)
     bands = ([min(band, t_in)] if band else [min(banded, cap)] if per_row else
              sorted({min(t_in, cap), min(banded, cap)}, reverse=True))
     band, blocks, costs, chosen = min((costed(b) for b in bands),

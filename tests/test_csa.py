@@ -454,3 +454,22 @@ def test_direct_channel_tile_fits_the_band_in_l2():
     assert wide.nc == 205 == csa.blocking.direct_channel_tile(wide.spec, 16, zen.l2)
     # forced values win
     assert csa.analyze(deep.spec, zen, nc=171).nc == 171
+
+
+@pytest.mark.parametrize("layout", ["nchw", "blocked"])
+def test_a_direct_plans_band_override_is_whole_output_rows(rng, layout):
+    """A direct plan's bands are whole output rows (its slab's rows): a band override of part
+    of a row is rounded down to whole rows, at least one, and the convolution stays right."""
+    import cso
+    from .reference import assert_conv_close
+    spec = ConvSpec(2, 24, 11, 9, 19, 3, 3, padding=(1, 1, 1, 1))
+    overrides = {"band": 5} if layout == "blocked" else {"band": 5, "vectors_along": "filters",
+                                                         "slab": True}
+    plan = csa.analyze(spec, cso.host_machine(), layout=layout, **overrides)
+    assert plan.direct and 5 % plan.row_tiles   # (the override is not whole rows)
+    assert plan.band % plan.row_tiles == 0 and plan.band >= plan.row_tiles
+    x = rng.standard_normal(spec.input_shape).astype(np.float32)
+    w = rng.standard_normal(spec.weight_shape).astype(np.float32)
+    conv = cso.Conv2d(w, None, padding=1, plan_overrides=overrides)
+    y = conv(cso.Blocked.from_nchw(x)).to_nchw() if layout == "blocked" else conv(x)
+    assert_conv_close(y, x, w, padding=(1, 1, 1, 1))

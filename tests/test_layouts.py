@@ -308,7 +308,7 @@ THREAD_CASES = {
     "in_place_1x1": (2, 24, 9, 10, 33, 1, 1, 1, 0, 1, {"split": (2, 3)}),
     "merged_rows_1x1": (2, 24, 14, 14, 40, 1, 1, 1, 0, 1, {"split": (3, 1)}),
     "own_split": (2, 32, 14, 14, 48, 3, 3, 1, 1, 1, {}),
-    "channel_tiles_bands_split": (1, 24, 13, 11, 19, 3, 3, 1, 1, 1,
+    "channel_tiles_bands_split": (1, 24, 13, 11, 35, 3, 3, 1, 1, 1,
                                   {"nc": 8, "band": 2, "split": (2, 2)}),
     "groups_on_blocks": (1, 32, 12, 11, 64, 3, 3, 1, 1, 2, {"split": (2, 2)}),
     "depthwise": (2, 24, 13, 11, 24, 3, 3, 1, 1, 24, {"split": (3, 1)}),
