@@ -66,19 +66,33 @@ def direct_windows(spec, machine):
     return fastest_windows(spec.q, counts, tuning.direct_windows)
 
 
+BLOCKED_TILE_VECTORS = (1, 2, 3)   # vectors of filters a blocked plan's tile may take
+
+
 def blocked_tile(spec, machine):
-    """(windows, filters) per tile of a blocked plan: the direct tile, or three vectors of
-    filters where they pad the group's filters less (24 filters on AVX2: one tile of three
-    vectors by 4 windows, not two of two vectors, the second half zeros), by the window count
-    that covers an output row fastest among those the model finds fastest for three vectors."""
+    """(windows, filters) per tile of a blocked plan: of one, two (the direct tile) or three
+    vectors of filters, the one whose speed in the model (or calibration) times the share of
+    its lanes a group's filters use is the highest, ties to more vectors: 24 filters on AVX2
+    in one tile of three vectors by 4 windows, not two of two vectors (the second half zeros);
+    a group of 8 (RegNet's) in one vector by 14 windows. Its windows cover an output row
+    fastest among the counts the model finds fastest for that many vectors."""
     lanes = machine.vector_bytes // spec.itemsize
-    two = (direct_windows(spec, machine), TILE_VECTORS * lanes)
-    k = spec.k_per_group
-    if ceil(k / (3 * lanes)) * 3 * lanes < ceil(k / two[1]) * two[1]:
-        counts = machine.tuning.broadcast_counts(machine.vector_registers, 3, DIRECT_VARIANTS)
-        if counts:
-            return fastest_windows(spec.q, counts, ()), 3 * lanes
-    return two
+    k, tuning = spec.k_per_group, machine.tuning
+    best, tile = -1.0, None
+    for vectors in BLOCKED_TILE_VECTORS:
+        if vectors == TILE_VECTORS:
+            windows, speed = direct_windows(spec, machine), 1.0
+        else:
+            counts = tuning.broadcast_counts(machine.vector_registers, vectors, DIRECT_VARIANTS)
+            if not counts:
+                continue
+            windows = fastest_windows(spec.q, counts, ())
+            speed = counts[windows]
+        nf = vectors * lanes
+        score = speed * k / (ceil(k / nf) * nf)
+        if score >= best:
+            best, tile = score, (windows, nf)
+    return tile
 
 
 CALIBRATION_PLANES = (7, 14, 28, 56, 112)   # output widths (square planes) of real networks
