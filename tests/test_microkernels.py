@@ -109,17 +109,25 @@ def run_slab(spec, rng, k, width_used, rows_used, flags, col0, width, gap):
     b = rng.standard_normal(k * spec.broadcasts).astype(dt)
     bias = rng.standard_normal(rows_used).astype(dt)
     _, offsets = stored_windows(width_used, col0, width, gap)
-    ldc, guard = 2 * width + 5, 7
-    c = np.full(guard + rows_used * ldc + guard, SENTINEL, dtype=dt)
+    return run_on_rows(spec, rng, (k, a, b), 2 * width + 5, offsets, width_used, rows_used, bias,
+                       flags, slab_rows=slab_rows, col0=col0, row_width=width, gap=gap)
+
+
+def run_on_rows(spec, rng, operands, ldc, offsets, width_used, rows_used, bias, flags, **call):
+    """Kernel and reference on ``operands`` (k, a, b) into C rows ``ldc`` apart, each storing
+    at ``offsets`` (random values there, sentinels around them): (actual, expected, the
+    stored elements' mask)."""
+    guard = 7
+    end = (rows_used - 1) * ldc + max(ldc, offsets.max(initial=0) + 1)
+    c = np.full(2 * guard + end, SENTINEL, spec.np_dtype)
     inside = np.zeros(c.shape, bool)
     for f in range(rows_used):
         inside[guard + f * ldc + offsets] = True
     c[inside] = rng.standard_normal(inside.sum())
     expected, actual = c.copy(), c.copy()
-    args = (k, a, b, None, ldc, width_used, rows_used, bias, flags)
-    slab = dict(slab_rows=slab_rows, col0=col0, row_width=width, gap=gap)
-    mk.reference_kernel(spec)(*args[:3], expected[guard:], *args[4:], **slab)
-    mk.compile(spec)(*args[:3], actual[guard:], *args[4:], **slab)
+    args = (ldc, width_used, rows_used, bias, flags)
+    mk.reference_kernel(spec)(*operands, expected[guard:], *args, **call)
+    mk.compile(spec)(*operands, actual[guard:], *args, **call)
     return actual, expected, inside
 
 
@@ -184,19 +192,10 @@ def test_blocked_kernel(spec, rng):
             b = rng.standard_normal(int(slab_rows.max()) + (spec.broadcasts - 1) * ldb + 1).astype(dt)
             bias = rng.standard_normal(width_used).astype(dt)   # no slack past the used lanes
             for ldc, ldv in ((lanes, lanes * spec.broadcasts + 5), (spec.width + 2, lanes)):
-                guard = 7
                 offsets = np.arange(width_used) // lanes * ldv + np.arange(width_used) % lanes
-                c = np.full(2 * guard + (rows_used - 1) * ldc + offsets[-1] + 1, SENTINEL, dt)
-                inside = np.zeros(c.shape, bool)
-                for f in range(rows_used):
-                    inside[guard + f * ldc + offsets] = True
-                c[inside] = rng.standard_normal(inside.sum())
-                expected, actual = c.copy(), c.copy()
-                args = (k, a, b, None, ldc, width_used, rows_used, bias, flags)
-                call = dict(ldb=ldb, slab_rows=slab_rows, ldv=ldv)
-                mk.reference_kernel(spec)(*args[:3], expected[guard:], *args[4:], **call)
-                mk.compile(spec)(*args[:3], actual[guard:], *args[4:], **call)
-                check(spec, actual, expected, inside, k)
+                check(spec, *run_on_rows(spec, rng, (k, a, b), ldc, offsets, width_used,
+                                         rows_used, bias, flags, ldb=ldb, slab_rows=slab_rows,
+                                         ldv=ldv), k)
 
 
 @pytest.mark.parametrize("spec", sorted({mk.BlockedDepthwiseSpec(s.dtype, w, s.isa, act)
