@@ -42,9 +42,9 @@ class Conv2d:
     """A convolution with fixed weights: validates and packs ``weight`` once, then ``conv(x)``
     runs it on any input with the right channel count. ``activation`` (as ``conv2d``'s) is
     applied as the output is stored: no pass of its own over the output. ``input_shape``, when
-    the input size is
-    known at load time, packs the filters for that shape's plan (else for the usual
-    orientation; another orientation repacks once on first use). ``plan_overrides`` forces CSA
+    the input size is known at load time, packs the filters for that shape's plan (with
+    ``input_layout="blocked"``, its blocked plan, for calls on blocked values), else for the
+    usual orientation; another orientation repacks once on first use. ``plan_overrides`` forces CSA
     choices (``csa.OVERRIDES``: ``vectors_along`` 'windows'/'filters', ``microtile_shape``,
     ``nc``, ``k2``, ``k3``, ``schedule`` 'IS'/'WS', ``slab`` True/False, ``band`` window tiles
     per output band, ``split``; a depthwise plan's ``block_vectors``, ``nc``, ``band``,
@@ -66,7 +66,7 @@ class Conv2d:
                  groups: int = 1, activation: ActivationArg = None, *,
                  input_shape: Optional[Shape] = None, plan_overrides: Optional[dict] = None,
                  isa: Optional[str] = None, tune: bool = False, accumulate: bool = False,
-                 channel_shuffle: int = 1) -> None:
+                 channel_shuffle: int = 1, input_layout: str = "nchw") -> None:
         for name, value in (("tune", tune), ("accumulate", accumulate)):
             if not isinstance(value, bool):
                 raise TypeError(f"{name} must be True or False, got {value!r}")
@@ -101,13 +101,22 @@ class Conv2d:
             activation=self.activation, input_shape=None if input_shape is None
             else tuple(input_shape), plan_overrides=dict(plan_overrides or {}), isa=isa,
             tune=tune, accumulate=accumulate, channel_shuffle=channel_shuffle)
+        if input_layout not in ("nchw", "blocked"):
+            raise ValueError(f"input_layout must be 'nchw' or 'blocked', got {input_layout!r}")
+        self._arguments["input_layout"] = input_layout
         if input_shape is None:
             nf = csa.filters_per_tile(host.host_machine(self.isa), self.dtype.itemsize, depthwise)
         else:   # compile (or load) now what calls on that shape run
             threads = get_num_threads()
-            prepared = self._prepared(tuple(input_shape), self.dtype, threads)
-            prepared.warm(threads)
-            nf = prepared.plan.nf
+            plan = None
+            if input_layout == "blocked":   # (the blocked plan's filter tile, where it has one)
+                plan = self._blocked_plan(self.spec_for(tuple(input_shape)),
+                                          block_size(self.dtype, self.isa), threads)[0]
+            if plan is None:
+                prepared = self._prepared(tuple(input_shape), self.dtype, threads)
+                prepared.warm(threads)
+                plan = prepared.plan
+            nf = plan.nf
         self._packed = {nf: pack_filters(weight, nf, self.groups)}
 
     def packed_weight(self, nf: int) -> np.ndarray:

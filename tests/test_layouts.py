@@ -803,3 +803,19 @@ def test_empty_batch_to_nchw(rng, in_layout):
 def test_bad_block_is_named(block):
     with pytest.raises((ValueError, TypeError), match="block"):
         Blocked.from_nchw(np.zeros((1, 5, 3, 3), np.float32), block)
+
+
+def test_a_layer_prepared_for_blocked_calls_packs_its_filters_once(rng):
+    """``input_layout="blocked"`` with ``input_shape`` packs the filters for the blocked plan
+    (24 filters: one tile of three vectors on AVX2), so blocked calls repack nothing: a model
+    keeps one packing per layer; a bad value is refused."""
+    w = rng.standard_normal((24, 16, 1, 1)).astype(np.float32)
+    x = rng.standard_normal((1, 16, 8, 8)).astype(np.float32)
+    conv = cso.Conv2d(w, input_shape=x.shape, input_layout="blocked")
+    nf = conv._blocked_plan(conv.spec_for(x.shape), block_size(np.float32), 1)[0].nf
+    assert list(conv._packed) == [nf]
+    y = conv(Blocked.from_nchw(x))
+    assert list(conv._packed) == [nf]
+    np.testing.assert_allclose(y.to_nchw(), cso.Conv2d(w)(x), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="input_layout must be 'nchw' or 'blocked'"):
+        cso.Conv2d(w, input_shape=x.shape, input_layout="nhwc")

@@ -165,7 +165,8 @@ class ConvStep(_BuiltOnce):
             conv = Conv2d(weight, self.bias.astype(dtype),
                           self.stride, padding, self.dilation, self.groups,
                           self.activation, input_shape=shape,
-                          accumulate=self.residual, channel_shuffle=self.channel_shuffle)
+                          accumulate=self.residual, channel_shuffle=self.channel_shuffle,
+                          input_layout="blocked" if self.blocked else "nchw")
         except (TypeError, ValueError) as err:
             raise self.node.error(f"input of shape {shape}: {err}") from None
         self.weight = None   # the Conv2d holds the filters, packed
