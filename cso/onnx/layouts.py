@@ -39,8 +39,8 @@ def place(steps, graph):
     convolutions set, global pools and gates on blocked values replaced by their blocked
     runs, a ``Reorder`` step after each blocked value some step reads as NCHW."""
     dtypes = {dtype for _, dtype in graph.inputs.values() if dtype.kind == "f"}
-    if len(dtypes) != 1:
-        return steps
+    if len(dtypes) != 1 or not dtypes <= {np.dtype(np.float32), np.dtype(np.float64)}:
+        return steps   # (the kernels' dtypes, one for the model)
     dtype = dtypes.pop()
     shapes = graph.shapes
     data = [[name for name in step.inputs if name and name not in graph.constants]
