@@ -11,8 +11,8 @@ from .blocking import (CACHE_FILL, DIRECT_FILTER_FILL, OUTPUT_BAND_FILL, SCHEDUL
                        tile_footprints)
 from .layout import (LAYOUTS, SlabGeometry, balanced_row_windows, block_channel_tile,
                      blocked_band_rows, blocked_fits, blocked_slab_shape, reads_in_place,
-                     row_tiles, slab_band_rows, slab_shape, window_positions, window_tiles,
-                     window_units)
+                     row_tiles, slab_band_rows, slab_shape, subsampled, window_positions,
+                     window_tiles, window_units)
 from .machine import Machine
 from .register_blocking import (TILE_VECTORS, blocked_tile, direct_windows, filter_vector_tile,
                                 microtile)
@@ -199,14 +199,17 @@ class SlicingPlan(SlabGeometry):
             lines.append(
                 f"  layout: channel-blocked ({self.lanes} channels a block, the vector lanes): "
                 f"the kernel stores each tile into the output's blocks (no transposing pass), "
-                f"{self.row_tiles} tiles per output row"
+                f"{self.nf // self.lanes} vector(s) of filters a tile (the most lanes used at "
+                f"the model's speed), {self.row_tiles} tiles per output row"
                 + (f", {short} of them of {self.nwin - 1} windows by a kernel of their own"
                    if short else ""))
+            source = ("a slab of its windows alone (a strided 1x1)" if subsampled(s) else
+                      "a zero-padded slab of its blocks")
             lines.append("  input: " + (
                 "read in place from its blocks (no padding), a window every "
                 f"{s.stride[1]} block(s)" if self.reads_input_unpacked else
-                f"a zero-padded slab of its blocks ({self.band_rows} rows of "
-                f"{self.slab_shape[1]} columns per band and channel tile), copied once per band"))
+                f"{source} ({self.band_rows} rows of {self.slab_shape[1]} columns per band "
+                f"and channel tile), copied once per band"))
         elif self.slab:
             short = self.row_tiles * self.nwin - s.q
             why = (f"direct: windows broadcast from it, {self.row_tiles} tiles per output row"
