@@ -240,10 +240,11 @@ class Conv2d:
         in_shape = shape if in_block == 1 else (n, -(-shape[1] // in_block)) + shape[2:] + (
             in_block,)
         out_shape, dtype = (n, -(-k // lanes), p, q, lanes), self.dtype
-        bias = self._bias_for(np.empty((1,) + out_shape[1:], dtype))
+        bias = self._bias_for(out_shape[1] * lanes)
         run_prepared = prepared.run
         # the arrays as the plan sees them (a 1x1's rows merged: views)
         x_view, out_view = merged(in_shape, rows), merged(out_shape, rows)
+        merging = rows > 1
 
         def run(x, out):
             if (type(x) is not np.ndarray or type(out) is not np.ndarray
@@ -253,8 +254,11 @@ class Conv2d:
                     or np.may_share_memory(x, out) or not n):
                 value = x if in_block == 1 else Blocked(x, shape[1])
                 return self(value, out=Blocked(out, k), out_layout="blocked").data
-            run_prepared(x.reshape(x_view), weights, bias, out.reshape(out_view), ALL_PHASES,
-                         threads)
+            if merging:
+                run_prepared(x.reshape(x_view), weights, bias, out.reshape(out_view),
+                             ALL_PHASES, threads)
+            else:
+                run_prepared(x, weights, bias, out, ALL_PHASES, threads)
             return out
         run.out_shape = out_shape
         return run
@@ -350,7 +354,7 @@ class Conv2d:
             weights = (self._blocked_depthwise_weight(lanes) if depthwise
                        else self.packed_weight(plan.nf))
             prepared.run(data.reshape(merged(data.shape, rows)), weights,
-                         self._bias_for(result.data),
+                         self._bias_for(result.data.shape[1] * result.data.shape[4]),
                          result.data.reshape(merged(result.data.shape, rows)), phases, threads)
         if out_layout == "blocked":
             return result
@@ -388,10 +392,9 @@ class Conv2d:
                 found = self._packed.setdefault(key, found)
         return found
 
-    def _bias_for(self, out_data):
-        """The bias over the output's channels, padding included (zero there), for a blocked
-        output of one group: its kernels add a vector of it to each block."""
-        padded = out_data.shape[1] * out_data.shape[4]
+    def _bias_for(self, padded):
+        """The bias over a blocked output's ``padded`` channels (zero past K): with one group
+        its kernels add a vector of it to each block."""
         if not self.bias.size or padded == self.bias.size:
             return self.bias
         with _tables:

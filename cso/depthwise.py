@@ -7,10 +7,15 @@ filter of the channel (the channel multiplier), each writing one output plane ba
 planes fit (one band), a fill holds up to ``nc`` channels, moved together row by row. As in
 the slicing loop nest, the kernel and the row copies are called through their addresses in
 ``geom``: one loop nest per dtype.
+
+On channel-blocked values (``define_blocked_depthwise_loop_nest``) a unit is (image, block of
+the lanes' channels, band), the band's rows read in place or from a slab of the block, and the
+kernel (``microkernels.depthwise_blocked``) computes a row's tiles of windows, a channel a lane.
 """
 import numpy as np
 
-from microkernels import BlockedDepthwiseSpec, DepthwiseSpec, depthwise, depthwise_blocked, row_copy
+from microkernels import (BlockedDepthwiseSpec, DepthwiseSpec, depthwise, depthwise_blocked,
+                          row_copy)
 from microkernels.spec import STORE_ACTIVATION
 from microkernels.jit import native_function
 from microkernels.dtypes import DTYPES, dtype_name
@@ -71,7 +76,8 @@ def _blocked_geometry(plan, kspec, epilogue_flags, params):
     return BLOCKED_GEOM.pack(
         R=s.r, S=s.s, sh=s.stride[0], sw=s.stride[1], dh=s.dilation[0], dw=s.dilation[1],
         pt=s.padding[0], pl=s.padding[2], Q=s.q, P=s.p, band=plan.band, Hb=hb, Hs=hs, Ws=ws,
-        lanes=plan.lanes, windows=plan.block_vectors, row_tiles=plan.row_tiles, unpacked=plan.reads_input_unpacked,
+        lanes=plan.lanes, windows=plan.block_vectors, row_tiles=plan.row_tiles,
+        unpacked=plan.reads_input_unpacked,
         epilogue=epilogue_flags, phases=ALL_PHASES,
         kernel=native_function(depthwise_blocked.define_blocked_depthwise, kspec).address,
         tail_kernel=tail, params=params)

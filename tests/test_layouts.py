@@ -819,3 +819,30 @@ def test_a_layer_prepared_for_blocked_calls_packs_its_filters_once(rng):
     np.testing.assert_allclose(y.to_nchw(), cso.Conv2d(w)(x), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="input_layout must be 'nchw' or 'blocked'"):
         cso.Conv2d(w, input_shape=x.shape, input_layout="nhwc")
+
+
+def test_concurrent_first_blocked_calls_agree(rng):
+    """Several threads making a layer's first blocked calls at once (plans, packings, padded
+    bias and depthwise weights made while the others look them up) all get the answer one
+    call gets alone."""
+    import threading
+    lanes = block_size(np.float32)
+    x = Blocked.from_nchw(rng.standard_normal((1, 24, 9, 10)).astype(np.float32))
+    for groups, k in ((1, 21), (24, 24)):   # padded bias; depthwise weights
+        w = rng.standard_normal((k, 24 // groups, 3, 3)).astype(np.float32)
+        b = rng.standard_normal(k).astype(np.float32)
+        expected = cso.Conv2d(w, b, padding=1, groups=groups)(x).data
+        conv = cso.Conv2d(w, b, padding=1, groups=groups)
+        barrier, results = threading.Barrier(4), {}
+
+        def call(i):
+            barrier.wait()
+            results[i] = conv(x, out_layout="blocked" if i % 2 else None).data
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(results) == [0, 1, 2, 3] and expected.shape[-1] == lanes
+        for got in results.values():
+            np.testing.assert_array_equal(got, expected)
