@@ -1,8 +1,9 @@
-"""cso.onnx.kernels, the compiled pooling (windowed and global), LRN, layer normalisation,
-per-channel affine, copy, transpose, permuted copy, sum and softmax kernels, against plain NumPy references: geometries that leave edges on
-every side (windows over the padding, rows shorter and longer than a vector, strides and
-dilations), float32, float64 and int8, one and two threads with work that does not split
-evenly, and arrays flush against guard pages."""
+"""cso.onnx.kernels, the compiled pooling (windowed and global, NCHW and blocked), LRN, layer
+normalisation, per-channel affine, copy, transpose, permuted copy, sum and softmax kernels,
+against plain NumPy references: geometries that leave edges on every side (windows over the
+padding, rows shorter and longer than a vector, strides and dilations), float32, float64 and
+int8, one and two threads with work that does not split evenly, and arrays flush against guard
+pages."""
 import itertools
 import os
 import subprocess
@@ -114,6 +115,31 @@ def test_average_pool(case, include_pad, dtype, threads, rng):
     # summed in the dtype: float32 sums of a few terms of order one are within 1e-6 absolute
     np.testing.assert_allclose(out, expected, rtol=1e-6 if dtype == np.float32 else 1e-13,
                                atol=1e-6 if dtype == np.float32 else 1e-15)
+
+
+@pytest.mark.parametrize("case,kind,include_pad", [
+    (case, kind, include_pad) for case in POOLS[:8]
+    for kind, include_pad in (("max", False), ("average", False), ("average", True))
+    if kind == "max" or case[3] == (1, 1)])   # (AveragePool has no dilations)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_blocked_pool(case, kind, include_pad, dtype, threads, rng):
+    """The pools of channel-blocked values (11 channels: a partial block at every block
+    size), against the reference on the NCHW tensor; a NaN kept by the max."""
+    shape, kernel, strides, dilations, head, tail, out_shape = _pool_case(case)
+    shape = shape[:1] + (11,) + shape[2:]
+    x = rng.standard_normal(shape).astype(dtype)
+    x[0, 9, 0, 0] = np.nan
+    bounds = tuple((-h, size + t) if include_pad else (0, size)
+                   for h, t, size in zip(head, tail, shape[2:]))
+    blocked = cso.Blocked.from_nchw(x).data
+    out = np.full(blocked.shape[:2] + out_shape + blocked.shape[4:], 7, dtype)
+    kernels.blocked_pool(kind, blocked, out, kernel, strides, dilations, head,
+                         bounds if kind == "average" else None, threads)
+    expected = reference_pool(kind, x, out_shape, kernel, strides, dilations, head, bounds)
+    np.testing.assert_allclose(cso.Blocked(out, 11).to_nchw(), expected,
+                               rtol=1e-6 if dtype == np.float32 else 1e-13,
+                               atol=1e-6 if dtype == np.float32 else 1e-15)
+    assert np.isfinite(out[:, -1, ..., 11 % blocked.shape[4]:]).all()   # padding lanes
 
 
 def reference_lrn(x, size, alpha, beta, bias):

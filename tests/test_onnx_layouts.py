@@ -9,9 +9,12 @@ from onnx import helper
 import cso
 import cso.onnx
 from cso.layouts import block_size
+from cso.onnx.concat import Slot
 from cso.onnx.conv import ConvStep
-from cso.onnx.layouts import BlockedGate, BlockedGlobalPool, Reorder
+from cso.onnx.layouts import (BlockedAffine, BlockedGate, BlockedGlobalPool, BlockedPool,
+                              Reorder)
 
+from .guarded import guarded_copy, guarded_empty, in_child
 from .onnx_models import make_model, onnxruntime, tensor
 
 LANES = block_size(np.float32)
@@ -32,10 +35,11 @@ def _conv(name, x, y, weights, rng, c, k, kernel=3, stride=1, group=1, pad=None,
 
 def _network(rng, c=13, width=20):
     """A small CNN with what a blocked model meets: a stem read from NCHW (3 channels), a
-    residual sum, a depthwise convolution, a squeeze-excitation gate, a conv read by a conv and
-    by pools (a reorder), a Concat (kept NCHW) read by a conv, a sum of two convs and a
-    standalone activation, a global pool, a flatten and a Gemm; odd channel counts (``c``,
-    ``width``) leave blocks padded."""
+    residual sum, a depthwise convolution, a squeeze-excitation gate whose two convolutions
+    read a Concat of channels that are not whole blocks (kept NCHW), pools and a Concat of
+    whole blocks (blocked), a standalone BatchNormalization, a sum of two convs and a
+    standalone activation, an LRN (read through a reorder), global pools, a flatten and a
+    Gemm; odd channel counts (``c``, ``width``, 21) leave blocks padded."""
     w = {}
     nodes = [
         _conv("stem", "x", "s", w, rng, 3, c, stride=2),
@@ -48,27 +52,35 @@ def _network(rng, c=13, width=20):
         _conv("dw", "sum_relu", "d", w, rng, width, width, group=width),
         helper.make_node("HardSwish", ["d"], ["d_act"]),
         helper.make_node("GlobalAveragePool", ["d_act"], ["pooled"]),     # squeeze ...
-        _conv("se1", "pooled", "se_a", w, rng, width, 8, kernel=1),
+        _conv("se1", "pooled", "se_a", w, rng, width, 5, kernel=1),
         helper.make_node("Relu", ["se_a"], ["se_r"]),
-        _conv("se2", "se_r", "se_b", w, rng, 8, width, kernel=1),
+        helper.make_node("Concat", ["se_r", "se_r"], ["se_cat"], axis=1),  # kept NCHW
+        _conv("se2", "se_cat", "se_b", w, rng, 10, width, kernel=1),
         helper.make_node("Sigmoid", ["se_b"], ["gate"]),
         helper.make_node("Mul", ["d_act", "gate"], ["excited"]),          # ... and excitation
         _conv("c3", "excited", "e", w, rng, width, 2 * LANES, kernel=1),
-        # e is read blocked by c4, as NCHW by the pools (one reorder)
         helper.make_node("MaxPool", ["e"], ["e_max"], kernel_shape=[3, 3], strides=[2, 2],
                          pads=[1, 1, 1, 1]),
         helper.make_node("AveragePool", ["e"], ["e_avg"], kernel_shape=[3, 3], strides=[2, 2],
                          pads=[1, 1, 1, 1]),
-        _conv("c4", "e", "f", w, rng, 2 * LANES, 24, stride=2),
-        helper.make_node("Concat", ["e_max", "e_avg"], ["cat"], axis=1),   # kept NCHW
-        _conv("c5", "cat", "g", w, rng, 4 * LANES, 24, kernel=1),
+        _conv("c4", "e", "f", w, rng, 2 * LANES, 21, stride=2),
+        helper.make_node("Concat", ["e_max", "e_avg"], ["cat"], axis=1),   # whole blocks
+        helper.make_node("BatchNormalization", ["cat", "bn_s", "bn_b", "bn_m", "bn_v"],
+                         ["cat_bn"]),
+        _conv("c5", "cat_bn", "g", w, rng, 4 * LANES, 21, kernel=1),
         helper.make_node("Add", ["f", "g"], ["fg"]),
         helper.make_node("Tanh", ["fg"], ["fg_act"]),
         helper.make_node("GlobalAveragePool", ["fg_act"], ["gap"]),
-        helper.make_node("Flatten", ["gap"], ["flat"]),
+        helper.make_node("LRN", ["fg_act"], ["fg_lrn"], size=3),         # read as NCHW
+        helper.make_node("GlobalAveragePool", ["fg_lrn"], ["gap_lrn"]),
+        helper.make_node("Add", ["gap", "gap_lrn"], ["gaps"]),
+        helper.make_node("Flatten", ["gaps"], ["flat"]),
         helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["y"], transB=1),
     ]
-    w["fc_w"] = rng.standard_normal((10, 24)).astype(np.float32)
+    w["bn_s"], w["bn_b"] = rng.standard_normal((2, 4 * LANES)).astype(np.float32)
+    w["bn_m"] = rng.standard_normal(4 * LANES).astype(np.float32)
+    w["bn_v"] = rng.uniform(0.5, 2, 4 * LANES).astype(np.float32)
+    w["fc_w"] = rng.standard_normal((10, 21)).astype(np.float32)
     w["fc_b"] = rng.standard_normal(10).astype(np.float32)
     return make_model(nodes, [tensor("x", [None, 3, 33, 35])], [tensor("y", [None, 10])], w,
                       opset=17)
@@ -83,7 +95,7 @@ def network():
 def test_a_blocked_model_runs_as_the_nchw_one(network, threads):
     """Blocked and NCHW runs of one model agree to float rounding, on every batch size,
     recorded and replayed; the blocked one holds the convolutions' values blocked but where
-    a Concat reads them, and reorders where a MaxPool does."""
+    a Concat of partial blocks reads them, and reorders where the LRN reads one."""
     cso.set_num_threads(threads)
     try:
         blocked = cso.onnx.load(network, {"x": (2, 3, 33, 35)})
@@ -98,19 +110,23 @@ def test_a_blocked_model_runs_as_the_nchw_one(network, threads):
         cso.set_num_threads(1)
     convs = {step.run.node.name: step.run.blocked for step in blocked.steps
              if isinstance(step.run, ConvStep)}
-    assert convs == dict.fromkeys(("stem", "c1", "c2", "dw", "se1", "se2", "c3", "c4", "c5"),
-                                  True), convs
+    assert convs == dict(dict.fromkeys(("stem", "c1", "c2", "dw", "se2", "c3", "c4", "c5"),
+                                       True), se1=False), convs
     kinds = [type(step.run) for step in blocked.steps]
-    assert kinds.count(Reorder) == 1     # e, for the pools
+    assert kinds.count(Reorder) == 1     # fg_act, for the LRN
     assert kinds.count(BlockedGate) == 1 and kinds.count(BlockedGlobalPool) == 2
+    assert kinds.count(BlockedPool) == 2 and kinds.count(BlockedAffine) == 1
     assert not any(isinstance(step.run, ConvStep) and step.run.blocked
                    for step in plain.steps)
 
 
 def test_blocked_values_stay_blocked_between_convolutions(network):
     """The values a blocked convolution makes are 5-D blocks of the lanes, padded; the model
-    keeps no other layout between them (no reorder but the MaxPool's)."""
+    keeps no other layout between them (no reorder but the LRN's)."""
     model = cso.onnx.load(network, {"x": (1, 3, 33, 35)})
+    # the pools make their blocks in the Concat's array
+    assert model.slots == {"e_max": Slot("cat", 0, 2, (4, 9, 9, LANES)),
+                           "e_avg": Slot("cat", 2, 4, (4, 9, 9, LANES))}
     seen = {}
     original = ConvStep.__call__
 
@@ -126,7 +142,9 @@ def test_blocked_values_stay_blocked_between_convolutions(network):
     assert seen["stem"] == ((1, 3, 33, 35), (1, -(-13 // LANES), 17, 18, LANES))
     assert seen["c1"][0] == seen["stem"][1]                # read blocked, as made
     assert seen["c2"][1] == (1, -(-20 // LANES), 17, 18, LANES)
-    assert seen["c5"] == ((1, 4 * LANES, 9, 9), (1, -(-24 // LANES), 9, 9, LANES))
+    # the Concat's blocks, as its pools made them in its array
+    assert seen["c5"] == ((1, 4, 9, 9, LANES), (1, -(-21 // LANES), 9, 9, LANES))
+    assert seen["se2"] == ((1, 10, 1, 1), (1, -(-20 // LANES), 1, 1, LANES))
 
 
 @pytest.mark.skipif(onnxruntime is None, reason="onnxruntime is not installed")
@@ -169,7 +187,8 @@ def test_a_model_reads_nchw_where_no_convolution_reads_blocked():
 @pytest.mark.parametrize("pixels", [(1, 1), (3, 5), (7, 7)])
 def test_the_blocked_kernels(dtype, pixels):
     """The reorder, the global pools (to NCHW and to blocks; pixels not a multiple of the four
-    a step sums; a NaN kept by the max) and the gate, against NumPy on the tensor."""
+    a step sums; a NaN kept by the max), the affine map and the gate, against NumPy on the
+    tensor. (The blocked pools: test_onnx_kernels.)"""
     from cso.onnx import kernels
     rng = np.random.default_rng(5)
     lanes = block_size(dtype)
@@ -187,7 +206,48 @@ def test_the_blocked_kernels(dtype, pixels):
         np.testing.assert_allclose(cso.Blocked(as_blocks, 13).to_nchw(), expected, rtol=1e-5,
                                    atol=1e-6)
         assert np.isfinite(as_blocks[0, -1, ..., 13 % lanes:]).all()   # padding lanes written
+    scale, shift = rng.standard_normal((2, blocked.shape[1] * lanes)).astype(dtype)
+    finite = np.nan_to_num(x)
+    for relu in (False, True):
+        mapped = kernels.blocked_affine(cso.Blocked.from_nchw(finite).data,
+                                        np.empty_like(blocked), scale, shift, relu, 2)
+        expected = finite * scale[:13, None, None] + shift[:13, None, None]
+        np.testing.assert_allclose(cso.Blocked(mapped, 13).to_nchw(),
+                                   np.maximum(expected, 0) if relu else expected, rtol=1e-6)
     gate = cso.Blocked.from_nchw(rng.standard_normal((2, 13, 1, 1)).astype(dtype)).data
     scaled = kernels.blocked_gate(blocked, gate, np.empty_like(blocked), 2)
     np.testing.assert_array_equal(cso.Blocked(scaled, 13).to_nchw(),
                                   x * cso.Blocked(gate, 13).to_nchw())
+
+
+@pytest.mark.parametrize("at", ["start", "end"])
+def test_the_blocked_kernels_stay_inside_their_arrays(at):
+    """Every blocked kernel, its input and output each flush against an inaccessible page
+    (windows over every edge, padded lanes)."""
+    from cso.onnx import kernels
+    x = np.random.default_rng(6).standard_normal((2, 13, 7, 9)).astype(np.float32)
+    blocked = cso.Blocked.from_nchw(x).data
+    n, blocks, h, w, lanes = blocked.shape
+    values = np.ones(blocks * lanes, np.float32)
+    gate = np.ones((n, blocks, 1, 1, lanes), np.float32)
+    calls = [((n, 13, h, w), lambda x, out: kernels.unblock(x, out, 2)),
+             ((n, 13, 1, 1), lambda x, out: kernels.blocked_global_pool("max", x, out, 2)),
+             ((n, blocks, 1, 1, lanes),
+              lambda x, out: kernels.blocked_global_pool("average", x, out, 2)),
+             (blocked.shape, lambda x, out: kernels.blocked_affine(x, out, values, values,
+                                                                   True, 2)),
+             (blocked.shape, lambda x, out: kernels.blocked_gate(x, gate, out, 2))]
+    for kind, bounds in (("max", None), ("average", ((-1, 8), (-2, 10)))):
+        calls.append(((n, blocks, 4, 5, lanes), lambda x, out, kind=kind, bounds=bounds:
+                      kernels.blocked_pool(kind, x, out, (3, 3), (2, 2), (1, 1), (1, 2),
+                                           bounds, 2)))
+    expected = [run(blocked, np.empty(shape, np.float32)) for shape, run in calls]
+
+    def guarded_runs():
+        for (shape, run), want in zip(calls, expected):
+            out = guarded_empty(shape, np.float32, at)
+            run(guarded_copy(blocked, at), out)
+            np.testing.assert_array_equal(out, want)
+
+    failure = in_child(guarded_runs)
+    assert failure is None, f"arrays flush at their {at}: {failure}"

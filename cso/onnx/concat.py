@@ -22,7 +22,8 @@ from .conv import ConvStep
 @dataclass(frozen=True)
 class Slot:
     """Where a value is made: channels [first, stop) of the Concat output ``concat``, whose
-    shape after the batch dimension is ``shape``."""
+    shape after the batch dimension is ``shape`` (of a blocked output: blocks [first, stop)
+    of it, (blocks, H, W, lanes))."""
     concat: str
     first: int
     stop: int
@@ -90,10 +91,12 @@ def _channel_concat(step, node_axis, shapes):
                                              for name in step.inputs))
 
 
-def plan(steps, graph, axes):
+def plan(steps, graph, axes, blocked):
     """{value: Slot} for the values made in their Concat's array, the Concat steps replaced
     by ``ConcatStep``s (``axes``: id of a Concat step -> its axis attribute; a Concat of
-    shapes unknown at load, or along another axis, is placed in nothing). A value is placed
+    shapes unknown at load, or along another axis, is placed in nothing). A Concat of
+    ``blocked`` values ({value: lanes}, ``cso.onnx.layouts``) joins their blocks, whole
+    ones: its slots are ranges of blocks of its blocked array. A value is placed
     when a step that takes ``out=`` (a convolution, a planned Concat) makes it, the Concat
     reads it once, no step writes into it (a convolution adding into its residual in place),
     and neither it nor the Concat is a graph output (the caller keeps those; a slot's array
@@ -109,12 +112,16 @@ def plan(steps, graph, axes):
     for step in steps:
         if id(step) not in axes:
             continue
-        step.run = ConcatStep(axes[id(step)])
+        concat = step.outputs[0]
+        lanes = blocked.get(concat, 1)
+        step.run = ConcatStep(1 if concat in blocked else axes[id(step)])
         step.takes_out = True
-        step.buffered = step.outputs[0] not in graph.outputs
+        step.buffered = concat not in graph.outputs
         if not _channel_concat(step, axes[id(step)], graph.shapes):
             continue
-        concat = step.outputs[0]
+        shape = graph.shapes[concat][1:]
+        if concat in blocked:   # (blocks, H, W, lanes)
+            shape = (shape[0] // lanes,) + shape[1:] + (lanes,)
         first = 0
         for name in step.inputs:
             stop = first + graph.shapes[name][1]
@@ -124,6 +131,6 @@ def plan(steps, graph, axes):
                          and name not in graph.outputs and concat not in graph.outputs
                          and readers[name].count(step) == 1)
             if placeable:
-                slots[name] = Slot(concat, first, stop, tuple(graph.shapes[concat][1:]))
+                slots[name] = Slot(concat, first // lanes, stop // lanes, tuple(shape))
             first = stop
     return slots

@@ -506,7 +506,7 @@ def build_steps(graph, place=None):
     """The steps that compute ``graph.outputs`` from its inputs, each value dropped after its
     last use, and the values made in their Concat's array ({name: ``concat.Slot``});
     ``place(steps, graph)``, when given, decides the values' layouts over the fused steps
-    (``layouts.place``)."""
+    and says which it holds blocked (``layouts.place``)."""
     read_names = {name for node in graph.nodes for name in node.inputs} | set(graph.outputs)
     for node in graph.nodes:   # optional outputs no one reads (Dropout's mask) are not made
         node.outputs[1:] = [name if name in read_names else "" for name in node.outputs[1:]]
@@ -522,8 +522,7 @@ def build_steps(graph, place=None):
                 fuser.note(step)
                 if node.op_type == "Concat":
                     concat_axes[id(step)] = node.attr("axis")
-    if place is not None:
-        steps = place(steps, graph)
+    steps, blocked = place(steps, graph) if place is not None else (steps, {})
     last_use = {}   # a value no step reads (Dropout's mask, say) is dropped where it is made
     for index, step in enumerate(steps):
         for name in step.inputs + step.outputs:
@@ -536,12 +535,13 @@ def build_steps(graph, place=None):
         if isinstance(step.run, ConvStep) and step.run.residual:
             # the sum is made in the residual's own array when nothing else can see it: read
             # last here, not the convolution's input, made by a step whose output is an array
-            # of its own (reused buffers only), and read elsewhere by convolutions only (no
-            # views of it)
+            # of its own (reused buffers only), and read elsewhere by convolutions and
+            # reorders only (no views of it)
             x, residual = step.inputs
             producer = made_by.get(residual)
             step.run.in_place = (residual in step.frees and x != residual and producer is not None
                                  and producer.buffered and all(
                                      other is step or isinstance(other.run, ConvStep)
+                                     or other.ops == ("Reorder",)
                                      for other in steps if residual in other.inputs))
-    return steps, concat.plan(steps, graph, concat_axes)
+    return steps, concat.plan(steps, graph, concat_axes, blocked)

@@ -66,25 +66,25 @@ def _share(part, parts, total):
 
 
 def _reduce_vectors(is_max, scaled=False):
-    """An intrinsic ``reduce(dst, src, step, count, stride)``: the vector of ``VECTOR_BYTES``
-    at ``dst`` (a pointer) set to the max (``is_max``) or the sum of ``count`` vectors read
-    from the addresses ``src + t * step``, each of the elements ``stride`` (a constant)
-    apart; the reduction's identity when ``count`` is 0. Stride 2 reads two vectors and
-    keeps their even elements, so it reads an element past the last one it uses. A
-    ``scaled`` sum takes two more arguments, a pointer to a vector of ``scales`` and a
-    ``factor``, and multiplies by both. (numba leaves the SLP vectoriser off and its loop
-    vectoriser needs rows of 32 or more.)"""
+    """An intrinsic ``reduce(dst, src, step, count, stride, width)``: the vector of ``width``
+    elements (a constant) at ``dst`` (a pointer) set to the max (``is_max``) or the sum of
+    ``count`` vectors read from the addresses ``src + t * step``, each of the elements
+    ``stride`` (a constant) apart; the reduction's identity when ``count`` is 0. Stride 2
+    reads two vectors and keeps their even elements, so it reads an element past the last
+    one it uses. A ``scaled`` sum takes two more arguments, a pointer to a vector of
+    ``scales`` and a ``factor``, and multiplies by both. (numba leaves the SLP vectoriser off
+    and its loop vectoriser needs rows of 32 or more.)"""
 
-    def typed(dst, stride):
+    def typed(dst, stride, width):
         """The signature and code of a call with these types, or None (see ``stride``)."""
-        if not isinstance(stride, types.IntegerLiteral):
+        if not isinstance(stride, types.IntegerLiteral) or not isinstance(width,
+                                                                          types.IntegerLiteral):
             return None   # numba types a constant as a literal first
-        element_type, stride_value = dst.dtype, stride.literal_value
+        element_type, stride_value, lanes = dst.dtype, stride.literal_value, width.literal_value
 
         def codegen(context, builder, signature, args):
             dst_address, src, step, count = args[:4]
             scalar = context.get_value_type(element_type)
-            lanes = VECTOR_BYTES // context.get_abi_sizeof(scalar)
             vector = ir.VectorType(scalar, lanes)
             floating = isinstance(element_type, types.Float)
             if is_max:
@@ -124,8 +124,8 @@ def _reduce_vectors(is_max, scaled=False):
                 builder.store(new, acc)
             result = builder.load(acc)
             if scaled:
-                scales = builder.load(builder.bitcast(args[5], vector.as_pointer()), align=1)
-                factor = builder.insert_element(ir.Constant(vector, ir.Undefined), args[6],
+                scales = builder.load(builder.bitcast(args[6], vector.as_pointer()), align=1)
+                factor = builder.insert_element(ir.Constant(vector, ir.Undefined), args[7],
                                                 ir.Constant(ir.IntType(32), 0))
                 factor = builder.shuffle_vector(factor, ir.Constant(vector, ir.Undefined),
                                                 ir.Constant(ir.VectorType(ir.IntType(32), lanes),
@@ -134,16 +134,17 @@ def _reduce_vectors(is_max, scaled=False):
             builder.store(result, builder.bitcast(dst_address, vector.as_pointer()), align=1)
             return context.get_dummy_value()
         extra = (dst, element_type) if scaled else ()
-        return types.void(dst, types.int64, types.int64, types.int64, stride, *extra), codegen
+        return types.void(dst, types.int64, types.int64, types.int64, stride, width,
+                          *extra), codegen
 
     if scaled:
         @intrinsic
-        def reduce(typingctx, dst, src, step, count, stride, scales, factor):
-            return typed(dst, stride)
+        def reduce(typingctx, dst, src, step, count, stride, width, scales, factor):
+            return typed(dst, stride, width)
     else:
         @intrinsic
-        def reduce(typingctx, dst, src, step, count, stride):
-            return typed(dst, stride)
+        def reduce(typingctx, dst, src, step, count, stride, width):
+            return typed(dst, stride, width)
     return reduce
 
 
@@ -213,10 +214,12 @@ def _pool_part(kind, dtype, kh, kw, sw, dw):
                             c = min(b, w - lanes)
                             if is_max:
                                 _vector_max(_pointer(row_at + (left + c) * item, typ),
-                                            source + c * item, dh * w * item, i_hi - i_lo, 1)
+                                            source + c * item, dh * w * item, i_hi - i_lo, 1,
+                                            lanes)
                             else:
                                 _vector_sum(_pointer(row_at + (left + c) * item, typ),
-                                            source + c * item, dh * w * item, i_hi - i_lo, 1)
+                                            source + c * item, dh * w * item, i_hi - i_lo, 1,
+                                            lanes)
                     else:
                         row = _pointer(row_at, typ)
                         for c in range(w):
@@ -238,11 +241,12 @@ def _pool_part(kind, dtype, kh, kw, sw, dw):
                             o = min(b, ow - lanes)
                             if is_max:
                                 _vector_max(_pointer(out_at + o * item, typ),
-                                            row_at + o * sw * item, dw * item, kw, sw)
+                                            row_at + o * sw * item, dw * item, kw, sw, lanes)
                             else:
-                                _vector_scaled_sum(_pointer(out_at + o * item, typ),
-                                                   row_at + o * sw * item, dw * item, kw, sw,
-                                                   _pointer(inverse_at + o * item, typ), rows)
+                                _vector_scaled_sum(
+                                    _pointer(out_at + o * item, typ), row_at + o * sw * item,
+                                    dw * item, kw, sw, lanes, _pointer(inverse_at + o * item, typ),
+                                    rows)
                     else:
                         out, row = _pointer(out_at, typ), _pointer(row_at, typ)
                         for o in range(ow):
@@ -273,9 +277,9 @@ def _global_pool_part(kind, dtype):
         for plane in range(first, last):
             at = args[0] + plane * pixels * item
             if is_max:
-                _vector_max(partial, at, VECTOR_BYTES, whole, 1)
+                _vector_max(partial, at, VECTOR_BYTES, whole, 1, lanes)
             else:
-                _vector_sum(partial, at, VECTOR_BYTES, whole, 1)
+                _vector_sum(partial, at, VECTOR_BYTES, whole, 1, lanes)
             acc, row = identity, _pointer(at, typ)
             for lane in range(lanes):
                 acc = _larger(acc, partial[lane]) if is_max else acc + partial[lane]
@@ -338,6 +342,29 @@ def _affine_part(relu, dtype):
             for p in range(pixels):
                 value = x[at + p] * a + b
                 out[at + p] = (value if value > zero else zero) if relu else value
+    return part
+
+
+def _blocked_affine_part(relu, dtype, lanes):
+    """``_affine_part`` on channel-blocked values (N, blocks, H, W, ``lanes``): each unit one
+    block of one image, its scale and shift a vector of ``lanes`` (padded to whole blocks);
+    args: x, out, units, blocks an image, pixels, scale and shift addresses, the parts."""
+    typ = from_dtype(dtype)
+    zero, vector = dtype.type(0), lanes * dtype.itemsize   # (bytes)
+
+    def part(args, index):
+        x, out = _pointer(args[0], typ), _pointer(args[1], typ)
+        blocks, pixels = args[3], args[4]
+        first, last = _share(index, args[7], args[2])
+        for unit in range(first, last):
+            scale = _pointer(args[5] + unit % blocks * vector, typ)
+            shift = _pointer(args[6] + unit % blocks * vector, typ)
+            at = unit * pixels * lanes
+            for p in range(pixels):
+                for lane in range(lanes):
+                    value = x[at + p * lanes + lane] * scale[lane] + shift[lane]
+                    out[at + p * lanes + lane] = (value if value > zero else zero) if relu \
+                        else value
     return part
 
 
@@ -454,7 +481,7 @@ def _unblock_part(dtype):
     return part
 
 
-def _blocked_pool_part(kind, dtype):
+def _blocked_global_pool_part(kind, dtype):
     """The global pool part function of channel-blocked values: each unit one block of one
     image, its H*W pixels' L lanes reduced to L values, written at ``out + n * channels +
     block * L`` (an NCHW (N, C, 1, 1) output: the lanes below ``channels`` only; a blocked
@@ -504,6 +531,67 @@ def _blocked_pool_part(kind, dtype):
                     sums[lane] += wide(x[source + p * lanes + lane])
             for lane in range(used):
                 out[at + lane] = typ(sums[lane] / pixels if divides else sums[lane])
+    return part
+
+
+def _blocked_pool_part(kind, dtype, kh, kw, sw, dw, lanes):
+    """The pool part function of ``_pool_part`` on channel-blocked values (N, blocks, H, W,
+    ``lanes``): each unit one block of one image, its pixels vectors of ``lanes`` channels.
+    The same args and two passes as ``_pool_part``, a pixel's vector where that takes an
+    element: the rows of a window reduced pixel by pixel into a scratch row of pixels, then
+    each output pixel's taps along it (the divisors of an average a vector a pixel)."""
+    typ, is_max, identity, item, _ = _reduction(kind, dtype)
+    pixel = lanes * item   # bytes
+
+    def part(args, index):
+        h, w, oh, ow, sh, dh, top, left = (args[3], args[4], args[5], args[6], args[7],
+                                           args[8], args[9], args[10])
+        span = args[16]   # pixels of a scratch row
+        rows_at = args[15] + index * args[17]
+        inverse_at = rows_at + 2 * span * pixel
+        scratch, inverse = _pointer(rows_at, typ), _pointer(inverse_at, typ)
+        for element in range(2 * span * lanes):
+            scratch[element] = identity
+        if not is_max:
+            for o in range(ow):
+                x0 = o * sw - left
+                value = typ(1) / typ(min(x0 + kw, args[14]) - max(x0, args[13]))
+                for lane in range(lanes):
+                    inverse[o * lanes + lane] = value
+        first, last = _share(index, args[18], args[2])
+        for unit in range(first, last):
+            for r in range(oh + 1):   # as _pool_part: row r's first pass, row r - 1's second
+                if r < oh:
+                    row_at = rows_at + (r & 1) * span * pixel
+                    y0 = r * sh - top
+                    i_lo, i_hi = 0, kh
+                    while i_lo < kh and y0 + i_lo * dh < 0:
+                        i_lo += 1
+                    while i_hi > i_lo and y0 + (i_hi - 1) * dh >= h:
+                        i_hi -= 1
+                    source = args[0] + ((unit * h + y0 + i_lo * dh) * w) * pixel
+                    for c in range(w):
+                        if is_max:
+                            _vector_max(_pointer(row_at + (left + c) * pixel, typ),
+                                        source + c * pixel, dh * w * pixel, i_hi - i_lo, 1, lanes)
+                        else:
+                            _vector_sum(_pointer(row_at + (left + c) * pixel, typ),
+                                        source + c * pixel, dh * w * pixel, i_hi - i_lo, 1, lanes)
+                if r:
+                    q = r - 1
+                    row_at = rows_at + (q & 1) * span * pixel
+                    y0 = q * sh - top
+                    rows = typ(1) if is_max else \
+                        typ(1) / typ(min(y0 + kh, args[12]) - max(y0, args[11]))
+                    out_at = args[1] + (unit * oh + q) * ow * pixel
+                    for o in range(ow):
+                        if is_max:
+                            _vector_max(_pointer(out_at + o * pixel, typ),
+                                        row_at + o * sw * pixel, dw * pixel, kw, 1, lanes)
+                        else:
+                            _vector_scaled_sum(_pointer(out_at + o * pixel, typ),
+                                               row_at + o * sw * pixel, dw * pixel, kw, 1, lanes,
+                                               _pointer(inverse_at + o * pixel, typ), rows)
     return part
 
 
@@ -840,6 +928,18 @@ def affine(x, out, scale, shift, relu, threads):
     return out
 
 
+def blocked_affine(x, out, scale, shift, relu, threads):
+    """``affine`` on channel-blocked values: ``out`` = ``x`` (N, blocks, H, W, L) * ``scale``
+    + ``shift`` (blocks * L values each, in x's dtype), then Relu if ``relu``; ``out`` may be
+    ``x``."""
+    n, blocks, h, w, lanes = x.shape
+    args = np.array([data_address(x), data_address(out), n * blocks, blocks, h * w,
+                     data_address(scale), data_address(shift), 0], np.int64)
+    function = _compiled(_blocked_affine_part, bool(relu), x.dtype, lanes)
+    _run(function.address, args, n * blocks, threads, scale, shift)
+    return out
+
+
 def unblock(x, out, threads):
     """``out`` (N, C, H, W) = the channel-blocked ``x`` (N, ceil(C/L), H, W, L) as NCHW, both
     C-contiguous of one dtype."""
@@ -847,6 +947,24 @@ def unblock(x, out, threads):
     args = np.array([data_address(x), data_address(out), n * blocks, blocks, out.shape[1],
                      h * w, lanes, 0], np.int64)
     _run(_compiled(_unblock_part, x.dtype).address, args, n * blocks, threads)
+    return out
+
+
+def blocked_pool(kind, x, out, kernel, strides, dilations, head, count_bounds, threads):
+    """``pool`` on channel-blocked values: ``out`` (N, blocks, OH, OW, L) = the pool of ``x``
+    (N, blocks, H, W, L), both C-contiguous of one float dtype."""
+    n, blocks, h, w, lanes = x.shape
+    oh, ow = out.shape[2:4]
+    (row_lo, row_hi), (col_lo, col_hi) = count_bounds or ((0, 0), (0, 0))
+    span = max(head[1] + w, (ow - 1) * strides[1] + (kernel[1] - 1) * dilations[1] + 1)
+    rows, stride = _part_scratch(_parts(n * blocks, threads),
+                                 (2 * span + ow) * lanes * x.itemsize)
+    args = np.array([data_address(x), data_address(out), n * blocks, h, w, oh, ow, strides[0],
+                     dilations[0], *head, row_lo, row_hi, col_lo, col_hi, data_address(rows),
+                     span, stride, 0], np.int64)
+    function = _compiled(_blocked_pool_part, kind, x.dtype, *kernel, strides[1], dilations[1],
+                         lanes)
+    _run(function.address, args, n * blocks, threads, rows)
     return out
 
 
@@ -859,7 +977,8 @@ def blocked_global_pool(kind, x, out, threads):
     sums, stride = _part_scratch(_parts(n * blocks, threads), lanes * 8)
     args = np.array([data_address(x), data_address(out), n * blocks, blocks, channels, h * w,
                      lanes, data_address(sums), stride, 0], np.int64)
-    _run(_compiled(_blocked_pool_part, kind, x.dtype).address, args, n * blocks, threads, sums)
+    function = _compiled(_blocked_global_pool_part, kind, x.dtype)
+    _run(function.address, args, n * blocks, threads, sums)
     return out
 
 

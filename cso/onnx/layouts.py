@@ -23,29 +23,32 @@ value's maker), and a global pool writes NCHW or blocked as its readers take it.
 import numpy as np
 
 from .. import get_num_threads
-from ..layouts import has_blocked_plan
+from ..layouts import block_size, has_blocked_plan
 from . import kernels
 from .conv import ConvStep
-from .graph import ActivationStep, Operator, Step, sum_relu
+from .graph import ActivationStep, AffineStep, Operator, Step, sum_relu
 
 # operators applied to each element alone (their other inputs, if any, constants captured)
 ELEMENTWISE = {"Relu", "Sigmoid", "Tanh", "Erf", "HardSwish", "HardSigmoid", "LeakyRelu",
                "Gelu", "Clip", "Identity"}
 GLOBAL_POOLS = {"GlobalAveragePool": "average", "GlobalMaxPool": "max"}
+POOLS = {"MaxPool", "AveragePool"}
 
 
 def place(steps, graph):
-    """``steps`` with their values' layouts decided (see the module's docstring): blocked
-    convolutions set, global pools and gates on blocked values replaced by their blocked
-    runs, a ``Reorder`` step after each blocked value some step reads as NCHW."""
+    """``steps`` with their values' layouts decided (see the module's docstring), and {value:
+    lanes} of the values held blocked: blocked convolutions set, pools, gates and affine
+    steps on blocked values replaced by their blocked runs, a ``Reorder`` step after each
+    blocked value some step reads as NCHW."""
     dtypes = {dtype for _, dtype in graph.inputs.values() if dtype.kind == "f"}
     if len(dtypes) != 1 or not dtypes <= {np.dtype(np.float32), np.dtype(np.float64)}:
-        return steps   # (the kernels' dtypes, one for the model)
+        return steps, {}   # (the kernels' dtypes, one for the model)
     dtype = dtypes.pop()
+    lanes = block_size(dtype)
     shapes = graph.shapes
     data = [[name for name in step.inputs if name and name not in graph.constants]
             for step in steps]
-    kinds = [_kind(step, names, shapes, dtype) for step, names in zip(steps, data)]
+    kinds = [_kind(step, names, shapes, dtype, lanes) for step, names in zip(steps, data)]
     groups = _Groups()
     for step, names, kind in zip(steps, data, kinds):
         if kind == "tied":
@@ -63,7 +66,8 @@ def place(steps, graph):
         maker = made_by.get(name)
         return (shape is not None and len(shape) == 4 and name not in graph.outputs
                 and maker is not None and kinds[maker] != "nchw"
-                and all(steps[r].ops != ("Concat",) for r in readers.get(name, ())))
+                and all(steps[r].ops != ("Concat",) or kinds[r] == "tied"
+                        for r in readers.get(name, ())))
 
     members = groups.members(made_by)
     blocked = {root for root, names in members.items() if all(map(possible, names))}
@@ -86,11 +90,12 @@ def place(steps, graph):
             if not any(reads_blocked(r, name) for r, name in outside):
                 blocked.discard(root)
                 changed = True
-    return _apply(steps, data, kinds, groups, blocked, readers, shapes, reads_blocked)
+    return _apply(steps, data, kinds, groups, blocked, readers, shapes, reads_blocked, lanes)
 
 
-def _apply(steps, data, kinds, groups, blocked, readers, shapes, reads_blocked):
-    """The steps with the layouts ``blocked`` (group roots) decided set and the reorders."""
+def _apply(steps, data, kinds, groups, blocked, readers, shapes, reads_blocked, lanes):
+    """The steps with the layouts ``blocked`` (group roots) decided set and the reorders, and
+    {value: ``lanes``} of the blocked values."""
     is_blocked = {name for index, step in enumerate(steps) for name in step.outputs
                   if name and groups.find(name) in blocked}
     result = []
@@ -103,6 +108,11 @@ def _apply(steps, data, kinds, groups, blocked, readers, shapes, reads_blocked):
                                          shapes[step.outputs[0]][1])
         elif kind == "tied" and step.outputs[0] in is_blocked and step.ops == ("Mul",):
             step.run = BlockedGate(step.run)
+        elif kind == "tied" and step.outputs[0] in is_blocked and step.ops[0] in POOLS:
+            step.run = BlockedPool(step.run)
+        elif kind == "tied" and step.outputs[0] in is_blocked and isinstance(step.run,
+                                                                             AffineStep):
+            step.run = BlockedAffine(step.run)
         result.append(step)
         for name in step.outputs:
             nchw = [r for r in readers.get(name, ()) if name in is_blocked
@@ -113,30 +123,33 @@ def _apply(steps, data, kinds, groups, blocked, readers, shapes, reads_blocked):
                                    buffered=True))
                 for r in nchw:
                     steps[r].inputs[:] = [copy if n == name else n for n in steps[r].inputs]
-    return result
+    return result, dict.fromkeys(is_blocked, lanes)
 
 
-def _kind(step, names, shapes, dtype):
+def _kind(step, names, shapes, dtype, lanes):
     """How step ``step`` (reading the values ``names``) meets the layouts: "conv" (a
     convolution with a blocked plan), "pool" (a global pool, from and to any layout), "tied"
     (its values and output in one layout), or "nchw"."""
     run = step.run
     if isinstance(run, ConvStep):
         return "conv" if _conv_fits(run, shapes.get(names[0] if names else ""), dtype) else "nchw"
-    if len(step.outputs) != 1 or not step.outputs[0]:
+    if not step.outputs[0] or any(step.outputs[1:]):   # (a MaxPool's Indices: not made)
         return "nchw"
-    if isinstance(run, ActivationStep) or (run is sum_relu and _one_shape(names, shapes)):
+    if isinstance(run, (ActivationStep, AffineStep)) or (run is sum_relu
+                                                         and _one_shape(names, shapes)):
         return "tied"
     if not isinstance(run, Operator):
         return "nchw"
     op = run.node.op_type
     if op in GLOBAL_POOLS and len(names) == 1:
         return "pool"
-    if op in ELEMENTWISE and len(names) == 1 and step.inputs[0] == names[0]:
+    if op in ELEMENTWISE | POOLS and len(names) == 1 and step.inputs[0] == names[0]:
         return "tied"
     if op == "Add" and len(names) == 2 and _one_shape(names, shapes):
         return "tied"
     if op == "Mul" and len(names) == 2 and _gate(names, shapes):
+        return "tied"
+    if op == "Concat" and _whole_blocks(run.node, names, step.inputs, shapes, lanes):
         return "tied"
     return "nchw"
 
@@ -146,6 +159,16 @@ def _conv_fits(run, shape, dtype):
     if shape is None or len(shape) != 4 or run.channel_shuffle > 1:
         return False
     return has_blocked_plan(run.weight_shape, run.groups, dtype)
+
+
+def _whole_blocks(node, names, inputs, shapes, lanes):
+    """Whether a Concat ``node`` of ``inputs`` (``names`` of them not constants) joins 4-D
+    values along the channels, each of whole blocks of ``lanes``: its blocked output is its
+    inputs' blocks one after the other (``concat.plan``)."""
+    found = [shapes.get(name) for name in inputs]
+    return (node.attr("axis") in (1, -3) and names == inputs
+            and all(shape is not None and len(shape) == 4 and shape[1] % lanes == 0
+                    for shape in found))
 
 
 def _one_shape(names, shapes):
@@ -218,6 +241,48 @@ class BlockedGlobalPool:
             out = buffers.get(shape, x.dtype) if buffers else np.empty(shape, x.dtype)
         return (kernels.blocked_global_pool(self.kind, np.ascontiguousarray(x), out,
                                             get_num_threads()),)
+
+
+class BlockedPool:
+    """A MaxPool or AveragePool of a blocked value, blocked (a compiled job).
+    ``nchw_run``: the operator's own run (``ops_pooling``), which pickles."""
+
+    jobs_only = True
+
+    def __init__(self, nchw_run):
+        self.nchw_run = nchw_run
+
+    def __call__(self, x, out=None, buffers=None):
+        return self.nchw_run.run.blocked(np.ascontiguousarray(x), out, buffers)
+
+
+class BlockedAffine:
+    """A per-channel affine chain (``graph.AffineStep``) on a blocked value, blocked (a
+    compiled job); its scale and shift padded to whole blocks."""
+
+    jobs_only = True
+
+    def __init__(self, nchw_run):
+        self.nchw_run = nchw_run
+        self._cast = {}   # (dtype, size) -> (scale, shift)
+
+    def __call__(self, x, buffers=None):
+        x = np.ascontiguousarray(x)
+        scale, shift = self._padded(x.dtype, x.shape[1] * x.shape[4])
+        out = buffers.get(x.shape, x.dtype) if buffers else np.empty_like(x)
+        return (kernels.blocked_affine(x, out, scale, shift,
+                                       self.nchw_run.activation is not None,
+                                       get_num_threads()),)
+
+    def _padded(self, dtype, size):
+        """The scale and shift in ``dtype``, ``size`` values each (zeros past the channels)."""
+        padded = self._cast.get((dtype, size))
+        if padded is None:
+            padded = tuple(np.zeros(size, dtype) for _ in range(2))
+            for values, original in zip(padded, (self.nchw_run.scale, self.nchw_run.shift)):
+                values[:original.size] = original
+            self._cast[(dtype, size)] = padded
+        return padded
 
 
 class BlockedGate:

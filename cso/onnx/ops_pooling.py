@@ -1,5 +1,7 @@
 """The pools: MaxPool, AveragePool and their global forms, compiled kernels (``kernels``) on
 cso's threads."""
+import numpy as np
+
 from .. import get_num_threads
 from . import kernels
 from .registry import ints, kernel_input, operator, output, refuse_outputs
@@ -42,11 +44,9 @@ class _PoolGeometry:
             raise node.error(f"pads={self.pads} must be smaller than kernel_shape={self.kernel}")
         self.node = node
 
-    def axes(self, x):
-        if x.ndim != 4:
-            raise self.node.error(f"input of shape {x.shape}: only 4-D NCHW input is "
-                                  f"supported")
-        return tuple(self._axis(a, size) for a, size in enumerate(x.shape[2:]))
+    def axes(self, size):
+        """Each spatial axis of an input of spatial ``size`` (H, W)."""
+        return tuple(self._axis(a, length) for a, length in enumerate(size))
 
     def _axis(self, a, size):
         k, s, d = self.kernel[a], self.strides[a], self.dilations[a]
@@ -69,50 +69,79 @@ class _PoolGeometry:
             out -= 1                  # the last window must start inside the input or its head
         return out, head, head + size + tail
 
-def _pool(kind, x, geometry, axes, count_bounds=None, out=None, buffers=None):
-    """The ``kind`` ("max" or "average") pool of NCHW ``x``, compiled (``kernels.pool``), made
-    in ``out`` (a C-contiguous array of its shape: the model hands a pool its channels of the
-    Concat that reads it), else in an array from ``buffers``; one window that is the whole
-    plane (the 7x7 average pools that end ResNet and DenseNet) as a global pool, whose pass
-    goes a vector at a time down the plane (21 against 140 us on ResNet-50's 2048 planes of
-    7x7, Zen 3)."""
-    (oh, top, bottom), (ow, left, right) = axes
-    out = output(geometry.node, x.shape[:2] + (oh, ow), x.dtype, out, buffers)
-    if ((oh, ow, top, left, bottom, right) == (1, 1, 0, 0) + x.shape[2:]
-            and tuple(geometry.kernel) == x.shape[2:] and tuple(geometry.dilations) == (1, 1)):
-        return _global_pool(kind, geometry.node, x, out)[0]
-    x = kernel_input(geometry.node, x, floats_only=kind == "average")
-    return kernels.pool(kind, x, out, geometry.kernel, geometry.strides, geometry.dilations,
-                        (top, left), count_bounds, get_num_threads())
+class _Pool:
+    """A MaxPool (``kind`` "max") or AveragePool ("average") node's run on NCHW values, and
+    (``blocked``) on channel-blocked ones."""
+
+    def __init__(self, kind, node):
+        self.kind = kind
+        self.geometry = _PoolGeometry(node, dilations=kind == "max")
+        self.include_pad = node.attr("count_include_pad", 0) if kind == "average" else 0
+        if self.include_pad not in (0, 1):
+            raise node.error(f"count_include_pad={self.include_pad!r} must be 0 or 1")
+        self.omitted = (None,) * (len(node.outputs) - 1)   # MaxPool's Indices, refused
+
+    def __call__(self, x, out=None, buffers=None):
+        """The pool of NCHW ``x``, made in ``out`` (a C-contiguous array of its shape: the
+        model hands a pool its channels of the Concat that reads it), else in an array from
+        ``buffers``; one window that is the whole plane (the 7x7 average pools that end ResNet
+        and DenseNet) as a global pool, whose pass goes a vector at a time down the plane (21
+        against 140 us on ResNet-50's 2048 planes of 7x7, Zen 3)."""
+        node = self.geometry.node
+        if x.ndim != 4:
+            raise node.error(f"input of shape {x.shape}: only 4-D NCHW input is supported")
+        axes = self.geometry.axes(x.shape[2:])
+        out = output(node, x.shape[:2] + (axes[0][0], axes[1][0]), x.dtype, out, buffers)
+        if self._global(x.shape[2:], axes):
+            return _global_pool(self.kind, node, x, out) + self.omitted
+        x = kernel_input(node, x, floats_only=self.kind == "average")
+        return (kernels.pool(self.kind, x, out, *self._window(x.shape[2:], axes),
+                             get_num_threads()),) + self.omitted
+
+    def blocked(self, x, out=None, buffers=None):
+        """The pool of channel-blocked ``x`` (N, blocks, H, W, L), C-contiguous and of a float
+        dtype (``cso.onnx.layouts``), blocked as it."""
+        axes = self.geometry.axes(x.shape[2:4])
+        shape = x.shape[:2] + (axes[0][0], axes[1][0], x.shape[4])
+        if out is None:
+            out = buffers.get(shape, x.dtype) if buffers else np.empty(shape, x.dtype)
+        if self._global(x.shape[2:4], axes):
+            return (kernels.blocked_global_pool(self.kind, x, out, get_num_threads()),) + \
+                self.omitted
+        return (kernels.blocked_pool(self.kind, x, out, *self._window(x.shape[2:4], axes),
+                                     get_num_threads()),) + self.omitted
+
+    def _global(self, size, axes):
+        """Whether the one window is the whole plane."""
+        (oh, top, bottom), (ow, left, right) = axes
+        return ((oh, ow, top, left, bottom, right) == (1, 1, 0, 0) + tuple(size)
+                and tuple(self.geometry.kernel) == tuple(size)
+                and tuple(self.geometry.dilations) == (1, 1))
+
+    def _window(self, size, axes):
+        """The kernels' kernel, strides, dilations, head and count bounds (an average's: with
+        count_include_pad, the padding but not what ceil_mode adds past it)."""
+        geometry = self.geometry
+        bounds = None
+        if self.kind == "average":
+            bounds = [(-head, end - head) if self.include_pad else (0, length)
+                      for (_, head, end), length in zip(axes, size)]
+        return (geometry.kernel, geometry.strides, geometry.dilations,
+                (axes[0][1], axes[1][1]), bounds)
+
 
 @operator("MaxPool", takes_out=True)
 def _build_max_pool(node, constants):
     node.only("auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads", "storage_order",
               "strides")
     refuse_outputs(node, 1, "Indices")     # storage_order only matters to Indices
-    geometry = _PoolGeometry(node, dilations=True)
-    omitted = (None,) * (len(node.outputs) - 1)
-
-    def run(x, out=None, buffers=None):
-        return (_pool("max", x, geometry, geometry.axes(x), None, out, buffers),) + omitted
-    return run
+    return _Pool("max", node)
 
 
 @operator("AveragePool", takes_out=True)
 def _build_average_pool(node, constants):
     node.only("auto_pad", "ceil_mode", "count_include_pad", "kernel_shape", "pads", "strides")
-    geometry = _PoolGeometry(node, dilations=False)
-    include_pad = node.attr("count_include_pad", 0)
-    if include_pad not in (0, 1):
-        raise node.error(f"count_include_pad={include_pad!r} must be 0 or 1")
-
-    def run(x, out=None, buffers=None):
-        axes = geometry.axes(x)
-        # count_include_pad counts the padding, not what ceil_mode adds past it
-        bounds = [(-head, end - head) if include_pad else (0, size)
-                  for (_, head, end), size in zip(axes, x.shape[2:])]
-        return (_pool("average", x, geometry, axes, bounds, out, buffers),)
-    return run
+    return _Pool("average", node)
 
 
 def _global_pool(kind, node, x, out=None, buffers=None):
