@@ -418,12 +418,20 @@ def test_a_loaded_constant_lives_until_its_step_packed_it(tmp_path, rng, monkeyp
     assert weights["w2"]() is None   # packed too, once the load returned
     np.testing.assert_array_equal(loaded(feeds["x"]), cso.onnx.load(model)(feeds["x"]))
 
-def dense_block(rng, layers=3, k=3, concat_is_output=False, conv_is_output=False):
+def dense_block(rng, layers=3, k=3, concat_is_output=False, conv_is_output=False,
+                every_feature=False):
     """DenseNet's pattern: each layer's input is the Concat of the block input and every
-    earlier layer's output (a Concat of the previous Concat and a Conv), and each Concat is also
-    read by the next layer's BatchNormalization, Relu and Conv; then a Conv of the last
-    Concat. Optionally the last Concat, or the first Conv, is also a graph output."""
-    inits, nodes, channels, previous = {}, [], k, "x"
+    earlier layer's output (a Concat of the previous Concat and a Conv, or with
+    ``every_feature``, as torchvision exports it, of a 1x1 Conv's of the input, s, and every
+    Conv so far), and each Concat is also read by the next layer's BatchNormalization, Relu
+    and Conv; then a Conv of the last Concat (with ``every_feature``, a GlobalAveragePool,
+    which reads it blocked). Optionally the last Concat, or the first Conv, is also a graph
+    output."""
+    inits, nodes, channels, previous, features = {}, [], k, "x", []
+    if every_feature:
+        inits["w_s"] = (rng.standard_normal((k, k, 1, 1)) / 4).astype(np.float32)
+        nodes.append(helper.make_node("Conv", ["x", "w_s"], ["s"]))
+        previous, features = "s", ["s"]
     for i in range(layers):
         _, bn_inits, bn_attrs = batchnorm(rng, channels, prefix=f"bn{i}")
         inits.update(bn_inits)
@@ -432,10 +440,15 @@ def dense_block(rng, layers=3, k=3, concat_is_output=False, conv_is_output=False
                                    **bn_attrs),
                   helper.make_node("Relu", [f"b{i}"], [f"r{i}"]),
                   helper.make_node("Conv", [f"r{i}", f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1]),
-                  helper.make_node("Concat", [previous, f"c{i}"], [f"cat{i}"], axis=1)]
+                  helper.make_node("Concat", features + [f"c{i}"] if every_feature
+                                   else [previous, f"c{i}"], [f"cat{i}"], axis=1)]
         previous, channels = f"cat{i}", channels + k
-    inits["w_out"] = (rng.standard_normal((2, channels, 1, 1)) / 4).astype(np.float32)
-    nodes.append(helper.make_node("Conv", [previous, "w_out"], ["y"]))
+        features.append(f"c{i}")
+    if every_feature:
+        nodes.append(helper.make_node("GlobalAveragePool", [previous], ["y"]))
+    else:
+        inits["w_out"] = (rng.standard_normal((2, channels, 1, 1)) / 4).astype(np.float32)
+        nodes.append(helper.make_node("Conv", [previous, "w_out"], ["y"]))
     outputs = [tensor("y", None)] + ([tensor(previous, None)] if concat_is_output else []) + \
         ([tensor("c0", None)] if conv_is_output else [])
     return make_model(nodes, [tensor("x", ["N", k, 6, 7])], outputs, inits)
@@ -469,6 +482,47 @@ def test_concat_inputs_are_made_in_the_concat_array(rng, monkeypatch, concat_is_
         loaded.time_by_operator({"x": x})   # step by step
         # at batch 1 every placed value is found in its channels; at 2 the Concats copy all
         assert in_place.count(True) == (len(expected) if batch == 1 else 0)
+
+
+@pytest.mark.parametrize("outputs, expected, found", [
+    ((False, False), {"cat0": ("cat2", 0, 6), "cat1": ("cat2", 0, 9), "s": ("cat2", 0, 3),
+                      "c0": ("cat2", 3, 6), "c1": ("cat2", 6, 9), "c2": ("cat2", 9, 12)},
+     2 + 3 + 4),
+    # the caller keeps cat2: cat1 is the last Concat made of reused arrays
+    ((True, False), {"s": ("cat1", 0, 3), "c0": ("cat1", 3, 6), "c1": ("cat1", 6, 9)}, 3),
+    # c0 is made in an array of its own: each Concat copies it
+    ((False, True), {"cat0": ("cat2", 0, 6), "cat1": ("cat2", 0, 9), "s": ("cat2", 0, 3),
+                     "c1": ("cat2", 6, 9), "c2": ("cat2", 9, 12)}, 1 + 2 + 3)])
+@pytest.mark.parametrize("blocked", [False, True])
+def test_concats_of_every_feature_are_the_last_ones_leading_channels(rng, monkeypatch, outputs,
+                                                                    expected, found, blocked):
+    """torchvision's DenseNet: each Concat reads every feature so far; each is made as the
+    leading channels of the last one's array, where every feature is made (blocked too, when
+    the features are whole blocks)."""
+    from cso.layouts import block_size
+    from cso.onnx import concat
+    in_place = []   # per Concat input at batch 1: found in its channels already
+
+    def same_memory(a, b, check=concat._same_memory):
+        in_place.append(check(a, b))
+        return in_place[-1]
+    monkeypatch.setattr(concat, "_same_memory", same_memory)
+    k = block_size(np.float32) if blocked else 3
+    model = dense_block(rng, k=k, concat_is_output=outputs[0], conv_is_output=outputs[1],
+                        every_feature=True)
+    loaded = cso.onnx.load(model, blocked=blocked)
+    held = blocked and not any(outputs)   # (a graph output is NCHW, so is every value it ties)
+    assert [s.run.blocked for s in loaded.steps if isinstance(s.run, ConvStep)] == [held] * 4
+    scale = k if held else 1   # slots in blocks
+    assert {name: (s.concat, s.first, s.stop) for name, s in loaded.slots.items()} == {
+        name: (whole, first * k // 3 // scale, stop * k // 3 // scale)
+        for name, (whole, first, stop) in expected.items()}
+    for batch in (1, 2, 1):
+        x = rng.standard_normal((batch, k, 6, 7)).astype(np.float32)
+        assert_matches_onnxruntime(model, {"x": x}, loaded)
+        in_place.clear()
+        loaded.time_by_operator({"x": x})
+        assert in_place.count(True) == (found if batch == 1 else 0)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
