@@ -65,3 +65,18 @@ def in_child(check):
     if os.WIFSIGNALED(status):
         return f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
     return message or (None if os.WEXITSTATUS(status) == 0 else f"exit {os.WEXITSTATUS(status)}")
+
+
+def calls_stay_inside(calls, x, at):
+    """None if each of ``calls`` ((out shape, run(x, out))) run on ``x`` and an output in
+    float32 arrays flush at their ``at`` against guard pages (in a child process) gives what
+    it gives on ordinary arrays; else what went wrong. The calls run here first, so that
+    their kernels are compiled and the child only runs them."""
+    expected = [run(x, np.empty(out_shape, np.float32)) for out_shape, run in calls]
+
+    def guarded_runs():
+        for (out_shape, run), want in zip(calls, expected):
+            out = guarded_empty(out_shape, np.float32, at)
+            run(guarded_copy(x, at), out)
+            np.testing.assert_array_equal(out, want)
+    return in_child(guarded_runs)

@@ -16,7 +16,7 @@ import cso
 from cso.onnx import kernels
 
 from .children import CHILD_CWD
-from .guarded import guarded_copy, guarded_empty, in_child
+from .guarded import calls_stay_inside
 
 
 @pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
@@ -420,16 +420,7 @@ def test_no_access_outside_the_arrays(at, threads, rng):
                       kernels.global_pool(kind, x, out, threads)))
     rows = rng.standard_normal(11), rng.standard_normal(11)
     calls.append((shape, lambda x, out: kernels.layer_norm(x, out, *rows, 1e-5, threads)))
-    # compiled here, so that the child only runs
-    expected = [run(x, np.empty(out_shape, np.float32)) for out_shape, run in calls]
-
-    def guarded_runs():
-        for (out_shape, run), want in zip(calls, expected):
-            out = guarded_empty(out_shape, np.float32, at)
-            run(guarded_copy(x, at), out)
-            np.testing.assert_array_equal(out, want)
-
-    failure = in_child(guarded_runs)
+    failure = calls_stay_inside(calls, x, at)
     assert failure is None, f"arrays flush at their {at}: {failure}"
 
 

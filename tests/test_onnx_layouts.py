@@ -14,7 +14,7 @@ from cso.onnx.conv import ConvStep
 from cso.onnx.layouts import (BlockedAffine, BlockedGate, BlockedGlobalPool, BlockedPool,
                               Reorder)
 
-from .guarded import guarded_copy, guarded_empty, in_child
+from .guarded import calls_stay_inside
 from .onnx_models import make_model, onnxruntime, tensor
 
 LANES = block_size(np.float32)
@@ -241,13 +241,5 @@ def test_the_blocked_kernels_stay_inside_their_arrays(at):
         calls.append(((n, blocks, 4, 5, lanes), lambda x, out, kind=kind, bounds=bounds:
                       kernels.blocked_pool(kind, x, out, (3, 3), (2, 2), (1, 1), (1, 2),
                                            bounds, 2)))
-    expected = [run(blocked, np.empty(shape, np.float32)) for shape, run in calls]
-
-    def guarded_runs():
-        for (shape, run), want in zip(calls, expected):
-            out = guarded_empty(shape, np.float32, at)
-            run(guarded_copy(blocked, at), out)
-            np.testing.assert_array_equal(out, want)
-
-    failure = in_child(guarded_runs)
+    failure = calls_stay_inside(calls, blocked, at)
     assert failure is None, f"arrays flush at their {at}: {failure}"

@@ -65,6 +65,18 @@ def _share(part, parts, total):
     return part * total // parts, (part + 1) * total // parts
 
 
+@njit(inline="always")
+def _taps_inside(y0, taps, dilation, size):
+    """[first, end) of the ``taps`` taps ``dilation`` apart from ``y0`` that lie in [0,
+    ``size``) (no divisions)."""
+    first, end = 0, taps
+    while first < taps and y0 + first * dilation < 0:
+        first += 1
+    while end > first and y0 + (end - 1) * dilation >= size:
+        end -= 1
+    return first, end
+
+
 def _reduce_vectors(is_max, scaled=False):
     """An intrinsic ``reduce(dst, src, step, count, stride, width)``: the vector of ``width``
     elements (a constant) at ``dst`` (a pointer) set to the max (``is_max``) or the sum of
@@ -203,11 +215,7 @@ def _pool_part(kind, dtype, kh, kw, sw, dw):
                 if r < oh:   # the rows of r's windows in the image reduced into a scratch row
                     row_at = rows_at + (r & 1) * span * item
                     y0 = r * sh - top
-                    i_lo, i_hi = 0, kh   # the taps on rows in the image (no divisions)
-                    while i_lo < kh and y0 + i_lo * dh < 0:
-                        i_lo += 1
-                    while i_hi > i_lo and y0 + (i_hi - 1) * dh >= h:
-                        i_hi -= 1
+                    i_lo, i_hi = _taps_inside(y0, kh, dh, h)
                     source = args[0] + ((plane * h + y0 + i_lo * dh) * w) * item
                     if w >= lanes:
                         for b in range(0, w, lanes):
@@ -564,11 +572,7 @@ def _blocked_pool_part(kind, dtype, kh, kw, sw, dw, lanes):
                 if r < oh:
                     row_at = rows_at + (r & 1) * span * pixel
                     y0 = r * sh - top
-                    i_lo, i_hi = 0, kh
-                    while i_lo < kh and y0 + i_lo * dh < 0:
-                        i_lo += 1
-                    while i_hi > i_lo and y0 + (i_hi - 1) * dh >= h:
-                        i_hi -= 1
+                    i_lo, i_hi = _taps_inside(y0, kh, dh, h)
                     source = args[0] + ((unit * h + y0 + i_lo * dh) * w) * pixel
                     for c in range(w):
                         if is_max:

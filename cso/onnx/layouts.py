@@ -5,14 +5,16 @@ A blocked value is an array of the data of a ``cso.Blocked`` (N, ceil(C/L), H, W
 convolutions read and write it directly (``ConvStep.blocked``: a blocked plan, ``csa.analyze(...,
 layout="blocked")``), with no reorder or packing between them. The values are decided in
 groups: the inputs and output of an elementwise step (an activation, a sum of one shape, a
-squeeze-excitation gate) share their layout, as do a depthwise convolution's input and output
-and a residual convolution's sum and output. A group is blocked when
+squeeze-excitation gate, a per-channel affine chain) share their layout, as do a pool's input
+and output, a Concat's along the channels of whole blocks (its blocks are its inputs' one after
+the other), a depthwise convolution's input and output and a residual convolution's sum and
+output. A group is blocked when
 
 - every value of it is a 4-D float tensor of known shape, none the graph's input or output;
 - every step making one of them can write it blocked: a convolution with a blocked plan
-  (``csa.layout.blocked_fits``), a global pool (from any layout), or the group's elementwise
-  steps;
-- no Concat reads one of them (a Concat's inputs are made in its array, NCHW: ``concat``);
+  (``csa.layout.blocked_fits``), a global pool (from any layout), or the group's other steps;
+- no Concat of partial blocks reads one of them (its inputs are made in its NCHW array:
+  ``concat``);
 - and a step outside the group reads one of them blocked: a convolution whose output is
   blocked, or a global pool. (So a group read by NCHW steps alone stays NCHW.)
 
