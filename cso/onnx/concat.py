@@ -5,11 +5,11 @@ A batch-1 NCHW array's channel slice is contiguous, so a convolution can store i
 an array of its own, and so can another Concat (DenseNet's concatenations grow one layer at a
 time: each is the next one's first input, and all of a dense block's then live in one array,
 copied once instead of once per layer). A Concat of every feature so far (torchvision's
-DenseNet export) is the leading channels of the block's last Concat: it copies nothing (it
-copied 14 of DenseNet-121's 77 ms, Zen 3). ``plan`` picks the inputs that can be made in place;
-the model, at run time, hands their steps ``out=`` their slice (``Model._placed``) when the
-batch is 1, and the Concat step copies only what is not already there. At other batch sizes
-the slices are strided, and everything runs as without this.
+DenseNet export) is the leading channels of the block's last Concat: it copies nothing, where
+each feature was copied once per later layer. ``plan`` picks the inputs that can be made in
+place; the model, at run time, hands their steps ``out=`` their slice (``Model._placed``) when
+the batch is 1, and the Concat step copies only what is not already there. At other batch
+sizes the slices are strided, and everything runs as without this.
 """
 from dataclasses import dataclass
 
