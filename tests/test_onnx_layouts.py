@@ -12,7 +12,7 @@ from cso.layouts import block_size
 from cso.onnx.concat import Slot
 from cso.onnx.conv import ConvStep
 from cso.onnx.layouts import (BlockedAffine, BlockedGate, BlockedGlobalPool, BlockedPool,
-                              Reorder)
+                              BlockedResize, Reorder)
 
 from .guarded import calls_stay_inside
 from .onnx_models import make_model, onnxruntime, tensor
@@ -181,6 +181,49 @@ def test_a_model_reads_nchw_where_no_convolution_reads_blocked():
                                      [tensor("y", [1, 16, 4, 4])], w))
     assert not any(isinstance(s.run, (ConvStep,)) and s.run.blocked for s in model.steps)
     assert not any(isinstance(s.run, Reorder) for s in model.steps)
+
+
+@pytest.mark.parametrize("mode,coordinates", [("nearest", "asymmetric"),
+                                              ("linear", "half_pixel"),
+                                              ("cubic", "align_corners")])
+def test_a_resize_between_convolutions_resizes_blocks(mode, coordinates):
+    """A feature pyramid's top-down step: a Resize of a blocked value's planes is blocked (the
+    scales a constant, or the sizes), and equals the NCHW model and onnxruntime; a Resize
+    that scales the channels keeps its values NCHW."""
+    rng = np.random.default_rng(7)
+    w = {"scales": np.array([1, 1, 2, 2], np.float32),
+         "sizes": np.array([1, 21, 11, 9], np.int64),
+         "channels": np.array([1, 2, 1, 1], np.float32)}
+    nodes = [_conv("a", "x", "a_out", w, rng, 3, 21, stride=2),
+             _conv("b", "x", "b_out", w, rng, 3, 21),
+             helper.make_node("Resize", ["a_out", "", "scales"], ["up"], mode=mode,
+                              coordinate_transformation_mode=coordinates),
+             helper.make_node("Add", ["up", "b_out"], ["sum"]),
+             _conv("c", "sum", "c_out", w, rng, 21, 21),
+             helper.make_node("Resize", ["c_out", "", "", "sizes"], ["down"], mode=mode,
+                              coordinate_transformation_mode=coordinates),
+             _conv("d", "down", "d_out", w, rng, 21, 5),
+             helper.make_node("GlobalAveragePool", ["d_out"], ["y"]),
+             helper.make_node("Resize", ["c_out", "", "channels"], ["wide"], mode="nearest")]
+    model = make_model(nodes, [tensor("x", [1, 3, 16, 14])],
+                       [tensor("y", [1, 5, 1, 1]), tensor("wide", [1, 42, 16, 14])], w,
+                       opset=17)
+    blocked = cso.onnx.load(model)
+    resizes = [type(step.run) for step in blocked.steps if step.ops == ("Resize",)]
+    assert resizes.count(BlockedResize) == 2 and len(resizes) == 3
+    assert [type(step.run) for step in blocked.steps].count(Reorder) == 1   # c_out's, for wide
+    x = rng.standard_normal((1, 3, 16, 14)).astype(np.float32)
+    expected = cso.onnx.load(model, blocked=False).run(None, {"x": x})
+    for found, want in zip(blocked.run(None, {"x": x}), expected):
+        np.testing.assert_allclose(found, want, rtol=1e-5, atol=1e-5)
+    for found, want in zip(pickle.loads(pickle.dumps(blocked)).run(None, {"x": x}),
+                           blocked.run(None, {"x": x})):
+        np.testing.assert_array_equal(found, want)
+    if onnxruntime is not None:
+        from bench.models import onnxruntime_session
+        session = onnxruntime_session(model, 1)
+        for found, want in zip(blocked.run(None, {"x": x}), session.run(None, {"x": x})):
+            np.testing.assert_allclose(found, want, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -5,10 +5,10 @@ A blocked value is an array of the data of a ``cso.Blocked`` (N, ceil(C/L), H, W
 convolutions read and write it directly (``ConvStep.blocked``: a blocked plan, ``csa.analyze(...,
 layout="blocked")``), with no reorder or packing between them. The values are decided in
 groups: the inputs and output of an elementwise step (an activation, a sum of one shape, a
-squeeze-excitation gate, a per-channel affine chain) share their layout, as do a pool's input
-and output, a Concat's along the channels of whole blocks (its blocks are its inputs' one after
-the other), a depthwise convolution's input and output and a residual convolution's sum and
-output. A group is blocked when
+squeeze-excitation gate, a per-channel affine chain) share their layout, as do a pool's or a
+Resize's input and output, a Concat's along the channels of whole blocks (its blocks are its
+inputs' one after the other), a depthwise convolution's input and output and a residual
+convolution's sum and output. A group is blocked when
 
 - every value of it is a 4-D float tensor of known shape, none the graph's input or output;
 - every step making one of them can write it blocked: a convolution with a blocked plan
@@ -35,6 +35,7 @@ ELEMENTWISE = {"Relu", "Sigmoid", "Tanh", "Erf", "HardSwish", "HardSigmoid", "Le
                "Gelu", "Clip", "Identity"}
 GLOBAL_POOLS = {"GlobalAveragePool": "average", "GlobalMaxPool": "max"}
 POOLS = {"MaxPool", "AveragePool"}
+RESIZES = {"Resize", "Upsample"}
 
 
 def place(steps, graph):
@@ -115,6 +116,8 @@ def _apply(steps, data, kinds, groups, blocked, readers, shapes, reads_blocked, 
         elif kind == "tied" and step.outputs[0] in is_blocked and isinstance(step.run,
                                                                              AffineStep):
             step.run = BlockedAffine(step.run)
+        elif kind == "tied" and step.outputs[0] in is_blocked and step.ops[0] in RESIZES:
+            step.run = BlockedResize(step.run, shapes[step.outputs[0]][1])
         result.append(step)
         for name in step.outputs:
             nchw = [r for r in readers.get(name, ()) if name in is_blocked
@@ -153,6 +156,9 @@ def _kind(step, names, shapes, dtype, lanes):
         return "tied"
     if op == "Concat" and _whole_blocks(run.node, names, step.inputs, shapes, lanes):
         return "tied"
+    if op in RESIZES and names == step.inputs[:1] and _planes_alone(names[0], step.outputs[0],
+                                                                     shapes):
+        return "tied"
     return "nchw"
 
 
@@ -171,6 +177,12 @@ def _whole_blocks(node, names, inputs, shapes, lanes):
     return (node.attr("axis") in (1, -3) and names == inputs
             and all(shape is not None and len(shape) == 4 and shape[1] % lanes == 0
                     for shape in found))
+
+
+def _planes_alone(x, y, shapes):
+    """Whether 4-D ``y`` has 4-D ``x``'s images and channels (a Resize of its planes)."""
+    a, b = shapes.get(x), shapes.get(y)
+    return a is not None and b is not None and len(a) == len(b) == 4 and a[:2] == b[:2]
 
 
 def _one_shape(names, shapes):
@@ -285,6 +297,17 @@ class BlockedAffine:
                 values[:original.size] = original
             self._cast[(dtype, size)] = padded
         return padded
+
+
+class BlockedResize:
+    """A Resize (or Upsample) of a blocked value's planes, blocked (NumPy, as the operator).
+    ``nchw_run``: the operator's own run (``ops_spatial``), which pickles."""
+
+    def __init__(self, nchw_run, channels):
+        self.nchw_run, self.channels = nchw_run, channels
+
+    def __call__(self, x, *values):
+        return self.nchw_run.run.blocked(x, self.channels, *values)
 
 
 class BlockedGate:

@@ -292,7 +292,8 @@ def _build_resize(node, constants):
     if not any(runtime.values()) and sum(known) != 1:
         raise node.error("exactly one of scales and sizes must be given")
 
-    def run(x, *values):
+    def target(shape, dtype, values):
+        """The output's shape and per-axis scales for an input of ``shape`` and ``dtype``."""
         given = {name: values[i - 1] if runtime[name] else fixed[name]
                  for name, i in inputs.items()}
         scales, sizes = given["scales"], given.get("sizes")
@@ -300,37 +301,52 @@ def _build_resize(node, constants):
             scales = None                 # (an empty tensor: the sizes are given)
         if (scales is None) == (sizes is None):
             raise node.error("exactly one of scales and sizes must be given")
-        resized = (list(range(x.ndim)) if axes is None
-                   else axes_in(node, axes, x.ndim, "axes"))
+        resized = (list(range(len(shape))) if axes is None
+                   else axes_in(node, axes, len(shape), "axes"))
         given = scales if scales is not None else sizes
         if given.ndim != 1 or len(given) != len(resized):
             raise node.error(f"{'scales' if scales is not None else 'sizes'} "
                              f"{given.tolist()}: expected {len(resized)} values (axes "
-                             f"{resized} of an input of shape {x.shape})")
-        out_shape, out_scales = list(x.shape), [_F(1)] * x.ndim
+                             f"{resized} of an input of shape {shape})")
+        out_shape, out_scales = list(shape), [_F(1)] * len(shape)
         if scales is not None:
             for a, s in zip(resized, scales.astype(_F)):
                 if not s > 0:
                     raise node.error(f"scales {scales.tolist()} must be > 0")
                 out_scales[a] = s
-                out_shape[a] = int(s * _F(x.shape[a]))     # floor, in float32
+                out_shape[a] = int(s * _F(shape[a]))     # floor, in float32
         else:
             sizes = int_values(node, sizes, "sizes")
             for a, size in zip(resized, sizes):
                 if size < 0:
                     raise node.error(f"sizes {sizes} must be >= 0")
                 out_shape[a] = size
-                out_scales[a] = _F(size) / _F(x.shape[a]) if x.shape[a] else _F(1)
+                out_scales[a] = _F(size) / _F(shape[a]) if shape[a] else _F(1)
             if policy != "stretch":
                 pick = min if policy == "not_larger" else max
                 scale = pick(out_scales[a] for a in resized)
                 for a in resized:
                     out_scales[a] = scale
-                    out_shape[a] = int(np.floor(scale * _F(x.shape[a]) + _F(0.5)))
-        if mode != "nearest" and x.dtype.kind != "f":
-            raise node.error(f"mode {mode!r} on an input of dtype {x.dtype}: a floating-point "
+                    out_shape[a] = int(np.floor(scale * _F(shape[a]) + _F(0.5)))
+        if mode != "nearest" and dtype.kind != "f":
+            raise node.error(f"mode {mode!r} on an input of dtype {dtype}: a floating-point "
                              f"type is needed")
         if not resize and any(s < 1 for s in out_scales):
             raise node.error(f"Upsample scales {[float(s) for s in out_scales]} must be >= 1")
-        return (run_resize(x, out_shape, out_scales),)
+        return out_shape, out_scales
+
+    def run(x, *values):
+        return (run_resize(x, *target(x.shape, x.dtype, values)),)
+
+    def blocked(x, channels, *values):
+        """The resize of the channel-blocked ``x`` (N, blocks, H, W, L) of ``channels``
+        channels (``cso.onnx.layouts``), blocked as it: its planes' axes resized alone."""
+        shape = x.shape[:1] + (channels,) + x.shape[2:4]
+        out_shape, out_scales = target(shape, x.dtype, values)
+        if out_shape[:2] != list(shape[:2]) or out_scales[:2] != [1, 1]:
+            raise node.error(f"a blocked input of {shape} resized to {out_shape} (scales "
+                             f"{[float(s) for s in out_scales]}): only the spatial axes can be")
+        return (run_resize(x, out_shape[:1] + [x.shape[1]] + out_shape[2:] + [x.shape[4]],
+                           out_scales + [_F(1)]),)
+    run.blocked = blocked
     return run
