@@ -77,6 +77,13 @@ def _taps_inside(y0, taps, dilation, size):
     return first, end
 
 
+@njit(inline="always")
+def _counted(start, taps, low, high):
+    """How many of the ``taps`` consecutive positions from ``start`` lie in [low, high): an
+    average pool window's divisor along an axis."""
+    return min(start + taps, high) - max(start, low)
+
+
 def _reduce_vectors(is_max, scaled=False):
     """An intrinsic ``reduce(dst, src, step, count, stride, width)``: the vector of ``width``
     elements (a constant) at ``dst`` (a pointer) set to the max (``is_max``) or the sum of
@@ -206,7 +213,7 @@ def _pool_part(kind, dtype, kh, kw, sw, dw):
         if not is_max:
             for o in range(ow):
                 x0 = o * sw - left
-                inverse[o] = typ(1) / typ(min(x0 + kw, args[14]) - max(x0, args[13]))
+                inverse[o] = typ(1) / typ(_counted(x0, kw, args[13], args[14]))
         first, last = _share(index, args[18], args[2])
         for plane in range(first, last):
             # row r's first pass, then row r - 1's second (whose loads then do not wait for
@@ -242,7 +249,7 @@ def _pool_part(kind, dtype, kh, kw, sw, dw):
                     row_at = rows_at + (q & 1) * span * item
                     y0 = q * sh - top
                     rows = typ(1) if is_max else \
-                        typ(1) / typ(min(y0 + kh, args[12]) - max(y0, args[11]))
+                        typ(1) / typ(_counted(y0, kh, args[11], args[12]))
                     out_at = args[1] + (plane * oh + q) * ow * item
                     if ow >= lanes:
                         for b in range(0, ow, lanes):
@@ -563,7 +570,7 @@ def _blocked_pool_part(kind, dtype, kh, kw, sw, dw, lanes):
         if not is_max:
             for o in range(ow):
                 x0 = o * sw - left
-                value = typ(1) / typ(min(x0 + kw, args[14]) - max(x0, args[13]))
+                value = typ(1) / typ(_counted(x0, kw, args[13], args[14]))
                 for lane in range(lanes):
                     inverse[o * lanes + lane] = value
         first, last = _share(index, args[18], args[2])
@@ -586,7 +593,7 @@ def _blocked_pool_part(kind, dtype, kh, kw, sw, dw, lanes):
                     row_at = rows_at + (q & 1) * span * pixel
                     y0 = q * sh - top
                     rows = typ(1) if is_max else \
-                        typ(1) / typ(min(y0 + kh, args[12]) - max(y0, args[11]))
+                        typ(1) / typ(_counted(y0, kh, args[11], args[12]))
                     out_at = args[1] + (unit * oh + q) * ow * pixel
                     for o in range(ow):
                         if is_max:
