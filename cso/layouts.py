@@ -181,13 +181,15 @@ def merged(shape, rows):
 def reads_blocks(plan, block):
     """Whether ``plan``'s loop nest reads input blocks of ``block`` channels as they are: an
     NCHW input (blocks of one), the kernels' own blocks, or channels last (one block of all
-    channels, a single channel tile). Its slab holds a channel tile in the kernels' blocks:
+    channels: read in place, each channel tile from its first channel in the pixel, or from
+    a slab as a single channel tile). Its slab holds a channel tile in the kernels' blocks:
     wider ones would overflow it."""
     s = plan.spec
     if isinstance(plan, DepthwisePlan):
         return block == plan.lanes
     return (block in (1, plan.lanes)
-            or (block == s.c and s.groups == 1 and plan.channel_tiles == 1))
+            or (block == s.c and s.groups == 1
+                and (plan.channel_tiles == 1 or plan.reads_input_unpacked)))
 
 
 def check_out(out, out_layout, shape, dtype, block):

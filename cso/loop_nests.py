@@ -531,11 +531,13 @@ class _BlockedNest(_LoopNest):
                        self.S, self.dh, self.dw, self.Hb, self.Ws, self.block)
 
     def fill_slab(self, at):
-        """``at.base``: the channel tile's first block, in the input (read in place) or copied
-        with the band's rows into the slab (``define_fill_blocks``; a subsampled 1x1's
+        """``at.base``: the channel tile's first block (its first channel's, in the block),
+        in the input (read in place) or copied with the band's rows into the slab (``define_fill_blocks``; a subsampled 1x1's
         windows alone, ``define_subsample_blocks``)."""
         code, item, B = self.code, self.item, self.block
-        first_block = self.x + (at.n * self.C + at.g * self.Cg + at.c0) * self.H * self.W * item
+        channel = at.g * self.Cg + at.c0   # in its block: channels last's tiles read in place
+        first_block = self.x + (at.n * self.C * self.H * self.W + channel // B * B * self.H
+                                * self.W + channel % B) * item
         at.base = code.choose(self.unpacked, first_block, self.scratch)
         blocks = (at.nc + B - 1) // B
         with code.if_(~self.unpacked & self.packing & ~self.subsample):

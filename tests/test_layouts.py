@@ -148,6 +148,8 @@ CASES = {
     "pointwise_s2": (1, 13, 9, 9, 17, 1, 1, 2, 0, 1, 1, False, None, {}),
     "channel_tiles_and_bands": (2, 24, 11, 9, 19, 3, 3, 1, 1, 1, 1, True, "relu",
                                 {"plan_overrides": {"nc": 8, "band": 2}}),
+    "pointwise_channel_tiles_odd": (2, 21, 5, 6, 11, 1, 1, 1, 0, 1, 1, True, "relu",
+                                    {"plan_overrides": {"nc": 8}}),
     "pointwise_7x7_merged_rows": (2, 24, 7, 7, 40, 1, 1, 1, 0, 1, 1, True, "relu", {}),
     "pointwise_14x14_merged_rows": (1, 16, 14, 14, 19, 1, 1, 1, 0, 1, 1, False, None, {}),
     "se_reduce_1x1_plane": (3, 32, 1, 1, 8, 1, 1, 1, 0, 1, 1, True, "relu", {}),
@@ -369,6 +371,8 @@ GUARD_CASES = {
     "depthwise_in_place_s2": (1, 16, 11, 13, 16, 3, 3, 2, 0, 1, 16),
     "depthwise_5x5_same_bands": (1, 20, 15, 9, 20, 5, 5, 1, "same", 1, 20, {"band": 2}),
     "in_place_channel_tiles": (1, 24, 6, 13, 21, 1, 1, 1, 0, 1, 1, {"nc": 8, "band": 1}),
+    # channels last read in place, a channel tile from its first channel in each pixel
+    "in_place_channel_tiles_odd": (2, 21, 5, 7, 19, 1, 1, 1, 0, 1, 1, {"nc": 8}),
 }
 GUARD_LAYOUTS = [("blocked", "blocked"), ("nhwc", "nhwc"), ("nchw", "blocked"),
                  ("blocked", "nhwc")]
