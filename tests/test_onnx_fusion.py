@@ -2,6 +2,7 @@
 with the table changed, to show it is the table that decides), the fused models give
 onnxruntime's values, and the table names only operators and stores that exist."""
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -273,7 +274,7 @@ SINGLE = [
 
 @pytest.mark.parametrize("op_type, attrs, opset, activation", SINGLE,
                          ids=[f"{case[0]}-{case[2]}" for case in SINGLE])
-@pytest.mark.parametrize("head", ["Conv", "Gemm"])
+@pytest.mark.parametrize("head", ["Conv", "Gemm", "MatMul"])
 def test_an_activation_after_a_conv_or_gemm_is_applied_in_its_store(rng, op_type, attrs, opset,
                                                                     activation, head):
     inits = {"w": (0.5 * rng.standard_normal((6, 4, 3, 3))).astype(np.float32),
@@ -281,9 +282,10 @@ def test_an_activation_after_a_conv_or_gemm_is_applied_in_its_store(rng, op_type
              "gb": rng.standard_normal(6).astype(np.float32),
              "low": np.array(0, np.float32), "high": np.array(6, np.float32)}
     inputs = ["c", "low", "high"] if attrs == "inputs" else ["c"]
-    head_node = (helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]) if head == "Conv"
-                 else helper.make_node("Gemm", ["x", "b", "gb"], ["c"]))
-    shape = [2, 4, 7, 9] if head == "Conv" else [3, 4]
+    head_node = {"Conv": helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+                 "Gemm": helper.make_node("Gemm", ["x", "b", "gb"], ["c"]),
+                 "MatMul": helper.make_node("MatMul", ["x", "b"], ["c"])}[head]
+    shape = {"Conv": [2, 4, 7, 9], "Gemm": [3, 4], "MatMul": [2, 3, 5, 4]}[head]
     nodes = [head_node, helper.make_node(op_type, inputs, ["y"],
                                          **(attrs if isinstance(attrs, dict) else {}))]
     model = make_model(nodes, [tensor("x", shape)], [tensor("y", None)], inits, opset=opset)
@@ -312,3 +314,70 @@ def test_an_activation_is_left_to_its_operator_when_the_store_cannot_take_it(rng
                                                    ("Sigmoid",), ("Conv",)]
     assert all(getattr(step.run, "activation", None) is None for step in loaded.steps
                if step.ops == ("Conv",))
+
+
+@pytest.mark.parametrize("a_shape", [(7, 12), (2, 9, 12), (1, 6, 5, 12)])
+@pytest.mark.parametrize("bias_rank, bias_first", [("vector", True), ("full", False)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_matmul_by_a_constant_takes_its_bias_and_activation(rng, a_shape, bias_rank,
+                                                              bias_first, dtype):
+    """A MatMul of rows by a constant B runs as a 1x1 convolution on channels last
+    (``conv.MatMulStep``), the bias Add (either operand, any shape of one value per column)
+    and an exported GELU in its store: one step, onnxruntime's values, recorded and
+    replayed at two batch sizes."""
+    from cso.onnx.conv import MatMulStep
+    elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    bias_shape = (10,) if bias_rank == "vector" else (1,) * (len(a_shape) - 1) + (10,)
+    inits = {"b": rng.standard_normal((12, 10)).astype(dtype),
+             "bias": rng.standard_normal(bias_shape).astype(dtype),
+             "sqrt2": np.array(np.sqrt(2), dtype), "one": np.array(1, dtype),
+             "half": np.array(0.5, dtype)}
+    nodes = [helper.make_node("MatMul", ["x", "b"], ["m"]),
+             helper.make_node("Add", ["bias", "m"] if bias_first else ["m", "bias"], ["c"])]
+    nodes += GELU
+    nodes.append(helper.make_node("Relu", ["a"], ["y"]))   # (taken by no store: an operator)
+    batched = (None,) + a_shape[1:] if len(a_shape) > 2 else a_shape
+    model = make_model(nodes, [helper.make_tensor_value_info("x", elem, list(batched))],
+                       [helper.make_tensor_value_info("y", elem, None)], inits, opset=14)
+    loaded = cso.onnx.load(model, {"x": a_shape})
+    assert [step.ops for step in loaded.steps] == [
+        ("MatMul", "Add", "Div", "Erf", "Add", "Mul", "Mul"), ("Relu",)]
+    assert isinstance(loaded.steps[0].run, MatMulStep)
+    erf = np.vectorize(math.erf)
+    for rows in ((a_shape[0], a_shape[0]) if len(a_shape) == 2 else (a_shape[0], 3, 3)):
+        x = rng.standard_normal((rows,) + a_shape[1:]).astype(dtype)
+        c = x.astype(np.float64) @ inits["b"] + inits["bias"]
+        expected = np.maximum(c * (1 + erf(c / np.sqrt(2))) / 2, 0)
+        (found,) = loaded.run(None, {"x": x})
+        assert found.dtype == dtype
+        np.testing.assert_allclose(found, expected, rtol=1e-5 if dtype == np.float32 else 1e-12,
+                                   atol=1e-5 if dtype == np.float32 else 1e-12)
+        if dtype == np.float32:   # (onnxruntime has no float64 Erf)
+            assert_matches_onnxruntime(model, {"x": x}, loaded)
+
+
+def test_a_matmul_keeps_an_add_that_is_no_bias(rng):
+    """An Add of a value per row (not per column), or one that broadcasts the product to more
+    dimensions, after a MatMul runs on its own; a MatMul of a 1-D A, or by a B made at run
+    time, stays NumPy's."""
+    from cso.onnx.conv import MatMulStep
+    inits = {"b": rng.standard_normal((4, 6)).astype(np.float32),
+             "rows": rng.standard_normal((5, 1)).astype(np.float32),
+             "wider": rng.standard_normal((1, 1, 6)).astype(np.float32),
+             "v": rng.standard_normal(4).astype(np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", "b"], ["m"]),
+             helper.make_node("Add", ["m", "rows"], ["y"]),
+             helper.make_node("MatMul", ["x", "b"], ["m2"]),
+             helper.make_node("Add", ["m2", "wider"], ["u"]),
+             helper.make_node("MatMul", ["v", "x2"], ["z"]),
+             helper.make_node("MatMul", ["x", "x2"], ["w"])]
+    model = make_model(nodes, [tensor("x", [5, 4]), tensor("x2", [4, 3])],
+                       [tensor("y", None), tensor("u", None), tensor("z", None),
+                        tensor("w", None)], inits)
+    feeds = {"x": rng.standard_normal((5, 4)).astype(np.float32),
+             "x2": rng.standard_normal((4, 3)).astype(np.float32)}
+    loaded = assert_matches_onnxruntime(model, feeds)
+    assert [step.ops for step in loaded.steps] == [("MatMul",), ("Add",)] * 2 + [
+        ("MatMul",), ("MatMul",)]
+    assert [isinstance(step.run, MatMulStep) for step in loaded.steps] == [
+        True, False, True, False, False, False]

@@ -244,3 +244,76 @@ def gemm_as_conv(node, constants):
                    or (c.ndim == 2 and c.shape[0] != 1)):
         return None
     return GemmStep(node, b, c, bool(node.attr("transB", 0)))
+
+
+class MatMulStep:
+    """A MatMul of rows A (..., K) by a constant B (K, N) as a 1x1 convolution on channels-last
+    values (``cso.Conv2d(..., layout="nhwc")``): A's rows are an image's pixels, its last axis
+    their channels, so no transpose goes around it (ConvNeXt's MLPs, between the Transposes
+    that put its channels last). A bias Add and an activation after it run in its store
+    (``add_bias``, ``activation``); NumPy's BLAS ran them as three passes. ``step(a)`` runs
+    it."""
+
+    # a call on a C-contiguous A given ``buffers`` runs the convolution's jobs alone
+    jobs_only = True
+
+    def __init__(self, node, b):
+        self.node, self.shape = node, b.shape   # (K, N)
+        self.weight = np.ascontiguousarray(b.T).reshape(b.shape[1], b.shape[0], 1, 1)
+        self.bias = np.zeros(b.shape[1], b.dtype)
+        self.activation, self.conv = None, None
+        self._lock = threading.Lock()
+
+    @property
+    def channels(self):
+        return self.shape[1]
+
+    def add_bias(self, values):
+        self.bias = (self.bias + values).astype(self.bias.dtype)
+
+    def __call__(self, a, buffers=None):
+        k, n = self.shape
+        if a.ndim < 2 or a.shape[-1] != k:
+            raise self.node.error(f"A of shape {a.shape} does not match B's {k} rows")
+        if a.dtype != self.bias.dtype:
+            raise self.node.error(f"A of dtype {a.dtype} does not match B's {self.bias.dtype}")
+        rows = a.size // k
+        if self.conv is None:
+            with self._lock:
+                if self.conv is None:
+                    self.conv = Conv2d(self.weight, self.bias, activation=self.activation,
+                                       input_shape=(1, k, rows, 1))
+                    self.weight = None   # packed in the Conv2d
+        shape = a.shape[:-1] + (n,)
+        out = buffers.get(shape, a.dtype) if buffers else np.empty(shape, a.dtype)
+        if rows:
+            self.conv(np.ascontiguousarray(a).reshape(1, rows, 1, k),
+                      out=out.reshape(1, rows, 1, n), layout="nhwc", out_layout="nhwc")
+        return (out,)
+
+
+def matmul_as_conv(node, constants, shapes):
+    """A ``MatMulStep`` for ``node`` when B is a 2-D float constant and A a value of two or
+    more dimensions (known at load); else None (the NumPy operator runs it)."""
+    node.only()
+    b = constants.get(node.inputs[1]) if len(node.inputs) > 1 else None
+    a_shape = shapes.get(node.inputs[0])
+    if (b is None or b.ndim != 2 or b.dtype not in (np.float32, np.float64)
+            or node.inputs[0] in constants or a_shape is None or len(a_shape) < 2):
+        return None
+    return MatMulStep(node, b)
+
+
+def matmul_bias(add, out, constants, shapes, channels):
+    """The values of the bias ``add`` (an Add node, or None) adds to ``out``, a MatMul's
+    output of ``channels`` columns: one constant per column, broadcast along the rows only;
+    else None."""
+    if add is None or add.op_type != "Add" or add.attrs or len(add.inputs) != 2 \
+            or add.inputs.count(out) != 1:
+        return None
+    other = constants.get(add.inputs[1 - add.inputs.index(out)])
+    if (other is None or other.dtype.kind != "f" or other.size != channels
+            or other.shape[-1:] != (channels,)
+            or shapes.get(add.outputs[0]) != shapes.get(out)):
+        return None
+    return other.reshape(channels).astype(np.float64)

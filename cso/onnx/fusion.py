@@ -24,7 +24,8 @@ from .ops_activation import constant_activation
 
 # the stores that apply activations, by the steps that use them
 STORES = {
-    "conv": "cso.Conv2d(activation=...), for Conv and Gemm (conv.ConvStep, conv.GemmStep)",
+    "conv": "cso.Conv2d(activation=...), for Conv, Gemm and MatMul (conv.ConvStep, "
+            "conv.GemmStep, conv.MatMulStep)",
     "affine": "kernels.affine, for a per-channel affine chain (graph.AffineStep)",
     "sum": "graph.sum_relu, for an Add or Sum",
 }
@@ -122,6 +123,9 @@ CONV = frozenset({"conv"})
 ROLES = {
     "Conv": Role(head=Head("conv", affine=True, residual=True)),
     "Gemm": Role(head=Head("conv")),   # with a constant B: a 1x1 convolution (conv.gemm_as_conv)
+    # with a constant B: a 1x1 convolution on channels last, its bias Add in the store too
+    # (conv.matmul_as_conv)
+    "MatMul": Role(head=Head("conv")),
     "BatchNormalization": Role(affine=_batch_normalization),
     "Mul": Role(affine=_scale),
     "Add": Role(affine=_shift, residual=True),

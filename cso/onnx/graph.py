@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import Activation, activate, get_num_threads
 from . import concat, fusion, kernels
-from .conv import ConvStep, gemm_as_conv
+from .conv import ConvStep, gemm_as_conv, matmul_as_conv, matmul_bias
 from .node import Node, UnsupportedModel
 from .ops import CAPTURES_CONSTANTS, OPERATORS, TAKES_OUT
 
@@ -217,7 +217,7 @@ def _batch_of(reshape, constants):
 
 
 def _apply(run, activation):
-    """Have ``run`` (a ConvStep, GemmStep or AffineStep) apply ``activation`` (a
+    """Have ``run`` (a ConvStep, GemmStep, MatMulStep or AffineStep) apply ``activation`` (a
     ``cso.Activation``) as it stores its output."""
     run.activation = activation
 
@@ -428,6 +428,10 @@ class Fuser:
                 ops = [node.op_type]
                 out = self.fuse_after(run, node.outputs[0], role.head, ops)
                 return Step(tuple(ops), run, node.inputs[:1], [out], buffered=True)
+        if node.op_type == "MatMul":
+            run = matmul_as_conv(node, self.graph.constants, self.graph.shapes)
+            if run is not None:
+                return self.matmul_step(node, run, role.head)
         if role.affine is not None:
             data = next((n for n in node.inputs if n not in self.graph.constants), None)
             shape = self.graph.shapes.get(data, ())
@@ -455,6 +459,20 @@ class Fuser:
         takes_out = node.op_type in TAKES_OUT
         return Step((node.op_type,), run, inputs, node.outputs, buffered=takes_out,
                     takes_out=takes_out)
+
+    def matmul_step(self, node, run, head):
+        """The step of a MatMul by a constant (``run``, a ``conv.MatMulStep``), with the bias
+        Add and the activation that alone follow it."""
+        ops, out = [node.op_type], node.outputs[0]
+        add = self.only_consumer(out)
+        bias = matmul_bias(add, out, self.graph.constants, self.graph.shapes, run.channels)
+        if bias is not None:
+            run.add_bias(bias)
+            self.fused.add(id(add))
+            ops.append(add.op_type)
+            out = add.outputs[0]
+        out = self.fuse_activation(run, out, head.store, ops)
+        return Step(tuple(ops), run, node.inputs[:1], [out], buffered=True)
 
     def conv_step(self, node, head):
         constants = self.graph.constants
