@@ -532,8 +532,9 @@ class _BlockedNest(_LoopNest):
 
     def fill_slab(self, at):
         """``at.base``: the channel tile's first block (its first channel's, in the block),
-        in the input (read in place) or copied with the band's rows into the slab (``define_fill_blocks``; a subsampled 1x1's
-        windows alone, ``define_subsample_blocks``)."""
+        in the input (read in place) or copied with the band's rows into the slab
+        (``define_fill_blocks``; a subsampled 1x1's windows alone,
+        ``define_subsample_blocks``)."""
         code, item, B = self.code, self.item, self.block
         channel = at.g * self.Cg + at.c0   # in its block: channels last's tiles read in place
         first_block = self.x + (at.n * self.C * self.H * self.W + channel // B * B * self.H

@@ -3,6 +3,7 @@ with the table changed, to show it is the table that decides), the fused models 
 onnxruntime's values, and the table names only operators and stores that exist."""
 import dataclasses
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -354,6 +355,8 @@ def test_a_matmul_by_a_constant_takes_its_bias_and_activation(rng, a_shape, bias
                                    atol=1e-5 if dtype == np.float32 else 1e-12)
         if dtype == np.float32:   # (onnxruntime has no float64 Erf)
             assert_matches_onnxruntime(model, {"x": x}, loaded)
+    copy = pickle.loads(pickle.dumps(loaded))
+    np.testing.assert_array_equal(copy.run(None, {"x": x})[0], loaded.run(None, {"x": x})[0])
 
 
 def test_a_matmul_keeps_an_add_that_is_no_bias(rng):

@@ -246,7 +246,7 @@ def gemm_as_conv(node, constants):
     return GemmStep(node, b, c, bool(node.attr("transB", 0)))
 
 
-class MatMulStep:
+class MatMulStep(_BuiltOnce):
     """A MatMul of rows A (..., K) by a constant B (K, N) as a 1x1 convolution on channels-last
     values (``cso.Conv2d(..., layout="nhwc")``): A's rows are an image's pixels, its last axis
     their channels, so no transpose goes around it (ConvNeXt's MLPs, between the Transposes
