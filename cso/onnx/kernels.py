@@ -507,7 +507,7 @@ def _blocked_global_pool_part(kind, dtype, lanes):
     the rows' sums added in float64 (summed in the dtype, a 56 x 56 plane's lane took 3136
     rounded steps: EfficientNet's squeeze-excitation gates, and its output, 7 times further
     from float64's than the NCHW pool's)."""
-    typ, is_max, identity, item, _ = _reduction(kind, dtype)
+    typ, is_max, _, item, _ = _reduction(kind, dtype)
     divides = kind == "average"
     wide = types.float64
     pixel = lanes * item   # bytes
