@@ -133,7 +133,7 @@ def test_blocked_pool(case, kind, include_pad, dtype, threads, rng):
                    for h, t, size in zip(head, tail, shape[2:]))
     blocked = cso.Blocked.from_nchw(x).data
     out = np.full(blocked.shape[:2] + out_shape + blocked.shape[4:], 7, dtype)
-    kernels.blocked_pool(kind, blocked, out, kernel, strides, dilations, head,
+    kernels.pool(kind, blocked, out, kernel, strides, dilations, head,
                          bounds if kind == "average" else None, threads)
     expected = reference_pool(kind, x, out_shape, kernel, strides, dilations, head, bounds)
     np.testing.assert_allclose(cso.Blocked(out, 11).to_nchw(), expected,

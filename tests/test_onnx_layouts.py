@@ -282,7 +282,6 @@ def test_the_blocked_kernels_stay_inside_their_arrays(at):
              (blocked.shape, lambda x, out: kernels.blocked_gate(x, gate, out, 2))]
     for kind, bounds in (("max", None), ("average", ((-1, 8), (-2, 10)))):
         calls.append(((n, blocks, 4, 5, lanes), lambda x, out, kind=kind, bounds=bounds:
-                      kernels.blocked_pool(kind, x, out, (3, 3), (2, 2), (1, 1), (1, 2),
-                                           bounds, 2)))
+                      kernels.pool(kind, x, out, (3, 3), (2, 2), (1, 1), (1, 2), bounds, 2)))
     failure = calls_stay_inside(calls, blocked, at)
     assert failure is None, f"arrays flush at their {at}: {failure}"

@@ -468,15 +468,6 @@ def _layer_norm_part(dtype):
     return part
 
 
-@njit(inline="always")
-def _block_units(args, index, parts_at):
-    """(blocks an image, channels, pixels, lanes, first unit, end unit) of part ``index`` of
-    a blocked values' kernel, whose args are x, out, units (image, block), blocks an image,
-    channels, H*W, L, and the parts at ``parts_at``."""
-    first, last = _share(index, args[parts_at], args[2])
-    return args[3], args[4], args[5], args[6], first, last
-
-
 def _unblock_part(dtype):
     """The part function writing channel-blocked values as NCHW: each unit one block of one
     image, (H*W, L) values in, its channels below C out as planes. Args: x, out, units,
@@ -485,7 +476,8 @@ def _unblock_part(dtype):
 
     def part(args, index):
         x, out = _pointer(args[0], typ), _pointer(args[1], typ)
-        blocks, c, pixels, lanes, first, last = _block_units(args, index, 7)
+        blocks, c, pixels, lanes = args[3], args[4], args[5], args[6]
+        first, last = _share(index, args[7], args[2])
         for unit in range(first, last):
             n, block = unit // blocks, unit % blocks
             source = unit * pixels * lanes
@@ -540,7 +532,8 @@ def _blocked_global_pool_part(kind, dtype, lanes):
 
 def _blocked_pool_part(kind, dtype, kh, kw, sw, dw, lanes):
     """The pool part function of ``_pool_part`` on channel-blocked values (N, blocks, H, W,
-    ``lanes``): each unit one block of one image, its pixels vectors of ``lanes`` channels.
+    ``lanes``; ``pool``): each unit one block of one image, its pixels vectors of ``lanes``
+    channels.
     The same args and two passes as ``_pool_part``, a pixel's vector where that takes an
     element: the rows of a window reduced pixel by pixel into a scratch row of pixels, then
     each output pixel's taps along it (the divisors of an average a vector a pixel)."""
@@ -815,21 +808,27 @@ def _run(function, args, work, threads, *arrays):
 
 def pool(kind, x, out, kernel, strides, dilations, head, count_bounds, threads):
     """``out`` (N, C, OH, OW) = the ``kind`` ("max" or "average") pool of ``x`` (N, C, H, W),
+    or of channel-blocked ``x`` (N, blocks, H, W, L) into ``out`` (N, blocks, OH, OW, L),
     both C-contiguous: windows of ``kernel`` taps at ``strides`` and ``dilations``, the first
     starting ``head`` = (top, left) before the image; an average divides by the taps inside
     ``count_bounds`` ((row_lo, row_hi), (col_lo, col_hi)), in the image's coordinates (None
     for "max")."""
-    n, c, h, w = x.shape
-    oh, ow = out.shape[2:]
+    n, c, h, w = x.shape[:4]
+    oh, ow = out.shape[2:4]
+    blocked = x.ndim == 5
+    lanes = x.shape[4] if blocked else 1   # elements a pixel
     (row_lo, row_hi), (col_lo, col_hi) = count_bounds or ((0, 0), (0, 0))
     # the scratch row: the left padding, the image's row, what the last window reaches past
-    # it, and the element a stride-2 vector reads past that
-    span = max(head[1] + w, (ow - 1) * strides[1] + (kernel[1] - 1) * dilations[1] + 1) + 1
-    rows, stride = _part_scratch(_parts(n * c, threads), (2 * span + ow) * x.itemsize)
+    # it, and (NCHW) the element a stride-2 vector reads past that
+    span = (max(head[1] + w, (ow - 1) * strides[1] + (kernel[1] - 1) * dilations[1] + 1)
+            + (not blocked))
+    rows, stride = _part_scratch(_parts(n * c, threads), (2 * span + ow) * lanes * x.itemsize)
     args = np.array([data_address(x), data_address(out), n * c, h, w, oh, ow, strides[0],
                      dilations[0], *head, row_lo, row_hi, col_lo, col_hi, data_address(rows),
                      span, stride, 0], np.int64)
-    function = _compiled(_pool_part, kind, x.dtype, *kernel, strides[1], dilations[1])
+    function = (_compiled(_blocked_pool_part, kind, x.dtype, *kernel, strides[1], dilations[1],
+                          lanes) if blocked
+                else _compiled(_pool_part, kind, x.dtype, *kernel, strides[1], dilations[1]))
     _run(function.address, args, n * c, threads, rows)
     return out
 
@@ -947,24 +946,6 @@ def unblock(x, out, threads):
     args = np.array([data_address(x), data_address(out), n * blocks, blocks, out.shape[1],
                      h * w, lanes, 0], np.int64)
     _run(_compiled(_unblock_part, x.dtype).address, args, n * blocks, threads)
-    return out
-
-
-def blocked_pool(kind, x, out, kernel, strides, dilations, head, count_bounds, threads):
-    """``pool`` on channel-blocked values: ``out`` (N, blocks, OH, OW, L) = the pool of ``x``
-    (N, blocks, H, W, L), both C-contiguous of one float dtype."""
-    n, blocks, h, w, lanes = x.shape
-    oh, ow = out.shape[2:4]
-    (row_lo, row_hi), (col_lo, col_hi) = count_bounds or ((0, 0), (0, 0))
-    span = max(head[1] + w, (ow - 1) * strides[1] + (kernel[1] - 1) * dilations[1] + 1)
-    rows, stride = _part_scratch(_parts(n * blocks, threads),
-                                 (2 * span + ow) * lanes * x.itemsize)
-    args = np.array([data_address(x), data_address(out), n * blocks, h, w, oh, ow, strides[0],
-                     dilations[0], *head, row_lo, row_hi, col_lo, col_hi, data_address(rows),
-                     span, stride, 0], np.int64)
-    function = _compiled(_blocked_pool_part, kind, x.dtype, *kernel, strides[1], dilations[1],
-                         lanes)
-    _run(function.address, args, n * blocks, threads, rows)
     return out
 
 

@@ -109,15 +109,8 @@ def _apply(steps, data, kinds, groups, blocked, readers, shapes, reads_blocked, 
             step.run = BlockedGlobalPool(GLOBAL_POOLS[step.ops[0]], step.run,
                                          step.outputs[0] in is_blocked,
                                          shapes[step.outputs[0]][1])
-        elif kind == "tied" and step.outputs[0] in is_blocked and step.ops == ("Mul",):
-            step.run = BlockedGate(step.run)
-        elif kind == "tied" and step.outputs[0] in is_blocked and step.ops[0] in POOLS:
-            step.run = BlockedPool(step.run)
-        elif kind == "tied" and step.outputs[0] in is_blocked and isinstance(step.run,
-                                                                             AffineStep):
-            step.run = BlockedAffine(step.run)
-        elif kind == "tied" and step.outputs[0] in is_blocked and step.ops[0] in RESIZES:
-            step.run = BlockedResize(step.run, shapes[step.outputs[0]][1])
+        elif kind == "tied" and step.outputs[0] in is_blocked:
+            step.run = _blocked_run(step, shapes[step.outputs[0]][1])
         result.append(step)
         for name in step.outputs:
             nchw = [r for r in readers.get(name, ()) if name in is_blocked
@@ -129,6 +122,21 @@ def _apply(steps, data, kinds, groups, blocked, readers, shapes, reads_blocked, 
                 for r in nchw:
                     steps[r].inputs[:] = [copy if n == name else n for n in steps[r].inputs]
     return result, dict.fromkeys(is_blocked, lanes)
+
+
+def _blocked_run(step, channels):
+    """The run of a "tied" step on blocked values of ``channels`` channels: its blocked
+    kernel's (a gate, a pool, an affine chain, a Resize), or its own (elementwise, a sum, a
+    Concat along the blocks)."""
+    if step.ops == ("Mul",):
+        return BlockedGate(step.run)
+    if step.ops[0] in POOLS:
+        return BlockedPool(step.run)
+    if isinstance(step.run, AffineStep):
+        return BlockedAffine(step.run)
+    if step.ops[0] in RESIZES:
+        return BlockedResize(step.run, channels)
+    return step.run
 
 
 def _kind(step, names, shapes, dtype, lanes):

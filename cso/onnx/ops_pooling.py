@@ -108,8 +108,8 @@ class _Pool:
         if self._global(x.shape[2:4], axes):
             return (kernels.blocked_global_pool(self.kind, x, out, get_num_threads()),) + \
                 self.omitted
-        return (kernels.blocked_pool(self.kind, x, out, *self._window(x.shape[2:4], axes),
-                                     get_num_threads()),) + self.omitted
+        return (kernels.pool(self.kind, x, out, *self._window(x.shape[2:4], axes),
+                             get_num_threads()),) + self.omitted
 
     def _global(self, size, axes):
         """Whether the one window is the whole plane."""
