@@ -1,5 +1,5 @@
-"""Benchmark cso against im2col + NumPy GEMM (and onnxruntime, PyTorch when installed) and write
-a report: report.md, a self-contained report.html, PNG plots and results.json.
+"""Benchmark cso against im2col + NumPy GEMM (and onnxruntime, PyTorch, XNNPACK when installed)
+and write a report: report.md, a self-contained report.html, PNG plots and results.json.
 
     python -m bench                          # the quick mixed suite (about two minutes)
     python -m bench --suite layers           # the 17-layer ResNet/VGG/MobileNet/YOLO list
@@ -30,8 +30,9 @@ def parse_args():
                         help="quick, resnet50, vgg16, mobilenet, layers, convbench[:N], "
                              "depthwise[:N], grouped[:N] or a CSV path[:N] (default: quick)")
     parser.add_argument("--engines", default=None,
-                        help="comma-separated, from cso, im2col, onnxruntime, torch (default: "
-                             "every installed one)")
+                        help="comma-separated, from cso, im2col, onnxruntime, torch, xnnpack "
+                             "(default: every installed one), and cso-blocked, cso-nhwc (cso "
+                             "on channel-blocked or channels-last values)")
     parser.add_argument("--threads", type=int, default=1,
                         help="threads of every engine, cso included (default 1)")
     parser.add_argument("--repeat", type=int, default=5, help="timed samples per engine (median)")
@@ -93,7 +94,7 @@ for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[var] = str(opts.threads)
 
 from . import documents, report  # noqa: E402  (imports NumPy)
-from .engines import CSO_OPTIONS, ENGINES, available_engines  # noqa: E402
+from .engines import CSO_OPTIONS, ENGINES, LAYOUTS, available_engines, default_engines  # noqa: E402
 from .measure import measure_conv, measure_schedules, settle_seconds  # noqa: E402
 from .scaling import SCALING_ENGINES, run_children  # noqa: E402
 from .memory import measure_memory, memory_lines  # noqa: E402
@@ -128,13 +129,14 @@ def selected_engines():
             parser.error(f"--engines with --scaling must include cso and come from "
                          f"{list(SCALING_ENGINES)}, got {engines}")
     else:
-        engines = (opts.engines or ",".join(available_engines())).split(",")
+        engines = opts.engines.split(",") if opts.engines else default_engines()
         if any(e not in ENGINES for e in engines) or "cso" not in engines or "im2col" not in engines:
             parser.error(f"--engines must include cso and im2col and come from {list(ENGINES)}, "
                          f"got {engines}")
     missing = [e for e in engines if e not in available_engines()]
     if missing:
-        parser.error(f"--engines: {missing} not installed (pip install '.[compare]' or torch)")
+        parser.error(f"--engines: {missing} not installed (pip install '.[compare]', "
+                     f"'.[xnnpack]' or torch)")
     return engines
 
 
@@ -225,6 +227,8 @@ def main():
                   if label == "Threads" else text) for label, text in facts]
     facts += [
         ("Suite", f"{opts.suite}{' (--quick)' if opts.quick else ''}: {len(specs)} convolutions, float32"),
+        ("Layouts", "each engine fed its own, converted outside the timed calls: "
+                    + ", ".join(f"{e} {LAYOUTS.get(e, 'nchw').upper()}" for e in engines)),
         ("Timing", f"median of {repeat} sample{'s' * (repeat > 1)}, each engine timed in blocks "
                    "(a warm-up, then back-to-back samples; the engines in turn, then in reverse"
                    + (f"; {settle_seconds(opts.threads):.2f} s of rest before each block"

@@ -1,5 +1,12 @@
 """The engines compared, each built once per layer as ``engine(spec, w) -> run(x)``, plus an
-independent float64 reference that every engine's output is checked against before timing."""
+independent float64 reference that every engine's output is checked against before timing.
+
+Each engine is fed its own layout (``LAYOUTS``; NCHW where it names none): the input is
+converted before the timed calls (``fed``) and the output back to NCHW for the check after
+them (``as_nchw``)."""
+import contextlib
+import os
+
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
@@ -19,6 +26,18 @@ def cso_engine(spec, w, threads=1, **options):
     t, b, l, r = spec.padding
     return cso.Conv2d(w, stride=spec.stride, padding=((t, b), (l, r)), dilation=spec.dilation,
                       groups=spec.groups, input_shape=spec.input_shape, **options)
+
+
+def cso_blocked_engine(spec, w, threads=1):
+    """cso on channel-blocked values (``cso.Blocked``, blocks of the vector width) in and out,
+    as layers chained in a model keep them."""
+    return cso_engine(spec, w, threads)
+
+
+def cso_nhwc_engine(spec, w, threads=1):
+    """cso on channels-last arrays in and out (``layout="nhwc"``)."""
+    conv = cso_engine(spec, w, threads)
+    return lambda x: conv(x, layout="nhwc")
 
 
 def im2col_engine(spec, w, threads=1):
@@ -88,21 +107,106 @@ def torch_engine(spec, w, threads=1):
     return run
 
 
-ENGINES = {"cso": cso_engine, "im2col": im2col_engine, "onnxruntime": onnxruntime_engine,
-           "torch": torch_engine}
+class Unsupported(Exception):
+    """An engine cannot run this convolution (its row drops out of every engine's geomean)."""
+
+
+def xnnpack_engine(spec, w, threads=1):
+    """XNNPACK, TensorFlow Lite's CPU engine for float32: a one-layer Keras model (explicit
+    pads as a ``ZeroPadding2D``, then ``Conv2D(groups=...)`` or, one channel per group,
+    ``DepthwiseConv2D``) converted to TFLite and run by LiteRT's interpreter on NHWC arrays.
+    Keras refuses a stride and a dilation both above 1 (``Unsupported``)."""
+    if max(spec.stride) > 1 and max(spec.dilation) > 1:
+        raise Unsupported("Keras takes no stride and dilation both above 1")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    with _quiet():   # TensorFlow and the converter print their progress
+        import tensorflow as tf
+        from ai_edge_litert.interpreter import Interpreter
+
+        t, b, l, r = spec.padding
+        x_in = tf.keras.Input((spec.h, spec.w, spec.c), batch_size=spec.n)
+        padded = tf.keras.layers.ZeroPadding2D(((t, b), (l, r)))(x_in) if any(spec.padding) else x_in
+        if spec.c_per_group == 1 and spec.groups > 1:
+            layer = tf.keras.layers.DepthwiseConv2D(
+                (spec.r, spec.s), spec.stride, depth_multiplier=spec.k_per_group,
+                dilation_rate=spec.dilation, use_bias=False)
+            kernel = w.reshape(spec.c, spec.k_per_group, spec.r, spec.s).transpose(2, 3, 0, 1)
+        else:
+            layer = tf.keras.layers.Conv2D(spec.k, (spec.r, spec.s), spec.stride,
+                                           dilation_rate=spec.dilation, groups=spec.groups,
+                                           use_bias=False)
+            kernel = w.transpose(2, 3, 1, 0)
+        model = tf.keras.Model(x_in, layer(padded))
+        layer.set_weights([kernel])
+        interpreter = Interpreter(model_content=tf.lite.TFLiteConverter.from_keras_model(model)
+                                  .convert(), num_threads=threads)
+        interpreter.allocate_tensors()
+    x_index = interpreter.get_input_details()[0]["index"]
+    y_index = interpreter.get_output_details()[0]["index"]
+
+    def run(x):
+        interpreter.set_tensor(x_index, x)
+        interpreter.invoke()
+        return interpreter.get_tensor(y_index)
+
+    return run
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Standard output and error (the file descriptors: native code writes there) to
+    /dev/null."""
+    saved = [os.dup(fd) for fd in (1, 2)]
+    with open(os.devnull, "w") as null:
+        try:
+            for fd in (1, 2):
+                os.dup2(null.fileno(), fd)
+            yield
+        finally:
+            for fd, copy in zip((1, 2), saved):
+                os.dup2(copy, fd)
+                os.close(copy)
+
+
+ENGINES = {"cso": cso_engine, "cso-blocked": cso_blocked_engine, "cso-nhwc": cso_nhwc_engine,
+           "im2col": im2col_engine, "onnxruntime": onnxruntime_engine, "torch": torch_engine,
+           "xnnpack": xnnpack_engine}
+LAYOUTS = {"cso-blocked": "blocked", "cso-nhwc": "nhwc", "xnnpack": "nhwc"}
 ALWAYS = ("cso", "im2col")
-OPTIONAL_MODULES = {"onnxruntime": "onnxruntime", "torch": "torch"}
+ON_REQUEST = ("cso-blocked", "cso-nhwc")   # cso in other layouts: with --engines only
+OPTIONAL_MODULES = {"onnxruntime": ("onnxruntime", "onnx"), "torch": ("torch",),
+                    "xnnpack": ("tensorflow", "ai_edge_litert")}
 
 
 def available_engines():
-    """cso and im2col always; onnxruntime and torch when they (and onnx) can be imported."""
+    """cso and im2col always, onnxruntime, torch and xnnpack when what they need can be
+    imported (the default engines); cso in its other layouts (``ON_REQUEST``)."""
     import importlib.util
     found = list(ALWAYS)
-    for name, module in OPTIONAL_MODULES.items():
-        needs = (module, "onnx") if name == "onnxruntime" else (module,)
-        if all(importlib.util.find_spec(m) is not None for m in needs):
+    for name, modules in OPTIONAL_MODULES.items():
+        if all(importlib.util.find_spec(m) is not None for m in modules):
             found.append(name)
-    return found
+    return found + list(ON_REQUEST)
+
+
+def default_engines():
+    return [e for e in available_engines() if e not in ON_REQUEST]
+
+
+def fed(engine, x):
+    """The NCHW input ``x`` in ``engine``'s layout."""
+    layout = LAYOUTS.get(engine, "nchw")
+    if layout == "nhwc":
+        return np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    return cso.Blocked.from_nchw(x) if layout == "blocked" else x
+
+
+def as_nchw(engine, y):
+    """``engine``'s output ``y`` as NCHW."""
+    layout = LAYOUTS.get(engine, "nchw")
+    if layout == "nhwc":
+        return y.transpose(0, 3, 1, 2)
+    return y.to_nchw() if layout == "blocked" else y
 
 
 def reference(spec, x, w):

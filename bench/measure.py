@@ -17,7 +17,7 @@ import csa
 import cso
 from cso.loop_nests import PACK, POST
 
-from .engines import ENGINES, check, cso_engine, reference
+from .engines import ENGINES, Unsupported, as_nchw, check, cso_engine, fed, reference
 
 MIN_SAMPLE_SECONDS = 0.005
 # how long other engines' pools spin on after a call (onnxruntime's: tens of ms)
@@ -78,16 +78,21 @@ def measure_conv(spec, engines, repeat, threads=1):
     x, w = operands(spec)
     ref = reference(spec, x, w)
     result = {"spec": str(spec), "gflop": spec.flops / 1e9}
-    runs = {}
+    runs, inputs = {}, {}
     for name in engines:
-        run, load = _timed(lambda: ENGINES[name](spec, w, threads))
-        out, first = _timed(lambda: run(x))
-        check(name, spec, out, ref)
+        try:
+            run, load = _timed(lambda: ENGINES[name](spec, w, threads))
+        except Unsupported as reason:
+            result.setdefault("unsupported", {})[name] = str(reason)
+            continue
+        inputs[name] = fed(name, x)
+        out, first = _timed(lambda: run(inputs[name]))
+        check(name, spec, as_nchw(name, out), ref)
         runs[name] = run
         if name == "cso":
             result["cso"] = {"load_s": load, "first_call_s": first,
                              "plan": plan_facts(run.plan_for(x.shape))}
-    timed = {name: (lambda run=run: run(x)) for name, run in runs.items()}
+    timed = {name: (lambda run=run, x=inputs[name]: run(x)) for name, run in runs.items()}
     depthwise = "cso" in runs and csa.is_depthwise(spec)
     if depthwise:   # a copy of as many bytes, timed beside the engines
         moved = csa.moved_bytes(spec)

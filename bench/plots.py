@@ -8,7 +8,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from .stats import geomean  # noqa: E402
 
-COLORS = {"cso": "#1f77b4", "im2col": "#7f7f7f", "onnxruntime": "#ff7f0e", "torch": "#d62728"}
+COLORS = {"cso": "#1f77b4", "cso-blocked": "#aec7e8", "cso-nhwc": "#17becf", "im2col": "#7f7f7f",
+          "onnxruntime": "#ff7f0e", "torch": "#d62728", "xnnpack": "#2ca02c"}
 PHASE_COLORS = {"packing": "#ff7f0e", "micro-kernel": "#1f77b4", "post-conv": "#2ca02c",
                 "other": "#c7c7c7"}
 DPI = 110
@@ -34,7 +35,7 @@ def gflops_bars(results, engines, peak, path):
     bar = 0.8 / len(engines)
     for i, engine in enumerate(engines):
         ys = [row + (i - (len(engines) - 1) / 2) * bar for row in range(len(results))]
-        ax.barh(ys, [r["gflops"][engine] for r in results], height=bar, label=engine,
+        ax.barh(ys, [r["gflops"].get(engine, 0.0) for r in results], height=bar, label=engine,
                 color=COLORS.get(engine))
     ax.axvline(peak, color="black", linestyle="--", linewidth=1,
                label=f"measured FMA peak ({peak:.0f})")
@@ -53,7 +54,8 @@ def speedup_sorted(results, engines, path):
     for engine in engines:
         if engine == "im2col":
             continue
-        ratios = sorted(r["gflops"][engine] / r["gflops"]["im2col"] for r in results)
+        ratios = sorted(r["gflops"][engine] / r["gflops"]["im2col"] for r in results
+                        if engine in r["gflops"])
         wins = sum(v > 1 for v in ratios)
         ax.plot(range(1, len(ratios) + 1), ratios, marker="o", markersize=3, color=COLORS.get(engine),
                 label=f"{engine}: faster on {wins} of {len(ratios)}, geomean {geomean(ratios):.2f}x")

@@ -15,7 +15,7 @@ from cso.cpus import available_cpus
 from microkernels import default_isa, host_isa
 from microkernels.probe import UKERNEL_K, fma_peak, kernel_throughput
 
-from .stats import geomean
+from .stats import cell, geomean, ran_by_all
 
 
 # a convolution planned in each micro-kernel orientation (the overrides make sure of it)
@@ -56,8 +56,8 @@ def machine_facts(threads):
                 f"{cso.host_machine().tuning.measured_on}"),
         ("Calibration", calibration_text()),
         ("Caches", f"as CSA sees them: {cso.host_machine()}"),
-        ("Threads", f"{threads} for every engine (cso, im2col's BLAS, onnxruntime, PyTorch), on "
-                    f"{cores} core(s)"),
+        ("Threads", f"{threads} for every engine (cso, im2col's BLAS, onnxruntime, PyTorch, "
+                    f"XNNPACK), on {cores} core(s)"),
         ("NumPy", f"{np.__version__}, BLAS {blas}"),
         ("FMA peak", f"{fma_gflops:.1f} GFLOP/s measured on one core ({fma_count} full-width vector FMAs "
                      f"in the probe's asm; x {cores} core(s) = {cores * fma_gflops:.1f})"),
@@ -121,11 +121,14 @@ def print_table(results, engines, peak):
     print(_line(header, widths))
     print(rule)
     for spec, gflop, g in rows:
-        print(_line([spec, f"{gflop:.3f}"] + [f"{g[e]:.1f}" for e in engines]
-                    + [f"{g['cso'] / g[e]:.2f}x" for e in others] + [f"{100 * g['cso'] / peak:.1f}%"],
+        print(_line([spec, f"{gflop:.3f}"] + [cell(g, e) for e in engines]
+                    + [cell(g, e, g["cso"]) for e in others] + [f"{100 * g['cso'] / peak:.1f}%"],
                     widths))
     print(rule)
-    mean = {e: geomean(g[e] for _, _, g in rows) for e in engines}
+    results = ran_by_all(results, engines)
+    if len(results) < len(rows):
+        print(f"(geomeans and counts below: the {len(results)} convolutions every engine ran)")
+    mean = {e: geomean(r["gflops"][e] for r in results) for e in engines}
     print(_line(["geomean", ""] + [f"{mean[e]:.1f}" for e in engines]
                 + [f"{mean['cso'] / mean[e]:.2f}x" for e in others] + [f"{100 * mean['cso'] / peak:.1f}%"],
                 widths))

@@ -3,9 +3,14 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
+import cso
+from bench.engines import as_nchw, fed
+from bench.measure import operands
 from bench.suites import MOBILENET, RESNET50, TIMM_CSV, VGG16, suite
+from csa import ConvSpec
 
 from .children import CHILD_CWD
 
@@ -141,3 +146,43 @@ def test_convbench_samples_are_stratified_and_reproducible(tmp_path):
     path.write_text("\n".join(lines[:41]) + "\n")
     assert len(suite(str(path))) == 40
     assert len(suite(f"{path}:5")) == 5
+
+
+def test_engines_are_fed_their_own_layouts_and_checked():
+    from bench.measure import measure_conv
+    spec = ConvSpec.parse("n1c24h9w11k16r3s3p1u1g2")   # partial blocks on AVX2 and AVX-512
+    result = measure_conv(spec, ["cso", "im2col", "cso-blocked", "cso-nhwc"], repeat=1)
+    assert set(result["gflops"]) == {"cso", "im2col", "cso-blocked", "cso-nhwc"}
+    assert all(g > 0 for g in result["gflops"].values())
+    x, _ = operands(spec)
+    assert isinstance(fed("cso-blocked", x), cso.Blocked)
+    assert fed("cso-nhwc", x).shape == (1, 9, 11, 24) and fed("xnnpack", x).shape == (1, 9, 11, 24)
+    np.testing.assert_array_equal(as_nchw("xnnpack", fed("xnnpack", x)), x)
+
+
+def test_a_convolution_an_engine_refuses_leaves_every_geomean(monkeypatch, capsys):
+    """XNNPACK (Keras) refuses a stride and a dilation both above 1, before importing anything;
+    such a row shows n/a and drops out of every engine's geomean and counts."""
+    from bench import documents, engines, measure, report
+    strided_dilated = ConvSpec.parse("n1c8h12w12k8r3s3p2u2d2")
+    with pytest.raises(engines.Unsupported, match="stride and dilation"):
+        engines.xnnpack_engine(strided_dilated, operands(strided_dilated)[1])
+
+    def picky(spec, w, threads=1):   # im2col, refusing the strided one
+        if spec.stride != (1, 1):
+            raise engines.Unsupported("strided")
+        return engines.im2col_engine(spec, w, threads)
+
+    monkeypatch.setitem(engines.ENGINES, "picky", picky)
+    specs = [ConvSpec.parse("n1c8h12w12k8r3s3p1u1"), strided_dilated]
+    results = [measure.measure_conv(s, ["cso", "im2col", "picky"], repeat=1) for s in specs]
+    assert "picky" in results[0]["gflops"] and "picky" not in results[1]["gflops"]
+    assert results[1]["unsupported"] == {"picky": "strided"}
+    report.print_table(results, ["cso", "im2col", "picky"], peak=100.0)
+    out = capsys.readouterr().out
+    assert "n/a" in out.splitlines()[3] and "the 1 convolutions every engine ran" in out
+    geomean_line = next(line for line in out.splitlines() if line.startswith("geomean"))
+    assert f"{results[0]['gflops']['cso']:.1f}" in geomean_line   # the first row's alone
+    summary = documents._summary(results, ["cso", "im2col", "picky"])
+    assert summary["convolutions"] == 1
+    assert summary["geomean_gflops"]["im2col"] == pytest.approx(results[0]["gflops"]["im2col"])
