@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import Optional, Union
+from typing import NamedTuple, Optional, Union
 
 import numpy as np
 
@@ -92,6 +92,7 @@ class Conv2d:
         self.weight_shape = weight.shape
         self.bias = np.empty(0, self.dtype) if bias is None else np.array(bias, copy=True)
         self._by_shape = {}
+        self._routes = {}
         self._padded_bias = None
         # what a copy is built from besides the filters and bias (pickling, ``copy.deepcopy``)
         self._arguments = dict(
@@ -168,10 +169,7 @@ class Conv2d:
                     raise
                 raise ValueError(f"plan_overrides {dict(self.overrides)} for input of shape "
                                  f"{shape}: {err}") from None
-            with _tables:  # calls from several threads may miss at once
-                if len(self._by_shape) >= PREPARED_SHAPES:
-                    del self._by_shape[next(iter(self._by_shape))]
-                self._by_shape[key] = found
+            _remember(self._by_shape, key, found)
         return found
 
     def _plan_for(self, spec, threads, layout="nchw"):
@@ -319,43 +317,36 @@ class Conv2d:
             raise TypeError(f"input dtype {xb.dtype} differs from weight dtype {self.dtype}; "
                             "mixed dtypes are not supported")
         shape = xb.shape if isinstance(xb, Blocked) else x.shape
-        threads = get_num_threads()
-        spec = self.spec_for(shape, self.dtype)   # (checks the shapes)
-        lanes = block_size(self.dtype, self.isa)
-        out_shape = (shape[0],) + spec.output_shape[1:]
+        in_block = 1 if in_layout == "nchw" else xb.block
+        route = self._route(shape, in_layout, in_block, out_layout, get_num_threads())
+        lanes, out_shape = route.lanes, route.out_shape
         check_out(out, out_layout, out_shape, self.dtype, lanes)
         if out is None and self.accumulate:
             raise ValueError(f"accumulate=True adds to out: pass out= (of shape {out_shape} "
                              f"as NCHW, layout {out_layout!r})")
-        plan, rows = self._blocked_plan(spec, lanes, threads)
-        if plan is None:   # NCHW in between
+        if route.prepared is None:   # NCHW in between
             acc = to_nchw(out, out_layout) if self.accumulate else None
             result = self._call(to_nchw(xb, in_layout), acc, phases)
             return written(from_nchw(result, out_layout, lanes), out)
-        depthwise = isinstance(plan, csa.DepthwisePlan)
-        in_block = 1 if in_layout == "nchw" else xb.block
-        if not reads_blocks(plan, in_block):
+        if route.reblock:
             xb = Blocked.from_nchw(x, lanes) if in_layout == "nchw" else xb.reblocked(lanes)
-            in_layout, in_block = "blocked", lanes
-        # a depthwise plan writes blocks of the lanes only
-        out_block = spec.k if out_layout == "nhwc" and not depthwise else lanes
+            in_layout = "blocked"
+        out_block = route.out_block
         if out_layout == "blocked" and out is not None:
             result = out
-        elif out_layout == "nhwc" and out is not None and out_block == spec.k:
+        elif out_layout == "nhwc" and out is not None and out_block == out_shape[1]:
             result = Blocked.from_nhwc(out)
         elif self.accumulate and out_layout == "nchw":
             result = Blocked.from_nchw(out, lanes)
         else:
             result = Blocked.empty(out_shape, self.dtype, out_block)
-        prepared = self._prepared(merged(shape, rows), self.dtype, threads,
-                                  (in_block, out_block))
         if shape[0]:
+            rows = route.rows
             data = x if in_layout == "nchw" else xb.data
-            weights = (self._blocked_depthwise_weight(lanes) if depthwise
-                       else self.packed_weight(plan.nf))
-            prepared.run(data.reshape(merged(data.shape, rows)), weights,
-                         self._bias_for(result.data.shape[1] * result.data.shape[4]),
-                         result.data.reshape(merged(result.data.shape, rows)), phases, threads)
+            route.prepared.run(data.reshape(merged(data.shape, rows)), route.weights,
+                               self._bias_for(result.data.shape[1] * result.data.shape[4]),
+                               result.data.reshape(merged(result.data.shape, rows)), phases,
+                               route.threads)
         if out_layout == "blocked":
             return result
         if out_layout == "nhwc":
@@ -363,6 +354,36 @@ class Conv2d:
                 return out
             return written(result.to_nhwc(), out)
         return written(result.to_nchw(), out)
+
+    def _route(self, shape, in_layout, in_block, out_layout, threads):
+        """How calls on an input of ``shape`` (N, C, H, W) in ``in_layout`` (blocks of
+        ``in_block`` channels) with an ``out_layout`` output run, decided once per such call
+        (a table bounded as ``_prepared``'s): a ``_Route`` whose ``prepared`` is
+        the blocked plan's, or None where the convolution runs on the NCHW plan."""
+        key = (shape, in_layout, in_block, out_layout, threads)
+        found = self._routes.get(key)
+        if found is not None:
+            return found
+        spec = self.spec_for(shape, self.dtype)   # (checks the shapes)
+        lanes = block_size(self.dtype, self.isa)
+        out_shape = (shape[0],) + spec.output_shape[1:]
+        plan, rows = self._blocked_plan(spec, lanes, threads)
+        if plan is None:
+            found = _Route(lanes, out_shape, None, False, lanes, rows, None, threads)
+        else:
+            depthwise = isinstance(plan, csa.DepthwisePlan)
+            reblock = not reads_blocks(plan, in_block)
+            in_block = lanes if reblock else in_block
+            # a depthwise plan writes blocks of the lanes only
+            out_block = spec.k if out_layout == "nhwc" and not depthwise else lanes
+            prepared = self._prepared(merged(shape, rows), self.dtype, threads,
+                                      (in_block, out_block))
+            weights = (self._blocked_depthwise_weight(lanes) if depthwise
+                       else self.packed_weight(plan.nf))
+            found = _Route(lanes, out_shape, prepared, reblock, out_block, rows, weights,
+                           threads)
+        _remember(self._routes, key, found)
+        return found
 
     def _blocked_plan(self, spec, lanes, threads):
         """(the blocked plan of ``spec``, the rows of its plane it runs as one: a plain 1x1's,
@@ -427,6 +448,30 @@ class Conv2d:
                 + (f", channel_shuffle={self.channel_shuffle}" if self.channel_shuffle > 1
                    else "")
                 + (", tune=True)" if self.tune else ")"))
+
+
+def _remember(table, key, found):
+    """``table[key] = found``, the oldest entry dropped from a full table (``PREPARED_SHAPES``:
+    a stream of new shapes cannot grow it)."""
+    with _tables:  # calls from several threads may miss at once
+        if len(table) >= PREPARED_SHAPES:
+            del table[next(iter(table))]
+        table[key] = found
+
+
+class _Route(NamedTuple):
+    """A ``Conv2d._route``: the kernels' block (``lanes``), the output's NCHW shape, the
+    blocked plan's ``Prepared`` (None: the NCHW plan runs, with reorders around it), whether
+    the input is re-blocked first, the output's block, the plane's rows run as one (a plain
+    1x1's), the filters as the plan reads them and the thread count."""
+    lanes: int
+    out_shape: tuple
+    prepared: Optional[Prepared]
+    reblock: bool
+    out_block: int
+    rows: int
+    weights: Optional[np.ndarray]
+    threads: int
 
 
 def _store_activation(activation):

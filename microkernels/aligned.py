@@ -5,6 +5,7 @@ blocks) cross a line boundary every other time: a 1x1 convolution reading 256 pl
 in place ran 15% slower from such an input than from one on a line (Zen 3). NumPy aligns to 16
 bytes only; these arrays are views of a byte array one line longer, which owns the memory (their
 ``base``)."""
+import ctypes
 import math
 
 import numpy as np
@@ -15,8 +16,25 @@ LINE = 64
 def aligned_empty(shape, dtype):
     """An uninitialised C-contiguous array of ``shape`` (a tuple or an int) and ``dtype``
     starting on a ``LINE``-byte boundary."""
-    shape = tuple(shape) if np.iterable(shape) else (shape,)
-    nbytes = np.dtype(dtype).itemsize * math.prod(shape)
-    raw = np.empty(nbytes + LINE, np.uint8)
-    start = -raw.ctypes.data % LINE
-    return raw[start:start + nbytes].view(dtype).reshape(shape)
+    shape = shape if type(shape) is tuple else tuple(shape) if np.iterable(shape) else (shape,)
+    dtype = np.dtype(dtype)
+    raw = np.empty(dtype.itemsize * math.prod(shape) + LINE, np.uint8)
+    return np.ndarray(shape, dtype, raw, -data_address(raw) % LINE)
+
+
+_HEADER = object.__basicsize__          # PyArrayObject: the object header, then char *data
+_read_address = ctypes.c_size_t.from_address
+
+
+def data_address(array):
+    """The address of ``array``'s data, read from the array object itself (NumPy's C ABI),
+    0.2 us against 1.4 us for ``array.ctypes.data``: a convolution's call reads five to seven
+    (its arguments, a new output's alignment)."""
+    return _read_address(id(array) + _HEADER).value
+
+
+_probe = np.empty(3)
+if data_address(_probe) != _probe.ctypes.data:   # not CPython's object layout: the slow way
+    def data_address(array):   # noqa: F811
+        return array.ctypes.data
+del _probe
