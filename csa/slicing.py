@@ -18,7 +18,8 @@ from .register_blocking import (TILE_VECTORS, blocked_tile, direct_windows, filt
                                 microtile)
 from .overrides import SLICING_OVERRIDES, forced_note
 from .thread_split import parts_per_thread, thread_split
-from .variants import choose_vector, reads_input_unpacked, slab_fits, use_direct, use_slab
+from .variants import (choose_vector, grouped_direct, reads_input_unpacked, slab_fits, use_direct,
+                       use_slab)
 
 @dataclass(frozen=True)
 class SlicingPlan(SlabGeometry):
@@ -272,11 +273,12 @@ def analyze_slicing(spec, machine, threads, overrides, layout="nchw"):
         vectors_along, slab = "filters", True
     tiles = {"windows": microtile(machine, spec.itemsize),
              "filters": filter_vector_tile(machine, spec.itemsize, spec.p * spec.q)}
-    direct_tile = (blocked_tile(spec, machine) if blocked else
+    grouped = not blocked and grouped_direct(spec, machine)
+    direct_tile = (blocked_tile(spec, machine) if blocked or grouped else
                    (direct_windows(spec, machine),
                     TILE_VECTORS * machine.vector_bytes // spec.itemsize))
     tile = microtile_shape or direct_tile
-    fits_direct = use_direct(spec, *tile, machine.tuning) and slab_within(
+    fits_direct = (grouped or use_direct(spec, *tile, machine.tuning)) and slab_within(
         spec, tile[0], direct_channel_tile(spec, tile[1], machine.l2), "filters", machine.l3)
     if vectors_along is None:
         vectors_along = ("filters" if slab is not False and fits_direct else

@@ -5,6 +5,7 @@ from math import ceil, gcd
 
 from .blocking import CACHE_FILL, PAGE, tile_footprints
 from .layout import plain_1x1, slab_shape, window_tiles
+from .register_blocking import blocked_tile
 
 DIRECT_WASTE = 0.1   # padded work a direct plan may add (row-aligned tiles, filter tiles)
 
@@ -21,6 +22,29 @@ def use_direct(spec, nwin, nf, tuning):
     return (spec.stride == (1, 1) and slab_fits(spec, nwin, "filters")
             and spec.c_per_group * spec.r * spec.s >= tuning.direct_min_depth
             and padded <= (1 + DIRECT_WASTE) * spec.p * spec.q * spec.k_per_group)
+
+
+GROUPED_CHANNELS = (8, 64)     # channels per group of the grouped rule (grouped_direct)
+GROUPED_MIN_LANE_USE = 2 / 3  # of its filter tiles' lanes a group's filters must fill
+
+
+def grouped_direct(spec, machine):
+    """Whether a grouped convolution (2 or more groups of GROUPED_CHANNELS channels) runs
+    direct on NCHW, windows broadcast from a slab of each group's channels and filter tiles of
+    one, two or three vectors as a blocked plan's (``blocked_tile``: the most lanes a group's
+    filters use): stride 1, a plane of at most ``tuning.grouped_direct_max_plane`` outputs,
+    tiles at least GROUPED_MIN_LANE_USE full. A group's few channels make shallow calls, which
+    ``use_direct`` leaves to packed tiles; but packing R*S shifted copies of each window per
+    group costs more, and 6 or 16 filters a tile leave a group of 8 a third or half of its
+    lanes idle. Larger planes, stride 2, groups of 4 and of hundreds run the other plans as
+    fast or faster (csa/TUNING.md, "Grouped convolutions")."""
+    fewest, most = GROUPED_CHANNELS
+    if (spec.groups == 1 or not fewest <= spec.c_per_group <= most or spec.stride != (1, 1)
+            or spec.p * spec.q > machine.tuning.grouped_direct_max_plane):
+        return False
+    nwin, nf = blocked_tile(spec, machine)
+    k = spec.k_per_group
+    return k / (ceil(k / nf) * nf) >= GROUPED_MIN_LANE_USE and slab_fits(spec, nwin, "filters")
 
 
 def padded_work(spec, nwin, nf):

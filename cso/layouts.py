@@ -28,7 +28,9 @@ from csa import DepthwisePlan
 from csa.layout import blocked_fits
 from microkernels.aligned import aligned_empty
 
-from .arguments import check_array
+from . import reorder
+from .arguments import FLOAT_DTYPES, check_array
+from .reorder import reorder_lanes
 from .host import host_machine
 
 LAYOUTS = ("nchw", "nhwc", "blocked")   # what a call's ``out_layout`` may ask for
@@ -102,6 +104,9 @@ class Blocked:
             raise ValueError(f"block must be a positive int (channels a block), got {block!r}")
         n, c, h, w = x.shape
         result = cls.empty(x.shape, x.dtype, block)
+        if x.dtype in FLOAT_DTYPES and x.flags.c_contiguous and block == reorder_lanes(x.dtype):
+            reorder.to_blocks(x, result.data)
+            return result
         padded = -(-c // block) * block
         if padded > c:
             result.data[:, -1, :, :, c - padded:] = 0
@@ -124,6 +129,8 @@ class Blocked:
     def to_nchw(self):
         """The tensor as a new C-contiguous (N, C, H, W) array."""
         n, c, h, w = self.shape
+        if self.block == reorder_lanes(self.dtype):
+            return reorder.to_nchw(self.data, np.empty(self.shape, self.dtype))
         padded = self.data.shape[1] * self.block
         flat = self.data.transpose(0, 1, 4, 2, 3).reshape(n, padded, h, w)
         return np.ascontiguousarray(flat[:, :c])

@@ -40,6 +40,9 @@ CASES = {
                         {"vectors_along": "filters", "slab": True, "band": 2}),
     "grouped": (1, 12, 10, 11, 18, 3, 3, 1, 1, 1, 3, {}),
     "grouped_filters": (1, 12, 6, 7, 18, 3, 3, 1, 1, 1, 3, {"vectors_along": "filters"}),
+    # groups of 8 channels: direct, a vector of filters a tile (AVX2); 12 filters a group: two
+    "grouped_direct": (2, 24, 9, 13, 24, 3, 3, 1, 1, 1, 3, {}),
+    "grouped_direct_partial_tiles": (1, 16, 7, 11, 24, 3, 3, 1, (1, 2), 1, 2, {}),
     "depthwise": (1, 9, 13, 17, 9, 3, 3, 1, 1, 1, 9, {}),
     "depthwise_s2_multiplier": (2, 5, 14, 19, 10, 5, 5, 2, 2, 1, 5, {}),
     "depthwise_7x7_small": (1, 3, 7, 7, 3, 7, 7, 1, 3, 1, 3, {}),
