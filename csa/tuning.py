@@ -43,6 +43,9 @@ class Tuning:
     part_min_flops: float = 3e6
     depthwise_thread_min_flops: float = 0.5e6   # the same for a depthwise plan (about 10 us)
     direct_min_depth: int = 512     # C/groups*R*S a direct plan needs (shallower: C's tile costs)
+    # taps (R*S) from which an NCHW depthwise convolution runs its blocked plan, its planes
+    # transposed into blocks and back (``cso.Conv2d``; 0: not measured, never)
+    depthwise_blocked_min_taps: int = 0
     # outputs a grouped convolution's plane may have for its plan to be direct
     # (``csa.variants.grouped_direct``; 0: not measured, never)
     grouped_direct_max_plane: int = 0
@@ -126,20 +129,20 @@ AVX2 = Tuning(
     broadcast_operand=False, direct_windows=((6, 1.0), (5, 0.97), (4, 0.90)),
     filter_windows=((6, 1.0), (5, 0.98), (4, 0.96)), thread_min_flops=1e6,
     part_min_flops=1.2e6, depthwise_thread_min_flops=0.2e6, direct_min_depth=144,
-    grouped_direct_max_plane=1024, slab_max_filter_tiles=3, transpose_depth=16,
-    packing_filters=6, packed_1x1_filters=256, output_prefetch=2)
+    grouped_direct_max_plane=1024, depthwise_blocked_min_taps=49, slab_max_filter_tiles=3,
+    transpose_depth=16, packing_filters=6, packed_1x1_filters=256, output_prefetch=2)
 # no CPU measured: the usual FMA core (latency 4, two pipes) with SSE/NEON-width vectors; the
 # plan constants as the AVX2 core measured them
 GENERIC = Tuning("generic", "not measured: a typical core", fma_latency=4, fma_pipes=2,
                  loads_per_cycle=2.0, broadcast_operand=False, direct_min_depth=144,
-                 grouped_direct_max_plane=1024, slab_max_filter_tiles=3,
-                 transpose_depth=16, packing_filters=6, packed_1x1_filters=256,
+                 grouped_direct_max_plane=1024, depthwise_blocked_min_taps=49,
+                 slab_max_filter_tiles=3, transpose_depth=16, packing_filters=6, packed_1x1_filters=256,
                  output_prefetch=2)
 NEON = Tuning("neon", "not measured (aarch64 runs here under emulation only): Neoverse/Apple "
               "cores have 2-4 FMA pipes of latency 4", fma_latency=4, fma_pipes=2,
               loads_per_cycle=2.0, broadcast_operand=False, direct_min_depth=144,
-              grouped_direct_max_plane=1024, slab_max_filter_tiles=3,
-              transpose_depth=16, packing_filters=6, packed_1x1_filters=256,
+              grouped_direct_max_plane=1024, depthwise_blocked_min_taps=49,
+              slab_max_filter_tiles=3, transpose_depth=16, packing_filters=6, packed_1x1_filters=256,
               output_prefetch=2)
 RECORDS = {t.isa: t for t in (AVX512, AVX2, GENERIC, NEON)}
 

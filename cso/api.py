@@ -154,6 +154,8 @@ class Conv2d:
                      | (ACCUMULATE if self.accumulate else 0))
             try:
                 plan = self._plan_for(spec, threads, "blocked" if blocks else "nchw")
+                if blocks is None and self._depthwise_on_blocks(plan):
+                    plan, blocks = self._plan_for(spec, threads, "blocked"), (1, 1)
                 if self.accumulate and isinstance(plan, csa.DepthwisePlan):
                     raise ValueError(f"accumulate=True is not supported by depthwise plans "
                                      f"(weight {self.weight_shape}, groups={self.groups}, input "
@@ -171,6 +173,29 @@ class Conv2d:
                                  f"{shape}: {err}") from None
             _remember(self._by_shape, key, found)
         return found
+
+    def _depthwise_on_blocks(self, plan):
+        """Whether an NCHW call runs depthwise ``plan`` (the NCHW one, not forced by
+        overrides) as the blocked plan on NCHW planes (``cso.depthwise``: each band's planes
+        transposed into a slab of blocks, each output row's blocks back into the planes): a
+        vector of channels a tap for every window, where the NCHW kernel's vectors run along
+        the rows, padding columns included. Filters of at least
+        ``tuning.depthwise_blocked_min_taps`` taps only: their FMAs pay for the transposes,
+        a 3x3's do not (csa/TUNING.md, "Depthwise on NCHW through blocks")."""
+        least = plan.machine.tuning.depthwise_blocked_min_taps if isinstance(
+            plan, csa.DepthwisePlan) else 0
+        return (0 < least <= plan.spec.r * plan.spec.s and self.channel_shuffle == 1
+                and not self.accumulate and not self.overrides
+                and csa.layout.blocked_fits(plan.spec, block_size(self.dtype, self.isa)))
+
+    def _operands(self, plan):
+        """(the filters, the bias) as ``plan``'s NCHW call reads them: a blocked depthwise
+        plan's weight vectors and a bias over its padded blocks, else the packed filters."""
+        if isinstance(plan, csa.DepthwisePlan) and plan.blocked:
+            lanes = plan.lanes
+            return (self._blocked_depthwise_weight(lanes),
+                    self._bias_for(-(-plan.spec.k // lanes) * lanes))
+        return self.packed_weight(plan.nf), self.bias
 
     def _plan_for(self, spec, threads, layout="nchw"):
         if not self.tune or layout != "nchw":   # (autotuning times NCHW plans)
@@ -201,8 +226,8 @@ class Conv2d:
         shape = tuple(shape)
         threads = get_num_threads()
         prepared = self._prepared(shape, self.dtype, threads)
-        packed_w = self.packed_weight(prepared.plan.nf)
-        out_shape, dtype, bias = (shape[0],) + prepared.image_output_shape, self.dtype, self.bias
+        packed_w, bias = self._operands(prepared.plan)
+        out_shape, dtype = (shape[0],) + prepared.image_output_shape, self.dtype
         run_prepared = prepared.run
 
         def run(x, out):
@@ -293,8 +318,7 @@ class Conv2d:
         x4 = x if x.ndim == 4 and x.flags.c_contiguous else \
             np.ascontiguousarray(x.reshape((batch,) + x.shape[-3:]))
         if batch:
-            prepared.run(x4, self.packed_weight(prepared.plan.nf), self.bias, result, phases,
-                         threads)
+            prepared.run(x4, *self._operands(prepared.plan), result, phases, threads)
         if out is None:
             return result if x.ndim == 4 else result[0]
         if not direct:
@@ -344,9 +368,8 @@ class Conv2d:
             rows = route.rows
             data = x if in_layout == "nchw" else xb.data
             route.prepared.run(data.reshape(merged(data.shape, rows)), route.weights,
-                               self._bias_for(result.data.shape[1] * result.data.shape[4]),
-                               result.data.reshape(merged(result.data.shape, rows)), phases,
-                               route.threads)
+                               route.bias, result.data.reshape(merged(result.data.shape, rows)),
+                               phases, route.threads)
         if out_layout == "blocked":
             return result
         if out_layout == "nhwc":
@@ -369,18 +392,22 @@ class Conv2d:
         out_shape = (shape[0],) + spec.output_shape[1:]
         plan, rows = self._blocked_plan(spec, lanes, threads)
         if plan is None:
-            found = _Route(lanes, out_shape, None, False, lanes, rows, None, threads)
+            found = _Route(lanes, out_shape, None, False, lanes, rows, None, None, threads)
         else:
             depthwise = isinstance(plan, csa.DepthwisePlan)
             reblock = not reads_blocks(plan, in_block)
             in_block = lanes if reblock else in_block
-            # a depthwise plan writes blocks of the lanes only
-            out_block = spec.k if out_layout == "nhwc" and not depthwise else lanes
+            out_block = spec.k if out_layout == "nhwc" else lanes
             prepared = self._prepared(merged(shape, rows), self.dtype, threads,
                                       (in_block, out_block))
-            weights = (self._blocked_depthwise_weight(lanes) if depthwise
-                       else self.packed_weight(plan.nf))
-            found = _Route(lanes, out_shape, prepared, reblock, out_block, rows, weights,
+            if depthwise:   # (its kernel reads a bias vector a block: padded)
+                weights = self._blocked_depthwise_weight(lanes)
+                bias = self._bias_for(-(-spec.k // lanes) * lanes)
+            else:
+                weights = self.packed_weight(plan.nf)
+                bias = self._bias_for(spec.k if out_block == spec.k else -(-spec.k // lanes)
+                                      * lanes)
+            found = _Route(lanes, out_shape, prepared, reblock, out_block, rows, weights, bias,
                            threads)
         _remember(self._routes, key, found)
         return found
@@ -463,7 +490,7 @@ class _Route(NamedTuple):
     """A ``Conv2d._route``: the kernels' block (``lanes``), the output's NCHW shape, the
     blocked plan's ``Prepared`` (None: the NCHW plan runs, with reorders around it), whether
     the input is re-blocked first, the output's block, the plane's rows run as one (a plain
-    1x1's), the filters as the plan reads them and the thread count."""
+    1x1's), the filters and bias as the plan reads them and the thread count."""
     lanes: int
     out_shape: tuple
     prepared: Optional[Prepared]
@@ -471,6 +498,7 @@ class _Route(NamedTuple):
     out_block: int
     rows: int
     weights: Optional[np.ndarray]
+    bias: Optional[np.ndarray]
     threads: int
 
 

@@ -14,17 +14,18 @@ kernel (``microkernels.depthwise_blocked``) computes a row's tiles of windows, a
 """
 import numpy as np
 
-from microkernels import (BlockedDepthwiseSpec, DepthwiseSpec, depthwise, depthwise_blocked,
-                          row_copy)
+from microkernels import (BlockedDepthwiseSpec, DepthwiseSpec, TransposeSpec, depthwise,
+                          depthwise_blocked, row_copy, transpose)
 from microkernels.spec import STORE_ACTIVATION
 from microkernels.jit import native_function
+from microkernels.loop_ir import LoopCode
 from microkernels.dtypes import DTYPES, dtype_name
 from packing import row_copier
 from packing.inputs import define_fill_slab
 
 from .entry import EntryCode, Geom
-from .loop_nests import (ALL_PHASES, KERNEL, PACK, define_blocked_offsets, define_fill_blocks,
-                         define_slab_offsets, row_column)
+from .loop_nests import (ALL_PHASES, KERNEL, PACK, define_blocked_offsets, define_slab_offsets,
+                         row_column)
 
 GEOM = Geom("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q", "P", "M", "nc", "band", "Hb", "Hs",
             "Ws", "planes", "epilogue", "phases", "fill_width", "kernel", "copy_rows", "shuffle",
@@ -34,23 +35,28 @@ GEOM = Geom("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q", "P", "M", "nc", "
 MAX_FILL_VECTORS = 4
 
 
-# a blocked plan's: its windows per row tile, the kernel of one fewer, whether it reads in place
+# a blocked plan's: its windows per row tile, the kernel of one fewer, whether it reads in place,
+# how its input and its output are held (LAYOUT_CODES), the block transpose
 BLOCKED_GEOM = Geom("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q", "P", "band", "Hb", "Hs",
                     "Ws", "lanes", "windows", "row_tiles", "unpacked", "epilogue", "phases",
-                    "kernel", "tail_kernel", "params")
+                    "kernel", "tail_kernel", "params", "in_layout", "out_layout", "transpose")
+
+# how a blocked depthwise loop nest's input and output are held (geom in_layout, out_layout)
+BLOCKS, PLANES, CHANNELS_LAST = 0, 1, 2
+LAYOUT_CODES = {"blocked": BLOCKS, "nchw": PLANES, "nhwc": CHANNELS_LAST}
 
 
 def geometry(plan, kspec, epilogue_flags, params, channel_shuffle=1, in_block=None,
              out_block=None):
     """The ``geom`` vector for ``plan`` around depthwise kernel ``kspec``, compiling the
     functions it calls on first use; ``params``: the address of the activation's parameters;
-    ``channel_shuffle`` groups: see ``Conv2d``. A blocked plan reads and writes blocks of the
-    lanes (``in_block`` and ``out_block``, which must be)."""
+    ``channel_shuffle`` groups: see ``Conv2d``. A blocked plan reads and writes values held
+    as ``in_block`` and ``out_block`` say: blocks of the lanes, of one channel (NCHW), or of
+    all the channels (channels last: the convolution's C and K)."""
     if plan.blocked:
-        if (in_block, out_block) != (plan.lanes, plan.lanes):
-            raise ValueError(f"a blocked depthwise plan reads and writes blocks of "
-                             f"{plan.lanes}, not {in_block} and {out_block}")
-        return _blocked_geometry(plan, kspec, epilogue_flags, params)
+        return _blocked_geometry(plan, kspec, epilogue_flags, params,
+                                 held_as(plan, in_block, plan.spec.c),
+                                 held_as(plan, out_block, plan.spec.k))
     s = plan.spec
     hs, ws = plan.slab_shape
     fill_width = kspec.lanes * min(MAX_FILL_VECTORS, -(-ws // kspec.lanes))
@@ -63,24 +69,37 @@ def geometry(plan, kspec, epilogue_flags, params, channel_shuffle=1, in_block=No
         copy_rows=row_copier(kspec, fill_width), shuffle=channel_shuffle, params=params)
 
 
-def _blocked_geometry(plan, kspec, epilogue_flags, params):
+def held_as(plan, block, channels):
+    """The ``LAYOUT_CODES`` layout of values of ``channels`` held in blocks of ``block``."""
+    for layout, size in (("blocked", plan.lanes), ("nchw", 1), ("nhwc", channels)):
+        if block == size:
+            return LAYOUT_CODES[layout]
+    raise ValueError(f"a blocked depthwise plan reads and writes blocks of {plan.lanes}, "
+                     f"NCHW or channels last ({channels} channels), not blocks of {block}")
+
+
+def _blocked_geometry(plan, kspec, epilogue_flags, params, in_layout, out_layout):
     s = plan.spec
     hs, ws = plan.slab_shape
     hb = plan.band_rows
-    if plan.reads_input_unpacked:   # the taps' offsets on the input's blocks
+    unpacked = plan.reads_input_unpacked and in_layout == BLOCKS   # others: a slab of blocks
+    if unpacked:   # the taps' offsets on the input's blocks
         hb, ws = s.h, s.w
     tail = (native_function(depthwise_blocked.define_blocked_depthwise,
                             BlockedDepthwiseSpec(kspec.dtype, kspec.windows - 1, kspec.isa,
                                                  kspec.activation)).address
             if s.q % plan.row_tiles else 0)
+    transposes = PLANES in (in_layout, out_layout)
     return BLOCKED_GEOM.pack(
         R=s.r, S=s.s, sh=s.stride[0], sw=s.stride[1], dh=s.dilation[0], dw=s.dilation[1],
         pt=s.padding[0], pl=s.padding[2], Q=s.q, P=s.p, band=plan.band, Hb=hb, Hs=hs, Ws=ws,
         lanes=plan.lanes, windows=plan.block_vectors, row_tiles=plan.row_tiles,
-        unpacked=plan.reads_input_unpacked,
-        epilogue=epilogue_flags, phases=ALL_PHASES,
+        unpacked=unpacked, epilogue=epilogue_flags, phases=ALL_PHASES,
         kernel=native_function(depthwise_blocked.define_blocked_depthwise, kspec).address,
-        tail_kernel=tail, params=params)
+        tail_kernel=tail, params=params, in_layout=in_layout, out_layout=out_layout,
+        transpose=native_function(transpose.define_transpose,
+                                  TransposeSpec(kspec.dtype, kspec.isa)).address
+        if transposes else 0)
 
 
 def kernel_spec(plan, isa, activation=STORE_ACTIVATION):
@@ -107,9 +126,10 @@ def scratch_elements(plan):
     """The slabs of one fill and a tail: the kernel's last vector reads up to a vector past
     the last channel's slab, and its aligned loads (``microkernels.depthwise``) one more; then
     the slack the filler's blended stores may rewrite (``row_copy.SCRATCH_SLACK``)."""
-    if plan.blocked:
-        return plan.channel_elements and (plan.channel_elements
-                                          + row_copy.SCRATCH_SLACK // plan.spec.itemsize)
+    if plan.blocked:   # a band's slab (also where the input could be read in place: an NCHW
+        # input's is not), then an output row's blocks (an NCHW output's are transposed)
+        slab = plan.band_rows * plan.slab_shape[1] * plan.lanes
+        return slab + plan.spec.q * plan.lanes + row_copy.SCRATCH_SLACK // plan.spec.itemsize
     return (plan.nc * plan.channel_elements + 2 * plan.lanes
             + row_copy.SCRATCH_SLACK // plan.spec.itemsize)
 
@@ -181,11 +201,14 @@ def define_depthwise_loop_nest(module, dtype):
 
 def define_blocked_depthwise_loop_nest(module, dtype):
     """A blocked plan's loop nest as the C entry ``blocked_depthwise_loop_nest_{dtype}(args,
-    part)``: units (image, block, band) part[0] .. part[1]-1, per unit the block's band read in
-    place or filled into a slab with its zero padding (``loop_nests.define_fill_blocks``),
-    then per output row its tiles of windows
-    (``row_tiles``, evened out, a ``tail_kernel`` for the shorter ones); ``weights`` holds a
-    block's R*S weight vectors in turn, ``bias`` the padded channels'."""
+    part)``: units (image, block, band) part[0] .. part[1]-1 (image, band, block for channels
+    last), per unit the block's band read in
+    place or filled into a slab with its zero padding (``fill_slab``), then per output row its
+    tiles of windows (``row_tiles``, evened out, a ``tail_kernel`` for the shorter ones), into
+    the output's blocks or a row of blocks then moved into NCHW planes or channels-last pixels
+    (``store_row``); ``weights`` holds a block's R*S weight vectors in turn, ``bias`` the
+    padded channels'. ``in_layout`` and ``out_layout`` (``LAYOUT_CODES``) say how the values
+    are held."""
     code = EntryCode(module, f"blocked_depthwise_loop_nest_{dtype}", BLOCKED_GEOM)
     item = DTYPES[dtype].itemsize
     R, S, sh, sw, dh, dw, pt, pl, Q, P = code.geom("R", "S", "sh", "sw", "dh", "dw", "pt", "pl",
@@ -194,30 +217,122 @@ def define_blocked_depthwise_loop_nest(module, dtype):
         "band", "Hb", "Hs", "Ws", "lanes", "windows", "row_tiles", "unpacked")
     epilogue, phases, params = code.geom("epilogue", "phases", "params")
     kernel, tail = code.geom("kernel", "tail_kernel")
+    in_layout, out_layout, block_transpose = code.geom("in_layout", "out_layout", "transpose")
     x_addr, C, H, W, w_addr, bias_addr, out_addr, K = (
         code.call_arg(a) for a in ("x", "c", "h", "w", "weights", "bias", "out", "out_k"))
     scratch, offsets = code.workspace("scratch", item), code.workspace("rows", 8)
+    row_blocks = scratch + Hb * Ws * L * item   # an output row's blocks, moved out after
     first, end = code.part_field(0), code.part_field(1)
     code.call(define_blocked_offsets(module), offsets, 1, R, S, dh, dw, Hb, Ws, L)
-    blocks, bands = C // L, (P + band - 1) // band
+    blocks, bands = (C + L - 1) // L, (P + band - 1) // band
+    # channels last: a band's blocks in turn (their pixels share the band's lines), else a
+    # block's bands
+    pixels_first = (in_layout == CHANNELS_LAST) | (out_layout == CHANNELS_LAST)
     with code.range(first, end) as u:
-        n, cb, oh0 = u // (blocks * bands), u // bands % blocks, u % bands * band
-        block = x_addr + (n * C + cb * L) * H * W * item
+        n = u // (blocks * bands)
+        cb = code.choose(pixels_first, u % blocks, u // bands % blocks)
+        oh0 = code.choose(pixels_first, u // blocks % bands, u % bands) * band
+        held = code.min(L, C - cb * L)   # the block's channels (the rest: padding lanes)
         row0 = code.choose(unpacked != 0, 0, oh0 * sh)
+        # the block's first value: its block, NCHW plane or channels-last pixel
+        block = x_addr + code.choose(
+            in_layout == CHANNELS_LAST, n * C * H * W + cb * L, (n * C + cb * L) * H * W) * item
         base = code.choose(unpacked != 0, block, scratch)
         with code.if_((unpacked == 0) & ((phases & PACK) != 0)):
-            code.call(define_fill_blocks(module), block, 0, 1, H, W, L * item, Hb, Ws, row0,
-                      code.min(Hb, Hs - row0), pt, pl, scratch)
+            code.call(define_fill_slab_of(module), in_layout, block, C, held, H, W, L, item,
+                      Hb, Ws, row0, code.min(Hb, Hs - row0), pt, pl, scratch, block_transpose)
         with code.if_((phases & KERNEL) != 0):
+            out_held = code.min(L, K - cb * L)
             with code.range(oh0, code.min(P, oh0 + band)) as oh:
+                row_out = code.choose(out_layout != BLOCKS, row_blocks,
+                                      out_addr + ((n * K + cb * L) * P * Q + oh * Q * L) * item)
                 with code.range(0, row_tiles) as j:
                     ow0 = row_column(j, row_tiles, Q)
                     count = row_column(j + 1, row_tiles, Q) - ow0
                     code.call((code.choose(count < windows, tail, kernel),
                                depthwise_blocked.FUNCTION_TYPE), R * S,
                               base + ((oh * sh - row0) * Ws + ow0 * sw) * L * item, offsets,
-                              sw * L, w_addr + cb * R * S * L * item,
-                              out_addr + ((n * K + cb * L) * P * Q + (oh * Q + ow0) * L) * item,
+                              sw * L, w_addr + cb * R * S * L * item, row_out + ow0 * L * item,
                               bias_addr + cb * L * item, epilogue, params)
+                with code.if_(out_layout != BLOCKS):
+                    code.call(define_store_row(module), out_layout, row_blocks, out_addr,
+                              n, cb, oh, P, Q, K, out_held, L, item, block_transpose)
     code.ret()
     return code.function
+
+
+def define_fill_slab_of(module):
+    """``fill_slab_of(layout, src, C, held, H, W, L, item, Hb, Ws, row0, rows, pt, pl, dst,
+    transpose)`` in ``module`` (defined once): ``loop_nests.define_fill_blocks``'s slab of one
+    block of L channels (``held`` of them real, the rest zero), from a block of the input's
+    (``layout`` BLOCKS: a row a copy), its NCHW planes (PLANES: L x L block transposes, the
+    function at ``transpose``, ``microkernels.transpose``) or its channels-last pixels
+    (CHANNELS_LAST: a vector a pixel); ``src`` its first value."""
+    if "fill_slab_of" in module.globals:
+        return module.globals["fill_slab_of"]
+    code = LoopCode(module, "fill_slab_of", ("layout", "src", "C", "held", "H", "W", "L", "item",
+                                             "Hb", "Ws", "row0", "rows", "pt", "pl", "dst",
+                                             "transpose"), internal=True)
+    (layout, src, C, held, H, W, L, item, Hb, Ws, row0, rows, pt, pl, dst,
+     block_transpose) = code.args(*code.arg_names)
+    pixel = L * item
+    left = code.min(pl, Ws)
+    copied = code.max(0, code.min(W, Ws - left))   # pixels of an input row the slab holds
+    with code.range(0, rows) as i:
+        ih = row0 + i - pt
+        target = dst + i * Ws * pixel
+        with code.if_else((ih >= 0) & (ih < H)) as (inside, outside):
+            with inside:   # (a block's lanes past ``held``: zero, as no copy writes them)
+                code.zero(target, code.choose(held < L, Ws, left) * pixel)
+                into = target + left * pixel
+                with code.if_(layout == BLOCKS):
+                    code.copy(into, src + ih * W * pixel, copied * pixel)
+                with code.if_(layout == PLANES):
+                    with code.range(0, copied, L) as c0:
+                        code.call((block_transpose, transpose.FUNCTION_TYPE),
+                                  src + (ih * W + c0) * item, H * W, into + c0 * pixel, L, held,
+                                  code.min(L, copied - c0), 0, 0, 0)
+                with code.if_(layout == CHANNELS_LAST):
+                    _pixel_copies(code, into, pixel, src + ih * W * C * item, C * item, copied,
+                                  held * item, pixel)
+                code.zero(target + (left + copied) * pixel, (Ws - left - copied) * pixel)
+            with outside:
+                code.zero(target, Ws * pixel)
+    code.ret()
+    return code.function
+
+
+def define_store_row(module):
+    """``store_row(layout, row, out, n, cb, oh, P, Q, K, held, L, item, transpose)`` in
+    ``module`` (defined once): output row ``oh`` of block ``cb`` of image ``n``, Q pixels of
+    L lanes at ``row``, into the output at ``out``: its ``held`` channels' NCHW planes (PLANES,
+    by block transposes) or channels-last pixels (CHANNELS_LAST)."""
+    if "store_row" in module.globals:
+        return module.globals["store_row"]
+    code = LoopCode(module, "store_row", ("layout", "row", "out", "n", "cb", "oh", "P", "Q", "K",
+                                          "held", "L", "item", "transpose"), internal=True)
+    layout, row, out, n, cb, oh, P, Q, K, held, L, item, block_transpose = code.args(
+        *code.arg_names)
+    pixel = L * item
+    with code.if_(layout == PLANES):
+        plane_row = out + ((n * K + cb * L) * P * Q + oh * Q) * item
+        with code.range(0, Q, L) as q0:
+            code.call((block_transpose, transpose.FUNCTION_TYPE), row + q0 * pixel, L,
+                      plane_row + q0 * item, P * Q, code.min(L, Q - q0), held, 0, 0, 0)
+    with code.if_(layout == CHANNELS_LAST):
+        _pixel_copies(code, out + ((n * P + oh) * Q * K + cb * L) * item, K * item, row, pixel, Q,
+                      held * item, pixel)
+    code.ret()
+    return code.function
+
+
+def _pixel_copies(code, dst, dst_step, src, src_step, count, size, whole):
+    """``count`` copies of ``size`` bytes, ``dst_step`` and ``src_step`` bytes apart: of a
+    constant size ``whole`` (a vector's moves) when ``size`` is, else a call to memcpy."""
+    with code.if_else(size == whole) as (vectors, fewer):
+        with vectors:
+            with code.range(0, count) as j:
+                code.copy(dst + j * dst_step, src + j * src_step, whole)
+        with fewer:
+            with code.range(0, count) as j:
+                code.copy(dst + j * dst_step, src + j * src_step, size)

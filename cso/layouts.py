@@ -141,6 +141,8 @@ class Blocked:
         n, c, h, w = self.shape
         if self.data.shape[1] == 1 and self.block == c:
             return self.data.reshape(n, h, w, c)
+        if self.block == reorder_lanes(self.dtype):
+            return reorder.to_nhwc(self.data, np.empty((n, h, w, c), self.dtype))
         flat = self.data.transpose(0, 2, 3, 1, 4).reshape(n, h, w, self.data.shape[1] * self.block)
         return np.ascontiguousarray(flat[..., :c])
 
@@ -148,6 +150,11 @@ class Blocked:
         """The tensor in blocks of ``block`` channels (itself when they are already)."""
         if block == self.block:
             return self
+        n, c, h, w = self.shape
+        if self.data.shape[1] == 1 and self.block == c and block == reorder_lanes(self.dtype):
+            result = Blocked.empty(self.shape, self.dtype, block)   # channels last: one pass
+            reorder.nhwc_to_blocks(self.data.reshape(n, h, w, c), result.data)
+            return result
         return Blocked.from_nchw(self.to_nchw(), block)
 
     def __reduce__(self):
@@ -192,8 +199,8 @@ def reads_blocks(plan, block):
     a slab as a single channel tile). Its slab holds a channel tile in the kernels' blocks:
     wider ones would overflow it."""
     s = plan.spec
-    if isinstance(plan, DepthwisePlan):
-        return block == plan.lanes
+    if isinstance(plan, DepthwisePlan):   # (its fill moves NCHW and channels last into blocks)
+        return block in (1, plan.lanes, s.c)
     return (block in (1, plan.lanes)
             or (block == s.c and s.groups == 1
                 and (plan.channel_tiles == 1 or plan.reads_input_unpacked)))

@@ -225,7 +225,9 @@ def test_channel_shuffle_reads_the_shuffled_channels(rng, name, groups):
     c = 2 * groups * max(1, geometry[0] // (2 * groups))   # the groups of 2 or more channels
     geometry = (c,) + geometry[1:]
     x, wt, b = operands(rng, geometry, F32, batch=2)
-    expected = depthwise_conv(wt, b, geometry)(np.ascontiguousarray(shuffled(x, groups)))
+    # on the NCHW plan, as a shuffle runs (a plan override keeps a large filter's there)
+    expected = depthwise_conv(wt, b, geometry, plan_overrides={"depthwise": True})(
+        np.ascontiguousarray(shuffled(x, groups)))
     check(expected, shuffled(x, groups), wt, b, geometry)
     before = cso.get_num_threads()
     try:
@@ -253,3 +255,38 @@ def test_channel_shuffle_errors_and_copies(rng):
     copy = pickle.loads(pickle.dumps(conv))
     assert "channel_shuffle=4" in repr(copy)
     np.testing.assert_array_equal(copy(x), conv(x))
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_large_filters_run_their_blocked_plan_on_nchw_planes(rng, isa):
+    """An NCHW depthwise convolution of 7x7 filters runs the blocked plan where the ISA's
+    record measured it faster (its planes transposed into blocks and back: partial blocks,
+    stride 2, bias and activation), a 3x3 the NCHW plan; both match the reference, and the
+    NCHW plan's result (which overrides keep)."""
+    least = csa.tuning.record(isa).depthwise_blocked_min_taps
+    for r, stride, c in ((7, 1, 19), (7, 2, 13), (3, 1, 19)):
+        geometry = (c, 17, 15, 1, r, r, (stride, stride), (r // 2,) * 4, (1, 1))
+        x, wt, b = operands(rng, geometry, F32, batch=2)
+        conv = depthwise_conv(wt, b, geometry, activation="relu", isa=isa)
+        out = conv(x)
+        assert conv.plan_for(x.shape).blocked == (0 < least <= r * r)
+        check(out, x, wt, b, geometry, relu=True)
+        nchw = depthwise_conv(wt, b, geometry, activation="relu", isa=isa,
+                              plan_overrides={"depthwise": True})
+        assert not nchw.plan_for(x.shape).blocked
+        np.testing.assert_allclose(out, nchw(x), rtol=1e-5, atol=1e-5)
+
+
+def test_channels_last_is_read_and_written_in_place(rng):
+    """A depthwise convolution on channels-last arrays moves each pixel's vectors into its
+    blocked slab and out of its output rows: no re-blocking of the input, no reorder of the
+    output (a partial last block included)."""
+    geometry = (21, 12, 11, 1, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1))
+    x, wt, b = operands(rng, geometry, F32, batch=2)
+    conv = depthwise_conv(wt, b, geometry, activation="relu")
+    nhwc = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    out = conv(nhwc, layout="nhwc")
+    (route,) = conv._routes.values()
+    assert not route.reblock and route.out_block == 21   # read and written as they are
+    np.testing.assert_allclose(out.transpose(0, 3, 1, 2), conv(x), rtol=1e-5, atol=1e-5)
+    check(np.ascontiguousarray(out.transpose(0, 3, 1, 2)), x, wt, b, geometry, relu=True)

@@ -46,6 +46,8 @@ CASES = {
     "depthwise": (1, 9, 13, 17, 9, 3, 3, 1, 1, 1, 9, {}),
     "depthwise_s2_multiplier": (2, 5, 14, 19, 10, 5, 5, 2, 2, 1, 5, {}),
     "depthwise_7x7_small": (1, 3, 7, 7, 3, 7, 7, 1, 3, 1, 3, {}),
+    # NCHW planes transposed into blocks and back (a 7x7: its blocked plan), a partial block
+    "depthwise_7x7_blocked_s2": (2, 19, 15, 13, 19, 7, 7, 2, 3, 1, 19, {}),
     # channels read through a shuffle (not a plan override: a Conv2d argument)
     "depthwise_shuffled": (1, 12, 13, 17, 12, 3, 3, 1, 1, 1, 12, {"channel_shuffle": 4}),
     "depthwise_shuffled_s2_multiplier": (2, 6, 14, 19, 12, 3, 3, 2, 1, 1, 6,
@@ -90,6 +92,8 @@ def test_no_access_outside_the_arrays(rng, restore_threads, name, dtype, isa, th
     def guarded_run(at):
         cso.jobs.new_workspace = lambda elements, dt: guarded_empty((elements,), dt, at)
         conv.bias = guarded_copy(conv.bias, at)
+        if conv._padded_bias is not None:   # (a blocked plan's, over whole blocks)
+            conv._padded_bias = guarded_copy(conv._padded_bias, at)
         conv._packed = {nf: guarded_copy(p, at) for nf, p in conv._packed.items()}
         out = guarded_empty(expected.shape, dtype, at)
         assert conv(guarded_copy(x, at), out=out) is out
