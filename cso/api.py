@@ -188,14 +188,16 @@ class Conv2d:
                 and not self.accumulate and not self.overrides
                 and csa.layout.blocked_fits(plan.spec, block_size(self.dtype, self.isa)))
 
-    def _operands(self, plan):
-        """(the filters, the bias) as ``plan``'s NCHW call reads them: a blocked depthwise
-        plan's weight vectors and a bias over its padded blocks, else the packed filters."""
+    def _operands(self, plan, out_block=1):
+        """(the filters, the bias) as ``plan`` reads them: a blocked depthwise plan's weight
+        vectors, else the packed filters; the bias over the output's channels in blocks of
+        ``out_block`` (1: NCHW, K: channels last), the last block padded with zeros (a
+        blocked depthwise plan's kernel reads a vector of it a block, whatever the output)."""
         if isinstance(plan, csa.DepthwisePlan) and plan.blocked:
-            lanes = plan.lanes
-            return (self._blocked_depthwise_weight(lanes),
-                    self._bias_for(-(-plan.spec.k // lanes) * lanes))
-        return self.packed_weight(plan.nf), self.bias
+            weights, out_block = self._blocked_depthwise_weight(plan.lanes), plan.lanes
+        else:
+            weights = self.packed_weight(plan.nf)
+        return weights, self._bias_for(-(-plan.spec.k // out_block) * out_block)
 
     def _plan_for(self, spec, threads, layout="nchw"):
         if not self.tune or layout != "nchw":   # (autotuning times NCHW plans)
@@ -257,13 +259,11 @@ class Conv2d:
             raise ValueError(f"{spec} has no blocked plan reading blocks of {in_block} "
                              f"channels (blocks of {lanes}, groups {self.groups})")
         prepared = self._prepared(merged(shape, rows), self.dtype, threads, (in_block, lanes))
-        weights = (self._blocked_depthwise_weight(lanes) if isinstance(plan, csa.DepthwisePlan)
-                   else self.packed_weight(plan.nf))
+        weights, bias = self._operands(plan, lanes)
         n, k, p, q = (shape[0],) + spec.output_shape[1:]
         in_shape = shape if in_block == 1 else (n, -(-shape[1] // in_block)) + shape[2:] + (
             in_block,)
         out_shape, dtype = (n, -(-k // lanes), p, q, lanes), self.dtype
-        bias = self._bias_for(out_shape[1] * lanes)
         run_prepared = prepared.run
         # the arrays as the plan sees them (a 1x1's rows merged: views)
         x_view, out_view = merged(in_shape, rows), merged(out_shape, rows)
@@ -394,21 +394,13 @@ class Conv2d:
         if plan is None:
             found = _Route(lanes, out_shape, None, False, lanes, rows, None, None, threads)
         else:
-            depthwise = isinstance(plan, csa.DepthwisePlan)
             reblock = not reads_blocks(plan, in_block)
             in_block = lanes if reblock else in_block
             out_block = spec.k if out_layout == "nhwc" else lanes
             prepared = self._prepared(merged(shape, rows), self.dtype, threads,
                                       (in_block, out_block))
-            if depthwise:   # (its kernel reads a bias vector a block: padded)
-                weights = self._blocked_depthwise_weight(lanes)
-                bias = self._bias_for(-(-spec.k // lanes) * lanes)
-            else:
-                weights = self.packed_weight(plan.nf)
-                bias = self._bias_for(spec.k if out_block == spec.k else -(-spec.k // lanes)
-                                      * lanes)
-            found = _Route(lanes, out_shape, prepared, reblock, out_block, rows, weights, bias,
-                           threads)
+            found = _Route(lanes, out_shape, prepared, reblock, out_block, rows,
+                           *self._operands(plan, out_block), threads)
         _remember(self._routes, key, found)
         return found
 

@@ -36,10 +36,12 @@ MAX_FILL_VECTORS = 4
 
 
 # a blocked plan's: its windows per row tile, the kernel of one fewer, whether it reads in place,
-# how its input and its output are held (LAYOUT_CODES), the block transpose
+# how its input and its output are held (LAYOUT_CODES), the block transpose, where in the
+# scratch an output row's blocks go (elements: after the slab)
 BLOCKED_GEOM = Geom("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q", "P", "band", "Hb", "Hs",
                     "Ws", "lanes", "windows", "row_tiles", "unpacked", "epilogue", "phases",
-                    "kernel", "tail_kernel", "params", "in_layout", "out_layout", "transpose")
+                    "kernel", "tail_kernel", "params", "in_layout", "out_layout", "transpose",
+                    "row_at")
 
 # how a blocked depthwise loop nest's input and output are held (geom in_layout, out_layout)
 BLOCKS, PLANES, CHANNELS_LAST = 0, 1, 2
@@ -99,7 +101,12 @@ def _blocked_geometry(plan, kspec, epilogue_flags, params, in_layout, out_layout
         tail_kernel=tail, params=params, in_layout=in_layout, out_layout=out_layout,
         transpose=native_function(transpose.define_transpose,
                                   TransposeSpec(kspec.dtype, kspec.isa)).address
-        if transposes else 0)
+        if transposes else 0, row_at=_blocked_slab_elements(plan))
+
+
+def _blocked_slab_elements(plan):
+    """A blocked plan's band slab (its room also where the input is read in place)."""
+    return plan.band_rows * plan.slab_shape[1] * plan.lanes
 
 
 def kernel_spec(plan, isa, activation=STORE_ACTIVATION):
@@ -126,10 +133,9 @@ def scratch_elements(plan):
     """The slabs of one fill and a tail: the kernel's last vector reads up to a vector past
     the last channel's slab, and its aligned loads (``microkernels.depthwise``) one more; then
     the slack the filler's blended stores may rewrite (``row_copy.SCRATCH_SLACK``)."""
-    if plan.blocked:   # a band's slab (also where the input could be read in place: an NCHW
-        # input's is not), then an output row's blocks (an NCHW output's are transposed)
-        slab = plan.band_rows * plan.slab_shape[1] * plan.lanes
-        return slab + plan.spec.q * plan.lanes + row_copy.SCRATCH_SLACK // plan.spec.itemsize
+    if plan.blocked:   # a band's slab, then an output row's blocks (NCHW, channels last)
+        return (_blocked_slab_elements(plan) + plan.spec.q * plan.lanes
+                + row_copy.SCRATCH_SLACK // plan.spec.itemsize)
     return (plan.nc * plan.channel_elements + 2 * plan.lanes
             + row_copy.SCRATCH_SLACK // plan.spec.itemsize)
 
@@ -217,11 +223,12 @@ def define_blocked_depthwise_loop_nest(module, dtype):
         "band", "Hb", "Hs", "Ws", "lanes", "windows", "row_tiles", "unpacked")
     epilogue, phases, params = code.geom("epilogue", "phases", "params")
     kernel, tail = code.geom("kernel", "tail_kernel")
-    in_layout, out_layout, block_transpose = code.geom("in_layout", "out_layout", "transpose")
+    in_layout, out_layout, block_transpose, row_at = code.geom("in_layout", "out_layout",
+                                                               "transpose", "row_at")
     x_addr, C, H, W, w_addr, bias_addr, out_addr, K = (
         code.call_arg(a) for a in ("x", "c", "h", "w", "weights", "bias", "out", "out_k"))
     scratch, offsets = code.workspace("scratch", item), code.workspace("rows", 8)
-    row_blocks = scratch + Hb * Ws * L * item   # an output row's blocks, moved out after
+    row_blocks = scratch + row_at * item   # an output row's blocks, moved out after
     first, end = code.part_field(0), code.part_field(1)
     code.call(define_blocked_offsets(module), offsets, 1, R, S, dh, dw, Hb, Ws, L)
     blocks, bands = (C + L - 1) // L, (P + band - 1) // band

@@ -370,6 +370,8 @@ GUARD_CASES = {
     "depthwise_padded": (2, 13, 9, 11, 13, 3, 3, 1, 1, 1, 13),
     "depthwise_in_place_s2": (1, 16, 11, 13, 16, 3, 3, 2, 0, 1, 16),
     "depthwise_5x5_same_bands": (1, 20, 15, 9, 20, 5, 5, 1, "same", 1, 20, {"band": 2}),
+    # read in place in bands (rows no window reads past them), into channels last
+    "depthwise_in_place_bands": (1, 16, 12, 9, 16, 3, 3, 2, 0, 1, 16, {"band": 1}),
     # NCHW planes and channels-last pixels moved into a partial last block, and back
     "depthwise_7x7_s2_partial_block": (2, 19, 15, 13, 19, 7, 7, 2, 3, 1, 19),
     "in_place_channel_tiles": (1, 24, 6, 13, 21, 1, 1, 1, 0, 1, 1, {"nc": 8, "band": 1}),
