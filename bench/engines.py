@@ -125,7 +125,8 @@ def xnnpack_engine(spec, w, threads=1):
 
         t, b, l, r = spec.padding
         x_in = tf.keras.Input((spec.h, spec.w, spec.c), batch_size=spec.n)
-        padded = tf.keras.layers.ZeroPadding2D(((t, b), (l, r)))(x_in) if any(spec.padding) else x_in
+        padded = (tf.keras.layers.ZeroPadding2D(((t, b), (l, r)))(x_in) if any(spec.padding)
+                  else x_in)
         if spec.c_per_group == 1 and spec.groups > 1:
             layer = tf.keras.layers.DepthwiseConv2D(
                 (spec.r, spec.s), spec.stride, depth_multiplier=spec.k_per_group,

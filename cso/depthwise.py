@@ -208,11 +208,11 @@ def define_depthwise_loop_nest(module, dtype):
 def define_blocked_depthwise_loop_nest(module, dtype):
     """A blocked plan's loop nest as the C entry ``blocked_depthwise_loop_nest_{dtype}(args,
     part)``: units (image, block, band) part[0] .. part[1]-1 (image, band, block for channels
-    last), per unit the block's band read in
-    place or filled into a slab with its zero padding (``fill_slab``), then per output row its
+    last), per unit the block's band read in place or filled into a slab with its zero padding
+    (``define_fill_slab_of``), then per output row its
     tiles of windows (``row_tiles``, evened out, a ``tail_kernel`` for the shorter ones), into
     the output's blocks or a row of blocks then moved into NCHW planes or channels-last pixels
-    (``store_row``); ``weights`` holds a block's R*S weight vectors in turn, ``bias`` the
+    (``define_store_row``); ``weights`` holds a block's R*S weight vectors in turn, ``bias`` the
     padded channels'. ``in_layout`` and ``out_layout`` (``LAYOUT_CODES``) say how the values
     are held."""
     code = EntryCode(module, f"blocked_depthwise_loop_nest_{dtype}", BLOCKED_GEOM)
