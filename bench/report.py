@@ -125,14 +125,14 @@ def print_table(results, engines, peak):
                     + [cell(g, e, g["cso"]) for e in others] + [f"{100 * g['cso'] / peak:.1f}%"],
                     widths))
     print(rule)
-    results = ran_by_all(results, engines)
-    if len(results) < len(rows):
-        print(f"(geomeans and counts below: the {len(results)} convolutions every engine ran)")
-    mean = {e: geomean(r["gflops"][e] for r in results) for e in engines}
+    ran = ran_by_all(results, engines)
+    if len(ran) < len(rows):
+        print(f"(geomeans and counts below: the {len(ran)} convolutions every engine ran)")
+    mean = {e: geomean(r["gflops"][e] for r in ran) for e in engines}
     print(_line(["geomean", ""] + [f"{mean[e]:.1f}" for e in engines]
                 + [f"{mean['cso'] / mean[e]:.2f}x" for e in others] + [f"{100 * mean['cso'] / peak:.1f}%"],
                 widths))
-    for line in win_lines(results, others):
+    for line in win_lines(ran, others):
         print(line)
     depthwise = [r for r in results if "bandwidth" in r]
     if depthwise:

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import cso
+from bench import documents, engines, measure, report
 from bench.engines import as_nchw, fed
 from bench.measure import operands
 from bench.suites import MOBILENET, RESNET50, TIMM_CSV, VGG16, suite
@@ -149,9 +150,8 @@ def test_convbench_samples_are_stratified_and_reproducible(tmp_path):
 
 
 def test_engines_are_fed_their_own_layouts_and_checked():
-    from bench.measure import measure_conv
     spec = ConvSpec.parse("n1c24h9w11k16r3s3p1u1g2")   # partial blocks on AVX2 and AVX-512
-    result = measure_conv(spec, ["cso", "im2col", "cso-blocked", "cso-nhwc"], repeat=1)
+    result = measure.measure_conv(spec, ["cso", "im2col", "cso-blocked", "cso-nhwc"], repeat=1)
     assert set(result["gflops"]) == {"cso", "im2col", "cso-blocked", "cso-nhwc"}
     assert all(g > 0 for g in result["gflops"].values())
     x, _ = operands(spec)
@@ -163,7 +163,6 @@ def test_engines_are_fed_their_own_layouts_and_checked():
 def test_a_convolution_an_engine_refuses_leaves_every_geomean(monkeypatch, capsys):
     """XNNPACK (Keras) refuses a stride and a dilation both above 1, before importing anything;
     such a row shows n/a and drops out of every engine's geomean and counts."""
-    from bench import documents, engines, measure, report
     strided_dilated = ConvSpec.parse("n1c8h12w12k8r3s3p2u2d2")
     with pytest.raises(engines.Unsupported, match="stride and dilation"):
         engines.xnnpack_engine(strided_dilated, operands(strided_dilated)[1])
