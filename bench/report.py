@@ -212,18 +212,24 @@ def print_scaling(results, threads, peak):
     header = (["convolution", "GFLOP"] + [f"{e} {t}t" for e in engines for t in ("1", n)]
               + [f"{e} x" for e in engines] + [f"vs {e} {n}t" for e in others] + ["% peak"])
 
-    def cells(g):   # g: {engine: {"1": GFLOP/s, n: GFLOP/s}}
-        return ([f"{g[e][t]:.1f}" for e in engines for t in ("1", n)]
-                + [f"{g[e][n] / g[e]['1']:.2f}" for e in engines]
-                + [f"{g['cso'][n] / g[e][n]:.2f}x" for e in others]
+    def cells(g):   # g: {engine: {"1": GFLOP/s, n: GFLOP/s}}, an engine that refused absent
+        def at(e, text):
+            return text() if e in g else "n/a"
+        return ([at(e, lambda: f"{g[e][t]:.1f}") for e in engines for t in ("1", n)]
+                + [at(e, lambda: f"{g[e][n] / g[e]['1']:.2f}") for e in engines]
+                + [at(e, lambda: f"{g['cso'][n] / g[e][n]:.2f}x") for e in others]
                 + [f"{100 * g['cso'][n] / peak:.1f}%"])
 
     print(_line(header, widths))
     print("-" * sum(widths))
     for row in rows:
-        g = {e: r["gflops"] for e, r in zip(engines, row)}
+        g = {e: r["gflops"] for e, r in zip(engines, row) if "gflops" in r}
         print(_line([row[0]["spec"], f"{row[0]['gflop']:.3f}"] + cells(g), widths))
     print("-" * sum(widths))
+    ran = [i for i, row in enumerate(rows) if all("gflops" in r for r in row)]
+    if len(ran) < len(rows):
+        print(f"(geomeans and counts below: the {len(ran)} convolutions every engine ran)")
+    results = {e: [results[e][i] for i in ran] for e in engines}
     mean = {e: {t: geomean(r["gflops"][t] for r in results[e]) for t in ("1", n)}
             for e in engines}
     print(_line(["geomean", ""] + cells(mean), widths))

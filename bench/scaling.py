@@ -21,11 +21,11 @@ import sys
 
 import csa
 
-from .engines import ENGINES, check, reference
+from .engines import ENGINES, Unsupported, as_nchw, check, fed, reference
 from .measure import median_seconds, operands, settle_seconds
 from .models import PAUSE_SECONDS, median_call_seconds
 
-SCALING_ENGINES = ("cso", "onnxruntime", "torch")
+SCALING_ENGINES = ("cso", "onnxruntime", "torch", "xnnpack")
 
 
 def _thread_setter(engine):
@@ -36,26 +36,32 @@ def _thread_setter(engine):
     if engine == "torch":
         import torch
         return torch.set_num_threads
-    return None   # onnxruntime: each session keeps its own
+    return None   # onnxruntime, XNNPACK: each session or interpreter keeps its own
 
 
 def measure_scaling(spec, engine, threads, repeat):
     """``engine`` on ``spec`` with 1 and ``threads`` threads: both outputs checked against the
     float64 reference, then timed in blocks; then at each count, the median of ``repeat``
-    calls each after PAUSE_SECONDS of rest, over the back-to-back time ("paused_x")."""
+    calls each after PAUSE_SECONDS of rest, over the back-to-back time ("paused_x"). The
+    engine is fed its own layout; one that refuses the convolution gives no figures
+    ("unsupported")."""
     x, w = operands(spec)
     ref = reference(spec, x, w)
     set_threads = _thread_setter(engine)
+    given = fed(engine, x)
     runs = {}
     for count in (1, threads):
-        run = ENGINES[engine](spec, w, count)
+        try:
+            run = ENGINES[engine](spec, w, count)
+        except Unsupported as reason:
+            return {"spec": str(spec), "gflop": spec.flops / 1e9, "unsupported": str(reason)}
 
         def call(run=run, count=count):
             if set_threads is not None:
                 set_threads(count)
-            return run(x)
+            return run(given)
 
-        check(f"{engine} on {count} thread(s)", spec, call(), ref)
+        check(f"{engine} on {count} thread(s)", spec, as_nchw(engine, call()), ref)
         runs[count] = call
     seconds = median_seconds(runs, repeat, settle_seconds(threads))
     paused = {count: median_call_seconds(run, repeat, PAUSE_SECONDS)

@@ -185,3 +185,27 @@ def test_a_convolution_an_engine_refuses_leaves_every_geomean(monkeypatch, capsy
     summary = documents._summary(results, ["cso", "im2col", "picky"])
     assert summary["convolutions"] == 1
     assert summary["geomean_gflops"]["im2col"] == pytest.approx(results[0]["gflops"]["im2col"])
+
+
+def test_scaling_leaves_a_refused_convolution_out_of_every_geomean(capsys):
+    """In --scaling an engine that refuses a convolution (XNNPACK a strided dilated one)
+    reports no figures for it; the table shows n/a there and its geomeans leave the row out."""
+    from bench.scaling import measure_scaling
+    strided_dilated = ConvSpec.parse("n1c8h12w12k8r3s3p2u2d2")
+    refused = measure_scaling(strided_dilated, "xnnpack", 2, 1)
+    assert "gflops" not in refused and "stride and dilation" in refused["unsupported"]
+
+    def timed(spec, one, two):
+        return {"spec": spec, "gflop": 0.001, "gflops": {"1": one, "2": two},
+                "paused_x": {"1": 1.0, "2": 1.0}}
+
+    results = {"cso": [timed("n1c8h12w12k8r3s3p1u1", 10.0, 18.0),
+                       timed(str(strided_dilated), 5.0, 9.0)],
+               "xnnpack": [timed("n1c8h12w12k8r3s3p1u1", 12.0, 20.0), refused]}
+    report.print_scaling(results, 2, peak=100.0)
+    out = capsys.readouterr().out
+    (row,) = [line for line in out.splitlines() if line.startswith(str(strided_dilated))]
+    assert row.count("n/a") == 4   # xnnpack's 1t, 2t, its scaling and cso's ratio to it
+    assert "the 1 convolutions every engine ran" in out
+    geomean_row = next(line for line in out.splitlines() if line.startswith("geomean"))
+    assert geomean_row.split()[1:5] == ["10.0", "18.0", "12.0", "20.0"]   # the first row's
