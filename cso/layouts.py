@@ -206,6 +206,20 @@ def reads_blocks(plan, block):
                 and (plan.channel_tiles == 1 or plan.reads_input_unpacked)))
 
 
+def unblock_into(data, out):
+    """``out`` (N, C, H, W) = the blocked ``data`` (N, ceil(C/L), H, W, L) as NCHW, both
+    C-contiguous of one dtype, L the kernels' lanes (``block_size``): compiled
+    (``cso.reorder``), on cso's threads, a job a recording keeps."""
+    lanes = reorder_lanes(data.dtype)
+    if (data.shape[4] != lanes or not data.flags.c_contiguous or not out.flags.c_contiguous
+            or out.dtype != data.dtype or out.shape[:1] + out.shape[2:] != data.shape[:1]
+            + data.shape[2:4] or -(-out.shape[1] // lanes) != data.shape[1]):
+        raise ValueError(f"unblock_into takes C-contiguous blocks of {lanes} channels and an "
+                         f"NCHW out of their shape and dtype, got data {data.shape} "
+                         f"{data.dtype}, out {out.shape} {out.dtype}")
+    return reorder.to_nchw(data, out)
+
+
 def check_out(out, out_layout, shape, dtype, block):
     """ValueError unless ``out`` is None or holds a result of NCHW ``shape`` in
     ``out_layout``: a Blocked of the kernels' ``block``, or an array (C-contiguous for

@@ -452,6 +452,47 @@ def test_blocked_pickles_and_the_copy_convolves_the_same(rng, dtype):
     np.testing.assert_array_equal(conv(copy).data, conv(Blocked.from_nchw(x)).data)
 
 
+def numpy_blocks(x, block):
+    """The blocked array of NCHW ``x`` by NumPy alone: channels padded with zeros to whole
+    blocks, each pixel's block its last axis."""
+    n, c, h, w = x.shape
+    padded = np.zeros((n, -(-c // block) * block, h, w), x.dtype)
+    padded[:, :c] = x
+    return np.ascontiguousarray(padded.reshape(n, -1, block, h, w).transpose(0, 1, 3, 4, 2))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 8, 1, 1), (2, 13, 5, 7), (1, 3, 2, 9), (3, 40, 11, 6),
+                                   (1, 17, 23, 1)])
+def test_compiled_reorders_match_numpy(restore_threads, dtype, shape):
+    """``cso.reorder`` (NCHW and channels last to blocks of the lanes and back, behind
+    ``Blocked``'s conversions and ``unblock_into``): partial blocks, runs of pixels no multiple
+    of the lanes, 1 and 2 threads, against NumPy's transposes; padding lanes zero."""
+    from cso import reorder
+    from cso.layouts import unblock_into
+    x = np.random.default_rng(7).standard_normal(shape).astype(dtype)
+    lanes = block_size(dtype)
+    assert reorder.reorder_lanes(dtype) == lanes
+    want = numpy_blocks(x, lanes)
+    nhwc = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    for threads in (1, 2):
+        cso.set_num_threads(threads)
+        blocked = np.full(want.shape, np.nan, dtype)
+        np.testing.assert_array_equal(reorder.to_blocks(x, blocked), want)
+        blocked = np.full(want.shape, np.nan, dtype)
+        np.testing.assert_array_equal(reorder.nhwc_to_blocks(nhwc, blocked), want)
+        np.testing.assert_array_equal(unblock_into(want, np.full(shape, np.nan, dtype)), x)
+        np.testing.assert_array_equal(reorder.to_nhwc(want, np.full(nhwc.shape, np.nan, dtype)),
+                                      nhwc)
+        np.testing.assert_array_equal(Blocked.from_nchw(x).data, want)
+        np.testing.assert_array_equal(Blocked.from_nhwc(nhwc).reblocked(lanes).data, want)
+        np.testing.assert_array_equal(Blocked(want, shape[1]).to_nhwc(), nhwc)
+    with pytest.raises(ValueError, match="unblock_into takes C-contiguous blocks of"):
+        unblock_into(numpy_blocks(x, lanes * 2), np.empty(shape, dtype))
+    with pytest.raises(ValueError, match="unblock_into takes C-contiguous blocks of"):
+        unblock_into(want, np.empty(shape + (2,), dtype)[..., 0])   # a strided out
+
+
 def test_blocked_round_trips_and_views():
     x = np.arange(2 * 5 * 3 * 4, dtype=np.float32).reshape(2, 5, 3, 4)
     for block in (1, 2, 3, 4, 5, 8, 16):

@@ -8,7 +8,7 @@ from onnx import helper
 
 import cso
 import cso.onnx
-from cso.layouts import block_size
+from cso.layouts import block_size, unblock_into
 from cso.onnx.concat import Slot
 from cso.onnx.conv import ConvStep
 from cso.onnx.layouts import (BlockedAffine, BlockedGate, BlockedGlobalPool, BlockedPool,
@@ -239,7 +239,7 @@ def test_the_blocked_kernels(dtype, pixels):
     x[1, 12, 0, 0] = np.nan
     blocked = cso.Blocked.from_nchw(x).data
     out = np.full(x.shape, 7, dtype)
-    np.testing.assert_array_equal(kernels.unblock(blocked, out, 2), x)
+    np.testing.assert_array_equal(unblock_into(blocked, out), x)
     for kind, reduce in (("average", np.mean), ("max", np.max)):
         expected = reduce(x, axis=(2, 3), keepdims=True)
         nchw = kernels.blocked_global_pool(kind, blocked, np.full((2, 13, 1, 1), 7, dtype), 2)
@@ -273,7 +273,7 @@ def test_the_blocked_kernels_stay_inside_their_arrays(at):
     n, blocks, h, w, lanes = blocked.shape
     values = np.ones(blocks * lanes, np.float32)
     gate = np.ones((n, blocks, 1, 1, lanes), np.float32)
-    calls = [((n, 13, h, w), lambda x, out: kernels.unblock(x, out, 2)),
+    calls = [((n, 13, h, w), unblock_into),
              ((n, 13, 1, 1), lambda x, out: kernels.blocked_global_pool("max", x, out, 2)),
              ((n, blocks, 1, 1, lanes),
               lambda x, out: kernels.blocked_global_pool("average", x, out, 2)),

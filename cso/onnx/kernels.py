@@ -468,26 +468,6 @@ def _layer_norm_part(dtype):
     return part
 
 
-def _unblock_part(dtype):
-    """The part function writing channel-blocked values as NCHW: each unit one block of one
-    image, (H*W, L) values in, its channels below C out as planes. Args: x, out, units,
-    blocks a image, C, H*W, L, the parts."""
-    typ = from_dtype(dtype)
-
-    def part(args, index):
-        x, out = _pointer(args[0], typ), _pointer(args[1], typ)
-        blocks, c, pixels, lanes = args[3], args[4], args[5], args[6]
-        first, last = _share(index, args[7], args[2])
-        for unit in range(first, last):
-            n, block = unit // blocks, unit % blocks
-            source = unit * pixels * lanes
-            for lane in range(min(lanes, c - block * lanes)):
-                at = (n * c + block * lanes + lane) * pixels
-                for p in range(pixels):
-                    out[at + p] = x[source + p * lanes + lane]
-    return part
-
-
 def _blocked_global_pool_part(kind, dtype, lanes):
     """The global pool part function of channel-blocked values (``lanes`` channels a block):
     each unit one block of one image, its H x W pixels' lanes reduced to ``lanes`` values,
@@ -936,16 +916,6 @@ def blocked_affine(x, out, scale, shift, relu, threads):
                      data_address(scale), data_address(shift), 0], np.int64)
     function = _compiled(_blocked_affine_part, bool(relu), x.dtype, lanes)
     _run(function.address, args, n * blocks, threads, scale, shift)
-    return out
-
-
-def unblock(x, out, threads):
-    """``out`` (N, C, H, W) = the channel-blocked ``x`` (N, ceil(C/L), H, W, L) as NCHW, both
-    C-contiguous of one dtype."""
-    n, blocks, h, w, lanes = x.shape
-    args = np.array([data_address(x), data_address(out), n * blocks, blocks, out.shape[1],
-                     h * w, lanes, 0], np.int64)
-    _run(_compiled(_unblock_part, x.dtype).address, args, n * blocks, threads)
     return out
 
 

@@ -25,7 +25,7 @@ value's maker), and a global pool writes NCHW or blocked as its readers take it.
 import numpy as np
 
 from .. import get_num_threads
-from ..layouts import block_size, has_blocked_plan
+from ..layouts import block_size, has_blocked_plan, unblock_into
 from . import kernels
 from .conv import ConvStep
 from .graph import ActivationStep, AffineStep, Operator, Step, sum_relu
@@ -243,7 +243,7 @@ class Reorder:
     def __call__(self, x, buffers=None):
         shape = (x.shape[0], self.channels) + x.shape[2:4]
         out = buffers.get(shape, x.dtype) if buffers else np.empty(shape, x.dtype)
-        return (kernels.unblock(np.ascontiguousarray(x), out, get_num_threads()),)
+        return (unblock_into(np.ascontiguousarray(x), out),)
 
 
 class BlockedGlobalPool:
