@@ -136,14 +136,14 @@ AVX2 = Tuning(
 GENERIC = Tuning("generic", "not measured: a typical core", fma_latency=4, fma_pipes=2,
                  loads_per_cycle=2.0, broadcast_operand=False, direct_min_depth=144,
                  grouped_direct_max_plane=1024, depthwise_blocked_min_taps=49,
-                 slab_max_filter_tiles=3, transpose_depth=16, packing_filters=6, packed_1x1_filters=256,
-                 output_prefetch=2)
+                 slab_max_filter_tiles=3, transpose_depth=16, packing_filters=6,
+                 packed_1x1_filters=256, output_prefetch=2)
 NEON = Tuning("neon", "not measured (aarch64 runs here under emulation only): Neoverse/Apple "
               "cores have 2-4 FMA pipes of latency 4", fma_latency=4, fma_pipes=2,
               loads_per_cycle=2.0, broadcast_operand=False, direct_min_depth=144,
               grouped_direct_max_plane=1024, depthwise_blocked_min_taps=49,
-              slab_max_filter_tiles=3, transpose_depth=16, packing_filters=6, packed_1x1_filters=256,
-              output_prefetch=2)
+              slab_max_filter_tiles=3, transpose_depth=16, packing_filters=6,
+              packed_1x1_filters=256, output_prefetch=2)
 RECORDS = {t.isa: t for t in (AVX512, AVX2, GENERIC, NEON)}
 
 
