@@ -217,6 +217,25 @@ def test_odd_window_and_filter_counts_cover_every_edge(rng, vector):
             assert_conv_close(conv(x), x, wt, b, relu=True)
 
 
+@pytest.mark.parametrize("isa", [isa.name for isa in mk.supported_isas()])
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("c,k,size,kernel", [(40, 37, 1, 1), (96, 8, 1, 1), (60, 264, 1, 1),
+                                             (7, 19, 3, 3), (5, 33, 7, 7)])
+def test_one_pixel_planes(rng, isa, dtype, c, k, size, kernel):
+    """A one-pixel output plane (squeeze-excitation 1x1s, a filter as large as its input):
+    its transposing pass moves each block as one row. Filter counts on and off the vectors, a
+    batch, bias and an activation, and ``accumulate`` (out += conv(x)), on every ISA."""
+    x = rng.standard_normal((3, c, size, size)).astype(dtype)
+    wt = rng.standard_normal((k, c, kernel, kernel)).astype(dtype)
+    b = rng.standard_normal(k).astype(dtype)
+    conv = cso.Conv2d(wt, b, activation="relu", isa=isa)
+    assert_conv_close(conv(x), x, wt, b, relu=True)
+    residual = rng.standard_normal((3, k, 1, 1)).astype(dtype)
+    out = residual.copy()
+    cso.Conv2d(wt, isa=isa, accumulate=True)(x, out=out)
+    assert_conv_close(out - residual, x, wt)
+
+
 @pytest.mark.parametrize("stride", [1, 2, 3])
 @pytest.mark.parametrize("size,kernel,dilation", [(7, 3, 1), (8, 3, 1), (9, 4, 1), (10, 3, 2), (5, 1, 1)])
 def test_same_padding(rng, size, kernel, dilation, stride):

@@ -29,6 +29,9 @@ CASES = {
     "unpacked_1x1_IS": (2, 7, 9, 11, 21, 1, 1, 1, 0, 1, 1, {"slab": False, "schedule": "IS"}),
     "unpacked_1x1_WS": (1, 7, 9, 11, 21, 1, 1, 1, 0, 1, 1, {"slab": False, "schedule": "WS"}),
     "1x1_stride2": (1, 6, 13, 13, 17, 1, 1, 2, 0, 1, 1, {}),
+    # one-pixel planes (a squeeze-excitation 1x1): the transposing pass moves rows as they are
+    "1x1_one_pixel": (3, 40, 1, 1, 37, 1, 1, 1, 0, 1, 1, {}),
+    "3x3_one_pixel_filters": (2, 6, 3, 3, 19, 3, 3, 1, 0, 1, 1, {"vectors_along": "filters"}),
     "slab_IS": (1, 5, 23, 37, 19, 3, 3, 1, 1, 1, 1,
                 {"slab": True, "vectors_along": "windows", "schedule": "IS", "nc": 2}),
     "slab_WS_bands": (2, 5, 23, 37, 19, 3, 3, 1, 1, 1, 1,

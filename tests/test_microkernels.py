@@ -230,10 +230,11 @@ def test_transpose_block_every_size(spec, rng):
     """The filters-in-vectors epilogue: every rows x cols block up to lanes x lanes (whole
     blocks take the unmasked path) is written transposed, added to what is there (a residual)
     or not, with bias and ReLU, and nothing around it is touched or read (the source past the
-    block is NaN: a read would show)."""
+    block is NaN: a read would show). One row written to consecutive elements (a one-pixel
+    plane's, ``ldd`` 1) takes a path of its own."""
     lanes, dt = spec.lanes, spec.np_dtype
-    lds, ldd, guard = lanes + 3, lanes + 5, 7
-    for rows in range(1, lanes + 1):
+    lds, guard = lanes + 3, 7
+    for rows, ldd in [(rows, lanes + 5) for rows in range(1, lanes + 1)] + [(1, 1)]:
         for cols in range(1, lanes + 1):
             for flags in (0, mk.BIAS, mk.ACTIVATE, mk.BIAS | mk.ACTIVATE, mk.ACCUMULATE,
                           mk.ACCUMULATE | mk.BIAS | mk.ACTIVATE):
