@@ -5,6 +5,7 @@ weights, zero padding, output in the input's dtype.
 """
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable
 from typing import NamedTuple, Optional, Union
@@ -293,20 +294,25 @@ class Conv2d:
         return self._call(x, None, phases)
 
     def _call(self, x, out, phases, layout=None, out_layout=None):
-        in_layout = input_layout(x, layout)
-        out_layout = in_layout if out_layout is None else check_layout("out_layout", out_layout)
-        if in_layout != "nchw" or out_layout != "nchw":
-            return self._call_blocked(x, out, phases, in_layout, out_layout)
+        # (the common call, an NCHW array in and out, runs the fewest Python steps: on a
+        # small layer they are most of its time)
+        in_layout = "nchw" if layout is None and type(x) is np.ndarray else input_layout(
+            x, layout)
+        if out_layout is not None:
+            out_layout = check_layout("out_layout", out_layout)
+        if in_layout != "nchw" or out_layout not in (None, "nchw"):
+            return self._call_blocked(x, out, phases, in_layout, out_layout or in_layout)
         args.check_array("input", x)
         threads = get_num_threads()
         prepared = self._prepared(x.shape, x.dtype, threads)
-        batch = x.shape[0] if x.ndim == 4 else 1
+        batched = x.ndim == 4
+        batch = x.shape[0] if batched else 1
         shape = (batch,) + prepared.image_output_shape
         if out is not None:
-            args.check_out(out, shape if x.ndim == 4 else shape[1:], self.dtype, x)
+            args.check_out(out, shape if batched else shape[1:], self.dtype, x)
         elif self.accumulate:
             raise ValueError(f"accumulate=True adds to out: pass out= (an array of shape "
-                             f"{shape if x.ndim == 4 else shape[1:]})")
+                             f"{shape if batched else shape[1:]})")
         # the kernels write rows at a stride of P*Q: a strided ``out`` goes through a temporary
         direct = out is not None and out.flags.c_contiguous
         if direct:
@@ -315,12 +321,12 @@ class Conv2d:
             result = np.ascontiguousarray(out).reshape(shape)
         else:
             result = _output(shape, self.dtype)
-        x4 = x if x.ndim == 4 and x.flags.c_contiguous else \
+        x4 = x if batched and x.flags.c_contiguous else \
             np.ascontiguousarray(x.reshape((batch,) + x.shape[-3:]))
         if batch:
             prepared.run(x4, *self._operands(prepared.plan), result, phases, threads)
         if out is None:
-            return result if x.ndim == 4 else result[0]
+            return result if batched else result[0]
         if not direct:
             out[...] = result.reshape(out.shape)
         return out
@@ -506,11 +512,19 @@ def _rebuild(weight, bias, arguments):
     return Conv2d(weight, bias, **arguments)
 
 
+ALIGNED_OUTPUT_BYTES = 4096   # outputs from a page up start on a cache line
+
+
 def _output(shape, dtype):
-    """An empty output array, on a cache line (``microkernels.aligned``: a next layer's
-    kernels may read it in place with vector loads); one too large for the address space is a
-    MemoryError with its size, like one too large for memory (NumPy says ValueError)."""
+    """An empty output array: from ``ALIGNED_OUTPUT_BYTES`` up on a cache line
+    (``microkernels.aligned``: a next layer's kernels may read it in place with vector loads,
+    which cross lines every other time from NumPy's 16-byte alignment), smaller ones where
+    NumPy puts them (aligning one costs 2 us a call, more than such a layer's few loads
+    lose). One too large for the address space is a MemoryError with its size, like one too
+    large for memory (NumPy says ValueError)."""
     try:
+        if math.prod(shape) * dtype.itemsize < ALIGNED_OUTPUT_BYTES:
+            return np.empty(shape, dtype)
         return aligned_empty(shape, dtype)
     except ValueError:
         size = np.prod(np.array(shape, dtype=object)) * np.dtype(dtype).itemsize

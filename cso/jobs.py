@@ -44,7 +44,7 @@ from .threads import pool_address, spin_ns, workers_asleep
 
 __all__ = ["LINE", "ForeignFunction", "Recording", "aligned_empty", "compiled_once",
            "data_address", "active_recording", "new_workspace", "run_jobs", "run_parts",
-           "unrecorded", "workers_asleep"]
+           "unrecorded", "workers_asleep", "workspace"]
 
 
 class _Active(threading.local):
@@ -152,6 +152,31 @@ def new_workspace(elements, dtype):
     """A new scratch buffer of ``elements`` for a job outside a recording (a module attribute,
     so that the guard-page tests can place workspaces against inaccessible pages)."""
     return np.empty(elements, dtype)
+
+
+REUSED_WORKSPACE_BYTES = 65536   # a thread keeps a workspace of each kind up to this size
+
+
+class _Kept(threading.local):
+    def __init__(self):
+        self.spaces = {}   # (kind, dtype) -> the largest workspace this thread kept
+
+
+_kept = _Kept()
+
+
+def workspace(kind, elements, dtype):
+    """A scratch buffer of at least ``elements`` for a job of this thread outside a recording:
+    small ones (up to ``REUSED_WORKSPACE_BYTES``) kept per thread and kind, the largest so
+    far, since a thread runs one job at a time (allocating two or three a call was a
+    microsecond of a small layer's ten); larger ones new (``new_workspace``), not held."""
+    if elements * dtype.itemsize > REUSED_WORKSPACE_BYTES:
+        return new_workspace(elements, dtype)
+    key = (kind, dtype)
+    found = _kept.spaces.get(key)
+    if found is None or found.size < elements:
+        found = _kept.spaces[key] = new_workspace(elements, dtype)
+    return found
 
 
 

@@ -106,7 +106,7 @@ class Prepared:
         held = []   # the workspaces, referenced here until the call returns
         recording = active_recording()   # (whose jobs, run one at a time, share workspaces)
         for at, elements, dtype in self.workspaces:
-            space = (jobs.new_workspace(elements, dtype) if recording is None
+            space = (jobs.workspace(at, elements, dtype) if recording is None
                      else recording.workspace(at, elements, dtype))
             held.append(space)
             args[at] = data_address(space)

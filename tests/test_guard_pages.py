@@ -94,6 +94,7 @@ def test_no_access_outside_the_arrays(rng, restore_threads, name, dtype, isa, th
 
     def guarded_run(at):
         cso.jobs.new_workspace = lambda elements, dt: guarded_empty((elements,), dt, at)
+        cso.jobs.REUSED_WORKSPACE_BYTES = 0   # (none kept: each new, guarded)
         conv.bias = guarded_copy(conv.bias, at)
         if conv._padded_bias is not None:   # (a blocked plan's, over whole blocks)
             conv._padded_bias = guarded_copy(conv._padded_bias, at)

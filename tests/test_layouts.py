@@ -413,6 +413,7 @@ def test_no_access_outside_blocked_arrays(rng, restore_threads, name, dtype, thr
     def guarded_run(at):
         faulthandler.disable()   # (a fault fails the case: no dump from the child)
         cso.jobs.new_workspace = lambda elements, dt: guarded_empty((elements,), dt, at)
+        cso.jobs.REUSED_WORKSPACE_BYTES = 0   # (none kept: each new, guarded)
         conv.bias = guarded_copy(conv.bias, at)
         if conv._padded_bias is not None:
             conv._padded_bias = guarded_copy(conv._padded_bias, at)
@@ -562,6 +563,7 @@ def test_a_blocked_of_any_block_is_read_correctly(rng, name, dtype, isa, block):
 
     def run():
         cso.jobs.new_workspace = lambda elements, dt: guarded_empty((elements,), dt)
+        cso.jobs.REUSED_WORKSPACE_BYTES = 0   # (none kept: each new, guarded)
         given = Blocked(guarded_copy(xb.data), c)
         y = conv(given)
         assert y.block == lanes and y.shape == expected.shape
