@@ -179,8 +179,6 @@ def workspace(kind, elements, dtype):
     return found
 
 
-
-
 def run_jobs(jobs, threads):
     """Run the jobs of ``jobs``, an int64 array of (function, args, parts) triples as
     ``run_parts`` takes them, one after the other, each on up to ``threads`` threads, in one
