@@ -13,8 +13,9 @@ of windows moves per vector instruction; no scalar loop runs per element.
 
 Destinations are a part's own scratch (packed tiles, slabs), never shared. A row is stored
 exactly: its whole vectors plainly, a last vector that ends inside the row (rows of 5, 6, 7
-or 14 windows) as plain stores of its lanes halving in width; a run that covers part of a row
-is blended into it (read, its lanes replaced, written back). So no store writes past a row:
+or 14 windows) as plain stores of its lanes halving in width; a run from the row's start that
+ends inside it likewise, up to its end; a run that starts inside a row is blended into it
+(read, its lanes replaced, written back). So no store writes past a row:
 rows narrower than a vector lie back to back in a packed tile, and a store overlapping the
 next row makes that row's blend load wait for it (store-to-load forwarding fails on a partial
 overlap: csa/TUNING.md). A blend reads up to a vector past its row;
@@ -33,6 +34,7 @@ ARGS = ("dst", "dst_step", "src", "src_step", "count", "stride", "j0", "j1", "lo
 FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, PTR, I64] + [I64] * 6)
 SAMPLED_STRIDES = 4  # strides up to this use contiguous loads + shuffles; larger ones gather
 SCRATCH_SLACK = 128  # bytes past a scratch's last row a blend may read (two zmm)
+PREFIX = "prefix"   # a store mask: lanes from the row's start to the run's end, none kept
 
 
 def define_row_copy(module, spec):
@@ -81,7 +83,7 @@ class _RowCopyBuilder(KernelBuilder):
         is the whole row, as for all but a row's last run, the loop stores plainly: masked
         stores are microcoded on AMD cores (AVX2 ``vmaskmovps``; csa/TUNING.md)."""
         j0, j1 = self.bounds[:2]
-        self.store_end = j1
+        self.store_start, self.store_end = j0, j1
         vectors = range(self.vectors)
         store_masks = [self._between(bld, [v * self.lanes + i for i in range(self.lanes)], j0, j1)
                        for v in vectors]
@@ -99,11 +101,19 @@ class _RowCopyBuilder(KernelBuilder):
                         bld.icmp_signed(">=", end, ir.Constant(I32, self.width)))
 
     def _whole_or_blended(self, bld, args, done, whole, store_masks, row):
-        """Two row loops (``_row_loop``) of ``row(bld, src, dst, store_masks)``: one storing
-        whole vectors (store_masks None) when ``whole``, else one blending by ``store_masks``."""
-        plain, part = self.fn.append_basic_block("whole"), self.fn.append_basic_block("part")
-        bld.cbranch(whole, plain, part)
-        for block, block_masks in ((plain, None), (part, store_masks)):
+        """Three row loops (``_row_loop``) of ``row(bld, src, dst, store_masks)``: one storing
+        whole vectors (store_masks None) when ``whole``; one storing a run that starts the row
+        and ends inside it exactly, without reading what is there (``PREFIX`` masks: a depthwise
+        slab's phase rows of 17 in runs of 24 were all blended, a load and a select a vector);
+        else one blending by ``store_masks``."""
+        plain, prefix, part = (self.fn.append_basic_block(name)
+                               for name in ("whole", "prefix", "part"))
+        not_whole = self.fn.append_basic_block("not_whole")
+        bld.cbranch(whole, plain, not_whole)
+        bld.position_at_end(not_whole)
+        bld.cbranch(bld.icmp_signed("==", self.store_start, ir.Constant(I32, 0)), prefix, part)
+        for block, block_masks in ((plain, None), (prefix, [PREFIX] * self.vectors),
+                                   (part, store_masks)):
             bld.position_at_end(block)
             self._row_loop(bld, args, done,
                            lambda bld, src, dst, m=block_masks: row(bld, src, dst, m))
@@ -118,8 +128,9 @@ class _RowCopyBuilder(KernelBuilder):
         if mask is None:
             self._store_lanes(bld, value, ptr, inside)
             return
-        old = bld.load(ptr, typ=self.vec, align=self.align)
-        value = bld.select(mask, value, old)
+        if mask is not PREFIX:   # (a prefix run keeps no lanes below it: nothing to blend)
+            old = bld.load(ptr, typ=self.vec, align=self.align)
+            value = bld.select(mask, value, old)
         # lanes [0, end - v*lanes) of the vector, at most ``inside``: a case per count (the
         # same for every row of the call); none when the run ends before the vector
         count = bld.sub(self.store_end, ir.Constant(I32, v * self.lanes))
@@ -280,7 +291,7 @@ class _TapCopyBuilder(_RowCopyBuilder):
         self.run_masks = [self._between(bld, ids, j0, j1) for ids in out_lanes]
         self.store_masks = [self._between(bld, ids, j0, end) for ids in out_lanes]
         self.whole = self._whole(bld, j0, end)
-        self.store_end = end
+        self.store_start, self.store_end = j0, end
         done = self.fn.append_basic_block("done")
         case = bld.add(bld.mul(args["taps"], ir.Constant(I64, 8)), args["stride"])
         switch = bld.switch(case, done)
