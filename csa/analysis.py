@@ -21,7 +21,7 @@ def analyze(spec: ConvSpec, machine: Optional[Machine] = None, *, threads: int =
     threads: a ``DepthwisePlan`` when C/groups = 1 (unless ``depthwise=False``), else a
     ``SlicingPlan``. ``layout`` "blocked" plans it on channel-blocked activations (blocks of
     the vector lanes, ``csa.layout.blocked_fits``: ValueError for a convolution that cannot
-    take them). Keyword overrides (``csa.OVERRIDES``) force a value of either plan;
+    take them), "nhwc" as blocked on channels-last ones (``csa.layout.LAYOUTS``). Keyword overrides (``csa.OVERRIDES``) force a value of either plan;
     one the chosen plan does not have raises ValueError (see ``check_overrides``)."""
     depthwise, given = check_overrides(spec.c_per_group, **overrides)
     given.pop("depthwise", None)

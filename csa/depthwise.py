@@ -22,6 +22,12 @@ SLAB_FILL = 0.5       # share of L1 the slabs of one fill may take (the rest: ou
 BLOCKED_SLAB_FILL = 0.125   # share of L2 a blocked band's slab may take (a block's rows are
                             # lanes times wider: L1 would hold two or three of them)
 MAX_FILL_CHANNELS = 64
+# On channels last a band's blocks take their turns at its pixels (``cso.depthwise``): where an
+# image's input (all channels) is more than ``tuning.pixel_band_image`` times L2, a band's input
+# rows stay within PIXEL_BAND_FILL of L2, but a band has at least PIXEL_BAND_ROWS output rows
+# (fewer cost more in halo rows and calls than the lines they keep: csa/TUNING.md)
+PIXEL_BAND_FILL = 1.0
+PIXEL_BAND_ROWS = 4
 
 
 def is_depthwise(spec):
@@ -174,8 +180,9 @@ def analyze_depthwise(spec, machine, threads, overrides, layout="nchw"):
     block_vectors = block_vectors or default_block_vectors(machine.vector_registers)
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    if layout == "blocked":
-        return _analyze_blocked(spec, machine, threads, overrides, block_vectors, band, split)
+    if layout != "nchw":
+        return _analyze_blocked(spec, machine, threads, overrides, block_vectors, band, split,
+                                channels_last=layout == "nhwc")
     (sh, sw), ws = spec.stride, slab_shape(spec)[1]
     budget = SLAB_FILL * machine.l1d // spec.itemsize
     whole = sh * sw * slab_shape(spec)[0] * ws            # one channel's whole slab
@@ -193,10 +200,14 @@ def analyze_depthwise(spec, machine, threads, overrides, layout="nchw"):
 
 
 
-def _analyze_blocked(spec, machine, threads, overrides, windows, band, split):
+def _analyze_blocked(spec, machine, threads, overrides, windows, band, split,
+                     channels_last=False):
     """The blocked DepthwisePlan: each unit one block of channels over a band of output rows,
     its rows' windows in calls of ``windows`` (evened out along the row), the band as many
-    rows as keep its slab within BLOCKED_SLAB_FILL of L2."""
+    rows as keep its slab within BLOCKED_SLAB_FILL of L2; on ``channels_last`` activations,
+    whose blocks take their turns at each band's pixels, where an image's input is over
+    ``tuning.pixel_band_image`` times L2, also as many as keep the band's input pixels (all
+    channels) within PIXEL_BAND_FILL of L2, but at least PIXEL_BAND_ROWS output rows."""
     lanes = machine.vector_bytes // spec.itemsize
     if not blocked_fits(spec, lanes):
         raise ValueError(f"{spec}: a blocked depthwise plan takes one filter per channel, got "
@@ -204,13 +215,22 @@ def _analyze_blocked(spec, machine, threads, overrides, windows, band, split):
     windows = balanced_row_windows(spec.q, windows)
     if band is None:
         row = blocked_slab_shape(spec)[1] * lanes * spec.itemsize
-        rows = int(BLOCKED_SLAB_FILL * machine.l2 // row)
-        band = max(1, (rows - spec.dilation[0] * (spec.r - 1) - 1) // spec.stride[0] + 1)
+        band = _band_of(spec, BLOCKED_SLAB_FILL * machine.l2 // row)
+        pixels = spec.w * -(-spec.c // lanes) * lanes * spec.itemsize   # an input row's
+        image = machine.tuning.pixel_band_image * machine.l2
+        if channels_last and 0 < image < spec.h * pixels:
+            band = min(band, max(PIXEL_BAND_ROWS,
+                                 _band_of(spec, PIXEL_BAND_FILL * machine.l2 // pixels)))
     band = min(band, spec.p)
     units = spec.n * -(-spec.c // lanes) * ceil(spec.p / band)
     parts, per_thread = _depthwise_parts(spec, machine, threads, units, split)
     return DepthwisePlan(spec, machine, windows, lanes, 1, band, (parts, 1),
                          tuple(sorted(overrides)), per_thread, layout="blocked")
+
+
+def _band_of(spec, rows):
+    """Output rows (at least one) whose taps lie within ``rows`` input rows."""
+    return max(1, (int(rows) - spec.dilation[0] * (spec.r - 1) - 1) // spec.stride[0] + 1)
 
 
 def _depthwise_parts(spec, machine, threads, units, split):

@@ -94,9 +94,11 @@ class SlabGeometry:
         return slab_planes(self.spec)
 
 
-# activation layouts a slicing plan reads and writes: NCHW, or channel-blocked (NCHWc: N x
-# ceil(C/L) x H x W x L, L channels per block, the plan's vector lanes; ``cso.layouts``)
-LAYOUTS = ("nchw", "blocked")
+# activation layouts a plan reads and writes: NCHW, or channel-blocked (NCHWc: N x ceil(C/L) x
+# H x W x L, L channels per block, the plan's vector lanes; ``cso.layouts``), or the blocked
+# plan on channels last (NHWC: each pixel's channels a run of blocks): a slicing plan as on
+# blocks, a depthwise plan with its band sized for whole pixels (``csa.depthwise``)
+LAYOUTS = ("nchw", "blocked", "nhwc")
 
 
 def blocked_fits(spec, lanes):

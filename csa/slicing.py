@@ -351,7 +351,7 @@ def analyze_slicing(spec, machine, threads, overrides, layout="nchw"):
     b2, b3 = blocks[chosen]
     return SlicingPlan(spec, plan_machine, nwin, nf, nc, k2 or b2, k3 or b3, chosen,
                        vectors_along, slab, band, costs, tuple(sorted(overrides)), split,
-                       per_thread, layout=layout)
+                       per_thread, layout="blocked" if blocked else "nchw")
 
 
 def _check_layout(spec, machine, layout, vectors_along, slab):

@@ -49,6 +49,9 @@ class Tuning:
     # outputs a grouped convolution's plane may have for its plan to be direct
     # (``csa.variants.grouped_direct``; 0: not measured, never)
     grouped_direct_max_plane: int = 0
+    # a channels-last image (all channels) over this many times L2 runs its blocked depthwise
+    # plan in bands whose input pixels fit L2 (``csa.depthwise``; 0: not measured, never)
+    pixel_band_image: float = 0
     slab_max_filter_tiles: int = 16  # windows in vectors read a slab when at most this many
     # filter tiles share each window tile (more: packing the tile once is cheaper)
     # the kernel depth (C/groups*R*S rows) whose FMAs the transposing pass of one output costs
@@ -129,8 +132,9 @@ AVX2 = Tuning(
     broadcast_operand=False, direct_windows=((6, 1.0), (5, 0.97), (4, 0.90)),
     filter_windows=((6, 1.0), (5, 0.98), (4, 0.96)), thread_min_flops=1e6,
     part_min_flops=1.2e6, depthwise_thread_min_flops=0.2e6, direct_min_depth=144,
-    grouped_direct_max_plane=1024, depthwise_blocked_min_taps=49, slab_max_filter_tiles=3,
-    transpose_depth=16, packing_filters=6, packed_1x1_filters=256, output_prefetch=2)
+    grouped_direct_max_plane=1024, depthwise_blocked_min_taps=49, pixel_band_image=4.0,
+    slab_max_filter_tiles=3, transpose_depth=16, packing_filters=6, packed_1x1_filters=256,
+    output_prefetch=2)
 # no CPU measured: the usual FMA core (latency 4, two pipes) with SSE/NEON-width vectors; the
 # plan constants as the AVX2 core measured them
 GENERIC = Tuning("generic", "not measured: a typical core", fma_latency=4, fma_pipes=2,

@@ -154,7 +154,7 @@ class Conv2d:
             flags = ((BIAS if self.bias.size else 0) | (ACTIVATE if self.activation else 0)
                      | (ACCUMULATE if self.accumulate else 0))
             try:
-                plan = self._plan_for(spec, threads, "blocked" if blocks else "nchw")
+                plan = self._plan_for(spec, threads, self._plan_layout(blocks, spec))
                 if blocks is None and self._depthwise_on_blocks(plan):
                     plan, blocks = self._plan_for(spec, threads, "blocked"), (1, 1)
                 if self.accumulate and isinstance(plan, csa.DepthwisePlan):
@@ -174,6 +174,17 @@ class Conv2d:
                                  f"{shape}: {err}") from None
             _remember(self._by_shape, key, found)
         return found
+
+    def _plan_layout(self, blocks, spec):
+        """The layout ``csa.analyze`` plans a call for that reads and writes ``blocks`` (input,
+        output channels a block; None: NCHW): "nhwc" where either side is channels last (all
+        the channels a block, more than the kernels' lanes), else "blocked"."""
+        if blocks is None:
+            return "nchw"
+        lanes = block_size(self.dtype, self.isa)
+        channels_last = any(block == channels != lanes for block, channels in
+                            zip(blocks, (spec.c, spec.k)))
+        return "nhwc" if channels_last else "blocked"
 
     def _depthwise_on_blocks(self, plan):
         """Whether an NCHW call runs depthwise ``plan`` (the NCHW one, not forced by
@@ -396,13 +407,14 @@ class Conv2d:
         spec = self.spec_for(shape, self.dtype)   # (checks the shapes)
         lanes = block_size(self.dtype, self.isa)
         out_shape = (shape[0],) + spec.output_shape[1:]
-        plan, rows = self._blocked_plan(spec, lanes, threads)
+        out_block = spec.k if out_layout == "nhwc" else lanes
+        plan, rows = self._blocked_plan(spec, lanes, threads,
+                                        self._plan_layout((in_block, out_block), spec))
         if plan is None:
             found = _Route(lanes, out_shape, None, False, lanes, rows, None, None, threads)
         else:
             reblock = not reads_blocks(plan, in_block)
             in_block = lanes if reblock else in_block
-            out_block = spec.k if out_layout == "nhwc" else lanes
             prepared = self._prepared(merged(shape, rows), self.dtype, threads,
                                       (in_block, out_block))
             found = _Route(lanes, out_shape, prepared, reblock, out_block, rows,
@@ -410,8 +422,9 @@ class Conv2d:
         _remember(self._routes, key, found)
         return found
 
-    def _blocked_plan(self, spec, lanes, threads):
-        """(the blocked plan of ``spec``, the rows of its plane it runs as one: a plain 1x1's,
+    def _blocked_plan(self, spec, lanes, threads, layout="blocked"):
+        """(the blocked plan of ``spec`` on ``layout`` ("blocked", or "nhwc": on channels
+        last), the rows of its plane it runs as one: a plain 1x1's,
         ``csa.layout.merged_rows``), or (None, 1) where it has none (groups off the blocks, a
         depthwise convolution of several filters per channel, a channel shuffle, overrides of
         the orientation or the slab, which a blocked plan does not take)."""
@@ -421,7 +434,7 @@ class Conv2d:
             return None, 1
         rows = csa.layout.merged_rows(spec)
         plan_spec = self.spec_for(merged(spec.input_shape, rows))
-        return self._plan_for(plan_spec, threads, "blocked"), rows
+        return self._plan_for(plan_spec, threads, layout), rows
 
     def _blocked_depthwise_weight(self, lanes):
         """A depthwise convolution's filters for its blocked plan: per block of ``lanes``

@@ -473,3 +473,32 @@ def test_a_direct_plans_band_override_is_whole_output_rows(rng, layout):
     conv = cso.Conv2d(w, None, padding=1, plan_overrides=overrides)
     y = conv(cso.Blocked.from_nchw(x)).to_nchw() if layout == "blocked" else conv(x)
     assert_conv_close(y, x, w, padding=(1, 1, 1, 1))
+
+
+def test_channels_last_depthwise_bands_keep_a_large_images_pixels_in_l2():
+    """On channels last (layout "nhwc") a blocked depthwise plan's blocks take turns at each
+    band's pixels: where the record says (AVX2), an image of more than pixel_band_image x L2
+    gets bands whose input rows of all channels fit L2 (at least PIXEL_BAND_ROWS output rows),
+    a smaller one the blocked plan's own; elsewhere every image gets the blocked plan's. A
+    slicing plan is the blocked one whatever the layout says."""
+    from csa.depthwise import PIXEL_BAND_FILL, PIXEL_BAND_ROWS
+    machine = ZEN3
+    large = ConvSpec.parse("n1c256h96w96k256r3s3p1u1g256")
+    blocked = csa.analyze(large, machine, layout="blocked")
+    pixels = csa.analyze(large, machine, layout="nhwc")
+    row = large.w * large.c * large.itemsize
+    assert large.h * row > machine.tuning.pixel_band_image * machine.l2
+    assert pixels.blocked and pixels.layout == "blocked" and pixels.band < blocked.band
+    rows = (pixels.band - 1) * large.stride[0] + large.r   # input rows a band reads
+    assert pixels.band == PIXEL_BAND_ROWS or rows * row <= PIXEL_BAND_FILL * machine.l2
+    strided = ConvSpec.parse("n1c1536h56w56k1536r3s3p1u2g1536")   # a row is most of L2
+    assert csa.analyze(strided, machine, layout="nhwc").band == PIXEL_BAND_ROWS
+    small = ConvSpec.parse("n1c1024h14w14k1024r3s3p1u1g1024")
+    assert small.h * small.w * small.c * small.itemsize <= 4 * machine.l2
+    for spec, on in ((small, machine), (large, ZEN5), (strided, ZEN5)):   # (AVX-512: never)
+        assert csa.analyze(spec, on, layout="nhwc") == csa.analyze(spec, on, layout="blocked")
+    dense = ConvSpec.parse("n1c64h56w56k64r3s3p1u1")
+    assert csa.analyze(dense, machine, layout="nhwc") == csa.analyze(dense, machine,
+                                                                      layout="blocked")
+    with pytest.raises(ValueError, match="layout must be one of"):
+        csa.analyze(dense, machine, layout="nchwc")

@@ -290,3 +290,26 @@ def test_channels_last_is_read_and_written_in_place(rng):
     assert not route.reblock and route.out_block == 21   # read and written as they are
     np.testing.assert_allclose(out.transpose(0, 3, 1, 2), conv(x), rtol=1e-5, atol=1e-5)
     check(np.ascontiguousarray(out.transpose(0, 3, 1, 2)), x, wt, b, geometry, relu=True)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_channels_last_large_images_run_in_bands_of_whole_pixels(rng, stride):
+    """A channels-last image larger than ``tuning.pixel_band_image`` times this host's L2
+    runs the plan csa makes for channels last: on AVX2, bands whose input pixels fit L2, so
+    more of them than the blocked plan's, a partial last one included; the reference's result
+    on every ISA."""
+    machine = cso.host_machine()
+    h = w = 66
+    channels = int(max(4, machine.tuning.pixel_band_image) * machine.l2 // (h * w * 4)) + 13
+    geometry = (channels, h, w, 1, 3, 3, (stride, stride), (1, 1, 1, 1), (1, 1))
+    x, wt, b = operands(rng, geometry, F32)
+    conv = depthwise_conv(wt, b, geometry, activation="relu")
+    out = conv(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), layout="nhwc")
+    (route,) = conv._routes.values()
+    plan, spec = route.prepared.plan, conv.spec_for(x.shape)
+    threads = cso.get_num_threads()
+    assert plan == csa.analyze(spec, machine, threads=threads, layout="nhwc")
+    if machine.tuning.pixel_band_image:
+        assert plan.band < csa.analyze(spec, machine, threads=threads, layout="blocked").band
+        assert spec.p % plan.band   # a partial last band
+    check(np.ascontiguousarray(out.transpose(0, 3, 1, 2)), x, wt, b, geometry, relu=True)

@@ -762,8 +762,9 @@ def test_blocked_plan_errors():
         with pytest.raises(ValueError, match=r"vectors_along and slab cannot be overridden"):
             csa.analyze(spec, machine, layout="blocked", **overrides)
     assert csa.analyze(spec, machine, layout="blocked", vectors_along="filters").blocked
-    for bad in ("nhwc", "NCHW", "blocks"):
-        with pytest.raises(ValueError, match=r"layout must be one of \('nchw', 'blocked'\)"):
+    for bad in ("NHWC", "NCHW", "blocks"):
+        with pytest.raises(ValueError, match=r"layout must be one of \('nchw', 'blocked', "
+                                             r"'nhwc'\)"):
             csa.analyze(spec, machine, layout=bad)
 
 
