@@ -94,6 +94,7 @@ class Conv2d:
         self.bias = np.empty(0, self.dtype) if bias is None else np.array(bias, copy=True)
         self._by_shape = {}
         self._routes = {}
+        self._plain = {}   # (shape, dtype, threads) -> the plain call of such inputs (__call__)
         self._padded_bias = None
         # what a copy is built from besides the filters and bias (pickling, ``copy.deepcopy``)
         self._arguments = dict(
@@ -229,6 +230,11 @@ class Conv2d:
         values run on blocked plans (``csa.analyze(..., layout="blocked")``) where the
         convolution takes them (``csa.layout.blocked_fits``), else on the NCHW plan with
         reorders around it."""
+        if out is None and layout is None and out_layout is None and type(x) is np.ndarray:
+            # an NCHW array of a shape called before: its checks and choices were made then
+            plain = self._plain.get((x.shape, x.dtype, get_num_threads()))
+            if plain is not None and x.flags.c_contiguous:
+                return plain(x)
         return self._call(x, out, ALL_PHASES, layout, out_layout)
 
     def bound(self, shape: Shape):
@@ -335,7 +341,11 @@ class Conv2d:
         x4 = x if batched and x.flags.c_contiguous else \
             np.ascontiguousarray(x.reshape((batch,) + x.shape[-3:]))
         if batch:
-            prepared.run(x4, *self._operands(prepared.plan), result, phases, threads)
+            operands = self._operands(prepared.plan)
+            prepared.run(x4, *operands, result, phases, threads)
+            if x4 is x and out is None and phases == ALL_PHASES and type(x) is np.ndarray:
+                _remember(self._plain, (x.shape, x.dtype, threads),
+                          _plain_call(prepared.run, *operands, shape, self.dtype, threads))
         if out is None:
             return result if batched else result[0]
         if not direct:
@@ -511,6 +521,16 @@ class _Route(NamedTuple):
     weights: Optional[np.ndarray]
     bias: Optional[np.ndarray]
     threads: int
+
+
+def _plain_call(run, weights, bias, shape, dtype, threads):
+    """``call(x)``: a new output of ``shape`` written by ``run`` (a ``Prepared.run``) from
+    ``x``, a C-contiguous array of the shape it was made for (``Conv2d.__call__``)."""
+    def call(x):
+        result = _output(shape, dtype)
+        run(x, weights, bias, result, ALL_PHASES, threads)
+        return result
+    return call
 
 
 def _store_activation(activation):

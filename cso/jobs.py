@@ -159,23 +159,26 @@ REUSED_WORKSPACE_BYTES = 65536   # a thread keeps a workspace of each kind up to
 
 class _Kept(threading.local):
     def __init__(self):
-        self.spaces = {}   # (kind, dtype) -> the largest workspace this thread kept
+        self.spaces = {}   # (kind, dtype) -> (the largest workspace this thread kept, address)
 
 
 _kept = _Kept()
 
 
 def workspace(kind, elements, dtype):
-    """A scratch buffer of at least ``elements`` for a job of this thread outside a recording:
-    small ones (up to ``REUSED_WORKSPACE_BYTES``) kept per thread and kind, the largest so
-    far, since a thread runs one job at a time (allocating two or three a call was a
-    microsecond of a small layer's ten); larger ones new (``new_workspace``), not held."""
+    """(a scratch buffer of at least ``elements``, its address) for a job of this thread
+    outside a recording: small ones (up to ``REUSED_WORKSPACE_BYTES``) kept per thread and
+    kind, the largest so far, since a thread runs one job at a time (allocating two or three
+    a call was a microsecond of a small layer's ten); larger ones new (``new_workspace``),
+    not held."""
     if elements * dtype.itemsize > REUSED_WORKSPACE_BYTES:
-        return new_workspace(elements, dtype)
+        space = new_workspace(elements, dtype)
+        return space, data_address(space)
     key = (kind, dtype)
     found = _kept.spaces.get(key)
-    if found is None or found.size < elements:
-        found = _kept.spaces[key] = new_workspace(elements, dtype)
+    if found is None or found[0].size < elements:
+        space = new_workspace(elements, dtype)
+        found = _kept.spaces[key] = (space, data_address(space))
     return found
 
 

@@ -106,10 +106,12 @@ class Prepared:
         held = []   # the workspaces, referenced here until the call returns
         recording = active_recording()   # (whose jobs, run one at a time, share workspaces)
         for at, elements, dtype in self.workspaces:
-            space = (jobs.workspace(at, elements, dtype) if recording is None
-                     else recording.workspace(at, elements, dtype))
+            if recording is None:
+                space, args[at] = jobs.workspace(at, elements, dtype)
+            else:
+                space = recording.workspace(at, elements, dtype)
+                args[at] = data_address(space)
             held.append(space)
-            args[at] = data_address(space)
         if self.part_count == 1 and recording is None:
             self.entry.call(args.buffer_info()[0], 0)
         else:   # (a recorded job keeps what its arguments point to but ``x`` and ``out``)
@@ -120,9 +122,9 @@ class Prepared:
         """A new ``CALL_ARGS`` vector for these arrays, but the workspaces' addresses: a copy
         of the one made for the last call's weights and bias, when they are the same arrays
         (kept referenced here, so that their addresses stay theirs) and the shapes the same."""
-        found, shapes = self._template, x.shape + out.shape
+        found = self._template
         if (found is None or found[0] is not packed_w or found[1] is not bias
-                or found[2] != shapes):
+                or found[2] != x.shape or found[3] != out.shape):
             rows, none = self.row_lengths, {t: data_address(a) for t, a in _NONE.items()}
             values = dict(x=0, n=x.shape[0], c=_channels(x), h=x.shape[2], w=x.shape[3],
                           weights=data_address(packed_w), bias=data_address(bias), out=0,
@@ -131,9 +133,9 @@ class Prepared:
                           scratch_row=rows[SCRATCH_ARG], out_t=none[x.dtype],
                           out_t_row=rows[OUT_T_ARG], rows=none[np.dtype(np.int64)],
                           rows_row=rows[ROWS_ARG])
-            found = self._template = (packed_w, bias, shapes,
+            found = self._template = (packed_w, bias, x.shape, out.shape,
                                       array.array("q", (values[a] for a in CALL_ARGS)))
-        args = found[3][:]
+        args = found[4][:]
         args[X_ARG], args[OUT_ARG] = data_address(x), data_address(out)
         return args
 

@@ -325,6 +325,26 @@ def test_empty_batch(rng):
     assert y.shape == (0, 4, 8, 8) and y.dtype == F32
 
 
+def test_repeated_plain_calls_skip_the_checks_made_before(rng):
+    """A call on a C-contiguous NCHW array of a shape called before (no ``out``, no layout)
+    runs what the first call chose (``Conv2d._plain``): the same values in a new array each
+    time. Other arrays of that shape take the checked call: strided ones run, a masked one or
+    one of another dtype is refused."""
+    x, wt, b, geometry = make(rng, CASES["pad1"], F32)
+    conv = cso.Conv2d(wt, b, padding=1, activation="relu")
+    first = conv(x)
+    assert len(conv._plain) == 1
+    second = conv(x)
+    assert second is not first and np.array_equal(second, first)
+    assert_conv_close(second, x, wt, b, relu=True, **geometry)
+    np.testing.assert_array_equal(conv(np.asfortranarray(x)), first)
+    with pytest.raises(TypeError, match="masked array"):
+        conv(np.ma.masked_array(x, mask=np.zeros_like(x, bool)))
+    with pytest.raises(TypeError, match="float64 differs"):
+        conv(x.astype(F64))
+    assert len(conv._plain) == 1
+
+
 def test_prepared_conv_reuses_packed_filters_and_plans(rng):
     x, wt, b, geometry = make(rng, CASES["pad1"], F32)
     t, bo, left, right = geometry["padding"]
