@@ -109,8 +109,11 @@ def use_slab(spec, nwin, nf, nc, vectors_along, machine):
     beside the filter and output tiles. Past that count the packing is shared by enough
     filter tiles, and the slab costs more: its rows, scattered over Nc planes, sit less well in
     L1 than a packed tile, its vector loads are unaligned, and its tiles straddle output rows,
-    which costs split, masked stores (csa/TUNING.md has the measurements)."""
+    which costs split, masked stores (csa/TUNING.md has the measurements). A grouped
+    convolution at a stride packs its tiles: its few filters a group took a slab of stride
+    phases 0.67-1.0x the speed of packing theirs."""
     _, fw, fout = tile_footprints(spec, nwin, nf, nc)
-    return (slab_fits(spec, nwin, vectors_along)
+    return ((spec.groups == 1 or spec.stride == (1, 1))
+            and slab_fits(spec, nwin, vectors_along)
             and ceil(spec.k_per_group / nf) <= machine.tuning.slab_max_filter_tiles
             and slab_footprint(spec, nwin, nc, machine.line) + fw + fout <= CACHE_FILL * machine.l1d)

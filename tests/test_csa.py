@@ -502,3 +502,16 @@ def test_channels_last_depthwise_bands_keep_a_large_images_pixels_in_l2():
                                                                       layout="blocked")
     with pytest.raises(ValueError, match="layout must be one of"):
         csa.analyze(dense, machine, layout="nchwc")
+
+
+@pytest.mark.parametrize("machine", [ZEN3, ZEN5], ids=["zen3", "zen5"])
+def test_grouped_convolutions_at_a_stride_pack_their_tiles(machine):
+    """Windows in vectors read a slab only at stride 1 when the convolution is grouped (a
+    slab of stride phases ran their few filters a group 0.67-1.0x the speed of packed tiles,
+    and split over threads worse); one group keeps the rule's choice (a stride-2 stem's slab)."""
+    for name in ("n1c184h32w32k184r3s3p1u2g23", "n1c88h64w64k88r3s3p1u2g11",
+                 "n1c32h112w112k32r3s3p1u2g8"):
+        plan = csa.analyze(ConvSpec.parse(name), machine)
+        assert plan.vectors_along == "windows" and not plan.slab, name
+    stem = csa.analyze(ConvSpec.parse("n1c3h224w224k16r3s3p1u2"), machine)
+    assert stem.vectors_along == "windows" and stem.slab
