@@ -31,7 +31,9 @@ With filters in vectors the kernel accumulates one output band transposed (windo
 it is hot in L2.
 
 A slab plan packs no tiles: per output band, each channel tile's rows that the band reads are
-copied once, zero-padded and split into stride phases, into ``scratch`` (planes of Hb x Ws,
+copied once (those the part's tiles of the band read, where a part covers less than a band: a
+part does not fill rows other parts read), zero-padded and split into stride phases, into
+``scratch`` (planes of Hb x Ws,
 see ``csa.layout.slab_shape`` and ``slab_band_rows``); the output rows lie on the Hs x Ws
 phase planes (the last Ws - Q columns padding), and the kernel reads its row (c, r, s) in
 place at the offset ``slab_offsets`` gives from the band's first slab row. With windows in
@@ -93,7 +95,8 @@ def define_windows_slab(module, dtype):
                                first=p0 // nest.Ws * nest.Q, column=p0 % nest.Ws)
 
     nest.loops(window_tile, nest.kernel_into_output, windows_innermost=False,
-               slab_row=lambda b0: b0 * nest.NWIN // nest.Ws)
+               slab_rows=lambda b0, b1: (b0 * nest.NWIN // nest.Ws,
+                                         (b1 * nest.NWIN - 1) // nest.Ws + 1 + nest.reach))
     return nest.finish()
 
 
@@ -135,7 +138,9 @@ def define_filters_direct(module, dtype):
                                column=0)
 
     nest.loops(window_tile, nest.kernel_into_band, windows_innermost=True,
-               band_pass=nest.transpose_band, slab_row=lambda b0: b0 // nest.row_tiles,
+               band_pass=nest.transpose_band,
+               slab_rows=lambda b0, b1: (b0 // nest.row_tiles,
+                                         (b1 - 1) // nest.row_tiles + 1 + nest.reach),
                start_row=nest.start_row)
     return nest.finish()
 
@@ -160,8 +165,9 @@ def define_filters_blocked(module, dtype):
         return SimpleNamespace(address=address, windows=ow1 - ow0, first=oh * nest.Q + ow0)
 
     nest.loops(window_tile, nest.kernel_into_blocks, windows_innermost=True,
-               slab_row=lambda b0: code.choose(nest.unpacked, 0,
-                                               b0 // nest.row_tiles * nest.step_h),
+               slab_rows=lambda b0, b1: (code.choose(nest.unpacked, 0,
+                                                     b0 // nest.row_tiles * nest.step_h),
+                                         nest.Hs),
                start_row=nest.start_row)
     return nest.finish()
 
@@ -282,6 +288,7 @@ class _LoopNest:
                      "k3", "epilogue", "Hs", "Ws", "windows", "slots", "band", "Hb", "planes",
                      "row_tiles", "fill_width", "params"):
             setattr(self, name, code.geom(name))
+        self.reach = self.Hs - self.P   # slab rows a window's taps reach below its own
         self.G, self.nc_max = code.geom("groups", "nc")
         self.NWIN, self.NF, self.LANES = code.geom("nwin", "nf", "lanes")
         self.input_stationary, self.unpacked = (code.geom(f) != 0
@@ -305,7 +312,7 @@ class _LoopNest:
                     + row_column(tile % self.row_tiles, self.row_tiles, self.Q))
         return tile * self.NWIN
 
-    def loops(self, window_tile, kernel, windows_innermost, band_pass=None, slab_row=None,
+    def loops(self, window_tile, kernel, windows_innermost, band_pass=None, slab_rows=None,
               block=None, start_row=None):
         """The shared loops around ``kernel(at, filter_tile, tile)`` on the window tile
         ``window_tile(at, wt[, row])`` describes (its address and row stride, windows used,
@@ -314,11 +321,12 @@ class _LoopNest:
         ``windows_innermost``, the loop order (the vector operand's tiles outside);
         ``band_pass(at, b1, t_in, f_lo, f_hi)``, a pass over each band's output after its
         channel tiles, which then applies the epilogue (else the kernel's store does, on the
-        last channel tile); ``slab_row(b0)``, a slab's first row for band ``b0`` (the slab is
-        filled per channel tile); ``block(at)``, before a block's tiles; ``start_row(at)``, a
+        last channel tile); ``slab_rows(b0, b1)``, the first slab row that window tiles b0 ..
+        b1-1 read and the row past their last (the slab is filled per channel tile with those
+        rows alone: a part that covers part of a band fills no more of it); ``block(at)``, before a block's tiles; ``start_row(at)``, a
         direct block's first row, which ``window_tile`` steps along."""
         code = self.code
-        if slab_row is not None:
+        if slab_rows is not None:
             self.set_up_slab()
         t_in = (self.P * self.row_tiles if self.direct
                 else (self.windows + self.NWIN - 1) // self.NWIN)
@@ -333,7 +341,11 @@ class _LoopNest:
             t_hi = code.min(t_in, self.part[1] - n * t_in)
             with code.range(t_lo, t_hi, self.band) as b0:
                 b1 = code.min(t_hi, b0 + self.band)
-                at.row0 = 0 if slab_row is None else slab_row(b0)
+                if slab_rows is None:
+                    at.row0 = 0
+                else:
+                    at.row0, row_end = slab_rows(b0, b1)
+                    at.slab_rows = code.min(self.Hb, code.min(self.Hs, row_end) - at.row0)
                 at.p_lo = self.first_window(b0)
                 # IS: window blocks of the band, then filter blocks; WS: filter blocks, then
                 # window blocks of the band
@@ -344,7 +356,7 @@ class _LoopNest:
                 with code.range(0, self.G) as g:
                     with code.range(0, self.Cg, self.nc_max) as c0:
                         self._channel_tile(at, g, c0, band_pass is None)
-                        if slab_row is not None:
+                        if slab_rows is not None:
                             self.fill_slab(at)
                         with code.range(outer_lo, outer_hi, outer_step) as outer:
                             with code.range(inner_lo, inner_hi, inner_step) as inner:
@@ -452,7 +464,7 @@ class _LoopNest:
             code.call(define_fill_slab(self.module, self.dtype),
                       self.x + (at.n * self.C + at.g * self.Cg + at.c0) * self.H * self.W * item,
                       self.H * self.W * item, self.H, self.W, at.nc, self.sh, self.sw, self.Hb,
-                      self.Ws, at.row0, code.min(self.Hb, self.Hs - at.row0), self.pt, self.pl,
+                      self.Ws, at.row0, at.slab_rows, self.pt, self.pl,
                       self.planes, self.scratch, self.fill_width, code.geom("copy_rows"))
 
     def kernel_into_output(self, at, ft, tile):
@@ -544,12 +556,11 @@ class _BlockedNest(_LoopNest):
         with code.if_(~self.unpacked & self.packing & ~self.subsample):
             code.call(define_fill_blocks(self.module), first_block, self.H * self.W * B * item,
                       blocks, self.H, self.W, B * item, self.Hb, self.Ws, at.row0,
-                      code.min(self.Hb, self.Hs - at.row0), self.pt, self.pl, self.scratch)
+                      at.slab_rows, self.pt, self.pl, self.scratch)
         with code.if_(self.packing & self.subsample):
             code.call(define_subsample_blocks(self.module, self.dtype), first_block,
                       self.H * self.W * B * item, blocks, self.W, B, self.sh,
-                      self.sw, at.row0, code.min(self.Hb, self.Hs - at.row0), self.Q, self.Hb,
-                      self.scratch)
+                      self.sw, at.row0, at.slab_rows, self.Q, self.Hb, self.scratch)
 
     def kernel_into_blocks(self, at, ft, tile):
         """The kernel on filter tile ``ft``, stored into the output's blocks: a window every

@@ -236,6 +236,24 @@ def test_one_pixel_planes(rng, isa, dtype, c, k, size, kernel):
     assert_conv_close(out - residual, x, wt)
 
 
+@pytest.mark.parametrize("vector", ["windows", "filters"])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_slab_parts_within_a_band_fill_the_rows_they_read(rng, vector, stride):
+    """A slab plan whose parts split its bands (one band, many parts): each part fills only
+    the slab rows its window tiles read, and gets the same bits as one part."""
+    x = rng.standard_normal((2, 6, 23, 29)).astype(F32)
+    wt = rng.standard_normal((7, 6, 3, 3)).astype(F32)
+    b = rng.standard_normal(7).astype(F32)
+    base = {"vectors_along": vector, "slab": True}
+    one = cso.Conv2d(wt, b, stride, 1, plan_overrides={**base, "split": (1, 1)})(x)
+    assert_conv_close(one, x, wt, b, stride=(stride, stride), padding=(1, 1, 1, 1))
+    for parts in (2, 5, 13):
+        conv = cso.Conv2d(wt, b, stride, 1, plan_overrides={**base, "split": (parts, 1)})
+        plan = conv.plan_for(x.shape)
+        assert plan.slab and plan.parts[0] == parts   # (one band: the image is small)
+        np.testing.assert_array_equal(conv(x), one, err_msg=f"{parts} parts")
+
+
 @pytest.mark.parametrize("stride", [1, 2, 3])
 @pytest.mark.parametrize("size,kernel,dilation", [(7, 3, 1), (8, 3, 1), (9, 4, 1), (10, 3, 2), (5, 1, 1)])
 def test_same_padding(rng, size, kernel, dilation, stride):
