@@ -30,10 +30,9 @@ With filters in vectors the kernel accumulates one output band transposed (windo
 ``out_t``, which a pass at the end of the band turns into NCHW with bias and activation while
 it is hot in L2.
 
-A slab plan packs no tiles: per output band, each channel tile's rows that the band reads are
-copied once (those the part's tiles of the band read, where a part covers less than a band: a
-part does not fill rows other parts read), zero-padded and split into stride phases, into
-``scratch`` (planes of Hb x Ws,
+A slab plan packs no tiles: per output band, each channel tile's rows that the band reads (that
+the part's own tiles read, where a part covers less than a band) are copied once, zero-padded
+and split into stride phases, into ``scratch`` (planes of Hb x Ws,
 see ``csa.layout.slab_shape`` and ``slab_band_rows``); the output rows lie on the Hs x Ws
 phase planes (the last Ws - Q columns padding), and the kernel reads its row (c, r, s) in
 place at the offset ``slab_offsets`` gives from the band's first slab row. With windows in
