@@ -311,14 +311,10 @@ class Conv2d:
         return self._call(x, None, phases)
 
     def _call(self, x, out, phases, layout=None, out_layout=None):
-        # (the common call, an NCHW array in and out, runs the fewest Python steps: on a
-        # small layer they are most of its time)
-        in_layout = "nchw" if layout is None and type(x) is np.ndarray else input_layout(
-            x, layout)
-        if out_layout is not None:
-            out_layout = check_layout("out_layout", out_layout)
-        if in_layout != "nchw" or out_layout not in (None, "nchw"):
-            return self._call_blocked(x, out, phases, in_layout, out_layout or in_layout)
+        in_layout = input_layout(x, layout)
+        out_layout = in_layout if out_layout is None else check_layout("out_layout", out_layout)
+        if in_layout != "nchw" or out_layout != "nchw":
+            return self._call_blocked(x, out, phases, in_layout, out_layout)
         args.check_array("input", x)
         threads = get_num_threads()
         prepared = self._prepared(x.shape, x.dtype, threads)
