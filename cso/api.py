@@ -522,8 +522,11 @@ class _Route(NamedTuple):
 def _plain_call(run, weights, bias, shape, dtype, threads):
     """``call(x)``: a new output of ``shape`` written by ``run`` (a ``Prepared.run``) from
     ``x``, a C-contiguous array of the shape it was made for (``Conv2d.__call__``)."""
+    new_output = (np.empty if math.prod(shape) * dtype.itemsize < ALIGNED_OUTPUT_BYTES
+                  else aligned_empty)   # (as ``_output``: this shape was allocated before)
+
     def call(x):
-        result = _output(shape, dtype)
+        result = new_output(shape, dtype)
         run(x, weights, bias, result, ALL_PHASES, threads)
         return result
     return call

@@ -9,11 +9,34 @@ import numpy as np
 
 from microkernels.loop_ir import LoopCode
 
+from .pool import PART_FN
+
 # a call's arguments, one int64 word each: the arrays' addresses, the input's shape and the
 # output's channels, the workspaces' with a part's row length in elements (``*_row``)
 CALL_ARGS = ("x", "n", "c", "h", "w", "weights", "bias", "out", "out_k", "geom", "parts",
              "scratch", "scratch_row", "out_t", "out_t_row", "rows", "rows_row")
 PART_WORDS = 4   # a ``parts`` row: first window tile (unit), end, first filter tile, end
+
+
+ENTRY_WORD = len(CALL_ARGS)   # ``call_on_arrays``: the entry's address, after the arguments
+
+
+def define_call_on_arrays(module, data_offset):
+    """``void call_on_arrays(int64 *args)``: ``args`` as ``CALL_ARGS`` but with the NumPy
+    array objects' addresses (``id``) for "x" and "out", and an entry's address in word
+    ``ENTRY_WORD``: the two words set to the arrays' data addresses (``data_offset`` bytes
+    into the object, ``microkernels.aligned.DATA_OFFSET``), then part 0 of the entry. A
+    one-part call in one ctypes call of one argument, its address reads done here: each
+    argument and address read in Python costs a quarter of a microsecond, of a small
+    layer's few."""
+    code = LoopCode(module, "call_on_arrays", ("args",), pointer_args=("args",))
+    args = code.arg("args")
+    for name in ("x", "out"):
+        at = CALL_ARGS.index(name)
+        code.store(args, at, code.load(code.load(args, at) + data_offset, 0))
+    code.call((code.load(args, ENTRY_WORD), PART_FN), args, 0)
+    code.ret()
+    return code.function
 
 
 class Geom:

@@ -159,27 +159,34 @@ REUSED_WORKSPACE_BYTES = 65536   # a thread keeps a workspace of each kind up to
 
 class _Kept(threading.local):
     def __init__(self):
-        self.spaces = {}   # (kind, dtype) -> (the largest workspace this thread kept, address)
+        self.spaces = {}   # kind -> (this thread's workspace of that kind, its address)
 
 
 _kept = _Kept()
 
 
+def kept_workspaces():
+    """This thread's kept workspaces (``workspace``), kind -> (buffer, address): a dict of its
+    own whose entries, once made, stay as long as the thread (their addresses can be kept)."""
+    return _kept.spaces
+
+
 def workspace(kind, elements, dtype):
     """(a scratch buffer of at least ``elements``, its address) for a job of this thread
-    outside a recording: small ones (up to ``REUSED_WORKSPACE_BYTES``) kept per thread and
-    kind, the largest so far, since a thread runs one job at a time (allocating two or three
-    a call was a microsecond of a small layer's ten); larger ones new (``new_workspace``),
-    not held."""
-    if elements * dtype.itemsize > REUSED_WORKSPACE_BYTES:
-        space = new_workspace(elements, dtype)
-        return space, data_address(space)
-    key = (kind, dtype)
-    found = _kept.spaces.get(key)
-    if found is None or found[0].size < elements:
-        space = new_workspace(elements, dtype)
-        found = _kept.spaces[key] = (space, data_address(space))
-    return found
+    outside a recording: small ones (up to ``REUSED_WORKSPACE_BYTES``) this thread's buffer
+    of ``kind``, of that size, made on its first use and kept (a thread runs one job at a
+    time; allocating two or three a call was a microsecond of a small layer's ten); larger
+    ones new (``new_workspace``), not held."""
+    size = elements * dtype.itemsize
+    if size <= REUSED_WORKSPACE_BYTES:
+        found = _kept.spaces.get(kind)
+        if found is None:
+            space = new_workspace(REUSED_WORKSPACE_BYTES, np.dtype(np.uint8))
+            found = _kept.spaces[kind] = (space, data_address(space))
+        if found[0].nbytes >= size:
+            return found
+    space = new_workspace(elements, dtype)
+    return space, data_address(space)
 
 
 def run_jobs(jobs, threads):

@@ -5,13 +5,14 @@ import ctypes
 import numpy as np
 
 from csa import DepthwisePlan
+from microkernels.aligned import DATA_OFFSET
 from microkernels.jit import native_function
 from microkernels.once import compiled_once
 from microkernels.dtypes import dtype_name
 
 from . import depthwise
 from . import lowering as slicing
-from .entry import CALL_ARGS
+from .entry import CALL_ARGS, define_call_on_arrays
 from .loop_nests import ALL_PHASES
 from . import jobs
 from .jobs import active_recording, data_address, run_parts
@@ -31,6 +32,16 @@ class PartEntry:
     def __init__(self, native):
         self.address = native.address
         self.call = native.module.function(native.name, None, ctypes.c_void_p, ctypes.c_int64)
+
+
+@compiled_once
+def call_on_arrays():
+    """``call(args)`` (``entry.define_call_on_arrays``) through ctypes, which releases the GIL
+    for the call; None where arrays are not laid out as CPython's (``DATA_OFFSET``)."""
+    if DATA_OFFSET is None:
+        return None
+    native = native_function(define_call_on_arrays, DATA_OFFSET)
+    return native.module.function(native.name, None, ctypes.c_void_p)
 
 
 @compiled_once
@@ -68,6 +79,7 @@ class Prepared:
         self.parts = lowering.output_parts(plan)
         self.part_count = len(self.parts)
         self._template = None   # see _arguments
+        self._own = None        # see _own_arguments
         self.scratch_elements = lowering.scratch_elements(plan)
         self.out_t_elements = lowering.out_t_elements(plan)
         self.rows_elements = lowering.rows_elements(plan)
@@ -82,6 +94,8 @@ class Prepared:
                             for at, elements, t in sizes}
         self.workspaces = [(at, count * self.row_lengths[at], t)
                            for at, elements, t in sizes if elements]
+        self.workspace_bytes = max((e * t.itemsize for _, e, t in self.workspaces), default=0)
+        self.array_call = call_on_arrays() if count == 1 else None   # (see run)
 
     def warm(self, threads):
         """Compile (or load) what a call with up to ``threads`` threads runs besides the loop
@@ -98,13 +112,25 @@ class Prepared:
         threads, each with its own rows of the workspaces: concurrent calls share nothing.
         Fewer ``phases`` than all (PACK | KERNEL | POST) leave ``out`` undefined: they exist to
         time the phases apart."""
+        recording = active_recording()   # (whose jobs, run one at a time, share workspaces)
+        if (recording is None and phases == ALL_PHASES
+                and self.workspace_bytes <= jobs.REUSED_WORKSPACE_BYTES):
+            # this thread's vector, written in place: no copy, no workspace to find
+            own = self._own_arguments(x, packed_w, bias, out)   # (held until the call ends)
+            args, address = own[5], own[6]
+            if self.array_call is not None:   # (x's and out's addresses read in there)
+                args[X_ARG], args[OUT_ARG] = id(x), id(out)
+                self.array_call(address)
+            else:
+                args[X_ARG], args[OUT_ARG] = data_address(x), data_address(out)
+                run_parts(self.entry.address, address, self.part_count, threads)
+            return
         args = self._arguments(x, packed_w, bias, out)
         if phases != ALL_PHASES:
             geom = self.geom.copy()
             geom[self.phases_at] = phases
             args[GEOM_ARG] = data_address(geom)
         held = []   # the workspaces, referenced here until the call returns
-        recording = active_recording()   # (whose jobs, run one at a time, share workspaces)
         for at, elements, dtype in self.workspaces:
             if recording is None:
                 space, args[at] = jobs.workspace(at, elements, dtype)
@@ -117,6 +143,28 @@ class Prepared:
         else:   # (a recorded job keeps what its arguments point to but ``x`` and ``out``)
             run_parts(self.entry.address, args.buffer_info()[0], self.part_count, threads,
                       keep=(args, held, self, packed_w, bias))
+
+    def _own_arguments(self, x, packed_w, bias, out):
+        """This thread's ``CALL_ARGS`` vector for these arrays, as (owner, weights, bias,
+        shapes, the vector, its address, its workspaces): the workspaces the thread's kept
+        ones (``jobs.workspace``), the entry's address in ``ENTRY_WORD``. The same vector call
+        after call on one thread, for the caller to write ``x`` and ``out`` into (a recorded
+        job keeps its own: it takes ``_arguments``); made again when another thread, other
+        weights or other shapes used it last. Held with its workspaces: a thread that ends
+        leaves none of its addresses dangling."""
+        owner = jobs.kept_workspaces()
+        found = self._own
+        if (found is None or found[0] is not owner or found[1] is not packed_w
+                or found[2] is not bias or found[3] != x.shape or found[4] != out.shape):
+            args = self._arguments(x, packed_w, bias, out)
+            args.append(self.entry.address)   # (ENTRY_WORD)
+            held = []
+            for at, elements, dtype in self.workspaces:
+                space, args[at] = jobs.workspace(at, elements, dtype)
+                held.append(space)
+            found = self._own = (owner, packed_w, bias, x.shape, out.shape, args,
+                                 args.buffer_info()[0], held)
+        return found
 
     def _arguments(self, x, packed_w, bias, out):
         """A new ``CALL_ARGS`` vector for these arrays, but the workspaces' addresses: a copy

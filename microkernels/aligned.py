@@ -33,8 +33,13 @@ def data_address(array):
     return _read_address(id(array) + _HEADER).value
 
 
+# where an array object holds its data's address, for compiled code handed the object itself
+# (``id``); None where the layout is not CPython's (then ``data_address`` reads it the slow way)
+DATA_OFFSET = _HEADER
 _probe = np.empty(3)
-if data_address(_probe) != _probe.ctypes.data:   # not CPython's object layout: the slow way
+if data_address(_probe) != _probe.ctypes.data:
+    DATA_OFFSET = None
+
     def data_address(array):   # noqa: F811
         return array.ctypes.data
 del _probe

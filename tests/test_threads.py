@@ -181,6 +181,47 @@ def test_concurrent_calls_share_nothing(rng, threads):
     assert len(results) == 5 * len(inputs)
 
 
+@pytest.mark.parametrize("parts", [1, 2])
+@pytest.mark.parametrize("name", ["packed", "filters_in_vectors", "grouped_filters_in_vectors"])
+def test_threads_calling_one_shape_keep_their_own_arguments(rng, threads, name, parts):
+    """Calls on one input shape from several Python threads at once, one part or two: each
+    thread writes its arrays into an argument vector of its own, with its own workspaces
+    (``Prepared.run``), so every result is bit-identical to one thread's, and still after
+    the threads that made those vectors end and new ones take their place."""
+    n, c, h, w, k, r, s, stride, pad, groups, overrides = CASES[name]
+    cso.set_num_threads(parts)
+    wt = rng.standard_normal((k, c // groups, r, s)).astype(np.float32)
+    conv = cso.Conv2d(wt, stride=stride, padding=pad, groups=groups,
+                      plan_overrides={**overrides, "split": (parts, 1)})
+    inputs = [rng.standard_normal((n, c, h, w)).astype(np.float32) for _ in range(5)]
+    expected = [conv(x) for x in inputs]
+    np.testing.assert_allclose(expected[0], conv2d_reference(
+        inputs[0], wt, stride=(stride, stride), padding=(pad,) * 4, groups=groups),
+        rtol=1e-4, atol=1e-4)
+    prepared = conv._prepared(inputs[0].shape, np.dtype(np.float32), parts)
+    assert prepared.workspaces and prepared.part_count == parts   # (the path under test)
+    errors = []
+
+    def call(first):
+        try:
+            for rep in range(40):
+                i = (first + rep) % len(inputs)
+                if not np.array_equal(conv(inputs[i]), expected[i]):
+                    errors.append((first, rep))
+        except BaseException as err:   # reported below
+            errors.append(err)
+
+    for _ in range(2):   # the second round's threads find vectors made by ended ones
+        workers = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join(120)
+        assert not errors
+    call(0)
+    assert not errors
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX-only")
 def test_works_after_fork(rng, threads):
     """After the parent has used the pool, a forked child's parallel calls run (its pool starts
