@@ -94,7 +94,9 @@ class Conv2d:
         self.bias = np.empty(0, self.dtype) if bias is None else np.array(bias, copy=True)
         self._by_shape = {}
         self._routes = {}
-        self._plain = {}   # (shape, dtype, threads) -> the plain call of such inputs (__call__)
+        # (shape, dtype, threads, layout: None, "nhwc", or a Blocked's channels) -> the plain
+        # call of such inputs (__call__)
+        self._plain = {}
         self._padded_bias = None
         # what a copy is built from besides the filters and bias (pickling, ``copy.deepcopy``)
         self._arguments = dict(
@@ -230,11 +232,17 @@ class Conv2d:
         values run on blocked plans (``csa.analyze(..., layout="blocked")``) where the
         convolution takes them (``csa.layout.blocked_fits``), else on the NCHW plan with
         reorders around it."""
-        if out is None and layout is None and out_layout is None and type(x) is np.ndarray:
-            # an NCHW array of a shape called before: its checks and choices were made then
-            plain = self._plain.get((x.shape, x.dtype, get_num_threads()))
-            if plain is not None and x.flags.c_contiguous:
-                return plain(x)
+        if out is None and out_layout is None:
+            # an NCHW or channels-last array, or a Blocked, of a shape called before: its
+            # checks and choices were made then
+            if type(x) is np.ndarray:
+                plain = self._plain.get((x.shape, x.dtype, get_num_threads(), layout))
+                if plain is not None and x.flags.c_contiguous:
+                    return plain(x)
+            elif type(x) is Blocked and layout is None:
+                plain = self._plain.get((x.data.shape, x.dtype, get_num_threads(), x.channels))
+                if plain is not None:
+                    return plain(x)
         return self._call(x, out, ALL_PHASES, layout, out_layout)
 
     def bound(self, shape: Shape):
@@ -340,7 +348,7 @@ class Conv2d:
             operands = self._operands(prepared.plan)
             prepared.run(x4, *operands, result, phases, threads)
             if x4 is x and out is None and phases == ALL_PHASES and type(x) is np.ndarray:
-                _remember(self._plain, (x.shape, x.dtype, threads),
+                _remember(self._plain, (x.shape, x.dtype, threads, None),
                           _plain_call(prepared.run, *operands, shape, self.dtype, threads))
         if out is None:
             return result if batched else result[0]
@@ -393,6 +401,12 @@ class Conv2d:
             route.prepared.run(data.reshape(merged(data.shape, rows)), route.weights,
                                route.bias, result.data.reshape(merged(result.data.shape, rows)),
                                phases, route.threads)
+            if (out is None and phases == ALL_PHASES and not route.reblock
+                    and in_layout == out_layout != "nchw"):
+                key = ((x.shape, x.dtype, route.threads, "nhwc") if in_layout == "nhwc" else
+                       (xb.data.shape, xb.dtype, route.threads, xb.channels))
+                _remember(self._plain, key, _plain_layout_call(route, in_layout == "nhwc",
+                                                               self.dtype))
         if out_layout == "blocked":
             return result
         if out_layout == "nhwc":
@@ -529,6 +543,29 @@ def _plain_call(run, weights, bias, shape, dtype, threads):
         result = new_output(shape, dtype)
         run(x, weights, bias, result, ALL_PHASES, threads)
         return result
+    return call
+
+
+def _plain_layout_call(route, nhwc, dtype):
+    """``call(x)`` (``Conv2d.__call__``) for a ``Blocked`` or (``nhwc``) a C-contiguous
+    channels-last array of the shape ``route`` (a ``_Route`` on a blocked plan that reads its
+    blocks as they are) was made for: a new output of the same layout, written by its plan."""
+    run, weights, bias, threads, rows = (route.prepared.run, route.weights, route.bias,
+                                         route.threads, route.rows)
+    n, k, p, q = route.out_shape
+    block = route.out_block
+    data_shape = (n, -(-k // block), p, q, block)
+    new_data = (np.empty if math.prod(data_shape) * dtype.itemsize < ALIGNED_OUTPUT_BYTES
+                else aligned_empty)   # (as ``_output``)
+    out_view = merged(data_shape, rows)
+
+    def call(x):
+        data = new_data(data_shape, dtype)
+        x_view = x.reshape(merged((x.shape[0], 1) + x.shape[1:], rows)) if nhwc else (
+            x.data if rows == 1 else x.data.reshape(merged(x.data.shape, rows)))
+        run(x_view, weights, bias, data if rows == 1 else data.reshape(out_view), ALL_PHASES,
+            threads)
+        return data.reshape(n, p, q, k) if nhwc else Blocked.made(data, k)
     return call
 
 

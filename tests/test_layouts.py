@@ -592,6 +592,46 @@ def test_nhwc_in_and_out_are_zero_copy(rng, dtype):
     np.testing.assert_array_equal(Blocked.from_nhwc(out).to_nchw(), conv(x))
 
 
+@pytest.mark.parametrize("case", ["dense", "merged_1x1", "depthwise", "grouped"])
+def test_repeated_blocked_and_nhwc_calls_run_what_the_first_chose(rng, case):
+    """A Blocked or channels-last call on a shape called before in that layout (no ``out``,
+    no ``out_layout``) runs what the first call chose (``Conv2d._plain``): a new output of
+    the same layout and the same values each time, matching the reference. A Blocked of the
+    same blocks but fewer channels, and an NCHW array of the NHWC shape, are calls of their
+    own."""
+    c, k, r, groups, hw = {"dense": (13, 21, 3, 1, (6, 7)), "merged_1x1": (16, 24, 1, 1, (4, 6)),
+                           "depthwise": (24, 24, 3, 24, (5, 9)),
+                           "grouped": (32, 48, 3, 2, (6, 6))}[case]
+    conv, w, b = make_conv(rng, np.float32, c, k, r, r, groups=groups, padding=r // 2)
+    x = rng.standard_normal((2, c) + hw).astype(np.float32)
+    geom = geometry(conv, x.shape)
+    for layout in ("blocked", "nhwc"):
+        value = as_layout(x, layout)
+        kwargs = {"layout": "nhwc"} if layout == "nhwc" else {}
+        first = conv(value, **kwargs)
+        second = conv(value, **kwargs)
+        assert type(second) is type(first) and second is not first
+        data = (first.data, second.data) if layout == "blocked" else (first, second)
+        assert not np.shares_memory(*data)
+        np.testing.assert_array_equal(*data)
+        as_nchw = second.to_nchw() if layout == "blocked" else second.transpose(0, 3, 1, 2)
+        assert_matches(as_nchw, x, w, b, None, geom)
+        if layout == "blocked":
+            assert second.shape == (2, k) + hw and second.block == value.block
+    # the blocked call's and the NHWC one's (grouped channels last re-blocks its input)
+    assert len(conv._plain) == (1 if case == "grouped" else 2)
+    # the same blocks holding a channel fewer: the checked call, which refuses them
+    fewer = Blocked.from_nchw(x[:, :-1], block_size(np.float32))
+    if fewer.data.shape == as_layout(x, "blocked").data.shape:
+        with pytest.raises(ValueError, match="channels"):
+            conv(fewer)
+    # an NCHW array whose shape is the NHWC one's: not the NHWC call
+    square = rng.standard_normal((1, c, c, c)).astype(np.float32)
+    np.testing.assert_array_equal(conv(np.ascontiguousarray(square), layout="nhwc"),
+                                  conv(np.ascontiguousarray(square), layout="nhwc"))
+    assert_matches(conv(square), square, w, b, None, geometry(conv, square.shape))
+
+
 # 6. errors ------------------------------------------------------------------------------------
 
 def test_layout_argument_errors(rng):
