@@ -383,6 +383,12 @@ class Conv2d:
             acc = to_nchw(out, out_layout) if self.accumulate else None
             result = self._call(to_nchw(xb, in_layout), acc, phases)
             return written(from_nchw(result, out_layout, lanes), out)
+        # the key of later calls that can run as this one (``_plain_layout_call``), or None
+        plain_key = None
+        if (out is None and phases == ALL_PHASES and in_layout == out_layout != "nchw"
+                and (in_layout == "nhwc" or not route.reblock)):
+            plain_key = ((x.shape, x.dtype, route.threads, "nhwc") if in_layout == "nhwc" else
+                         (xb.data.shape, xb.dtype, route.threads, xb.channels))
         if route.reblock:
             xb = Blocked.from_nchw(x, lanes) if in_layout == "nchw" else xb.reblocked(lanes)
             in_layout = "blocked"
@@ -401,12 +407,9 @@ class Conv2d:
             route.prepared.run(data.reshape(merged(data.shape, rows)), route.weights,
                                route.bias, result.data.reshape(merged(result.data.shape, rows)),
                                phases, route.threads)
-            if (out is None and phases == ALL_PHASES and not route.reblock
-                    and in_layout == out_layout != "nchw"):
-                key = ((x.shape, x.dtype, route.threads, "nhwc") if in_layout == "nhwc" else
-                       (xb.data.shape, xb.dtype, route.threads, xb.channels))
-                _remember(self._plain, key, _plain_layout_call(route, in_layout == "nhwc",
-                                                               self.dtype))
+            if plain_key is not None:
+                _remember(self._plain, plain_key, _plain_layout_call(
+                    route, plain_key[3] == "nhwc", self.dtype))
         if out_layout == "blocked":
             return result
         if out_layout == "nhwc":
@@ -548,8 +551,9 @@ def _plain_call(run, weights, bias, shape, dtype, threads):
 
 def _plain_layout_call(route, nhwc, dtype):
     """``call(x)`` (``Conv2d.__call__``) for a ``Blocked`` or (``nhwc``) a C-contiguous
-    channels-last array of the shape ``route`` (a ``_Route`` on a blocked plan that reads its
-    blocks as they are) was made for: a new output of the same layout, written by its plan."""
+    channels-last array of the shape ``route`` (a ``_Route`` on a blocked plan, which reads a
+    Blocked's blocks as they are) was made for: a new output of the same layout, written by
+    its plan (channels last re-blocked first where the plan needs it)."""
     run, weights, bias, threads, rows = (route.prepared.run, route.weights, route.bias,
                                          route.threads, route.rows)
     n, k, p, q = route.out_shape
@@ -560,11 +564,13 @@ def _plain_layout_call(route, nhwc, dtype):
     out_view = merged(data_shape, rows)
 
     def call(x):
+        if nhwc:   # one block of all its channels (a view), re-blocked where the plan needs
+            x = Blocked.made(x.reshape((x.shape[0], 1) + x.shape[1:]), x.shape[3])
+            if route.reblock:
+                x = x.reblocked(route.lanes)
         data = new_data(data_shape, dtype)
-        x_view = x.reshape(merged((x.shape[0], 1) + x.shape[1:], rows)) if nhwc else (
-            x.data if rows == 1 else x.data.reshape(merged(x.data.shape, rows)))
-        run(x_view, weights, bias, data if rows == 1 else data.reshape(out_view), ALL_PHASES,
-            threads)
+        run(x.data if rows == 1 else x.data.reshape(merged(x.data.shape, rows)), weights, bias,
+            data if rows == 1 else data.reshape(out_view), ALL_PHASES, threads)
         return data.reshape(n, p, q, k) if nhwc else Blocked.made(data, k)
     return call
 

@@ -23,17 +23,6 @@ X_ARG, W_ARG, BIAS_ARG, OUT_ARG, GEOM_ARG, PARTS_ARG, SCRATCH_ARG, OUT_T_ARG, RO
     for name in ("x", "weights", "bias", "out", "geom", "parts", "scratch", "out_t", "rows"))
 
 
-class PartEntry:
-    """A loop nest's C entry ``void run_part(int64 *args, int64 part)`` (``cso.entry``):
-    ``.address``, and ``.call(args_address, part)`` through ctypes, which releases the GIL for
-    the call. Every call runs through it: one part on the calling thread, several on the
-    pool's workers too."""
-
-    def __init__(self, native):
-        self.address = native.address
-        self.call = native.module.function(native.name, None, ctypes.c_void_p, ctypes.c_int64)
-
-
 @compiled_once
 def call_on_arrays():
     """``call(args)`` (``entry.define_call_on_arrays``) through ctypes, which releases the GIL
@@ -46,10 +35,12 @@ def call_on_arrays():
 
 @compiled_once
 def part_entry(define_loop_nest, dtype):
-    """The C entry ``define_loop_nest`` (a ``loop_nests`` generator or
+    """The C entry ``void run_part(int64 *args, int64 part)`` (``cso.entry``) that
+    ``define_loop_nest`` (a ``loop_nests`` generator or
     ``depthwise.define_depthwise_loop_nest``) generates for ``dtype``, compiled once (or
-    loaded from the persistent cache)."""
-    return PartEntry(native_function(define_loop_nest, dtype_name(dtype)))
+    loaded from the persistent cache): its ``.address``. Every call runs through it
+    (``jobs.run_parts``): one part on the calling thread, several on the pool's workers too."""
+    return native_function(define_loop_nest, dtype_name(dtype))
 
 
 class Prepared:
@@ -138,11 +129,9 @@ class Prepared:
                 space = recording.workspace(at, elements, dtype)
                 args[at] = data_address(space)
             held.append(space)
-        if self.part_count == 1 and recording is None:
-            self.entry.call(args.buffer_info()[0], 0)
-        else:   # (a recorded job keeps what its arguments point to but ``x`` and ``out``)
-            run_parts(self.entry.address, args.buffer_info()[0], self.part_count, threads,
-                      keep=(args, held, self, packed_w, bias))
+        # (a recorded job keeps what its arguments point to but ``x`` and ``out``)
+        run_parts(self.entry.address, args.buffer_info()[0], self.part_count, threads,
+                  keep=(args, held, self, packed_w, bias))
 
     def _own_arguments(self, x, packed_w, bias, out):
         """This thread's ``CALL_ARGS`` vector for these arrays, as (owner, weights, bias,

@@ -618,8 +618,11 @@ def test_repeated_blocked_and_nhwc_calls_run_what_the_first_chose(rng, case):
         assert_matches(as_nchw, x, w, b, None, geom)
         if layout == "blocked":
             assert second.shape == (2, k) + hw and second.block == value.block
-    # the blocked call's and the NHWC one's (grouped channels last re-blocks its input)
-    assert len(conv._plain) == (1 if case == "grouped" else 2)
+    # the blocked call's and the NHWC one's (grouped channels last re-blocks its input: a
+    # reblock the plain call repeats)
+    assert len(conv._plain) == 2
+    routes = {key[1]: route.reblock for key, route in conv._routes.items()}
+    assert routes == {"blocked": False, "nhwc": case == "grouped"}
     # the same blocks holding a channel fewer: the checked call, which refuses them
     fewer = Blocked.from_nchw(x[:, :-1], block_size(np.float32))
     if fewer.data.shape == as_layout(x, "blocked").data.shape:
