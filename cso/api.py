@@ -539,8 +539,7 @@ class _Route(NamedTuple):
 def _plain_call(run, weights, bias, shape, dtype, threads):
     """``call(x)``: a new output of ``shape`` written by ``run`` (a ``Prepared.run``) from
     ``x``, a C-contiguous array of the shape it was made for (``Conv2d.__call__``)."""
-    new_output = (np.empty if math.prod(shape) * dtype.itemsize < ALIGNED_OUTPUT_BYTES
-                  else aligned_empty)   # (as ``_output``: this shape was allocated before)
+    new_output = _output_maker(shape, dtype)
 
     def call(x):
         result = new_output(shape, dtype)
@@ -559,8 +558,7 @@ def _plain_layout_call(route, nhwc, dtype):
     n, k, p, q = route.out_shape
     block = route.out_block
     data_shape = (n, -(-k // block), p, q, block)
-    new_data = (np.empty if math.prod(data_shape) * dtype.itemsize < ALIGNED_OUTPUT_BYTES
-                else aligned_empty)   # (as ``_output``)
+    new_data = _output_maker(data_shape, dtype)
     out_view = merged(data_shape, rows)
 
     def call(x):
@@ -598,13 +596,17 @@ def _output(shape, dtype):
     lose). One too large for the address space is a MemoryError with its size, like one too
     large for memory (NumPy says ValueError)."""
     try:
-        if math.prod(shape) * dtype.itemsize < ALIGNED_OUTPUT_BYTES:
-            return np.empty(shape, dtype)
-        return aligned_empty(shape, dtype)
+        return _output_maker(shape, dtype)(shape, dtype)
     except ValueError:
         size = np.prod(np.array(shape, dtype=object)) * np.dtype(dtype).itemsize
         raise MemoryError(f"Unable to allocate {size} bytes for an output array with shape "
                           f"{shape} and data type {np.dtype(dtype)}") from None
+
+
+def _output_maker(shape, dtype):
+    """``np.empty`` or ``aligned_empty``: what makes an output of ``shape`` (see ``_output``;
+    a plain call picks it once, for a shape allocated before)."""
+    return np.empty if math.prod(shape) * dtype.itemsize < ALIGNED_OUTPUT_BYTES else aligned_empty
 
 
 def conv2d(x: np.ndarray, weight: np.ndarray, bias: Optional[np.ndarray] = None,
