@@ -24,8 +24,9 @@ from packing import row_copier
 from packing.inputs import define_fill_slab
 
 from .entry import EntryCode, Geom
-from .loop_nests import (ALL_PHASES, KERNEL, PACK, define_blocked_offsets, define_slab_offsets,
-                         row_column)
+from .loop_nests import (ALL_PHASES, BLOCKS, CHANNELS_LAST, KERNEL, PACK, PLANES,
+                         define_blocked_offsets, define_fill_slab_of, define_slab_offsets,
+                         pixel_copies, row_column)
 
 GEOM = Geom("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q", "P", "M", "nc", "band", "Hb", "Hs",
             "Ws", "planes", "epilogue", "phases", "fill_width", "kernel", "copy_rows", "shuffle",
@@ -44,7 +45,6 @@ BLOCKED_GEOM = Geom("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q", "P", "ban
                     "row_at")
 
 # how a blocked depthwise loop nest's input and output are held (geom in_layout, out_layout)
-BLOCKS, PLANES, CHANNELS_LAST = 0, 1, 2
 LAYOUT_CODES = {"blocked": BLOCKS, "nchw": PLANES, "nhwc": CHANNELS_LAST}
 
 
@@ -268,47 +268,6 @@ def define_blocked_depthwise_loop_nest(module, dtype):
     return code.function
 
 
-def define_fill_slab_of(module):
-    """``fill_slab_of(layout, src, C, held, H, W, L, item, Hb, Ws, row0, rows, pt, pl, dst,
-    transpose)`` in ``module`` (defined once): ``loop_nests.define_fill_blocks``'s slab of one
-    block of L channels (``held`` of them real, the rest zero), from a block of the input's
-    (``layout`` BLOCKS: a row a copy), its NCHW planes (PLANES: L x L block transposes, the
-    function at ``transpose``, ``microkernels.transpose``) or its channels-last pixels
-    (CHANNELS_LAST: a vector a pixel); ``src`` its first value."""
-    if "fill_slab_of" in module.globals:
-        return module.globals["fill_slab_of"]
-    code = LoopCode(module, "fill_slab_of", ("layout", "src", "C", "held", "H", "W", "L", "item",
-                                             "Hb", "Ws", "row0", "rows", "pt", "pl", "dst",
-                                             "transpose"), internal=True)
-    (layout, src, C, held, H, W, L, item, Hb, Ws, row0, rows, pt, pl, dst,
-     block_transpose) = code.args(*code.arg_names)
-    pixel = L * item
-    left = code.min(pl, Ws)
-    copied = code.max(0, code.min(W, Ws - left))   # pixels of an input row the slab holds
-    with code.range(0, rows) as i:
-        ih = row0 + i - pt
-        target = dst + i * Ws * pixel
-        with code.if_else((ih >= 0) & (ih < H)) as (inside, outside):
-            with inside:   # (a block's lanes past ``held``: zero, as no copy writes them)
-                code.zero(target, code.choose(held < L, Ws, left) * pixel)
-                into = target + left * pixel
-                with code.if_(layout == BLOCKS):
-                    code.copy(into, src + ih * W * pixel, copied * pixel)
-                with code.if_(layout == PLANES):
-                    with code.range(0, copied, L) as c0:
-                        code.call((block_transpose, transpose.FUNCTION_TYPE),
-                                  src + (ih * W + c0) * item, H * W, into + c0 * pixel, L, held,
-                                  code.min(L, copied - c0), 0, 0, 0)
-                with code.if_(layout == CHANNELS_LAST):
-                    _pixel_copies(code, into, pixel, src + ih * W * C * item, C * item, copied,
-                                  held * item, pixel)
-                code.zero(target + (left + copied) * pixel, (Ws - left - copied) * pixel)
-            with outside:
-                code.zero(target, Ws * pixel)
-    code.ret()
-    return code.function
-
-
 def define_store_row(module):
     """``store_row(layout, row, out, n, cb, oh, P, Q, K, held, L, item, transpose)`` in
     ``module`` (defined once): output row ``oh`` of block ``cb`` of image ``n``, Q pixels of
@@ -327,19 +286,7 @@ def define_store_row(module):
             code.call((block_transpose, transpose.FUNCTION_TYPE), row + q0 * pixel, L,
                       plane_row + q0 * item, P * Q, code.min(L, Q - q0), held, 0, 0, 0)
     with code.if_(layout == CHANNELS_LAST):
-        _pixel_copies(code, out + ((n * P + oh) * Q * K + cb * L) * item, K * item, row, pixel, Q,
-                      held * item, pixel)
+        pixel_copies(code, out + ((n * P + oh) * Q * K + cb * L) * item, K * item, row, pixel, Q,
+                     held * item, pixel)
     code.ret()
     return code.function
-
-
-def _pixel_copies(code, dst, dst_step, src, src_step, count, size, whole):
-    """``count`` copies of ``size`` bytes, ``dst_step`` and ``src_step`` bytes apart: of a
-    constant size ``whole`` (a vector's moves) when ``size`` is, else a call to memcpy."""
-    with code.if_else(size == whole) as (vectors, fewer):
-        with vectors:
-            with code.range(0, count) as j:
-                code.copy(dst + j * dst_step, src + j * src_step, whole)
-        with fewer:
-            with code.range(0, count) as j:
-                code.copy(dst + j * dst_step, src + j * src_step, size)

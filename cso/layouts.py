@@ -25,7 +25,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from csa import DepthwisePlan
-from csa.layout import blocked_fits
+from csa.layout import blocked_fits, subsampled
 from microkernels.aligned import aligned_empty
 
 from . import reorder
@@ -203,15 +203,16 @@ def merged(shape, rows):
 def reads_blocks(plan, block):
     """Whether ``plan``'s loop nest reads input blocks of ``block`` channels as they are: an
     NCHW input (blocks of one), the kernels' own blocks, or channels last (one block of all
-    channels: read in place, each channel tile from its first channel in the pixel, or from
-    a slab as a single channel tile). Its slab holds a channel tile in the kernels' blocks:
-    wider ones would overflow it."""
+    channels: read in place, each channel tile from its first channel in the pixel, or its
+    pixels' channel tile moved into the slab's blocks). Not a strided 1x1's channels last
+    but as one channel tile of one group: its slab, of the windows' whole pixels, holds a
+    channel tile in the kernels' blocks."""
     s = plan.spec
     if isinstance(plan, DepthwisePlan):   # (its fill moves NCHW and channels last into blocks)
         return block in (1, plan.lanes, s.c)
     return (block in (1, plan.lanes)
-            or (block == s.c and s.groups == 1
-                and (plan.channel_tiles == 1 or plan.reads_input_unpacked)))
+            or (block == s.c and (not subsampled(s)
+                                  or (s.groups == 1 and plan.channel_tiles == 1))))
 
 
 def unblock_into(data, out):

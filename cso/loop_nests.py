@@ -155,7 +155,7 @@ def define_filters_blocked(module, dtype):
     every tile into the output's blocks, the epilogue on the last channel tile: no transposing
     pass."""
     nest = _BlockedNest(module, dtype, "filters_blocked", direct=True)
-    code, B = nest.code, nest.block
+    code, B = nest.code, nest.read_block
 
     def window_tile(at, wt, row):
         oh, ow0, ow1 = nest.step_along_row(row)
@@ -227,6 +227,63 @@ def define_fill_blocks(module):
                     code.zero(target, Ws * pixel)
     code.ret()
     return code.function
+
+
+# how the input a slab filler reads holds its channels (``define_fill_slab_of``)
+BLOCKS, PLANES, CHANNELS_LAST = 0, 1, 2
+
+
+def define_fill_slab_of(module):
+    """``fill_slab_of(layout, src, C, held, H, W, L, item, Hb, Ws, row0, rows, pt, pl, dst,
+    transpose)`` in ``module`` (defined once): ``define_fill_blocks``'s slab of one
+    block of L channels (``held`` of them real, the rest zero), from a block of the input's
+    (``layout`` BLOCKS: a row a copy), its NCHW planes (PLANES: L x L block transposes, the
+    function at ``transpose``, ``microkernels.transpose``) or its channels-last pixels
+    (CHANNELS_LAST: a vector a pixel); ``src`` its first value."""
+    if "fill_slab_of" in module.globals:
+        return module.globals["fill_slab_of"]
+    code = LoopCode(module, "fill_slab_of", ("layout", "src", "C", "held", "H", "W", "L", "item",
+                                             "Hb", "Ws", "row0", "rows", "pt", "pl", "dst",
+                                             "transpose"), internal=True)
+    (layout, src, C, held, H, W, L, item, Hb, Ws, row0, rows, pt, pl, dst,
+     block_transpose) = code.args(*code.arg_names)
+    pixel = L * item
+    left = code.min(pl, Ws)
+    copied = code.max(0, code.min(W, Ws - left))   # pixels of an input row the slab holds
+    with code.range(0, rows) as i:
+        ih = row0 + i - pt
+        target = dst + i * Ws * pixel
+        with code.if_else((ih >= 0) & (ih < H)) as (inside, outside):
+            with inside:   # (a block's lanes past ``held``: zero, as no copy writes them)
+                code.zero(target, code.choose(held < L, Ws, left) * pixel)
+                into = target + left * pixel
+                with code.if_(layout == BLOCKS):
+                    code.copy(into, src + ih * W * pixel, copied * pixel)
+                with code.if_(layout == PLANES):
+                    with code.range(0, copied, L) as c0:
+                        code.call((block_transpose, transpose.FUNCTION_TYPE),
+                                  src + (ih * W + c0) * item, H * W, into + c0 * pixel, L, held,
+                                  code.min(L, copied - c0), 0, 0, 0)
+                with code.if_(layout == CHANNELS_LAST):
+                    pixel_copies(code, into, pixel, src + ih * W * C * item, C * item, copied,
+                                 held * item, pixel)
+                code.zero(target + (left + copied) * pixel, (Ws - left - copied) * pixel)
+            with outside:
+                code.zero(target, Ws * pixel)
+    code.ret()
+    return code.function
+
+
+def pixel_copies(code, dst, dst_step, src, src_step, count, size, whole):
+    """``count`` copies of ``size`` bytes, ``dst_step`` and ``src_step`` bytes apart: of a
+    constant size ``whole`` (a vector's moves) when ``size`` is, else a call to memcpy."""
+    with code.if_else(size == whole) as (vectors, fewer):
+        with vectors:
+            with code.range(0, count) as j:
+                code.copy(dst + j * dst_step, src + j * src_step, whole)
+        with fewer:
+            with code.range(0, count) as j:
+                code.copy(dst + j * dst_step, src + j * src_step, size)
 
 
 def define_subsample_blocks(module, dtype):
@@ -535,27 +592,38 @@ class _BlockedNest(_LoopNest):
         # a subsampled 1x1's slab holds its windows alone: read as a stride-1 1x1's
         self.subsample = code.geom("subsample") != 0
         self.step_h, self.step_w = (code.choose(self.subsample, 1, s) for s in (self.sh, self.sw))
+        # a slab of channels-last pixels holds a channel tile narrower than the pixel (a
+        # group's, or one of several) alone, in blocks of the lanes; a whole one, whole pixels
+        self.pixels_into_blocks = (~self.unpacked & ~self.subsample & (self.block != 1)
+                                   & (self.block != self.LANES) & (self.nc_max < self.C))
+        self.read_block = code.choose(self.pixels_into_blocks, self.LANES, self.block)
 
     def set_up_slab(self):
         """The kernel's row offsets on the input's blocks, or on the slab's."""
         self.code.call(define_blocked_offsets(self.module), self.rows, self.nc_max, self.R,
-                       self.S, self.dh, self.dw, self.Hb, self.Ws, self.block)
+                       self.S, self.dh, self.dw, self.Hb, self.Ws, self.read_block)
 
     def fill_slab(self, at):
         """``at.base``: the channel tile's first block (its first channel's, in the block),
         in the input (read in place) or copied with the band's rows into the slab
-        (``define_fill_blocks``; a subsampled 1x1's windows alone,
-        ``define_subsample_blocks``)."""
-        code, item, B = self.code, self.item, self.block
+        (``define_fill_blocks``; channels-last pixels a vector a pixel and block,
+        ``define_fill_slab_of``; a subsampled 1x1's windows alone, ``define_subsample_blocks``)."""
+        code, item, B, L = self.code, self.item, self.block, self.LANES
         channel = at.g * self.Cg + at.c0   # in its block: channels last's tiles read in place
         first_block = self.x + (at.n * self.C * self.H * self.W + channel // B * B * self.H
                                 * self.W + channel % B) * item
         at.base = code.choose(self.unpacked, first_block, self.scratch)
         blocks = (at.nc + B - 1) // B
-        with code.if_(~self.unpacked & self.packing & ~self.subsample):
+        with code.if_(~self.unpacked & self.packing & ~self.subsample & ~self.pixels_into_blocks):
             code.call(define_fill_blocks(self.module), first_block, self.H * self.W * B * item,
                       blocks, self.H, self.W, B * item, self.Hb, self.Ws, at.row0,
                       at.slab_rows, self.pt, self.pl, self.scratch)
+        with code.if_(self.packing & self.pixels_into_blocks):
+            with code.range(0, (at.nc + L - 1) // L) as b:
+                code.call(define_fill_slab_of(self.module), CHANNELS_LAST,
+                          first_block + b * L * item, self.C, code.min(L, at.nc - b * L),
+                          self.H, self.W, L, item, self.Hb, self.Ws, at.row0, at.slab_rows,
+                          self.pt, self.pl, self.scratch + b * self.Hb * self.Ws * L * item, 0)
         with code.if_(self.packing & self.subsample):
             code.call(define_subsample_blocks(self.module, self.dtype), first_block,
                       self.H * self.W * B * item, blocks, self.W, B, self.sh,
@@ -578,7 +646,7 @@ class _BlockedNest(_LoopNest):
         with code.if_(self.kernels):
             code.call((kernel, outer_product.FUNCTION_TYPE), at.depth,
                       at.w_base + ft * self._filter_tile_bytes(), self.NF, tile.address,
-                      self.step_w * self.block, out, Bo,
+                      self.step_w * self.read_block, out, Bo,
                       code.choose(Bo == LANES, self.PQ * LANES, LANES),
                       code.min(self.NF, filters - f0), tile.windows,
                       self.bias + (at.g * self.Kg + f0) * item, at.flags, self.rows, 0, 0, 0,

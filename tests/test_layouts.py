@@ -364,6 +364,11 @@ GUARD_CASES = {
     "stem_7x7_s2": (1, 3, 15, 17, 9, 7, 7, 2, 3, 1, 1),
     "single_filter": (1, 5, 6, 7, 1, 3, 3, 1, 1, 1, 1),
     "groups_on_blocks": (1, 32, 7, 9, 32, 3, 3, 1, 1, 1, 2),
+    # a group's channels of channels-last pixels moved into the slab's blocks, or read in place
+    "groups_of_24_s2_dilated": (2, 48, 11, 10, 32, 3, 3, 2, 2, 2, 2),
+    "groups_in_place": (1, 32, 7, 9, 64, 3, 3, 1, 0, 1, 4),
+    # channel tiles of channels-last pixels ending inside a block of the slab
+    "channel_tiles_odd_padded": (2, 21, 7, 9, 19, 3, 3, 1, 1, 1, 1, {"nc": 16}),
     "channel_tiles_and_bands": (2, 24, 13, 11, 19, 3, 3, 1, 1, 1, 1, {"nc": 8, "band": 2}),
     "merged_rows_1x1_7x7": (2, 13, 7, 7, 19, 1, 1, 1, 0, 1, 1),
     "merged_rows_1x1_14x14": (1, 9, 14, 14, 21, 1, 1, 1, 0, 1, 1),
@@ -592,18 +597,22 @@ def test_nhwc_in_and_out_are_zero_copy(rng, dtype):
     np.testing.assert_array_equal(Blocked.from_nhwc(out).to_nchw(), conv(x))
 
 
-@pytest.mark.parametrize("case", ["dense", "merged_1x1", "depthwise", "grouped"])
+@pytest.mark.parametrize("case", ["dense", "merged_1x1", "depthwise", "grouped",
+                                  "strided_grouped_1x1"])
 def test_repeated_blocked_and_nhwc_calls_run_what_the_first_chose(rng, case):
     """A Blocked or channels-last call on a shape called before in that layout (no ``out``,
     no ``out_layout``) runs what the first call chose (``Conv2d._plain``): a new output of
     the same layout and the same values each time, matching the reference. A Blocked of the
     same blocks but fewer channels, and an NCHW array of the NHWC shape, are calls of their
     own."""
-    c, k, r, groups, hw = {"dense": (13, 21, 3, 1, (6, 7)), "merged_1x1": (16, 24, 1, 1, (4, 6)),
-                           "depthwise": (24, 24, 3, 24, (5, 9)),
-                           "grouped": (32, 48, 3, 2, (6, 6))}[case]
-    conv, w, b = make_conv(rng, np.float32, c, k, r, r, groups=groups, padding=r // 2)
+    c, k, r, groups, hw, stride = {
+        "dense": (13, 21, 3, 1, (6, 7), 1), "merged_1x1": (16, 24, 1, 1, (4, 6), 1),
+        "depthwise": (24, 24, 3, 24, (5, 9), 1), "grouped": (32, 48, 3, 2, (6, 6), 1),
+        "strided_grouped_1x1": (32, 48, 1, 2, (7, 6), 2)}[case]
+    conv, w, b = make_conv(rng, np.float32, c, k, r, r, groups=groups, padding=r // 2,
+                           stride=stride)
     x = rng.standard_normal((2, c) + hw).astype(np.float32)
+    out_hw = conv(x).shape[2:]
     geom = geometry(conv, x.shape)
     for layout in ("blocked", "nhwc"):
         value = as_layout(x, layout)
@@ -617,12 +626,12 @@ def test_repeated_blocked_and_nhwc_calls_run_what_the_first_chose(rng, case):
         as_nchw = second.to_nchw() if layout == "blocked" else second.transpose(0, 3, 1, 2)
         assert_matches(as_nchw, x, w, b, None, geom)
         if layout == "blocked":
-            assert second.shape == (2, k) + hw and second.block == value.block
-    # the blocked call's and the NHWC one's (grouped channels last re-blocks its input: a
-    # reblock the plain call repeats)
-    assert len(conv._plain) == 2
+            assert second.shape == (2, k) + out_hw and second.block == value.block
+    # the blocked call's and the NHWC one's, and the NCHW one's (a strided grouped 1x1's
+    # channels last re-blocks its input: a reblock the plain call repeats)
+    assert len(conv._plain) == 3
     routes = {key[1]: route.reblock for key, route in conv._routes.items()}
-    assert routes == {"blocked": False, "nhwc": case == "grouped"}
+    assert routes == {"blocked": False, "nhwc": case == "strided_grouped_1x1"}
     # the same blocks holding a channel fewer: the checked call, which refuses them
     fewer = Blocked.from_nchw(x[:, :-1], block_size(np.float32))
     if fewer.data.shape == as_layout(x, "blocked").data.shape:
