@@ -139,6 +139,8 @@ class Blocked:
         n, c, h, w = self.shape
         if self.block == reorder_lanes(self.dtype):
             return reorder.to_nchw(self.data, np.empty(self.shape, self.dtype))
+        if self.data.shape[1] == 1 and self.block == c:   # channels last
+            return to_nchw(self.data.reshape(n, h, w, c), "nhwc")
         padded = self.data.shape[1] * self.block
         flat = self.data.transpose(0, 1, 4, 2, 3).reshape(n, padded, h, w)
         return np.ascontiguousarray(flat[:, :c])
@@ -257,14 +259,28 @@ def to_nchw(value, layout):
     """A ``Blocked``, or an array laid out as ``layout``, as an NCHW array."""
     if isinstance(value, Blocked):
         return value.to_nchw()
-    return np.ascontiguousarray(value.transpose(0, 3, 1, 2)) if layout == "nhwc" else value
+    if layout != "nhwc":
+        return value
+    n, h, w, c = value.shape
+    return _relaid(value, (n, c, h, w), reorder.nhwc_to_nchw, (0, 3, 1, 2))
 
 
 def from_nchw(value, layout, block):
     """An NCHW array as ``layout`` (a ``Blocked`` of ``block`` for "blocked")."""
     if layout == "blocked":
         return Blocked.from_nchw(value, block)
-    return np.ascontiguousarray(value.transpose(0, 2, 3, 1)) if layout == "nhwc" else value
+    if layout != "nhwc":
+        return value
+    n, c, h, w = value.shape
+    return _relaid(value, (n, h, w, c), reorder.nchw_to_nhwc, (0, 2, 3, 1))
+
+
+def _relaid(x, shape, compiled, axes):
+    """``x``'s values in a new C-contiguous array of ``shape``: moved by ``compiled`` (a
+    ``cso.reorder`` function) for the float dtypes, else by NumPy's transpose ``axes``."""
+    if x.dtype in FLOAT_DTYPES and x.flags.c_contiguous:
+        return compiled(x, np.empty(shape, x.dtype))
+    return np.ascontiguousarray(x.transpose(axes))
 
 
 def written(result, out):

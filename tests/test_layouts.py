@@ -469,11 +469,13 @@ def numpy_blocks(x, block):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(1, 8, 1, 1), (2, 13, 5, 7), (1, 3, 2, 9), (3, 40, 11, 6),
-                                   (1, 17, 23, 1)])
+                                   (1, 17, 23, 1), (2, 9, 13, 11)])
 def test_compiled_reorders_match_numpy(restore_threads, dtype, shape):
     """``cso.reorder`` (NCHW and channels last to blocks of the lanes and back, behind
-    ``Blocked``'s conversions and ``unblock_into``): partial blocks, runs of pixels no multiple
-    of the lanes, 1 and 2 threads, against NumPy's transposes; padding lanes zero."""
+    ``Blocked``'s conversions and ``unblock_into``, and NCHW to channels last and back):
+    partial blocks, runs of pixels no multiple of the lanes or of a unit's, 1 and 2 threads,
+    against NumPy's transposes; padding lanes zero; nothing read or written past the arrays
+    (guard pages)."""
     from cso import reorder
     from cso.layouts import unblock_into
     x = np.random.default_rng(7).standard_normal(shape).astype(dtype)
@@ -493,6 +495,22 @@ def test_compiled_reorders_match_numpy(restore_threads, dtype, shape):
         np.testing.assert_array_equal(Blocked.from_nchw(x).data, want)
         np.testing.assert_array_equal(Blocked.from_nhwc(nhwc).reblocked(lanes).data, want)
         np.testing.assert_array_equal(Blocked(want, shape[1]).to_nhwc(), nhwc)
+        np.testing.assert_array_equal(
+            reorder.nchw_to_nhwc(x, np.full(nhwc.shape, np.nan, dtype)), nhwc)
+        np.testing.assert_array_equal(reorder.nhwc_to_nchw(nhwc, np.full(shape, np.nan, dtype)),
+                                      x)
+        np.testing.assert_array_equal(Blocked.from_nhwc(nhwc).to_nchw(), x)
+
+    def guarded_reorders(at):
+        faulthandler.disable()   # (a fault fails the case: no dump from the child)
+        got = reorder.nchw_to_nhwc(guarded_copy(x, at), guarded_empty(nhwc.shape, dtype, at))
+        np.testing.assert_array_equal(got, nhwc)
+        got = reorder.nhwc_to_nchw(guarded_copy(nhwc, at), guarded_empty(shape, dtype, at))
+        np.testing.assert_array_equal(got, x)
+
+    for at in ("end", "start"):
+        failure = in_child(lambda: guarded_reorders(at))
+        assert failure is None, f"arrays flush at their {at}: {failure}"
     with pytest.raises(ValueError, match="unblock_into takes C-contiguous blocks of"):
         unblock_into(numpy_blocks(x, lanes * 2), np.empty(shape, dtype))
     with pytest.raises(ValueError, match="unblock_into takes C-contiguous blocks of"):
