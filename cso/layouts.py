@@ -206,9 +206,8 @@ def reads_blocks(plan, block):
     """Whether ``plan``'s loop nest reads input blocks of ``block`` channels as they are: an
     NCHW input (blocks of one), the kernels' own blocks, or channels last (one block of all
     channels: read in place, each channel tile from its first channel in the pixel, or its
-    pixels' channel tile moved into the slab's blocks). Not a strided 1x1's channels last
-    but as one channel tile of one group: its slab, of the windows' whole pixels, holds a
-    channel tile in the kernels' blocks."""
+    pixels' channel tile moved into the slab's blocks); a strided 1x1's channels last only as
+    one channel tile of one group, its slab holding the windows' whole pixels."""
     s = plan.spec
     if isinstance(plan, DepthwisePlan):   # (its fill moves NCHW and channels last into blocks)
         return block in (1, plan.lanes, s.c)
