@@ -75,8 +75,9 @@ class _KernelBuilder(KernelBuilder):
         bld = ir.IRBuilder(self.fn.append_basic_block("entry"))
         slot = zero_slot(bld, self.scalar, "zero_slot")
         self._prefetch_output(bld)
-        # a blocked kernel's broadcasts a run-time stride apart: unrolled, LLVM's scheduler
-        # hoisted the next rows' broadcasts over the FMAs and spilled them (half speed)
+        # a blocked kernel's broadcasts a run-time stride apart (``_blocked_address``): its
+        # loop unrolled, LLVM spilled accumulators (float64 14 x 16 on AVX-512; AVX2's 6 x 16
+        # at half speed before the addresses were as now)
         unroll = 1 if spec.variant == "blocked" else UNROLL
         k_main = bld.and_(k, ir.Constant(I64, -unroll), name="k_main")
         # UNROLL rows of A and B per trip, then the last k mod UNROLL one at a time
@@ -119,10 +120,14 @@ class _KernelBuilder(KernelBuilder):
                           inbounds=True, source_etype=self.scalar)
             return bld.load(ptr, typ=self.vec, align=self.align)
 
+        bases = [bld.gep(b, [b_row], inbounds=True, source_etype=self.scalar)]
+
         def b_vec(f):
-            at = (bld.mul(ir.Constant(I64, f), args["ldb"]) if spec.variant == "blocked"
-                  else ir.Constant(I64, f))
-            ptr = bld.gep(b, [bld.add(b_row, at)], inbounds=True, source_etype=self.scalar)
+            if spec.variant == "blocked":
+                ptr = self._blocked_address(bld, bases, f)
+            else:
+                ptr = bld.gep(b, [bld.add(b_row, ir.Constant(I64, f))], inbounds=True,
+                              source_etype=self.scalar)
             return splat(bld, bld.load(ptr, typ=self.scalar, align=self.align), self.vec)
 
         # the fewer operands are loaded first and each of the others streams past them: the
@@ -136,6 +141,8 @@ class _KernelBuilder(KernelBuilder):
                 for v in range(spec.vectors):
                     i = f * spec.vectors + v
                     out[i] = bld.call(self.fma, [a_vecs[v], bvec, accs[i]])
+                if spec.variant == "blocked":   # (see _blocked_address)
+                    bld.asm(ir.FunctionType(ir.VoidType(), []), "", "", [], True)
         else:
             b_vecs = [b_vec(f) for f in range(spec.broadcasts)]
             for v in range(spec.vectors):
@@ -144,6 +151,22 @@ class _KernelBuilder(KernelBuilder):
                     i = f * spec.vectors + v
                     out[i] = bld.call(self.fma, [avec, b_vecs[f], accs[i]])
         return out
+
+    def _blocked_address(self, bld, bases, f):
+        """Broadcast ``f`` of a blocked kernel's row, ``f*ldb`` past ``bases[0]``: 0-3 ``ldb``
+        past ``bases[f // 4]``, each base 4 ``ldb`` past the one before (appended here), so
+        that an address is one x86 operand (base + index * scale) on a few loop-invariant
+        multiples of ``ldb``. With every ``f*ldb`` a register of its own (14 windows: 14
+        general registers), the offsets spilled, and LLVM's scheduler hoisted all the row's
+        broadcasts over the FMAs, spilling accumulators (14 x 32 on AVX-512 at 40% of the
+        peak); an empty asm statement after each broadcast's FMAs keeps them in place
+        (csa/TUNING.md, "Channel-blocked plans")."""
+        ldb = self.args["ldb"]
+        while len(bases) <= f // 4:
+            bases.append(bld.gep(bases[-1], [bld.shl(ldb, ir.Constant(I64, 2))], inbounds=True,
+                                 source_etype=self.scalar))
+        return bld.gep(bases[f // 4], [bld.mul(ldb, ir.Constant(I64, f % 4))], inbounds=True,
+                       source_etype=self.scalar)
 
     def _epilogue(self, bld, accs, slot):
         """Store the used rows; four variants: whole tile or partial (masked) x overwrite or
