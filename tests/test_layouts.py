@@ -121,9 +121,23 @@ def used_blocked_plan(conv):
     return bool(blocked)
 
 
+BLOCK = "one block"   # a channel-tile override: one block of the kernels' lanes
+
+
+def for_lanes(overrides, lanes):
+    """``overrides`` with a channel tile (``nc``) of ``BLOCK`` made ``lanes`` channels (8
+    floats on AVX2, 16 on AVX-512): a blocked plan's tiles are whole blocks."""
+    if overrides and overrides.get("nc") == BLOCK:
+        return {**overrides, "nc": lanes}
+    return overrides
+
+
 def make_conv(rng, dtype, c, k, r, s, groups=1, bias=True, **kwargs):
     w = (rng.standard_normal((k, c // groups, r, s)) / np.sqrt(c // groups * r * s)).astype(dtype)
     b = rng.standard_normal(k).astype(dtype) if bias else None
+    if "plan_overrides" in kwargs:
+        kwargs["plan_overrides"] = for_lanes(kwargs["plan_overrides"],
+                                             block_size(dtype, kwargs.get("isa")))
     return cso.Conv2d(w, b, groups=groups, **kwargs), w, b
 
 
@@ -147,9 +161,9 @@ CASES = {
     "pointwise_in_place_batch3": (3, 24, 5, 6, 40, 1, 1, 1, 0, 1, 1, True, "relu", {}),
     "pointwise_s2": (1, 13, 9, 9, 17, 1, 1, 2, 0, 1, 1, False, None, {}),
     "channel_tiles_and_bands": (2, 24, 11, 9, 19, 3, 3, 1, 1, 1, 1, True, "relu",
-                                {"plan_overrides": {"nc": 8, "band": 2}}),
+                                {"plan_overrides": {"nc": BLOCK, "band": 2}}),
     "pointwise_channel_tiles_odd": (2, 21, 5, 6, 11, 1, 1, 1, 0, 1, 1, True, "relu",
-                                    {"plan_overrides": {"nc": 8}}),
+                                    {"plan_overrides": {"nc": BLOCK}}),
     "pointwise_7x7_merged_rows": (2, 24, 7, 7, 40, 1, 1, 1, 0, 1, 1, True, "relu", {}),
     "pointwise_14x14_merged_rows": (1, 16, 14, 14, 19, 1, 1, 1, 0, 1, 1, False, None, {}),
     "se_reduce_1x1_plane": (3, 32, 1, 1, 8, 1, 1, 1, 0, 1, 1, True, "relu", {}),
@@ -306,13 +320,13 @@ def test_residual_block_on_blocked_values(rng, dtype):
 THREAD_CASES = {
     "filters_split": (1, 16, 6, 7, 70, 3, 3, 1, 1, 1, {"split": (1, 2)}),
     "rows_split": (1, 8, 23, 9, 16, 3, 3, 1, 1, 1, {"split": (3, 1)}),
-    "both_split_s2_batch": (2, 13, 11, 10, 40, 3, 3, 2, 1, 1, {"split": (2, 2)}),
-    "in_place_1x1": (2, 24, 9, 10, 33, 1, 1, 1, 0, 1, {"split": (2, 2)}),
+    "both_split_s2_batch": (2, 13, 11, 10, 80, 3, 3, 2, 1, 1, {"split": (2, 2)}),
+    "in_place_1x1": (2, 24, 9, 10, 66, 1, 1, 1, 0, 1, {"split": (2, 2)}),
     "merged_rows_1x1": (2, 24, 14, 14, 40, 1, 1, 1, 0, 1, {"split": (3, 1)}),
-    "own_split": (2, 32, 14, 14, 48, 3, 3, 1, 1, 1, {}),
-    "channel_tiles_bands_split": (1, 24, 13, 11, 35, 3, 3, 1, 1, 1,
-                                  {"nc": 8, "band": 2, "split": (2, 2)}),
-    "groups_on_blocks": (1, 32, 12, 11, 64, 3, 3, 1, 1, 2, {"split": (2, 2)}),
+    "own_split": (2, 32, 28, 28, 48, 3, 3, 1, 1, 1, {}),
+    "channel_tiles_bands_split": (1, 40, 13, 11, 70, 3, 3, 1, 1, 1,
+                                  {"nc": BLOCK, "band": 2, "split": (2, 2)}),
+    "groups_on_blocks": (1, 32, 12, 11, 128, 3, 3, 1, 1, 2, {"split": (2, 2)}),
     "depthwise": (2, 24, 13, 11, 24, 3, 3, 1, 1, 24, {"split": (3, 1)}),
     "depthwise_own_split": (2, 64, 28, 28, 64, 3, 3, 1, 1, 64, {}),
 }
@@ -323,6 +337,7 @@ THREAD_CASES = {
 def test_blocked_results_are_bit_identical_across_threads_and_splits(rng, restore_threads,
                                                                      name, dtype):
     n, c, h, w, k, r, s, stride, padding, groups, overrides = THREAD_CASES[name]
+    overrides = for_lanes(overrides, block_size(dtype))
     x = rng.standard_normal((n, c, h, w)).astype(dtype)
     wt = rng.standard_normal((k, c // groups, r, s)).astype(dtype)
     b = rng.standard_normal(k).astype(dtype)
@@ -365,11 +380,11 @@ GUARD_CASES = {
     "single_filter": (1, 5, 6, 7, 1, 3, 3, 1, 1, 1, 1),
     "groups_on_blocks": (1, 32, 7, 9, 32, 3, 3, 1, 1, 1, 2),
     # a group's channels of channels-last pixels moved into the slab's blocks, or read in place
-    "groups_of_24_s2_dilated": (2, 48, 11, 10, 32, 3, 3, 2, 2, 2, 2),
-    "groups_in_place": (1, 32, 7, 9, 64, 3, 3, 1, 0, 1, 4),
+    "groups_of_48_s2_dilated": (2, 96, 11, 10, 32, 3, 3, 2, 2, 2, 2),
+    "groups_in_place": (1, 64, 7, 9, 64, 3, 3, 1, 0, 1, 4),
     # channel tiles of channels-last pixels ending inside a block of the slab
     "channel_tiles_odd_padded": (2, 21, 7, 9, 19, 3, 3, 1, 1, 1, 1, {"nc": 16}),
-    "channel_tiles_and_bands": (2, 24, 13, 11, 19, 3, 3, 1, 1, 1, 1, {"nc": 8, "band": 2}),
+    "channel_tiles_and_bands": (2, 40, 13, 11, 19, 3, 3, 1, 1, 1, 1, {"nc": BLOCK, "band": 2}),
     "merged_rows_1x1_7x7": (2, 13, 7, 7, 19, 1, 1, 1, 0, 1, 1),
     "merged_rows_1x1_14x14": (1, 9, 14, 14, 21, 1, 1, 1, 0, 1, 1),
     "depthwise_padded": (2, 13, 9, 11, 13, 3, 3, 1, 1, 1, 13),
@@ -379,9 +394,9 @@ GUARD_CASES = {
     "depthwise_in_place_bands": (1, 16, 12, 9, 16, 3, 3, 2, 0, 1, 16, {"band": 1}),
     # NCHW planes and channels-last pixels moved into a partial last block, and back
     "depthwise_7x7_s2_partial_block": (2, 19, 15, 13, 19, 7, 7, 2, 3, 1, 19),
-    "in_place_channel_tiles": (1, 24, 6, 13, 21, 1, 1, 1, 0, 1, 1, {"nc": 8, "band": 1}),
+    "in_place_channel_tiles": (1, 40, 6, 13, 21, 1, 1, 1, 0, 1, 1, {"nc": BLOCK, "band": 1}),
     # channels last read in place, a channel tile from its first channel in each pixel
-    "in_place_channel_tiles_odd": (2, 21, 5, 7, 19, 1, 1, 1, 0, 1, 1, {"nc": 8}),
+    "in_place_channel_tiles_odd": (2, 37, 5, 7, 19, 1, 1, 1, 0, 1, 1, {"nc": BLOCK}),
 }
 GUARD_LAYOUTS = [("blocked", "blocked"), ("nhwc", "nhwc"), ("nchw", "blocked"),
                  ("blocked", "nhwc")]
@@ -541,13 +556,13 @@ def test_blocked_round_trips_and_views():
     np.testing.assert_array_equal(view.to_nchw(), x)
 
 
-# name: (C, K, groups, padding, plan overrides): one channel tile, several of 8 and of 16
+# name: (C, K, groups, padding, plan overrides): one channel tile, several of a block and of 16
 # channels (whole blocks of the lanes here), groups on blocks of 16 channels, in place
 FOREIGN_CASES = {
     "c5_padded": (5, 13, 1, 1, {}),
     "c13_padded": (13, 13, 1, 1, {}),
     "c40_one_tile_padded": (40, 19, 1, 1, {}),
-    "c40_tiles_of_8_padded": (40, 19, 1, 1, {"nc": 8}),
+    "c40_tiles_of_a_block_padded": (40, 19, 1, 1, {"nc": BLOCK}),
     "c40_tiles_of_16_padded": (40, 19, 1, 1, {"nc": 16}),
     "c40_in_place": (40, 19, 1, 0, {}),
     "groups2_padded": (32, 32, 2, 1, {}),
@@ -625,8 +640,8 @@ def test_repeated_blocked_and_nhwc_calls_run_what_the_first_chose(rng, case):
     own."""
     c, k, r, groups, hw, stride = {
         "dense": (13, 21, 3, 1, (6, 7), 1), "merged_1x1": (16, 24, 1, 1, (4, 6), 1),
-        "depthwise": (24, 24, 3, 24, (5, 9), 1), "grouped": (32, 48, 3, 2, (6, 6), 1),
-        "strided_grouped_1x1": (32, 48, 1, 2, (7, 6), 2)}[case]
+        "depthwise": (24, 24, 3, 24, (5, 9), 1), "grouped": (32, 64, 3, 2, (6, 6), 1),
+        "strided_grouped_1x1": (32, 64, 1, 2, (7, 6), 2)}[case]
     conv, w, b = make_conv(rng, np.float32, c, k, r, r, groups=groups, padding=r // 2,
                            stride=stride)
     x = rng.standard_normal((2, c) + hw).astype(np.float32)
@@ -778,7 +793,8 @@ def test_dtype_and_accumulate_errors(rng):
 PLAN_SPECS = ["n1c64h56w56k64r3s3p1u1", "n1c13h9w11k19r3s3p1u1", "n1c256h14w14k512r1s1p0u1",
               "n1c3h224w224k64r7s7p3u2", "n1c512h7w7k512r3s3p1u1", "n2c32h8w8k32r3s3p1u1g2",
               "n1c1024h14w14k1024r1s1p0u1", "n1c48h9w9k24r3s3p0u2d2",
-              "n1c2048h7w7k512r1s1p0u1", "n1c256h28w28k256r3s3p1u1"]
+              "n1c2048h7w7k512r1s1p0u1", "n1c256h28w28k256r3s3p1u1",
+              "n1c2048h14w14k512r3s3p1u1"]   # (channel tiles on any core's caches)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
