@@ -462,11 +462,11 @@ def test_a_direct_plans_band_override_is_whole_output_rows(rng, layout):
     of a row is rounded down to whole rows, at least one, and the convolution stays right."""
     import cso
     from .reference import assert_conv_close
-    spec = ConvSpec(2, 24, 11, 9, 19, 3, 3, padding=(1, 1, 1, 1))
-    overrides = {"band": 5} if layout == "blocked" else {"band": 5, "vectors_along": "filters",
+    spec = ConvSpec(2, 24, 11, 20, 19, 3, 3, padding=(1, 1, 1, 1))
+    overrides = {"band": 7} if layout == "blocked" else {"band": 7, "vectors_along": "filters",
                                                          "slab": True}
     plan = csa.analyze(spec, cso.host_machine(), layout=layout, **overrides)
-    assert plan.direct and 5 % plan.row_tiles   # (the override is not whole rows)
+    assert plan.direct and 7 % plan.row_tiles   # (the override is not whole rows)
     assert plan.band % plan.row_tiles == 0 and plan.band >= plan.row_tiles
     x = rng.standard_normal(spec.input_shape).astype(np.float32)
     w = rng.standard_normal(spec.weight_shape).astype(np.float32)

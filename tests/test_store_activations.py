@@ -183,7 +183,7 @@ ACTIVATIONS = ["relu6", cso.Activation("leaky_relu", alpha=0.2), "sigmoid", "sil
 PATHS = {
     "packed_channel_tiles": ((1, 20, 9, 11), (19, 20, 3, 3), 1, 1,
                              dict(vectors_along="windows", slab=False, nc=7)),
-    "slab_channel_tiles": ((2, 12, 13, 21), (10, 12, 3, 3), 1, 1,
+    "slab_channel_tiles": ((2, 12, 13, 33), (10, 12, 3, 3), 1, 1,
                            dict(vectors_along="windows", slab=True, nc=5)),
     "filters_in_vectors": ((1, 18, 5, 6), (37, 18, 1, 1), 1, 0,
                            dict(vectors_along="filters", nc=8)),
