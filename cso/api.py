@@ -256,7 +256,7 @@ class Conv2d:
         prepared = self._prepared(shape, self.dtype, threads)
         packed_w, bias = self._operands(prepared.plan)
         out_shape, dtype = (shape[0],) + prepared.image_output_shape, self.dtype
-        run_prepared = prepared.run
+        run_prepared = prepared.runner(packed_w, bias, threads)
 
         def run(x, out):
             if (type(x) is not np.ndarray or type(out) is not np.ndarray
@@ -265,7 +265,7 @@ class Conv2d:
                     or not out.flags.c_contiguous or not out.flags.writeable
                     or np.may_share_memory(x, out) or not shape[0]):
                 return self(x, out=out)
-            run_prepared(x, packed_w, bias, out, ALL_PHASES, threads)
+            run_prepared(x, out)
             return out
         run.out_shape = out_shape
         return run
@@ -349,7 +349,7 @@ class Conv2d:
             prepared.run(x4, *operands, result, phases, threads)
             if x4 is x and out is None and phases == ALL_PHASES and type(x) is np.ndarray:
                 _remember(self._plain, (x.shape, x.dtype, threads, None),
-                          _plain_call(prepared.run, *operands, shape, self.dtype, threads))
+                          _plain_call(prepared.runner(*operands, threads), shape, self.dtype))
         if out is None:
             return result if batched else result[0]
         if not direct:
@@ -536,14 +536,14 @@ class _Route(NamedTuple):
     threads: int
 
 
-def _plain_call(run, weights, bias, shape, dtype, threads):
-    """``call(x)``: a new output of ``shape`` written by ``run`` (a ``Prepared.run``) from
+def _plain_call(run, shape, dtype):
+    """``call(x)``: a new output of ``shape`` written by ``run`` (a ``Prepared.runner``) from
     ``x``, a C-contiguous array of the shape it was made for (``Conv2d.__call__``)."""
     new_output = _output_maker(shape, dtype)
 
     def call(x):
         result = new_output(shape, dtype)
-        run(x, weights, bias, result, ALL_PHASES, threads)
+        run(x, result)
         return result
     return call
 

@@ -1,6 +1,7 @@
 """A plan bound to its compiled loop nest, and the C entry every call runs parts through."""
 import array
 import ctypes
+import threading
 
 import numpy as np
 
@@ -133,6 +134,28 @@ class Prepared:
         run_parts(self.entry.address, args.buffer_info()[0], self.part_count, threads,
                   keep=(args, held, self, packed_w, bias))
 
+    def runner(self, packed_w, bias, threads):
+        """``run(x, out)``: ``self.run(x, packed_w, bias, out, ALL_PHASES, threads)`` for
+        C-contiguous arrays of the shapes of the first call's (a plain call's, whose checks
+        were made), each thread's argument vector kept for it, found in one lookup: a small
+        layer's call is mostly Python (``_own_arguments``' checks cost a third of a
+        microsecond, of the 2.7 a one-pixel 1x1 takes)."""
+        if self.array_call is None or self.workspace_bytes > jobs.REUSED_WORKSPACE_BYTES:
+            return lambda x, out: self.run(x, packed_w, bias, out, ALL_PHASES, threads)
+        array_call, kept = self.array_call, threading.local()
+
+        def run(x, out):
+            if active_recording() is not None:
+                return self.run(x, packed_w, bias, out, ALL_PHASES, threads)
+            try:
+                args, address = kept.vector
+            except AttributeError:   # (this thread's first call: its vector and workspaces)
+                kept.held = self._new_own_arguments(x, packed_w, bias, out)
+                args, address = kept.vector = kept.held[5], kept.held[6]
+            args[X_ARG], args[OUT_ARG] = id(x), id(out)
+            array_call(address)
+        return run
+
     def _own_arguments(self, x, packed_w, bias, out):
         """This thread's ``CALL_ARGS`` vector for these arrays, as (owner, weights, bias,
         shapes, the vector, its address, its workspaces): the workspaces the thread's kept
@@ -141,19 +164,22 @@ class Prepared:
         job keeps its own: it takes ``_arguments``); made again when another thread, other
         weights or other shapes used it last. Held with its workspaces: a thread that ends
         leaves none of its addresses dangling."""
-        owner = jobs.kept_workspaces()
         found = self._own
-        if (found is None or found[0] is not owner or found[1] is not packed_w
+        if (found is None or found[0] is not jobs.kept_workspaces() or found[1] is not packed_w
                 or found[2] is not bias or found[3] != x.shape or found[4] != out.shape):
-            args = self._arguments(x, packed_w, bias, out)
-            args.append(self.entry.address)   # (ENTRY_WORD)
-            held = []
-            for at, elements, dtype in self.workspaces:
-                space, args[at] = jobs.workspace(at, elements, dtype)
-                held.append(space)
-            found = self._own = (owner, packed_w, bias, x.shape, out.shape, args,
-                                 args.buffer_info()[0], held)
+            found = self._own = self._new_own_arguments(x, packed_w, bias, out)
         return found
+
+    def _new_own_arguments(self, x, packed_w, bias, out):
+        """A new ``_own_arguments`` tuple, for this thread."""
+        args = self._arguments(x, packed_w, bias, out)
+        args.append(self.entry.address)   # (ENTRY_WORD)
+        held = []
+        for at, elements, dtype in self.workspaces:
+            space, args[at] = jobs.workspace(at, elements, dtype)
+            held.append(space)
+        return (jobs.kept_workspaces(), packed_w, bias, x.shape, out.shape, args,
+                args.buffer_info()[0], held)
 
     def _arguments(self, x, packed_w, bias, out):
         """A new ``CALL_ARGS`` vector for these arrays, but the workspaces' addresses: a copy
