@@ -290,7 +290,7 @@ class Conv2d:
         in_shape = shape if in_block == 1 else (n, -(-shape[1] // in_block)) + shape[2:] + (
             in_block,)
         out_shape, dtype = (n, -(-k // lanes), p, q, lanes), self.dtype
-        run_prepared = prepared.run
+        run_prepared = prepared.runner(weights, bias, threads)
         # the arrays as the plan sees them (a 1x1's rows merged: views)
         x_view, out_view = merged(in_shape, rows), merged(out_shape, rows)
         merging = rows > 1
@@ -304,10 +304,9 @@ class Conv2d:
                 value = x if in_block == 1 else Blocked(x, shape[1])
                 return self(value, out=Blocked(out, k), out_layout="blocked").data
             if merging:
-                run_prepared(x.reshape(x_view), weights, bias, out.reshape(out_view),
-                             ALL_PHASES, threads)
+                run_prepared(x.reshape(x_view), out.reshape(out_view))
             else:
-                run_prepared(x, weights, bias, out, ALL_PHASES, threads)
+                run_prepared(x, out)
             return out
         run.out_shape = out_shape
         return run
@@ -553,8 +552,7 @@ def _plain_layout_call(route, nhwc, dtype):
     channels-last array of the shape ``route`` (a ``_Route`` on a blocked plan, which reads a
     Blocked's blocks as they are) was made for: a new output of the same layout, written by
     its plan (channels last re-blocked first where the plan needs it)."""
-    run, weights, bias, threads, rows = (route.prepared.run, route.weights, route.bias,
-                                         route.threads, route.rows)
+    run, rows = route.prepared.runner(route.weights, route.bias, route.threads), route.rows
     n, k, p, q = route.out_shape
     block = route.out_block
     data_shape = (n, -(-k // block), p, q, block)
@@ -567,8 +565,8 @@ def _plain_layout_call(route, nhwc, dtype):
             if route.reblock:
                 x = x.reblocked(route.lanes)
         data = new_data(data_shape, dtype)
-        run(x.data if rows == 1 else x.data.reshape(merged(x.data.shape, rows)), weights, bias,
-            data if rows == 1 else data.reshape(out_view), ALL_PHASES, threads)
+        run(x.data if rows == 1 else x.data.reshape(merged(x.data.shape, rows)),
+            data if rows == 1 else data.reshape(out_view))
         return data.reshape(n, p, q, k) if nhwc else Blocked.made(data, k)
     return call
 
