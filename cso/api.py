@@ -355,6 +355,27 @@ class Conv2d:
             out[...] = result.reshape(out.shape)
         return out
 
+    def _one_pixel(self, nhwc_shape):
+        """Whether channels-last inputs of ``nhwc_shape`` and their outputs are one pixel
+        each, of the filters' channels: held byte for byte as NCHW."""
+        n, h, w, c = nhwc_shape
+        if (h, w) != (1, 1) or c != self.weight_shape[1] * self.groups:
+            return False
+        return self.spec_for((n, c, 1, 1)).output_shape[2:] == (1, 1)
+
+    def _one_pixel_nhwc(self, x, phases):
+        """A channels-last call on one pixel run as the NCHW call it is (a squeeze and
+        excitation's 1x1s: the blocked route's Python cost 2-3 us a call more), and later
+        calls of its shape the NCHW ones' plain calls."""
+        n, _, _, c = x.shape
+        k = self.weight_shape[0]
+        y = self._call(x.reshape(n, c, 1, 1), None, phases).reshape(n, 1, 1, k)
+        plain = self._plain.get(((n, c, 1, 1), x.dtype, get_num_threads(), None))
+        if plain is not None:
+            _remember(self._plain, (x.shape, x.dtype, get_num_threads(), "nhwc"),
+                      lambda x: plain(x.reshape(n, c, 1, 1)).reshape(n, 1, 1, k))
+        return y
+
     def _call_blocked(self, x, out, phases, in_layout, out_layout):
         """``_call`` where the input or the output is not NCHW: on a blocked plan, the input
         read as it is (NCHW, channels last, or blocks the kernels can read; other blocks are
@@ -366,6 +387,8 @@ class Conv2d:
                 raise ValueError(f"input must be 4-D ({in_layout.upper()}) for out_layout "
                                  f"{out_layout!r}, got shape {x.shape}")
             x = np.ascontiguousarray(x)   # (the kernels read it in place)
+            if in_layout == out_layout == "nhwc" and out is None and self._one_pixel(x.shape):
+                return self._one_pixel_nhwc(x, phases)
         xb = Blocked.from_nhwc(x) if in_layout == "nhwc" else x
         if xb.dtype != self.dtype:
             raise TypeError(f"input dtype {xb.dtype} differs from weight dtype {self.dtype}; "

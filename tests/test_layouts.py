@@ -614,6 +614,30 @@ def test_a_blocked_of_any_block_is_read_correctly(rng, name, dtype, isa, block):
     assert failure is None, f"block {block} on lanes {lanes}: {failure}"
 
 
+@pytest.mark.parametrize("n,c,k,r,padding", [(1, 24, 96, 1, 0), (3, 40, 10, 3, 1)])
+def test_one_pixel_channels_last_calls_are_the_nchw_calls(rng, restore_threads, n, c, k, r,
+                                                          padding):
+    """A channels-last pixel is its NCHW array byte for byte: such calls (a squeeze and
+    excitation's 1x1s; a padded 3x3 on one pixel) run as the NCHW calls, bit for bit, the
+    repeated ones too, on no blocked route, and match the reference."""
+    for threads in (1, 2):
+        cso.set_num_threads(threads)
+        conv, w, b = make_conv(rng, np.float32, c, k, r, r, padding=padding,
+                               activation="relu")
+        x = rng.standard_normal((n, c, 1, 1)).astype(np.float32)
+        want = conv(x)
+        assert_matches(want, x, w, b, "relu", geometry(conv, x.shape))
+        xn = x.reshape(n, 1, 1, c)
+        for _ in range(2):
+            got = conv(xn, layout="nhwc")
+            assert got.shape == (n, 1, 1, k) and got.flags.c_contiguous
+            np.testing.assert_array_equal(got.reshape(want.shape), want)
+        assert (xn.shape, xn.dtype, threads, "nhwc") in conv._plain and not conv._routes
+        out = np.full((n, 1, 1, k), np.nan, np.float32)   # (out=: the checked route)
+        assert conv(xn, out=out, layout="nhwc") is out
+        np.testing.assert_allclose(out.reshape(want.shape), want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_nhwc_in_and_out_are_zero_copy(rng, dtype):
     conv, w, b = make_conv(rng, dtype, 6, 13, 3, 3, padding=1)
