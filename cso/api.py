@@ -365,8 +365,8 @@ class Conv2d:
 
     def _one_pixel_nhwc(self, x, phases):
         """A channels-last call on one pixel run as the NCHW call it is (a squeeze and
-        excitation's 1x1s: the blocked route's Python cost 2-3 us a call more), and later
-        calls of its shape the NCHW ones' plain calls."""
+        excitation's 1x1s, whose call is mostly Python: the blocked route's reshaping costs
+        more), and later calls of its shape the NCHW ones' plain calls."""
         n, _, _, c = x.shape
         k = self.weight_shape[0]
         y = self._call(x.reshape(n, c, 1, 1), None, phases).reshape(n, 1, 1, k)

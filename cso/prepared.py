@@ -138,8 +138,7 @@ class Prepared:
         """``run(x, out)``: ``self.run(x, packed_w, bias, out, ALL_PHASES, threads)`` for
         C-contiguous arrays of the shapes of the first call's (a plain call's, whose checks
         were made), each thread's argument vector kept for it, found in one lookup: a small
-        layer's call is mostly Python (``_own_arguments``' checks cost a third of a
-        microsecond, of the 2.7 a one-pixel 1x1 takes)."""
+        layer's call is mostly Python, ``_own_arguments``' checks a good part of it."""
         if self.array_call is None or self.workspace_bytes > jobs.REUSED_WORKSPACE_BYTES:
             return lambda x, out: self.run(x, packed_w, bias, out, ALL_PHASES, threads)
         array_call, kept = self.array_call, threading.local()

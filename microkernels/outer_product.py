@@ -158,9 +158,9 @@ class _KernelBuilder(KernelBuilder):
         that an address is one x86 operand (base + index * scale) on a few loop-invariant
         multiples of ``ldb``. With every ``f*ldb`` a register of its own (14 windows: 14
         general registers), the offsets spilled, and LLVM's scheduler hoisted all the row's
-        broadcasts over the FMAs, spilling accumulators (14 x 32 on AVX-512 at 40% of the
-        peak); an empty asm statement after each broadcast's FMAs keeps them in place
-        (csa/TUNING.md, "Channel-blocked plans")."""
+        broadcasts over the FMAs, spilling accumulators (AVX-512's 14 x 32); an empty asm
+        statement after each broadcast's FMAs keeps them in place (csa/TUNING.md,
+        "Channel-blocked plans")."""
         ldb = self.args["ldb"]
         while len(bases) <= f // 4:
             bases.append(bld.gep(bases[-1], [bld.shl(ldb, ir.Constant(I64, 2))], inbounds=True,
