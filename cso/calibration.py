@@ -59,7 +59,7 @@ HANDOFF_CALLS, HANDOFF_ROUNDS, SLEEPS = 400, 5, 12
 # (csa/TUNING.md), 43 of its 0.23 us hand-offs at 102 GFLOP/s
 THREAD_HANDOFFS = 40
 PART_HANDOFFS = 50          # a part's work, in hand-offs: handing it over costs 2% of it
-HANDOFF_RANGE = 4           # the factor a calibration may lower the record's values by
+HANDOFF_RANGE = 4           # the factor a calibration may move the record's values by
 SLEEP_AFTER_SPIN = 0.005    # seconds beyond the workers' spin window: they sleep then
 NOOP_PART = "define void @noop(ptr %args, i64 %part) {\n  ret void\n}\n"
 
@@ -87,22 +87,22 @@ def calibrated_machine(isa_name):
               for variant, tiles in found["kernels"].items() for b, speed in tiles.items()]
     return machine.with_(tuning=machine.tuning.calibrated(
         found["fma_in_flight"], sorted(speeds), f"{found['cpu']}, calibrated {found['date']}",
-        handoffs_work(found, THREAD_HANDOFFS, machine.tuning.thread_min_flops),
+        handoffs_work(found, THREAD_HANDOFFS, machine.tuning.thread_min_flops, highest=1),
         handoffs_work(found, PART_HANDOFFS, machine.tuning.part_min_flops)))
 
 
-def handoffs_work(record, handoffs, recorded):
+def handoffs_work(record, handoffs, recorded, highest=HANDOFF_RANGE):
     """The work (FLOP) of ``handoffs`` hand-offs to an awake worker at the FMA peak, by
-    calibration ``record``, from the tuning record's value ``recorded`` down to a
-    HANDOFF_RANGE-th of it (on a VM, some processes measured every hand-off 10x slower than
-    the others, and a calibration is kept); never above it: slow hand-offs do not make small
-    layers slow to split in proportion (an AVX-512 Xeon VM measured 2.2 us, 15 MFLOP of work,
-    where 3-15 MFLOP layers ran faster split; csa/TUNING.md); None on one CPU."""
+    calibration ``record``, from a HANDOFF_RANGE-th of the tuning record's value ``recorded``
+    to ``highest`` times it (on a VM, some processes measured every hand-off 10x slower than
+    the others, and a calibration is kept); None on one CPU. The work worth a thread is never
+    raised (``highest`` 1): slow hand-offs cost each part, but do not keep a second thread
+    from paying off on small layers (csa/TUNING.md, "Host calibration")."""
     handoff_us = record["handoff_us"]
     if handoff_us is None:
         return None
     derived = handoffs * handoff_us * 1e-6 * record["fma_gflops"] * 1e9
-    return min(max(derived, recorded / HANDOFF_RANGE), recorded)
+    return min(max(derived, recorded / HANDOFF_RANGE), recorded * highest)
 
 
 @compiled_once
