@@ -368,11 +368,11 @@ class Conv2d:
         excitation's 1x1s, whose call is mostly Python: the blocked route's reshaping costs
         more), and later calls of its shape the NCHW ones' plain calls."""
         n, _, _, c = x.shape
-        k = self.weight_shape[0]
+        k, threads = self.weight_shape[0], get_num_threads()
         y = self._call(x.reshape(n, c, 1, 1), None, phases).reshape(n, 1, 1, k)
-        plain = self._plain.get(((n, c, 1, 1), x.dtype, get_num_threads(), None))
+        plain = self._plain.get(((n, c, 1, 1), x.dtype, threads, None))
         if plain is not None:
-            _remember(self._plain, (x.shape, x.dtype, get_num_threads(), "nhwc"),
+            _remember(self._plain, (x.shape, x.dtype, threads, "nhwc"),
                       lambda x: plain(x.reshape(n, c, 1, 1)).reshape(n, 1, 1, k))
         return y
 

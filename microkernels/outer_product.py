@@ -120,7 +120,8 @@ class _KernelBuilder(KernelBuilder):
                           inbounds=True, source_etype=self.scalar)
             return bld.load(ptr, typ=self.vec, align=self.align)
 
-        bases = [bld.gep(b, [b_row], inbounds=True, source_etype=self.scalar)]
+        bases = ([bld.gep(b, [b_row], inbounds=True, source_etype=self.scalar)]
+                 if spec.variant == "blocked" else None)   # (``_blocked_address``)
 
         def b_vec(f):
             if spec.variant == "blocked":
