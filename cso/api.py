@@ -14,7 +14,7 @@ import numpy as np
 
 import csa
 from microkernels import ACCUMULATE, ACTIVATE, BIAS, DepthwiseSpec, KernelSpec
-from microkernels.aligned import aligned_empty
+from microkernels.aligned import LINE, aligned_empty
 from microkernels.once import fork_safe_lock
 from packing import pack_filters, repack_filters, unpack_filters
 
@@ -612,9 +612,11 @@ ALIGNED_OUTPUT_BYTES = 4096   # outputs from a page up start on a cache line
 def _output(shape, dtype):
     """An empty output array: from ``ALIGNED_OUTPUT_BYTES`` up on a cache line
     (``microkernels.aligned``: a next layer's kernels may read it in place with vector loads,
-    which cross lines every other time from NumPy's 16-byte alignment), smaller ones where
-    NumPy puts them (aligning one costs 2 us a call, more than such a layer's few loads
-    lose). One too large for the address space is a MemoryError with its size, like one too
+    which cross lines every other time from NumPy's 16-byte alignment), smaller ones, and
+    those whose images (a channel's plane, or a block's pixels) are shorter than a line,
+    where NumPy puts them: aligning one costs 1-2 us a call, more than such a layer's few
+    loads lose, and planes shorter than a line start mid-line whatever the array's start
+    (a squeeze and excitation's one-pixel outputs). One too large for the address space is a MemoryError with its size, like one too
     large for memory (NumPy says ValueError)."""
     try:
         return _output_maker(shape, dtype)(shape, dtype)
@@ -627,7 +629,9 @@ def _output(shape, dtype):
 def _output_maker(shape, dtype):
     """``np.empty`` or ``aligned_empty``: what makes an output of ``shape`` (see ``_output``;
     a plain call picks it once, for a shape allocated before)."""
-    return np.empty if math.prod(shape) * dtype.itemsize < ALIGNED_OUTPUT_BYTES else aligned_empty
+    aligned = (math.prod(shape) * dtype.itemsize >= ALIGNED_OUTPUT_BYTES
+               and math.prod(shape[2:]) * dtype.itemsize >= LINE)
+    return aligned_empty if aligned else np.empty
 
 
 def conv2d(x: np.ndarray, weight: np.ndarray, bias: Optional[np.ndarray] = None,
