@@ -151,8 +151,11 @@ def unrecorded(function):
 
 def new_workspace(elements, dtype):
     """A new scratch buffer of ``elements`` for a job outside a recording (a module attribute,
-    so that the guard-page tests can place workspaces against inaccessible pages)."""
-    return np.empty(elements, dtype)
+    so that the guard-page tests can place workspaces against inaccessible pages), on a cache
+    line: a job's parts each have rows of whole lines (``Prepared``), so that two threads'
+    rows share no line (from NumPy's 16-byte start, a row's last line was the next one's
+    first)."""
+    return aligned_empty(elements, dtype)
 
 
 REUSED_WORKSPACE_BYTES = 65536   # a thread keeps a workspace of each kind up to this size
