@@ -17,7 +17,8 @@ from .machine import Machine
 from .register_blocking import (TILE_VECTORS, blocked_tile, direct_windows, filter_vector_tile,
                                 microtile)
 from .overrides import SLICING_OVERRIDES, forced_note
-from .thread_split import parts_per_thread, thread_split
+from .thread_split import (FILTER_SPLIT_COST, GROUPED_FILTER_SPLIT_COST, parts_per_thread,
+                           thread_split)
 from .variants import (choose_vector, grouped_direct, reads_input_unpacked, slab_fits, use_direct,
                        use_slab)
 
@@ -323,11 +324,13 @@ def analyze_slicing(spec, machine, threads, overrides, layout="nchw"):
     # filter parts of grouped filters-in-vectors plans would transpose a group's filters apart
     units = window_units(spec, nwin, slab, vectors_along)
     splittable = spec.groups == 1 or vectors_along == "windows" or blocked
+    repacking = (GROUPED_FILTER_SPLIT_COST if spec.groups > 1 and vectors_along == "windows"
+                 and not blocked else FILTER_SPLIT_COST)
     if split:
         split = (min(split[0], units), min(split[1], t_w) if splittable else 1)
         per_thread = 1
     else:
-        split = thread_split(spec, units, t_w, threads, splittable, machine)
+        split = thread_split(spec, units, t_w, threads, splittable, machine, repacking)
         per_thread = parts_per_thread(spec, split, units, machine)
     plan_machine, machine = machine, machine.per_thread(split[0] * split[1])
 

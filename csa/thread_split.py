@@ -3,16 +3,21 @@ from math import ceil
 
 
 FILTER_SPLIT_COST = 0.05  # filter parts each pack (or fill) the whole input again
+# ... and a grouped plan's with windows in vectors pack every group's windows again, a large
+# share of its work: on a Xeon (AVX-512) at 2 threads, filter parts ran 1.07-1.56x slower than
+# window parts on 10 such layers of timm's, which FILTER_SPLIT_COST had split by filters
+GROUPED_FILTER_SPLIT_COST = 0.4
 # window parts a thread may get at most: with more parts than threads, claimed as threads come
 # free, a thread that is late (its core waking up, or taken by another process) holds up the
 # others by one small part, not by its whole share
 PARTS_PER_THREAD = 4
 
 
-def thread_split(spec, units, filter_tiles, threads, filters_splittable, machine):
+def thread_split(spec, units, filter_tiles, threads, filters_splittable, machine,
+                 repacking=FILTER_SPLIT_COST):
     """(window parts, filter parts) of the output, one thread each: the split whose busiest
     thread takes the least time. Its FMAs: its share of the output, a filter part costing
-    FILTER_SPLIT_COST more, since each repacks the input. Its bytes, streamed from memory at
+    ``repacking`` more, since each repacks the input. Its bytes, streamed from memory at
     ``machine.stream_mem`` cycles a line against its FMAs at the peak: each window part reads
     the filters of its filter part, each filter part the input of its window part; so where
     the filters outweigh the work on them (a classifier, the last 7x7 layers of a CNN at batch
@@ -28,7 +33,7 @@ def thread_split(spec, units, filter_tiles, threads, filters_splittable, machine
 
     def cost(a, b):   # the busiest thread's time, in shares of the whole work's FMAs
         share = (ceil(units / a) * ceil(filter_tiles / b) / (units * filter_tiles)
-                 * (1 + FILTER_SPLIT_COST * (b > 1)))
+                 * (1 + repacking * (b > 1)))
         return share + (filter_bytes / b + input_bytes / a) * byte_share
 
     best, best_cost = (1, 1), cost(1, 1)

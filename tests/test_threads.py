@@ -386,6 +386,12 @@ def test_thread_split_rules():
     assert csa.analyze(late, ZEN3.with_(stream_mem=0), threads=2).split == (2, 1)
     assert csa.analyze(late8, ZEN3, threads=2).split == (2, 1)
     assert csa.analyze(big, ZEN3, threads=2).split == (2, 1)   # 2.4 MiB for 3136 windows
+    # a grouped plan with windows in vectors: filter parts would each pack every group's
+    # windows again, so window parts, as long as there are enough of them (two tiles here)
+    grouped = csa.ConvSpec.parse("n1c768h8w8k768r3s3p1u1g6")
+    plan = csa.analyze(grouped, ZEN5_CCD, threads=2)
+    assert plan.vectors_along == "windows" and plan.split == (2, 1)
+    assert csa.analyze(grouped, ZEN5_CCD, threads=8).split[1] > 1
     # work per thread bounds the count: 40 MFLOP each at least
     mid = csa.ConvSpec.parse("n1c64h28w28k64r3s3p1u1")
     assert (csa.analyze(mid, ZEN5_CCD, threads=64).threads
