@@ -376,6 +376,33 @@ class Conv2d:
                       lambda x: plain(x.reshape(n, c, 1, 1)).reshape(n, 1, 1, k))
         return y
 
+    def _one_pixel_blocked(self, xb, phases):
+        """A Blocked call on one pixel that has no blocked plan run as the NCHW call on its
+        data, without the NCHW route's reorders: a pixel's blocks hold its channels in order
+        and their padding after them, so that an image's data is its NCHW array (one image, or
+        blocks without padding); the output's padding channels are zeros. Later calls of its
+        shape run so too (a squeeze and excitation's grouped 1x1: 384 -> 96 in 4 groups, 35 us
+        through the reorders, 5 us so)."""
+        n, c, k = xb.data.shape[0], xb.channels, self.weight_shape[0]
+        lanes, threads = block_size(self.dtype, self.isa), get_num_threads()
+        data_shape, dtype = (n, -(-k // lanes), 1, 1, lanes), self.dtype
+
+        def nchw(data, channels):   # (a C-contiguous view: one image, or no padding)
+            return data.reshape(n, -1)[:, :channels].reshape(n, channels, 1, 1)
+
+        data = np.zeros(data_shape, dtype)
+        self._call(nchw(xb.data, c), nchw(data, k), phases)
+        if phases == ALL_PHASES:
+            prepared = self._prepared((n, c, 1, 1), dtype, threads)
+            run = prepared.runner(*self._operands(prepared.plan), threads)
+
+            def call(xb):
+                data = np.zeros(data_shape, dtype)
+                run(nchw(xb.data, c), nchw(data, k))
+                return Blocked.made(data, k)
+            _remember(self._plain, (xb.data.shape, dtype, threads, c), call)
+        return Blocked.made(data, k)
+
     def _call_blocked(self, x, out, phases, in_layout, out_layout):
         """``_call`` where the input or the output is not NCHW: on a blocked plan, the input
         read as it is (NCHW, channels last, or blocks the kernels can read; other blocks are
@@ -396,6 +423,10 @@ class Conv2d:
         shape = xb.shape if isinstance(xb, Blocked) else x.shape
         in_block = 1 if in_layout == "nchw" else xb.block
         route = self._route(shape, in_layout, in_block, out_layout, get_num_threads())
+        if (route.prepared is None and in_layout == out_layout == "blocked" and out is None
+                and not self.accumulate and (shape[0] == 1 or xb.channels % in_block == 0)
+                and self._one_pixel((shape[0], *shape[2:], shape[1]))):
+            return self._one_pixel_blocked(xb, phases)
         lanes, out_shape = route.lanes, route.out_shape
         check_out(out, out_layout, out_shape, self.dtype, lanes)
         if out is None and self.accumulate:

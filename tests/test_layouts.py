@@ -638,6 +638,34 @@ def test_one_pixel_channels_last_calls_are_the_nchw_calls(rng, restore_threads, 
         np.testing.assert_allclose(out.reshape(want.shape), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("n,c,k,groups", [(1, 12, 20, 4), (2, 48, 80, 16), (2, 12, 20, 4),
+                                          (1, 21, 35, 7)])
+def test_one_pixel_blocked_calls_without_a_blocked_plan_are_the_nchw_calls(
+        rng, restore_threads, n, c, k, groups):
+    """Groups of 3 channels fit no block: a Blocked pixel (one image, or blocks without
+    padding) runs as the NCHW call on its data, bit for bit, the repeated calls too; the
+    output's padding channels are zeros. Two images with padded blocks take the NCHW route
+    and match as well."""
+    for threads in (1, 2):
+        cso.set_num_threads(threads)
+        conv, w, b = make_conv(rng, np.float32, c, k, 1, 1, groups=groups, activation="relu")
+        x = rng.standard_normal((n, c, 1, 1)).astype(np.float32)
+        want = conv(x)
+        assert_matches(want, x, w, b, "relu", geometry(conv, x.shape))
+        xb = Blocked.from_nchw(x)
+        direct = n == 1 or c % xb.block == 0
+        for _ in range(2):
+            got = conv(xb)
+            assert got.channels == k and got.block == block_size(np.float32)
+            if direct:
+                np.testing.assert_array_equal(got.to_nchw(), want)
+                assert not got.data.reshape(n, -1)[:, k:].any()
+            else:
+                np.testing.assert_allclose(got.to_nchw(), want, rtol=1e-5, atol=1e-5)
+        assert ((xb.data.shape, xb.dtype, threads, c) in conv._plain) == direct
+        assert all(route.prepared is None for route in conv._routes.values())
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_nhwc_in_and_out_are_zero_copy(rng, dtype):
     conv, w, b = make_conv(rng, dtype, 6, 13, 3, 3, padding=1)
