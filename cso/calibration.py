@@ -45,10 +45,11 @@ from .cpus import available_cpus
 from .threads import get_spin
 
 ENV_VAR = "CSO_CALIBRATE"
-VERSION = 3                 # of the record's layout: a record of another version is measured anew
+VERSION = 4                 # of the record (its layout, or how it is measured: 3 kept the tiles'
+                            # best runs): a record of another version is measured anew
 FACTS_VERSION = 1           # of host_facts' layout
 TRIAL_FLOPS = 2e8           # per timed run of a micro-kernel (about 2 ms at 100 GFLOP/s)
-TRIALS = 5                  # best of: a calibration must not keep one disturbed run
+TRIALS = 5                  # rounds at least: a calibration must not keep one disturbed run
 TILE_SECONDS = 0.4          # at least, for the tiles' rounds: longer than most disturbances
 PLAUSIBLE = 0.9             # each kernel variant's fastest tile reaches this share of the peak
                             # (94% or more in every calm calibration on Zen 3, AVX2 and generic)
@@ -178,17 +179,31 @@ def measure_facts(machine, isa_name):
 
 
 def _rates(runs, isa):
-    """{key: the best rate}: of the tiles' ``runs``, in turn, a run of each a round, for at
-    least TILE_SECONDS (a disturbance or the core's first, slower, milliseconds then slow every
+    """{key: rate}: of the tiles' ``runs``, in turn, a run of each a round, for at least
+    TILE_SECONDS (a disturbance or the core's first, slower, milliseconds then slow every
     tile's runs alike, or some rounds only, where back to back they took all the runs of the
     tiles measured first and dropped those tiles from the plans: csa/TUNING.md, "Host
-    calibration"); then of the FMA probes, "peak" (independent chains) and "chain" (one
-    chain: the latency), after the tiles (the core up to speed) and apart (a tile run just
-    after the peak probe's long burst of FMAs measured up to 30% slow)."""
-    best = probe.best_of_rounds(runs, TRIALS, TILE_SECONDS)
-    best["peak"] = probe.fma_peak(1 << 24, isa)[0]
-    best["chain"] = probe.fma_peak(1 << 22, isa, chains=1)[0]
+    calibration"), each tile's rate the best any tile ran at times the median over the
+    rounds of its rate over the round's fastest (``_against_the_best``): one run in a fast
+    moment does not set a tile apart from the others; then of the FMA probes, "peak"
+    (independent chains) and "chain" (one chain: the latency), in turn too (their ratio, the
+    FMAs in flight, then does not take one probe's slow spell: a Xeon VM measured 5 for 8),
+    after the tiles (the core up to speed) and apart (a tile run just after the peak probe's
+    long burst of FMAs measured up to 30% slow)."""
+    best = _against_the_best(probe.rates_by_round(runs, TRIALS, TILE_SECONDS))
+    probes = probe.rates_by_round({"peak": probe.fma_probe(1 << 24, isa)[0],
+                                   "chain": probe.fma_probe(1 << 22, isa, chains=1)[0]}, TRIALS)
+    best.update(_against_the_best(probes))
     return best
+
+
+def _against_the_best(rounds):
+    """{key: the best rate of any key, times the median over the rounds of the key's rate
+    over the round's best}, for ``rounds`` {key: rates by round}."""
+    bests = [max(rates) for rates in zip(*rounds.values())]
+    top = max(bests)
+    return {key: top * float(np.median([rate / best for rate, best in zip(rates, bests)]))
+            for key, rates in rounds.items()}
 
 
 def _tile_calls(spec):

@@ -34,17 +34,26 @@ def _best_seconds(run, trials=3):
 
 
 def best_of_rounds(runs, rounds=3, min_seconds=0.0):
-    """{name: the highest rate runs[name]() returned}, each run once a round, in turn, for
-    ``rounds`` rounds and until ``min_seconds`` have passed: a disturbance (another process, a
-    VM's slow phase) then slows the runs of every name alike, or some rounds only, where runs
-    of one name back to back could all fall in it and leave that name alone measured slow."""
-    best = dict.fromkeys(runs, 0.0)
+    """{name: the highest rate runs[name]() returned} over ``rates_by_round``'s rounds."""
+    return {name: max(rates) for name, rates in rates_by_round(runs, rounds, min_seconds).items()}
+
+
+def rates_by_round(runs, rounds=3, min_seconds=0.0):
+    """{name: the rates runs[name]() returned, a round each}: each run once a round, for
+    ``rounds`` rounds and until ``min_seconds`` have passed, each round starting one name
+    further along (none always runs right after the same one): a disturbance (another
+    process, a VM's slow phase) then slows the runs of every name alike, or some rounds
+    only, where runs of one name back to back could all fall in it and leave that name alone
+    measured slow."""
+    names = list(runs)
+    found = {name: [] for name in names}
     start, done = time.perf_counter(), 0
     while done < rounds or time.perf_counter() - start < min_seconds:
-        for name, run in runs.items():
-            best[name] = max(best[name], run())
+        first = done % len(names)
+        for name in names[first:] + names[:first]:
+            found[name].append(runs[name]())
         done += 1
-    return best
+    return found
 
 
 def _fma_probe_module(lanes, chains):
