@@ -18,6 +18,7 @@ from .loop_nests import ALL_PHASES
 from . import jobs
 from .jobs import active_recording, data_address, run_parts
 from .pool import compiled_pool
+from .threads import pool_address, spin_ns
 
 X_ARG, W_ARG, BIAS_ARG, OUT_ARG, GEOM_ARG, PARTS_ARG, SCRATCH_ARG, OUT_T_ARG, ROWS_ARG = (
     CALL_ARGS.index(name)
@@ -139,9 +140,14 @@ class Prepared:
         C-contiguous arrays of the shapes of the first call's (a plain call's, whose checks
         were made), each thread's argument vector kept for it, found in one lookup: a small
         layer's call is mostly Python, ``_own_arguments``' checks a good part of it."""
-        if self.array_call is None or self.workspace_bytes > jobs.REUSED_WORKSPACE_BYTES:
+        if self.workspace_bytes > jobs.REUSED_WORKSPACE_BYTES or (
+                self.part_count == 1 and self.array_call is None):
             return lambda x, out: self.run(x, packed_w, bias, out, ALL_PHASES, threads)
         array_call, kept = self.array_call, threading.local()
+        # several parts: the pool's entry called here, not through ``run_parts`` (a
+        # microsecond of Python less)
+        parts, entry = self.part_count, self.entry.address
+        helpers, run_pool = max(0, min(parts, threads) - 1), compiled_pool().run
 
         def run(x, out):
             if active_recording() is not None:
@@ -151,8 +157,12 @@ class Prepared:
             except AttributeError:   # (this thread's first call: its vector and workspaces)
                 kept.held = self._new_own_arguments(x, packed_w, bias, out)
                 args, address = kept.vector = kept.held[5], kept.held[6]
-            args[X_ARG], args[OUT_ARG] = id(x), id(out)
-            array_call(address)
+            if parts == 1:
+                args[X_ARG], args[OUT_ARG] = id(x), id(out)
+                array_call(address)
+            else:
+                args[X_ARG], args[OUT_ARG] = data_address(x), data_address(out)
+                run_pool(pool_address(helpers), entry, address, parts, helpers, spin_ns())
         return run
 
     def _own_arguments(self, x, packed_w, bias, out):
