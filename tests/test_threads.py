@@ -386,6 +386,14 @@ def test_thread_split_rules():
     assert csa.analyze(late, ZEN3.with_(stream_mem=0), threads=2).split == (2, 1)
     assert csa.analyze(late8, ZEN3, threads=2).split == (2, 1)
     assert csa.analyze(big, ZEN3, threads=2).split == (2, 1)   # 2.4 MiB for 3136 windows
+    # a one-pixel 1x1 is all filters: 2.25 MiB of them (1.2 MFLOP) are worth two threads, each
+    # reading half; 144 KiB (74 KFLOP) are not
+    for machine in (ZEN5_CCD, ZEN3):
+        big, small = (csa.ConvSpec.parse(f"n1c{c}h1w1k{k}r1s1p0u1")
+                      for c, k in ((768, 768), (96, 384)))
+        assert big.flops < 2 * machine.tuning.thread_min_flops
+        assert csa.analyze(big, machine, threads=2).split == (1, 2)
+        assert csa.analyze(small, machine, threads=2).split == (1, 1)
     # a grouped plan with windows in vectors: filter parts would each pack every group's
     # windows again, so window parts, as long as there are enough of them (two tiles here)
     grouped = csa.ConvSpec.parse("n1c768h8w8k768r3s3p1u1g6")
