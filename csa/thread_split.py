@@ -25,7 +25,7 @@ def thread_split(spec, units, filter_tiles, threads, filters_splittable, machine
     all. The output is split, never the reduction, so the result does not depend on it. A
     thread is only added for at least ``thread_min_flops`` of work (the record's: small
     convolutions stay on one), its FMAs and its filters read once from L2 at
-    ``machine.stream_l2`` cycles a line (a one-pixel 1x1 is all filters: 746 -> 186, 2.2
+    ``machine.stream_l2`` cycles a line (a one-pixel 1x1 is all filters: 746 -> 186, 2.5
     MFLOP of such work, ran 1.13x faster at 2 threads, 1098 -> 91 1.33x, 184 -> 360 0.69x),
     and only where it makes the busiest thread faster."""
     flops_a_cycle = 2 * machine.tuning.fma_pipes * machine.vector_bytes / spec.itemsize

@@ -647,8 +647,8 @@ def _output(shape, dtype):
     those whose images (a channel's plane, or a block's pixels) are shorter than a line,
     where NumPy puts them: aligning one costs 1-2 us a call, more than such a layer's few
     loads lose, and planes shorter than a line start mid-line whatever the array's start
-    (a squeeze and excitation's one-pixel outputs). One too large for the address space is a MemoryError with its size, like one too
-    large for memory (NumPy says ValueError)."""
+    (a squeeze and excitation's one-pixel outputs). One too large for the address space is
+    a MemoryError with its size, like one too large for memory (NumPy says ValueError)."""
     try:
         return _output_maker(shape, dtype)(shape, dtype)
     except ValueError:
