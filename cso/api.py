@@ -370,19 +370,22 @@ class Conv2d:
         n, _, _, c = x.shape
         k, threads = self.weight_shape[0], get_num_threads()
         y = self._call(x.reshape(n, c, 1, 1), None, phases).reshape(n, 1, 1, k)
-        plain = self._plain.get(((n, c, 1, 1), x.dtype, threads, None))
-        if plain is not None:
+        if phases == ALL_PHASES:
+            prepared = self._prepared((n, c, 1, 1), self.dtype, threads)
+            run = prepared.runner(*self._operands(prepared.plan), threads, lambda x, out: (
+                x.reshape(n, c, 1, 1), out.reshape(n, k, 1, 1)))
             _remember(self._plain, (x.shape, x.dtype, threads, "nhwc"),
-                      lambda x: plain(x.reshape(n, c, 1, 1)).reshape(n, 1, 1, k))
+                      _plain_call(run, (n, 1, 1, k), self.dtype, (n, k, 1, 1)))
         return y
 
     def _one_pixel_blocked(self, xb, phases):
-        """A Blocked call on one pixel that has no blocked plan run as the NCHW call on its
-        data, without the NCHW route's reorders: a pixel's blocks hold its channels in order
-        and their padding after them, so that an image's data is its NCHW array (one image, or
-        blocks without padding); the output's padding channels are zeros. Later calls of its
-        shape run so too (a squeeze and excitation's grouped 1x1: 384 -> 96 in 4 groups, 35 us
-        through the reorders, 5 us so)."""
+        """A Blocked call on one pixel run as the NCHW call on its data: a pixel's blocks hold
+        its channels in order and their padding after them, so that an image's data is its
+        NCHW array (one image, or blocks without padding); the output's padding channels are
+        zeros. Later calls of its shape run so too. A squeeze and excitation's 1x1s: where no
+        blocked plan takes them (384 -> 96 in 4 groups), 35 us through the NCHW route's
+        reorders, 5 us so; where one does, its plan's call costs more (1.19x over 17 of
+        timm's)."""
         n, c, k = xb.data.shape[0], xb.channels, self.weight_shape[0]
         lanes, threads = block_size(self.dtype, self.isa), get_num_threads()
         data_shape, dtype = (n, -(-k // lanes), 1, 1, lanes), self.dtype
@@ -394,11 +397,12 @@ class Conv2d:
         self._call(nchw(xb.data, c), nchw(data, k), phases)
         if phases == ALL_PHASES:
             prepared = self._prepared((n, c, 1, 1), dtype, threads)
-            run = prepared.runner(*self._operands(prepared.plan), threads)
+            run = prepared.runner(*self._operands(prepared.plan), threads, lambda x, out: (
+                nchw(x, c), nchw(out, k)))
 
             def call(xb):
                 data = np.zeros(data_shape, dtype)
-                run(nchw(xb.data, c), nchw(data, k))
+                run(xb.data, data)
                 return Blocked.made(data, k)
             _remember(self._plain, (xb.data.shape, dtype, threads, c), call)
         return Blocked.made(data, k)
@@ -423,7 +427,7 @@ class Conv2d:
         shape = xb.shape if isinstance(xb, Blocked) else x.shape
         in_block = 1 if in_layout == "nchw" else xb.block
         route = self._route(shape, in_layout, in_block, out_layout, get_num_threads())
-        if (route.prepared is None and in_layout == out_layout == "blocked" and out is None
+        if (in_layout == out_layout == "blocked" and out is None
                 and not self.accumulate and (shape[0] == 1 or xb.channels % in_block == 0)
                 and self._one_pixel((shape[0], *shape[2:], shape[1]))):
             return self._one_pixel_blocked(xb, phases)
@@ -589,10 +593,11 @@ class _Route(NamedTuple):
     threads: int
 
 
-def _plain_call(run, shape, dtype):
+def _plain_call(run, shape, dtype, nchw=None):
     """``call(x)``: a new output of ``shape`` written by ``run`` (a ``Prepared.runner``) from
-    ``x``, a C-contiguous array of the shape it was made for (``Conv2d.__call__``)."""
-    new_output = _output_maker(shape, dtype)
+    ``x``, a C-contiguous array of the shape it was made for (``Conv2d.__call__``); made as
+    an NCHW output of shape ``nchw`` would be, where ``shape`` holds the same bytes."""
+    new_output = _output_maker(nchw or shape, dtype)
 
     def call(x):
         result = new_output(shape, dtype)

@@ -135,14 +135,22 @@ class Prepared:
         run_parts(self.entry.address, args.buffer_info()[0], self.part_count, threads,
                   keep=(args, held, self, packed_w, bias))
 
-    def runner(self, packed_w, bias, threads):
+    def runner(self, packed_w, bias, threads, planned=None):
         """``run(x, out)``: ``self.run(x, packed_w, bias, out, ALL_PHASES, threads)`` for
         C-contiguous arrays of the shapes of the first call's (a plain call's, whose checks
         were made), each thread's argument vector kept for it, found in one lookup: a small
-        layer's call is mostly Python, ``_own_arguments``' checks a good part of it."""
+        layer's call is mostly Python, ``_own_arguments``' checks a good part of it.
+        ``planned(x, out)``: the arrays as the plan reads them, where the calls pass others
+        over the same data (a channels-last or blocked pixel: its NCHW array), made only for
+        a thread's first call (its vector) and where the call is checked (``self.run``)."""
+        planned = planned or (lambda x, out: (x, out))
+
+        def checked(x, out):
+            x, out = planned(x, out)
+            return self.run(x, packed_w, bias, out, ALL_PHASES, threads)
         if self.workspace_bytes > jobs.REUSED_WORKSPACE_BYTES or (
                 self.part_count == 1 and self.array_call is None):
-            return lambda x, out: self.run(x, packed_w, bias, out, ALL_PHASES, threads)
+            return checked
         array_call, kept = self.array_call, threading.local()
         # several parts: the pool's entry called here, not through ``run_parts`` (a
         # microsecond of Python less)
@@ -151,11 +159,12 @@ class Prepared:
 
         def run(x, out):
             if active_recording() is not None:
-                return self.run(x, packed_w, bias, out, ALL_PHASES, threads)
+                return checked(x, out)
             try:
                 args, address = kept.vector
             except AttributeError:   # (this thread's first call: its vector and workspaces)
-                kept.held = self._new_own_arguments(x, packed_w, bias, out)
+                plan_x, plan_out = planned(x, out)
+                kept.held = self._new_own_arguments(plan_x, packed_w, bias, plan_out)
                 args, address = kept.vector = kept.held[5], kept.held[6]
             if parts == 1:
                 args[X_ARG], args[OUT_ARG] = id(x), id(out)

@@ -614,12 +614,14 @@ def test_a_blocked_of_any_block_is_read_correctly(rng, name, dtype, isa, block):
     assert failure is None, f"block {block} on lanes {lanes}: {failure}"
 
 
-@pytest.mark.parametrize("n,c,k,r,padding", [(1, 24, 96, 1, 0), (3, 40, 10, 3, 1)])
+@pytest.mark.parametrize("n,c,k,r,padding", [(1, 24, 96, 1, 0), (3, 40, 10, 3, 1),
+                                             (1, 256, 1024, 1, 0)])
 def test_one_pixel_channels_last_calls_are_the_nchw_calls(rng, restore_threads, n, c, k, r,
                                                           padding):
     """A channels-last pixel is its NCHW array byte for byte: such calls (a squeeze and
-    excitation's 1x1s; a padded 3x3 on one pixel) run as the NCHW calls, bit for bit, the
-    repeated ones too, on no blocked route, and match the reference."""
+    excitation's 1x1s; a padded 3x3 on one pixel; 1 MiB of filters, in two parts at 2
+    threads) run as the NCHW calls, bit for bit, the repeated ones too, on no blocked route,
+    and match the reference."""
     for threads in (1, 2):
         cso.set_num_threads(threads)
         conv, w, b = make_conv(rng, np.float32, c, k, r, r, padding=padding,
@@ -639,13 +641,13 @@ def test_one_pixel_channels_last_calls_are_the_nchw_calls(rng, restore_threads, 
 
 
 @pytest.mark.parametrize("n,c,k,groups", [(1, 12, 20, 4), (2, 48, 80, 16), (2, 12, 20, 4),
-                                          (1, 21, 35, 7)])
-def test_one_pixel_blocked_calls_without_a_blocked_plan_are_the_nchw_calls(
-        rng, restore_threads, n, c, k, groups):
-    """Groups of 3 channels fit no block: a Blocked pixel (one image, or blocks without
-    padding) runs as the NCHW call on its data, bit for bit, the repeated calls too; the
-    output's padding channels are zeros. Two images with padded blocks take the NCHW route
-    and match as well."""
+                                          (1, 21, 35, 7), (1, 24, 96, 1), (1, 256, 1024, 1)])
+def test_one_pixel_blocked_calls_are_the_nchw_calls(rng, restore_threads, n, c, k, groups):
+    """A Blocked pixel (one image, or blocks without padding) runs as the NCHW call on its
+    data, bit for bit, the repeated calls too, whether a blocked plan would take the
+    convolution or not (groups of 3 channels fit no block; 1 MiB of filters: two parts at 2
+    threads); the output's padding channels are zeros. Two images with padded blocks take
+    the blocked route and match as well."""
     for threads in (1, 2):
         cso.set_num_threads(threads)
         conv, w, b = make_conv(rng, np.float32, c, k, 1, 1, groups=groups, activation="relu")
@@ -662,8 +664,8 @@ def test_one_pixel_blocked_calls_without_a_blocked_plan_are_the_nchw_calls(
                 assert not got.data.reshape(n, -1)[:, k:].any()
             else:
                 np.testing.assert_allclose(got.to_nchw(), want, rtol=1e-5, atol=1e-5)
-        assert ((xb.data.shape, xb.dtype, threads, c) in conv._plain) == direct
-        assert all(route.prepared is None for route in conv._routes.values())
+        plain = conv._plain.get((xb.data.shape, xb.dtype, threads, c))
+        assert (plain is not None and "_one_pixel_blocked" in plain.__qualname__) == direct
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
