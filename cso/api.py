@@ -385,7 +385,8 @@ class Conv2d:
         zeros. Later calls of its shape run so too. A squeeze and excitation's 1x1s: where no
         blocked plan takes them (384 -> 96 in 4 groups), 35 us through the NCHW route's
         reorders, 5 us so; where one does, its plan's call costs more (1.19x over 17 of
-        timm's)."""
+        timm's), unless it runs on more threads (the NCHW plan of a grouped 1x1 splits no
+        filters: 640 -> 2560 in 2 groups)."""
         n, c, k = xb.data.shape[0], xb.channels, self.weight_shape[0]
         lanes, threads = block_size(self.dtype, self.isa), get_num_threads()
         data_shape, dtype = (n, -(-k // lanes), 1, 1, lanes), self.dtype
@@ -429,7 +430,10 @@ class Conv2d:
         route = self._route(shape, in_layout, in_block, out_layout, get_num_threads())
         if (in_layout == out_layout == "blocked" and out is None
                 and not self.accumulate and (shape[0] == 1 or xb.channels % in_block == 0)
-                and self._one_pixel((shape[0], *shape[2:], shape[1]))):
+                and self._one_pixel((shape[0], *shape[2:], shape[1]))
+                and (route.prepared is None or self._prepared(
+                    shape, self.dtype, route.threads).plan.threads
+                     >= route.prepared.plan.threads)):
             return self._one_pixel_blocked(xb, phases)
         lanes, out_shape = route.lanes, route.out_shape
         check_out(out, out_layout, out_shape, self.dtype, lanes)
