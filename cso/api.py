@@ -371,8 +371,7 @@ class Conv2d:
         k, threads = self.weight_shape[0], get_num_threads()
         y = self._call(x.reshape(n, c, 1, 1), None, phases).reshape(n, 1, 1, k)
         if phases == ALL_PHASES:
-            prepared = self._prepared((n, c, 1, 1), self.dtype, threads)
-            run = prepared.runner(*self._operands(prepared.plan), threads, lambda x, out: (
+            run = self._pixel_runner(n, c, threads, lambda x, out: (
                 x.reshape(n, c, 1, 1), out.reshape(n, k, 1, 1)))
             _remember(self._plain, (x.shape, x.dtype, threads, "nhwc"),
                       _plain_call(run, (n, 1, 1, k), self.dtype, (n, k, 1, 1)))
@@ -397,9 +396,7 @@ class Conv2d:
         data = np.zeros(data_shape, dtype)
         self._call(nchw(xb.data, c), nchw(data, k), phases)
         if phases == ALL_PHASES:
-            prepared = self._prepared((n, c, 1, 1), dtype, threads)
-            run = prepared.runner(*self._operands(prepared.plan), threads, lambda x, out: (
-                nchw(x, c), nchw(out, k)))
+            run = self._pixel_runner(n, c, threads, lambda x, out: (nchw(x, c), nchw(out, k)))
 
             def call(xb):
                 data = np.zeros(data_shape, dtype)
@@ -407,6 +404,13 @@ class Conv2d:
                 return Blocked.made(data, k)
             _remember(self._plain, (xb.data.shape, dtype, threads, c), call)
         return Blocked.made(data, k)
+
+    def _pixel_runner(self, n, c, threads, planned):
+        """The NCHW plan's ``Prepared.runner`` for ``n`` pixels of ``c`` channels, on arrays
+        of another layout that ``planned`` views as NCHW (``_one_pixel_nhwc``,
+        ``_one_pixel_blocked``)."""
+        prepared = self._prepared((n, c, 1, 1), self.dtype, threads)
+        return prepared.runner(*self._operands(prepared.plan), threads, planned)
 
     def _call_blocked(self, x, out, phases, in_layout, out_layout):
         """``_call`` where the input or the output is not NCHW: on a blocked plan, the input
