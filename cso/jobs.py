@@ -158,12 +158,19 @@ def new_workspace(elements, dtype):
     return aligned_empty(elements, dtype)
 
 
-REUSED_WORKSPACE_BYTES = 65536   # a thread keeps a workspace of each kind up to this size
+# a thread keeps a workspace of each kind, the largest its jobs have needed, up to this size:
+# one made and dropped each call could page-fault every page it touched, call after call (a
+# 1x1 with 392 KiB of workspace, alone in a process: 164 faults a call, 2.7x its time)
+REUSED_WORKSPACE_BYTES = 64 << 20
+KEPT_WORKSPACE_MIN_BYTES = 65536   # the smallest kept, so that small layers' needs make one
 
 
 class _Kept(threading.local):
     def __init__(self):
-        self.spaces = {}   # kind -> (this thread's workspace of that kind, its address)
+        # kind -> (this thread's workspace of that kind, its address); a new dict each time
+        # one grows, so that vectors made with the old one's address (``kept_workspaces``)
+        # know to be made again
+        self.spaces = {}
 
 
 _kept = _Kept()
@@ -171,24 +178,28 @@ _kept = _Kept()
 
 def kept_workspaces():
     """This thread's kept workspaces (``workspace``), kind -> (buffer, address): a dict of its
-    own whose entries, once made, stay as long as the thread (their addresses can be kept)."""
+    own, replaced (never changed) when one of them grows, so that an argument vector holding
+    their addresses is valid while it was made with the dict ``kept_workspaces()`` returns
+    (and holds the buffers it points to until it is made again)."""
     return _kept.spaces
 
 
 def workspace(kind, elements, dtype):
     """(a scratch buffer of at least ``elements``, its address) for a job of this thread
-    outside a recording: small ones (up to ``REUSED_WORKSPACE_BYTES``) this thread's buffer
-    of ``kind``, of that size, made on its first use and kept (a thread runs one job at a
-    time; allocating two or three a call was a microsecond of a small layer's ten); larger
-    ones new (``new_workspace``), not held."""
+    outside a recording: up to ``REUSED_WORKSPACE_BYTES``, this thread's buffer of ``kind``
+    (a thread runs one job at a time), made on first use and again, twice as large or as
+    large as needed, when a job needs more; beyond it a new one (``new_workspace``), not
+    held."""
     size = elements * dtype.itemsize
     if size <= REUSED_WORKSPACE_BYTES:
         found = _kept.spaces.get(kind)
-        if found is None:
-            space = new_workspace(REUSED_WORKSPACE_BYTES, np.dtype(np.uint8))
-            found = _kept.spaces[kind] = (space, data_address(space))
-        if found[0].nbytes >= size:
+        if found is not None and found[0].nbytes >= size:
             return found
+        grown = max(size, KEPT_WORKSPACE_MIN_BYTES, 2 * found[0].nbytes if found else 0)
+        space = new_workspace(min(grown, REUSED_WORKSPACE_BYTES), np.dtype(np.uint8))
+        _kept.spaces = dict(_kept.spaces)
+        found = _kept.spaces[kind] = (space, data_address(space))
+        return found
     space = new_workspace(elements, dtype)
     return space, data_address(space)
 

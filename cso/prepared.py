@@ -161,11 +161,13 @@ class Prepared:
             if active_recording() is not None:
                 return checked(x, out)
             try:
-                args, address = kept.vector
-            except AttributeError:   # (this thread's first call: its vector and workspaces)
+                spaces, args, address = kept.vector
+            except AttributeError:   # (this thread's first call)
+                spaces = None
+            if spaces is not jobs.kept_workspaces():   # (its first, or a workspace grew)
                 plan_x, plan_out = planned(x, out)
-                kept.held = self._new_own_arguments(plan_x, packed_w, bias, plan_out)
-                args, address = kept.vector = kept.held[5], kept.held[6]
+                kept.held = self._own_arguments(plan_x, packed_w, bias, plan_out)
+                spaces, args, address = kept.vector = kept.held[0], kept.held[5], kept.held[6]
             if parts == 1:
                 args[X_ARG], args[OUT_ARG] = id(x), id(out)
                 array_call(address)

@@ -1,12 +1,18 @@
 """cso.onnx's reused output arrays (``cso.onnx.buffers``) and the line-aligned arrays cso makes
 (``microkernels.aligned``): every array starts on a cache line, and a reused array is handed
-out again only when neither it nor any view of it is alive."""
+out again only when neither it nor any view of it is alive; a thread's kept workspaces
+(``cso.jobs.workspace``)."""
+import sys
+import threading
+
 import numpy as np
 import pytest
 
 import cso
 from cso.onnx.buffers import Buffers
 from microkernels.aligned import LINE, aligned_empty
+
+from .reference import conv2d_reference
 
 
 @pytest.mark.parametrize("shape", [(), (1,), (3,), (2, 3, 5), (1, 64, 55, 55), (0, 4)])
@@ -64,3 +70,77 @@ def test_buffers_hands_out_an_array_again_only_when_nothing_refers_to_it():
     assert buffers.nbytes >= 3 * 24 * 4 + 24 * 8
     buffers.clear()
     assert buffers.nbytes == 0
+
+
+def _in_a_new_thread(body):
+    """Run ``body()`` on a thread of its own (one with no kept workspaces yet), re-raising."""
+    failed = []
+
+    def run():
+        try:
+            body()
+        except BaseException as err:   # (re-raised on the test's thread)
+            failed.append(err)
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+
+
+def _transposing_layer(rng, c, h, k):
+    """A 1x1 forced to filters in vectors, whose plan needs two workspaces (its packed input
+    and its transposed output band), with its input and reference output."""
+    x = rng.standard_normal((1, c, h, h)).astype(np.float32)
+    w = rng.standard_normal((k, c, 1, 1)).astype(np.float32)
+    conv = cso.Conv2d(w, input_shape=x.shape, plan_overrides={"vectors_along": "filters"})
+    return conv, x, conv2d_reference(x, w)
+
+
+def test_a_layer_makes_its_workspaces_once_whatever_their_size(rng, monkeypatch):
+    """Up to ``REUSED_WORKSPACE_BYTES`` a thread's calls share its kept workspaces: one made
+    and dropped each call can page-fault every page it touched, each call again."""
+    made = []
+    new = cso.jobs.new_workspace
+    monkeypatch.setattr(cso.jobs, "new_workspace", lambda *a: made.append(new(*a)) or made[-1])
+    conv, x, want = _transposing_layer(rng, 72, 14, 512)
+    prepared = conv._prepared(x.shape, x.dtype, 1)
+    assert len(prepared.workspaces) == 2
+    assert cso.jobs.KEPT_WORKSPACE_MIN_BYTES < prepared.workspace_bytes
+    assert prepared.workspace_bytes <= cso.jobs.REUSED_WORKSPACE_BYTES
+
+    def body():
+        for _ in range(5):
+            np.testing.assert_allclose(conv(x), want, rtol=1e-4, atol=1e-4)
+        assert len(made) == 2   # one of each kind, on the first call
+    _in_a_new_thread(body)
+
+
+def test_a_grown_workspace_is_the_one_every_layer_uses_after(rng, monkeypatch):
+    """A thread's workspace of a kind grows when a layer needs more; the layers that used the
+    smaller one take the larger on their next call, and the smaller one is let go."""
+    made = []
+    new = cso.jobs.new_workspace
+    monkeypatch.setattr(cso.jobs, "new_workspace", lambda *a: made.append(new(*a)) or made[-1])
+    small, x_small, want_small = _transposing_layer(rng, 24, 14, 64)
+    large, x_large, want_large = _transposing_layer(rng, 72, 14, 512)
+
+    def body():
+        np.testing.assert_allclose(small(x_small), want_small, rtol=1e-4, atol=1e-4)
+        first = list(made)
+        assert len(first) == 2 and all(a.nbytes == cso.jobs.KEPT_WORKSPACE_MIN_BYTES
+                                       for a in first)
+        np.testing.assert_allclose(large(x_large), want_large, rtol=1e-4, atol=1e-4)
+        grown = len(made) - len(first)
+        assert 1 <= grown <= 2
+        for _ in range(3):
+            np.testing.assert_allclose(small(x_small), want_small, rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(large(x_large), want_large, rtol=1e-4, atol=1e-4)
+        assert len(made) == len(first) + grown   # nothing made since
+        spaces = [space for space, _ in cso.jobs.kept_workspaces().values()]
+        replaced = [i for i, space in enumerate(first) if not any(space is s for s in spaces)]
+        assert len(replaced) == grown
+        for i in replaced:   # held by ``first`` and ``made`` alone (+ getrefcount's argument)
+            references = sys.getrefcount(first[i])
+            assert references == 3
+    _in_a_new_thread(body)
