@@ -124,9 +124,11 @@ class Tuning:
 
 AVX512 = Tuning(
     "avx512", "AMD Zen 5 (2 cores); Zen 4 runs zmm FMAs at half rate, same tiles; "
-    "output_prefetch on Zen 4 (2 vCPUs); thread_min_flops on Zen 5 and an Intel Xeon (2 vCPUs)",
+    "output_prefetch on Zen 4 (2 vCPUs); thread_min_flops on Zen 5 and an Intel Xeon (2 vCPUs), "
+    "transpose_depth and packing_filters on that Xeon",
     fma_latency=4, fma_pipes=2, loads_per_cycle=2.0, broadcast_operand=True,
-    direct_windows=((14, 1.0), (7, 0.93)), output_prefetch=2, thread_min_flops=1.2e6)
+    direct_windows=((14, 1.0), (7, 0.93)), output_prefetch=2, thread_min_flops=1.2e6,
+    transpose_depth=24, packing_filters=6)
 AVX2 = Tuning(
     "avx2", "AMD Zen 3 EPYC (2 cores)", fma_latency=4, fma_pipes=2, loads_per_cycle=1.75,
     broadcast_operand=False, direct_windows=((6, 1.0), (5, 0.97), (4, 0.90)),

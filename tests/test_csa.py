@@ -186,17 +186,23 @@ def test_cost_model_picks_the_cheaper_schedule_and_shows_every_term():
 
 
 def test_filters_become_the_vector_dimension_on_small_planes():
+    """Where tiles along the filters waste fewer lanes by more than their transposing pass
+    costs: the pass counts as ``transpose_depth`` rows of kernel depth, much beside 64
+    channels (a 14 x 14 plane's 12% of wasted lanes do not pay for it), little beside 512."""
     machine = SMALL
-    for hw, k, expected in ((7, 512, "filters"), (14, 256, "filters"), (1, 1984, "filters"),
-                            (56, 64, "windows"), (28, 128, "windows"), (16, 64, "windows")):
-        plan = csa.analyze(ConvSpec(1, 64, hw, hw, k, 1, 1), machine)
-        assert plan.vectors_along == expected, (hw, k)
+    for c, hw, k, expected in ((512, 7, 512, "filters"), (512, 14, 256, "filters"),
+                               (64, 14, 256, "windows"), (64, 1, 1984, "filters"),
+                               (64, 56, 64, "windows"), (64, 28, 128, "windows"),
+                               (64, 16, 64, "windows")):
+        plan = csa.analyze(ConvSpec(1, c, hw, hw, k, 1, 1), machine)
+        assert plan.vectors_along == expected, (c, hw, k)
     # 7x7: 49 windows fill 7 tiles of 7 exactly, against 2 tiles of 32 (64 lanes)
     assert csa.variants.padded_work(ConvSpec(1, 8, 7, 7, 64, 1, 1), 7, 32) == 49 * 64
     assert csa.variants.padded_work(ConvSpec(1, 8, 7, 7, 64, 1, 1), 32, 8) == 64 * 64
     assert (csa.analyze(ConvSpec(1, 64, 1, 1, 1984, 1, 1), machine).nwin,
             csa.analyze(ConvSpec(1, 64, 1, 1, 1984, 1, 1), machine).nf) == (1, 64)
-    assert "vectors along the filters" in csa.analyze(ConvSpec(1, 8, 7, 7, 64, 1, 1), machine).explain()
+    assert "vectors along the filters" in csa.analyze(ConvSpec(1, 512, 7, 7, 64, 1, 1),
+                                                      machine).explain()
 
 
 def test_output_streams_term_follows_the_inner_loop():
@@ -351,14 +357,19 @@ def test_direct_depth_and_slab_filter_tiles_come_from_the_record():
 def test_vectors_along_the_filters_where_they_waste_fewer_lanes_than_the_transpose_costs():
     """14x14 1x1s (196 windows: 13 tiles of 16, 33 of 6): filters in vectors beside hundreds of
     channels, windows in vectors beside a few dozen (their transposing pass costs as much as
-    16 channels more per output in the AVX2 record); 7x7 planes waste a third of 16-window
-    tiles. The AVX-512 record (no transpose cost measured) goes by the wasted lanes alone."""
+    16 channels more per output in the AVX2 record, 24 in the AVX-512 one); 7x7 planes waste
+    a third of 16-window tiles. Without a transpose cost (``transpose_depth`` 0) the wasted
+    lanes alone decide."""
     zen3, zen5 = ZEN3, ZEN5
     def vector(name, machine=zen3):
         return csa.analyze(ConvSpec.parse(name), machine).vectors_along
     assert vector("n1c512h14w14k512r1s1p0u1") == "filters"
     assert vector("n1c64h14w14k512r1s1p0u1") == "windows"
-    assert vector("n1c64h14w14k512r1s1p0u1", zen5) == "filters"
+    assert vector("n1c64h14w14k512r1s1p0u1", zen5) == "windows"
+    assert vector("n1c512h14w14k512r1s1p0u1", zen5) == "filters"
+    zen5_lanes_alone = dataclasses.replace(zen5, tuning=dataclasses.replace(
+        zen5.tuning, transpose_depth=0, packing_filters=0))
+    assert vector("n1c64h14w14k512r1s1p0u1", zen5_lanes_alone) == "filters"
     assert vector("n1c768h7w7k384r1s1p0u1") == "filters"
     assert vector("n1c256h56w56k64r1s1p0u1") == "windows"
     # 16 or 32 filters: packing the input for them costs more than windows read in place
