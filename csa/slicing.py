@@ -324,7 +324,10 @@ def analyze_slicing(spec, machine, threads, overrides, layout="nchw"):
     # filter parts of grouped filters-in-vectors plans would transpose a group's filters apart
     units = window_units(spec, nwin, slab, vectors_along)
     splittable = spec.groups == 1 or vectors_along == "windows" or blocked
-    repacking = (GROUPED_FILTER_SPLIT_COST if spec.groups > 1 and vectors_along == "windows"
+    # what a filter part costs more: it packs the input again (nothing where a 1x1 reads it in
+    # place), for a grouped windows-in-vectors plan every group's windows
+    repacking = (0 if not blocked and reads_input_unpacked(spec, vectors_along, machine.tuning)
+                 else GROUPED_FILTER_SPLIT_COST if spec.groups > 1 and vectors_along == "windows"
                  and not blocked else FILTER_SPLIT_COST)
     if split:
         split = (min(split[0], units), min(split[1], t_w) if splittable else 1)

@@ -17,7 +17,8 @@ def thread_split(spec, units, filter_tiles, threads, filters_splittable, machine
                  repacking=FILTER_SPLIT_COST):
     """(window parts, filter parts) of the output, one thread each: the split whose busiest
     thread takes the least time. Its FMAs: its share of the output, a filter part costing
-    ``repacking`` more, since each repacks the input. Its bytes, streamed from memory at
+    ``repacking`` more, since each repacks the input (0 where there is no packing: a 1x1 read
+    in place). Its bytes, streamed from memory at
     ``machine.stream_mem`` cycles a line against its FMAs at the peak: each window part reads
     the filters of its filter part, each filter part the input of its window part; so where
     the filters outweigh the work on them (a classifier, the last 7x7 layers of a CNN at batch

@@ -400,6 +400,15 @@ def test_thread_split_rules():
     plan = csa.analyze(grouped, ZEN5_CCD, threads=2)
     assert plan.vectors_along == "windows" and plan.split == (2, 1)
     assert csa.analyze(grouped, ZEN5_CCD, threads=8).split[1] > 1
+    # a 1x1 whose tiles read the input in place repacks nothing in a filter part: filter parts,
+    # which read half the filters each, where window parts would each read them all; packed,
+    # as with 256 filters in the AVX2 record, each filter part would pack the input again
+    in_place = csa.ConvSpec.parse("n1c128h16w16k256r1s1p0u1")
+    assert csa.variants.reads_input_unpacked(in_place, "windows", ZEN5_CCD.tuning)
+    assert csa.analyze(in_place, ZEN5_CCD, threads=2).split == (1, 2)
+    assert not csa.variants.reads_input_unpacked(in_place, "windows", ZEN3.tuning)
+    assert csa.analyze(in_place, ZEN3, threads=2).split == (2, 1)
+    assert csa.analyze(csa.ConvSpec.parse("n1c576h14w14k96r1s1p0u1"), ZEN3, threads=2).split == (1, 2)
     # work per thread bounds the count: 40 MFLOP each at least
     mid = csa.ConvSpec.parse("n1c64h28w28k64r3s3p1u1")
     assert (csa.analyze(mid, ZEN5_CCD, threads=64).threads
