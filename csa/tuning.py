@@ -46,6 +46,10 @@ class Tuning:
     # taps (R*S) from which an NCHW depthwise convolution runs its blocked plan, its planes
     # transposed into blocks and back (``cso.Conv2d``; 0: not measured, never)
     depthwise_blocked_min_taps: int = 0
+    # outputs a grouped convolution of one block of channels a group (a filter larger than
+    # 1x1) may have for an NCHW call to run its blocked plan on the NCHW planes, its output's
+    # blocks reordered into the planes (``cso.Conv2d``; 0: not measured, never)
+    grouped_blocked_max_plane: int = 0
     # outputs a grouped convolution's plane may have for its plan to be direct
     # (``csa.variants.grouped_direct``; 0: not measured, never)
     grouped_direct_max_plane: int = 0
@@ -125,10 +129,10 @@ class Tuning:
 AVX512 = Tuning(
     "avx512", "AMD Zen 5 (2 cores); Zen 4 runs zmm FMAs at half rate, same tiles; "
     "output_prefetch on Zen 4 (2 vCPUs); thread_min_flops on Zen 5 and an Intel Xeon (2 vCPUs), "
-    "transpose_depth and packing_filters on that Xeon",
+    "transpose_depth, packing_filters and grouped_blocked_max_plane on that Xeon",
     fma_latency=4, fma_pipes=2, loads_per_cycle=2.0, broadcast_operand=True,
     direct_windows=((14, 1.0), (7, 0.93)), output_prefetch=2, thread_min_flops=1.2e6,
-    transpose_depth=24, packing_filters=6)
+    transpose_depth=24, packing_filters=6, grouped_blocked_max_plane=196)
 AVX2 = Tuning(
     "avx2", "AMD Zen 3 EPYC (2 cores)", fma_latency=4, fma_pipes=2, loads_per_cycle=1.75,
     broadcast_operand=False, direct_windows=((6, 1.0), (5, 0.97), (4, 0.90)),

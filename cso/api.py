@@ -143,7 +143,16 @@ class Conv2d:
     def plan_for(self, shape: Shape) -> Plan:
         """The plan (``csa.SlicingPlan``, or ``csa.DepthwisePlan`` for one input channel per
         group) that runs inputs of ``shape`` (N, C, H, W) or (C, H, W)."""
-        return self._prepared(tuple(shape), self.dtype, get_num_threads()).plan
+        return self._running(tuple(shape)).plan
+
+    def _running(self, shape):
+        """The ``Prepared`` an NCHW call on ``shape`` runs: the NCHW plan's, or the blocked
+        plan's where the call runs on blocks (``_grouped_on_blocks``)."""
+        threads = get_num_threads()
+        prepared = self._prepared(shape, self.dtype, threads)
+        if len(shape) == 4 and self._grouped_on_blocks(prepared.plan):
+            return self._route(shape, "nchw", 1, "nchw", threads).prepared
+        return prepared
 
     def _prepared(self, shape, dtype, threads, blocks=None):
         """Everything a call on ``shape`` with up to ``threads`` threads needs that does not
@@ -202,6 +211,22 @@ class Conv2d:
         return (0 < least <= plan.spec.r * plan.spec.s and self.channel_shuffle == 1
                 and not self.accumulate and not self.overrides
                 and csa.layout.blocked_fits(plan.spec, block_size(self.dtype, self.isa)))
+
+    def _grouped_on_blocks(self, plan):
+        """Whether an NCHW call runs grouped ``plan``'s convolution (the NCHW plan's, not
+        forced by overrides) on its blocked plan, which reads the NCHW planes, its output's
+        blocks reordered into the planes: one block of channels a group, in and out, a
+        filter larger than 1x1, an output plane of at most
+        ``tuning.grouped_blocked_max_plane`` pixels. There the NCHW plan's window tiles are
+        few and short for each group's few filters, where the blocked kernels' vectors hold a
+        group's channels whole: 1.09-1.86x with the reorder on the 25 such timm convolutions
+        (csa/TUNING.md, "Grouped convolutions on blocks"); a 1x1's FMAs do not pay for it."""
+        spec, lanes = plan.spec, block_size(self.dtype, self.isa)
+        return (isinstance(plan, csa.SlicingPlan) and spec.groups > 1
+                and spec.c_per_group == spec.k_per_group == lanes and spec.r * spec.s > 1
+                and spec.p * spec.q <= plan.machine.tuning.grouped_blocked_max_plane
+                and self.channel_shuffle == 1 and not self.overrides
+                and csa.layout.blocked_fits(spec, lanes))
 
     def _operands(self, plan, out_block=1):
         """(the filters, the bias) as ``plan`` reads them: a blocked depthwise plan's weight
@@ -325,6 +350,14 @@ class Conv2d:
         args.check_array("input", x)
         threads = get_num_threads()
         prepared = self._prepared(x.shape, x.dtype, threads)
+        if x.ndim == 4 and self._grouped_on_blocks(prepared.plan):
+            result = self._call_blocked(x, out, phases, "nchw", "nchw")
+            route = self._route(x.shape, "nchw", 1, "nchw", threads)
+            if (out is None and phases == ALL_PHASES and type(x) is np.ndarray
+                    and x.flags.c_contiguous and not route.reblock):
+                _remember(self._plain, (x.shape, x.dtype, threads, None),
+                          _plain_on_blocks_call(route, self.dtype))
+            return result
         batched = x.ndim == 4
         batch = x.shape[0] if batched else 1
         shape = (batch,) + prepared.image_output_shape
@@ -554,7 +587,7 @@ class Conv2d:
     def kernel_for(self, shape: Shape) -> Union[KernelSpec, DepthwiseSpec]:
         """The micro-kernel (``KernelSpec``, or ``DepthwiseSpec``) that runs inputs of
         ``shape``."""
-        return self._prepared(tuple(shape), self.dtype, get_num_threads()).kernel
+        return self._running(tuple(shape)).kernel
 
     def __reduce__(self):
         # a copy carries the filters, bias and arguments, not what this process made of them
@@ -635,6 +668,22 @@ def _plain_layout_call(route, nhwc, dtype):
         run(x.data if rows == 1 else x.data.reshape(merged(x.data.shape, rows)),
             data if rows == 1 else data.reshape(out_view))
         return data.reshape(n, p, q, k) if nhwc else Blocked.made(data, k)
+    return call
+
+
+def _plain_on_blocks_call(route, dtype):
+    """``call(x)`` (``Conv2d.__call__``) for a C-contiguous NCHW array of the shape ``route``
+    (a ``_Route`` on a blocked plan reading NCHW planes) was made for, where an NCHW call runs
+    that plan (``Conv2d._grouped_on_blocks``): its output's blocks reordered into a new NCHW
+    array."""
+    run = route.prepared.runner(route.weights, route.bias, route.threads)
+    n, k, p, q = route.out_shape
+    data_shape = (n, -(-k // route.lanes), p, q, route.lanes)
+
+    def call(x):
+        data = np.empty(data_shape, dtype)
+        run(x, data)
+        return Blocked.made(data, k).to_nchw()
     return call
 
 

@@ -1,6 +1,8 @@
 """Grouped convolutions (2 or more groups of more than one channel): every plan family on the
 shapes real networks and edge cases give, in every layout, against the NumPy reference; the
 same bits on any thread count; the plan the rules give a group of a few channels."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -141,3 +143,86 @@ def test_a_few_channels_per_group_run_direct_where_measured():
                   "n1c88h72w72k88r3s3p1u1g11"):     # a 72 x 72 plane
         assert not csa.variants.grouped_direct(ConvSpec.parse(other), avx2), other
     assert not csa.variants.grouped_direct(regnet, avx512)
+
+
+def test_small_planes_of_one_block_a_group_run_on_blocks_where_measured():
+    """An NCHW call runs the blocked plan (reading the planes, reordering the output's
+    blocks) for groups of one block of channels, in and out, a filter larger than 1x1 and
+    an output plane of at most the record's ``grouped_blocked_max_plane`` pixels (196 in the
+    AVX-512 record, measured on a Xeon; 0, never, where not measured)."""
+    conv = cso.Conv2d(np.ones((4, 2, 3, 3), np.float32), groups=2)   # (its dtype and ISA)
+    lanes = cso.layouts.block_size(np.dtype(np.float32), conv.isa)
+    machine = cso.host_machine()
+    measured = machine.with_(tuning=dataclasses.replace(machine.tuning,
+                                                        grouped_blocked_max_plane=196))
+
+    def on_blocks(name, machine=measured, conv=conv):
+        spec = ConvSpec.parse(name.format(c=20 * lanes, g=20, k=20 * lanes))
+        return conv._grouped_on_blocks(csa.analyze(spec, machine))
+    assert on_blocks("n1c{c}h14w14k{k}r3s3p1u1g{g}")
+    assert on_blocks("n1c{c}h28w28k{k}r3s3p1u2g{g}")        # 14 x 14 out
+    assert on_blocks("n1c{c}h7w7k{k}r5s5p2u1g{g}")
+    assert not on_blocks("n1c{c}h16w16k{k}r3s3p1u1g{g}")    # 256 pixels
+    assert not on_blocks("n1c{c}h14w14k{k}r1s1p0u1g{g}")    # 1x1
+    assert not on_blocks("n1c{c}h14w14k{k}r3s3p1u1g10")     # two blocks a group
+    assert not on_blocks("n1c{c}h14w14k{k}r3s3p1u1g1")
+    assert not on_blocks("n1c{c}h14w14k{k}r3s3p1u1g{g}", machine.with_(
+        tuning=dataclasses.replace(machine.tuning, grouped_blocked_max_plane=0)))
+    forced = cso.Conv2d(np.ones((4, 2, 3, 3), np.float32), groups=2,
+                        plan_overrides={"vectors_along": "windows"})
+    assert not on_blocks("n1c{c}h14w14k{k}r3s3p1u1g{g}", conv=forced)
+    assert csa.tuning.AVX512.grouped_blocked_max_plane == 196
+    assert csa.tuning.AVX2.grouped_blocked_max_plane == 0
+
+
+@pytest.mark.parametrize("case", [
+    # (N, C/lanes groups, H, W, R, stride, padding (t, b, l, r), dilation)
+    (1, 3, 14, 14, 3, 1, (1, 1, 1, 1), 1),
+    (2, 2, 13, 11, 3, 2, (1, 0, 2, 1), 1),
+    (1, 2, 7, 7, 5, 1, (2, 2, 2, 2), 1),
+    (1, 3, 12, 12, 3, 1, (2, 2, 2, 2), 2),
+])
+def test_an_nchw_call_on_blocks_matches_the_reference(rng, monkeypatch, case):
+    """The route through blocks, forced on whatever the host's record says: bias and
+    activation, stride, asymmetric padding, dilation, batches; ``out=`` contiguous or
+    strided, accumulation; the second call (its plain path) as the first; the same bits on
+    1 and 2 threads."""
+    n, groups, h, w, r, stride, pads, dilation = case
+    conv0 = cso.Conv2d(np.ones((1, 1, 1, 1), np.float32))
+    lanes = cso.layouts.block_size(np.dtype(np.float32), conv0.isa)
+    monkeypatch.setattr(cso.Conv2d, "_grouped_on_blocks", lambda self, plan: (
+        plan.spec.groups > 1 and plan.spec.c_per_group == lanes and self.channel_shuffle == 1
+        and not self.overrides))
+    c = groups * lanes
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = (rng.standard_normal((c, lanes, r, r)) / np.sqrt(lanes * r * r)).astype(np.float32)
+    b = rng.standard_normal(c).astype(np.float32)
+    geometry = dict(stride=(stride, stride), padding=pads, dilation=(dilation, dilation),
+                    groups=groups)
+    before = cso.get_num_threads()
+    try:
+        outputs = []
+        for threads in (1, 2):
+            cso.set_num_threads(threads)
+            conv = conv_of(wt, b, geometry, "silu")
+            first, second = conv(x), conv(x)
+            check(first, x, wt, b, geometry, "silu")
+            np.testing.assert_array_equal(second, first)
+            outputs.append(first)
+        np.testing.assert_array_equal(outputs[1], outputs[0])
+        conv = conv_of(wt, b, geometry)
+        expected = conv2d_reference(x, wt, b, **geometry)
+        out = np.full((2,) + expected.shape, np.nan, np.float32)[0]   # contiguous
+        assert conv(x, out=out) is out
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+        strided = np.full(expected.shape[:3] + (2 * expected.shape[3],), np.nan,
+                          np.float32)[..., ::2]
+        assert conv(x, out=strided) is strided
+        np.testing.assert_allclose(strided, expected, rtol=1e-5, atol=1e-5)
+        adding = conv_of(wt, None, geometry, accumulate=True)
+        total = np.ones(expected.shape, np.float32)
+        adding(x, out=total)
+        np.testing.assert_allclose(total, 1 + conv2d_reference(x, wt, None, **geometry),
+                                   rtol=1e-5, atol=1e-5)
+    finally:
+        cso.set_num_threads(before)
