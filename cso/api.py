@@ -213,8 +213,8 @@ class Conv2d:
                 and csa.layout.blocked_fits(plan.spec, block_size(self.dtype, self.isa)))
 
     def _grouped_on_blocks(self, plan):
-        """Whether an NCHW call runs grouped ``plan``'s convolution (the NCHW plan's, not
-        forced by overrides) on its blocked plan, which reads the NCHW planes, its output's
+        """Whether an NCHW call runs grouped ``plan``'s convolution (the NCHW plan's, neither
+        forced by overrides nor tuned) on its blocked plan, which reads the NCHW planes, its output's
         blocks reordered into the planes: one block of channels a group, in and out, a
         filter larger than 1x1, an output plane of at most
         ``tuning.grouped_blocked_max_plane`` pixels. There the NCHW plan's window tiles are
@@ -225,7 +225,7 @@ class Conv2d:
         return (isinstance(plan, csa.SlicingPlan) and spec.groups > 1
                 and spec.c_per_group == spec.k_per_group == lanes and spec.r * spec.s > 1
                 and spec.p * spec.q <= plan.machine.tuning.grouped_blocked_max_plane
-                and self.channel_shuffle == 1 and not self.overrides
+                and self.channel_shuffle == 1 and not self.overrides and not self.tune
                 and csa.layout.blocked_fits(spec, lanes))
 
     def _operands(self, plan, out_block=1):
