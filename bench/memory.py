@@ -20,9 +20,9 @@ def peak_extra(run, x):
     next (shared by every layer the thread runs), which a thread's first call makes."""
     run(x)   # compiled, planned and packed before tracing
     found = []
+    thread = threading.Thread(target=lambda: found.append(run(x)))   # (made before tracing)
     tracemalloc.start()
     try:
-        thread = threading.Thread(target=lambda: found.append(run(x)))
         thread.start()
         thread.join()
         peak = tracemalloc.get_traced_memory()[1]

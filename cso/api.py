@@ -221,12 +221,13 @@ class Conv2d:
         few and short for each group's few filters, where the blocked kernels' vectors hold a
         group's channels whole: 1.09-1.86x with the reorder on the 25 such timm convolutions
         (csa/TUNING.md, "Grouped convolutions on blocks"); a 1x1's FMAs do not pay for it."""
-        spec, lanes = plan.spec, block_size(self.dtype, self.isa)
-        return (isinstance(plan, csa.SlicingPlan) and spec.groups > 1
-                and spec.c_per_group == spec.k_per_group == lanes and spec.r * spec.s > 1
-                and spec.p * spec.q <= plan.machine.tuning.grouped_blocked_max_plane
-                and self.channel_shuffle == 1 and not self.overrides and not self.tune
-                and csa.layout.blocked_fits(spec, lanes))
+        spec = plan.spec
+        if not (isinstance(plan, csa.SlicingPlan) and spec.groups > 1 and spec.r * spec.s > 1
+                and spec.p * spec.q <= plan.machine.tuning.grouped_blocked_max_plane):
+            return False   # (most calls: decided without the lanes)
+        lanes = block_size(self.dtype, self.isa)
+        return (spec.c_per_group == spec.k_per_group == lanes and self.channel_shuffle == 1
+                and not self.overrides and not self.tune and csa.layout.blocked_fits(spec, lanes))
 
     def _operands(self, plan, out_block=1):
         """(the filters, the bias) as ``plan`` reads them: a blocked depthwise plan's weight

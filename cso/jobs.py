@@ -162,7 +162,7 @@ def new_workspace(elements, dtype):
 # one made and dropped each call could page-fault every page it touched, call after call (a
 # 1x1 with 392 KiB of workspace, alone in a process: 164 faults a call, 2.7x its time)
 REUSED_WORKSPACE_BYTES = 64 << 20
-KEPT_WORKSPACE_MIN_BYTES = 65536   # the smallest kept, so that small layers' needs make one
+KEPT_WORKSPACE_MIN_BYTES = 4096   # the smallest kept (a page): small needs grow it little
 
 
 class _Kept(threading.local):
