@@ -109,6 +109,23 @@ def blocked_fits(spec, lanes):
             or spec.c_per_group == spec.k_per_group == 1)
 
 
+MERGED_GROUPS_MAX = 4   # groups a block at most: the merged filters' zeros cost (m-1)/m of the FMAs
+
+
+def merged_groups(spec, lanes):
+    """How many consecutive groups of ``spec`` a blocked plan runs as one group (m), their
+    filters zero on the other groups' channels, where a group's channels and filters are a
+    part of a block (8 on blocks of 16): the fewest groups that fill whole blocks, at most
+    ``MERGED_GROUPS_MAX``, the groups coming in whole merges. 1 where none is merged: a
+    convolution ``blocked_fits``, a 1x1 (its FMAs are all it has: every zero costs one),
+    groups that do not divide a block, or too few channels a group."""
+    if (spec.groups == 1 or spec.r * spec.s == 1 or blocked_fits(spec, lanes)
+            or lanes % spec.c_per_group or lanes % spec.k_per_group):
+        return 1
+    m = lanes // min(spec.c_per_group, spec.k_per_group)
+    return m if m <= MERGED_GROUPS_MAX and spec.groups % m == 0 else 1
+
+
 def reads_in_place(spec):
     """A blocked plan reads its windows from the input's blocks themselves when the
     convolution has no padding (every tap of every window inside), else from a slab: the

@@ -13,10 +13,11 @@ from typing import NamedTuple, Optional, Union
 import numpy as np
 
 import csa
+from csa.variants import GROUPED_CHANNELS
 from microkernels import ACCUMULATE, ACTIVATE, BIAS, DepthwiseSpec, KernelSpec
 from microkernels.aligned import LINE, aligned_empty
 from microkernels.once import fork_safe_lock
-from packing import pack_filters, repack_filters, unpack_filters
+from packing import merge_groups, pack_filters, repack_filters, unpack_filters
 
 from . import arguments as args
 from . import autotune
@@ -94,10 +95,12 @@ class Conv2d:
         self.bias = np.empty(0, self.dtype) if bias is None else np.array(bias, copy=True)
         self._by_shape = {}
         self._routes = {}
+        self._on_blocks = {}   # (shape, threads) -> ``_nchw_on_blocks``
         # (shape, dtype, threads, layout: None, "nhwc", or a Blocked's channels) -> the plain
         # call of such inputs (__call__)
         self._plain = {}
         self._padded_bias = None
+        self._merged_twin = None   # (``_merged``)
         # what a copy is built from besides the filters and bias (pickling, ``copy.deepcopy``)
         self._arguments = dict(
             stride=self.stride, dilation=self.dilation, groups=self.groups,
@@ -147,12 +150,35 @@ class Conv2d:
 
     def _running(self, shape):
         """The ``Prepared`` an NCHW call on ``shape`` runs: the NCHW plan's, or the blocked
-        plan's where the call runs on blocks (``_grouped_on_blocks``)."""
+        plan's where the call runs on blocks (``_nchw_on_blocks``)."""
         threads = get_num_threads()
-        prepared = self._prepared(shape, self.dtype, threads)
-        if len(shape) == 4 and self._grouped_on_blocks(prepared.plan):
-            return self._route(shape, "nchw", 1, "nchw", threads).prepared
-        return prepared
+        on_blocks = self._nchw_on_blocks(shape, threads)
+        if on_blocks is not None:
+            return on_blocks._route(shape, "nchw", 1, "nchw", threads).prepared
+        return self._prepared(shape, self.dtype, threads)
+
+    def _nchw_on_blocks(self, shape, threads):
+        """The ``Conv2d`` whose blocked plan runs NCHW calls on ``shape`` (reading the
+        planes, its output's blocks reordered into the planes), or None (the NCHW plan runs
+        them): this one (``_grouped_on_blocks``), or, for groups of fewer channels than any
+        direct NCHW plan takes (``csa.variants.GROUPED_CHANNELS``), the one of its groups
+        merged onto blocks (``_merged``) where that one's groups are one block each: 4
+        channels a group 1.2x at 1 thread, 1.5x at 2; 8, whose NCHW plans hold their own
+        (0.78-1.4x), keep them (csa/TUNING.md, "Groups merged onto blocks")."""
+        if len(shape) != 4 or self.groups == 1 or self.tune or self.overrides:
+            return None
+        key = (shape, threads)
+        if key in self._on_blocks:
+            return self._on_blocks[key]
+        plan = self._plan_for(self.spec_for(shape), threads)
+        found = self if self._grouped_on_blocks(plan) else None
+        if found is None and plan.spec.c_per_group < GROUPED_CHANNELS[0]:
+            twin = self._merged(plan.spec, threads)
+            if twin is not None and twin._grouped_on_blocks(
+                    twin._plan_for(twin.spec_for(shape), threads)):
+                found = twin
+        _remember(self._on_blocks, key, found)
+        return found
 
     def _prepared(self, shape, dtype, threads, blocks=None):
         """Everything a call on ``shape`` with up to ``threads`` threads needs that does not
@@ -228,6 +254,35 @@ class Conv2d:
         lanes = block_size(self.dtype, self.isa)
         return (spec.c_per_group == spec.k_per_group == lanes and self.channel_shuffle == 1
                 and not self.overrides and not self.tune and csa.layout.blocked_fits(spec, lanes))
+
+    def _merged(self, spec, threads):
+        """The ``Conv2d`` of this convolution with its groups merged onto blocks
+        (``csa.layout.merged_groups``: 8 channels a group on blocks of 16, two groups a block,
+        their filters zero on each other's channels), which runs its blocked and channels-last
+        calls, and some NCHW ones (``_nchw_on_blocks``); or None. For grouped ``spec``s whose
+        groups do not start on blocks, a filter larger than 1x1, an output plane of at most
+        ``tuning.merged_groups_max_plane`` pixels (``threads``' plan's): there the blocked kernels
+        on whole blocks, zeros included, outrun the NCHW plan with its input and output
+        reordered, 1.2-5x (csa/TUNING.md, "Groups merged onto blocks"). Made at the first
+        such call: its packed filters are m times this one's."""
+        m = csa.layout.merged_groups(spec, block_size(self.dtype, self.isa))
+        if (m == 1 or self.tune or self.overrides or self.channel_shuffle > 1
+                or spec.p * spec.q > self._plan_for(
+                    spec, threads).machine.tuning.merged_groups_max_plane):
+            return None
+        if self._merged_twin is None:
+            with _tables:
+                any_packed = next(iter(self._packed.values()))
+            weight = merge_groups(unpack_filters(any_packed, self.weight_shape[0]),
+                                  self.groups, m)
+            twin = Conv2d(weight, self.bias if self.bias.size else None,
+                          **dict(self._arguments, groups=self.groups // m, input_shape=None,
+                                 input_layout="nchw"))
+            twin._plain = self._plain   # (either one's calls compute this convolution)
+            with _tables:
+                if self._merged_twin is None:
+                    self._merged_twin = twin
+        return self._merged_twin
 
     def _operands(self, plan, out_block=1):
         """(the filters, the bias) as ``plan`` reads them: a blocked depthwise plan's weight
@@ -307,6 +362,10 @@ class Conv2d:
         threads, lanes = get_num_threads(), block_size(self.dtype, self.isa)
         spec = self.spec_for(shape)
         plan, rows = self._blocked_plan(spec, lanes, threads)
+        if plan is None:
+            twin = self._merged(spec, threads)
+            if twin is not None:
+                return twin.bound_blocked(shape, in_block)
         if plan is None or not reads_blocks(plan, in_block):
             raise ValueError(f"{spec} has no blocked plan reading blocks of {in_block} "
                              f"channels (blocks of {lanes}, groups {self.groups})")
@@ -350,15 +409,16 @@ class Conv2d:
             return self._call_blocked(x, out, phases, in_layout, out_layout)
         args.check_array("input", x)
         threads = get_num_threads()
-        prepared = self._prepared(x.shape, x.dtype, threads)
-        if x.ndim == 4 and self._grouped_on_blocks(prepared.plan):
-            result = self._call_blocked(x, out, phases, "nchw", "nchw")
-            route = self._route(x.shape, "nchw", 1, "nchw", threads)
+        on_blocks = self._nchw_on_blocks(x.shape, threads) if x.dtype == self.dtype else None
+        if on_blocks is not None:
+            result = on_blocks._call_blocked(x, out, phases, "nchw", "nchw")
+            route = on_blocks._route(x.shape, "nchw", 1, "nchw", threads)
             if (out is None and phases == ALL_PHASES and type(x) is np.ndarray
                     and x.flags.c_contiguous and not route.reblock):
                 _remember(self._plain, (x.shape, x.dtype, threads, None),
                           _plain_on_blocks_call(route, self.dtype))
             return result
+        prepared = self._prepared(x.shape, x.dtype, threads)
         batched = x.ndim == 4
         batch = x.shape[0] if batched else 1
         shape = (batch,) + prepared.image_output_shape
@@ -466,6 +526,8 @@ class Conv2d:
         shape = xb.shape if isinstance(xb, Blocked) else x.shape
         in_block = 1 if in_layout == "nchw" else xb.block
         route = self._route(shape, in_layout, in_block, out_layout, get_num_threads())
+        if route.merged is not None:
+            return route.merged._call_blocked(x, out, phases, in_layout, out_layout)
         if (in_layout == out_layout == "blocked" and out is None
                 and not self.accumulate and (shape[0] == 1 or xb.channels % in_block == 0)
                 and self._one_pixel((shape[0], *shape[2:], shape[1]))
@@ -521,7 +583,8 @@ class Conv2d:
         """How calls on an input of ``shape`` (N, C, H, W) in ``in_layout`` (blocks of
         ``in_block`` channels) with an ``out_layout`` output run, decided once per such call
         (a table bounded as ``_prepared``'s): a ``_Route`` whose ``prepared`` is
-        the blocked plan's, or None where the convolution runs on the NCHW plan."""
+        the blocked plan's, or None where the convolution runs on the NCHW plan or on that
+        of its groups merged onto blocks (``merged``)."""
         key = (shape, in_layout, in_block, out_layout, threads)
         found = self._routes.get(key)
         if found is not None:
@@ -533,14 +596,15 @@ class Conv2d:
         plan, rows = self._blocked_plan(spec, lanes, threads,
                                         self._plan_layout((in_block, out_block), spec))
         if plan is None:
-            found = _Route(lanes, out_shape, None, False, lanes, rows, None, None, threads)
+            found = _Route(lanes, out_shape, None, False, lanes, rows, None, None, threads,
+                           self._merged(spec, threads))
         else:
             reblock = not reads_blocks(plan, in_block)
             in_block = lanes if reblock else in_block
             prepared = self._prepared(merged(shape, rows), self.dtype, threads,
                                       (in_block, out_block))
             found = _Route(lanes, out_shape, prepared, reblock, out_block, rows,
-                           *self._operands(plan, out_block), threads)
+                           *self._operands(plan, out_block), threads, None)
         _remember(self._routes, key, found)
         return found
 
@@ -623,7 +687,8 @@ class _Route(NamedTuple):
     """A ``Conv2d._route``: the kernels' block (``lanes``), the output's NCHW shape, the
     blocked plan's ``Prepared`` (None: the NCHW plan runs, with reorders around it), whether
     the input is re-blocked first, the output's block, the plane's rows run as one (a plain
-    1x1's), the filters and bias as the plan reads them and the thread count."""
+    1x1's), the filters and bias as the plan reads them, the thread count, and the
+    ``Conv2d`` of the groups merged onto blocks that runs the call instead (``_merged``)."""
     lanes: int
     out_shape: tuple
     prepared: Optional[Prepared]
@@ -633,6 +698,7 @@ class _Route(NamedTuple):
     weights: Optional[np.ndarray]
     bias: Optional[np.ndarray]
     threads: int
+    merged: Optional["Conv2d"]
 
 
 def _plain_call(run, shape, dtype, nchw=None):

@@ -57,3 +57,16 @@ def unpack_filters(packed, k):
     k_g = k // groups
     tiles = packed.transpose(0, 1, 5, 2, 3, 4).reshape(groups, t_w * nf, c_g, r, s)
     return np.ascontiguousarray(tiles[:, :k_g].reshape(k, c_g, r, s))
+
+
+def merge_groups(w, groups, m):
+    """OIHW weights ``w`` of ``groups`` groups as those of groups // ``m`` groups, each the
+    ``m`` consecutive groups it merges: a filter's weights at its own group's channels, zero
+    at the others' (block-diagonal). The convolution, filters and output channels in the
+    same order, is the same."""
+    k, c_g = w.shape[:2]
+    merged = np.zeros((k, m * c_g) + w.shape[2:], w.dtype)
+    place = np.arange(k) // (k // groups) % m   # each filter's group's place in its merge
+    for j in range(m):
+        merged[place == j, j * c_g:(j + 1) * c_g] = w[place == j]
+    return merged

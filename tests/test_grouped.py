@@ -8,6 +8,7 @@ import pytest
 
 import csa
 import cso
+import packing
 from csa import ConvSpec
 
 from .machines import ZEN3, ZEN5
@@ -226,3 +227,149 @@ def test_an_nchw_call_on_blocks_matches_the_reference(rng, monkeypatch, case):
                                    rtol=1e-5, atol=1e-5)
     finally:
         cso.set_num_threads(before)
+
+
+def test_groups_of_part_of_a_block_merge_into_whole_blocks():
+    """``csa.layout.merged_groups``: the fewest consecutive groups whose channels and
+    filters fill whole blocks, at most MERGED_GROUPS_MAX, the groups coming in whole merges."""
+    def merged(name, lanes=16):
+        return csa.layout.merged_groups(ConvSpec.parse(name), lanes)
+    assert merged("n1c368h7w7k368r3s3p1u1g46") == 2            # 8 channels a group
+    assert merged("n1c416h14w14k416r3s3p1u1g104") == 4         # 4
+    assert merged("n1c512h14w14k1024r3s3p1u1g64") == 2         # 8 in, 16 out
+    assert merged("n1c256h28w28k512r3s3p1u1g64") == 4          # 4 in, 8 out
+    assert merged("n1c1024h14w14k512r3s3p1u1g64") == 2         # 16 in, 8 out
+    assert merged("n1c416h14w14k416r3s3p1u1g104", lanes=8) == 2
+    assert merged("n1c96h14w14k96r3s3p1u1g12", lanes=8) == 1   # whole blocks: no merge
+    assert merged("n1c360h7w7k360r3s3p1u1g45") == 1            # 45 groups: not in pairs
+    assert merged("n1c512h16w16k512r3s3p1u1g256") == 1         # 2 a group: 8 a block
+    assert merged("n1c368h7w7k368r1s1p0u1g46") == 1            # a 1x1
+    assert merged("n1c480h14w14k480r3s3p1u1g20") == 1          # 24 a group: not in a block
+    assert merged("n1c256h14w14k512r3s3p1u1g256") == 1         # 1 in, 2 out
+    assert merged("n1c64h14w14k64r3s3p1u1g64") == 1            # depthwise
+    assert merged("n1c64h14w14k64r3s3p1u1g1") == 1
+
+
+@pytest.mark.parametrize("m", [2, 4])
+def test_merged_filters_are_the_same_convolution(rng, m):
+    """``packing.merge_groups``: G groups' filters as G/m groups', zero off each filter's own
+    group's channels; the convolution (float64) and the order of its outputs unchanged."""
+    x = rng.standard_normal((1, 24, 5, 6))
+    w = rng.standard_normal((36, 2, 3, 3))   # 12 groups: 2 channels, 3 filters a group
+    merged = packing.merge_groups(w, 12, m)
+    assert merged.shape == (36, 2 * m, 3, 3)
+    assert np.count_nonzero(merged) == np.count_nonzero(w)
+    np.testing.assert_allclose(conv2d_reference(x, merged, padding=(1, 1, 1, 1), groups=12 // m),
+                               conv2d_reference(x, w, padding=(1, 1, 1, 1), groups=12),
+                               rtol=1e-12, atol=1e-12)
+
+
+def lifted_plans(monkeypatch, **fields):
+    """``cso.host.plan`` on a machine whose record has ``fields``: a rule the host's record
+    leaves off (0), forced on, the rest of the record as it is."""
+    def plan(spec, isa_name, overrides, threads, layout="nchw"):
+        machine = cso.host_machine(isa_name)
+        machine = machine.with_(tuning=dataclasses.replace(machine.tuning, **fields))
+        return csa.analyze(spec, machine, threads=threads, layout=layout, **dict(overrides))
+    monkeypatch.setattr(cso.host, "plan", plan)
+
+
+@pytest.mark.parametrize("case", [
+    # (N, C/groups as a fraction of the lanes, groups, H, W, R, stride, padding, dilation, K/C)
+    (1, 2, 6, 7, 7, 3, 1, (1, 1, 1, 1), 1, 1),
+    (2, 4, 8, 13, 11, 3, 2, (1, 0, 2, 1), 1, 1),
+    (1, 2, 4, 9, 9, 5, 1, (2, 2, 2, 2), 1, 2),
+    (1, 4, 4, 12, 12, 3, 1, (2, 2, 2, 2), 2, 1),
+])
+def test_groups_merged_onto_blocks_match_the_reference(rng, monkeypatch, case):
+    """Groups of half or a quarter of a block, merged onto whole blocks (forced on whatever
+    the host's record says), in every pairing of layouts: bias and SiLU, stride, asymmetric
+    padding, dilation, batches, more filters than channels a group; ``out=`` and
+    accumulation; the second (plain) call as the first; the same bits on 1 and 2 threads."""
+    n, fraction, groups, h, w, r, stride, pads, dilation, k_scale = case
+    lifted_plans(monkeypatch, merged_groups_max_plane=10 ** 6, grouped_blocked_max_plane=10 ** 6)
+    lanes = cso.layouts.block_size(np.dtype(np.float32))
+    c_g = max(lanes // fraction, 2)
+    c, k = groups * c_g, groups * c_g * k_scale
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = (rng.standard_normal((k, c_g, r, r)) / np.sqrt(c_g * r * r)).astype(np.float32)
+    b = rng.standard_normal(k).astype(np.float32)
+    geometry = dict(stride=(stride, stride), padding=pads, dilation=(dilation, dilation),
+                    groups=groups)
+    expected = silu(conv2d_reference(x, wt, b, **geometry))
+    values = {"nchw": (x, {}), "blocked": (cso.Blocked.from_nchw(x), {}),
+              "nhwc": (np.ascontiguousarray(x.transpose(0, 2, 3, 1)), {"layout": "nhwc"})}
+
+    def nchw(y, layout):
+        return (y.to_nchw() if layout == "blocked" else
+                y.transpose(0, 3, 1, 2) if layout == "nhwc" else y)
+    before = cso.get_num_threads()
+    try:
+        outputs = []
+        for threads in (1, 2):
+            cso.set_num_threads(threads)
+            conv = conv_of(wt, b, geometry, "silu")
+            got = {}
+            for in_layout, (value, kwargs) in values.items():
+                for out_layout in ("nchw", "blocked", "nhwc"):
+                    first = conv(value, out_layout=out_layout, **kwargs)
+                    second = conv(value, out_layout=out_layout, **kwargs)
+                    got[in_layout, out_layout] = nchw(first, out_layout)
+                    np.testing.assert_array_equal(nchw(second, out_layout),
+                                                  got[in_layout, out_layout])
+                    np.testing.assert_allclose(got[in_layout, out_layout], expected, rtol=2e-5,
+                                               atol=2e-5, err_msg=f"{in_layout} -> {out_layout}")
+            assert conv._merged_twin is not None
+            # an NCHW call runs merged for groups of fewer than 8 channels, as many filters,
+            # merged into several groups of a block
+            spec = conv.plan_for(x.shape).spec
+            nchw_merged = c_g < 8 and k_scale == 1 and groups * c_g > lanes
+            assert spec.groups == (groups * c_g // lanes if nchw_merged else groups)
+            outputs.append(got)
+        assert all(np.array_equal(outputs[1][key], outputs[0][key]) for key in outputs[0])
+        conv = conv_of(wt, None, geometry, accumulate=True)
+        plain = conv2d_reference(x, wt, None, **geometry)
+        residual = rng.standard_normal(plain.shape).astype(np.float32)
+        out = cso.Blocked.from_nchw(residual)
+        assert conv(values["blocked"][0], out=out) is out
+        np.testing.assert_allclose(out.to_nchw(), residual + plain, rtol=2e-5, atol=2e-5)
+        total = residual.copy()
+        assert conv(x, out=total) is total
+        np.testing.assert_allclose(total, residual + plain, rtol=2e-5, atol=2e-5)
+        bound = conv_of(wt, b, geometry, "silu").bound_blocked(x.shape, 1)
+        data = np.full(bound.out_shape, np.nan, np.float32)
+        bound(x, data)
+        np.testing.assert_allclose(cso.Blocked(data, k).to_nchw(), expected, rtol=2e-5,
+                                   atol=2e-5)
+    finally:
+        cso.set_num_threads(before)
+
+
+def test_groups_merge_onto_blocks_where_measured(monkeypatch):
+    """Blocked and channels-last calls run the merged groups' plan on planes of at most the
+    record's ``merged_groups_max_plane`` outputs (1024 in the AVX-512 and AVX2 records, 0,
+    never, in others); an NCHW call only for groups of fewer than 8 channels, where that
+    plan's groups are one block each on a plane of at most ``grouped_blocked_max_plane``."""
+    lanes = cso.layouts.block_size(np.dtype(np.float32))
+
+    def merges(c_g, h, layout, **fields):
+        lifted_plans(monkeypatch, **fields)
+        groups = 2 * (lanes // c_g)
+        conv = cso.Conv2d(np.ones((groups * c_g, c_g, 3, 3), np.float32), padding=1,
+                          groups=groups)
+        x = np.ones((1, groups * c_g, h, h), np.float32)
+        if layout == "nchw":   # (the plan that runs it)
+            return conv.plan_for(x.shape).spec.groups != groups
+        conv(cso.Blocked.from_nchw(x))
+        return conv._merged_twin is not None
+    on = dict(merged_groups_max_plane=1024, grouped_blocked_max_plane=196)
+    assert merges(lanes // 2, 32, "blocked", **on)
+    assert not merges(lanes // 2, 33, "blocked", **on)           # 1089 outputs
+    assert not merges(lanes // 2, 8, "blocked", merged_groups_max_plane=0)
+    few = max(lanes // 4, 2)
+    assert merges(few, 14, "nchw", **on)
+    assert not merges(few, 15, "nchw", **on)                    # 225 outputs
+    assert merges(lanes // 2, 14, "nchw", **on) == (lanes // 2 < 8)
+    assert csa.tuning.AVX512.merged_groups_max_plane == 1024
+    assert csa.tuning.AVX2.merged_groups_max_plane == 1024
+    assert csa.tuning.NEON.merged_groups_max_plane == 0
