@@ -116,14 +116,24 @@ def merged_groups(spec, lanes):
     """How many consecutive groups of ``spec`` a blocked plan runs as one group (m), their
     filters zero on the other groups' channels, where a group's channels and filters are a
     part of a block (8 on blocks of 16): the fewest groups that fill whole blocks, at most
-    ``MERGED_GROUPS_MAX``, the groups coming in whole merges. 1 where none is merged: a
-    convolution ``blocked_fits``, a 1x1 (its FMAs are all it has: every zero costs one),
-    groups that do not divide a block, or too few channels a group."""
+    ``MERGED_GROUPS_MAX``. The groups come in whole merges, or, where a group has as many
+    filters as channels (its merges' blocks in and out the same), the last merge is padded
+    with zero groups (``padded_groups``). 1 where none is merged: a convolution
+    ``blocked_fits``, a 1x1 (its FMAs are all it has: every zero costs one), groups that do
+    not divide a block, or too few channels a group."""
     if (spec.groups == 1 or spec.r * spec.s == 1 or blocked_fits(spec, lanes)
             or lanes % spec.c_per_group or lanes % spec.k_per_group):
         return 1
     m = lanes // min(spec.c_per_group, spec.k_per_group)
-    return m if m <= MERGED_GROUPS_MAX and spec.groups % m == 0 else 1
+    whole = spec.groups % m == 0 or spec.c_per_group == spec.k_per_group
+    return m if m <= MERGED_GROUPS_MAX and whole else 1
+
+
+def padded_groups(spec, m):
+    """Zero groups that pad ``spec``'s last merge of ``m`` groups (``merged_groups``): the
+    merged convolution's extra channels and filters are the padding lanes of the last
+    block, in and out."""
+    return -spec.groups % m
 
 
 def reads_in_place(spec):

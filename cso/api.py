@@ -174,7 +174,7 @@ class Conv2d:
         found = self if self._grouped_on_blocks(plan) else None
         if found is None and plan.spec.c_per_group < GROUPED_CHANNELS[0]:
             twin = self._merged(plan.spec, threads)
-            if twin is not None and twin._grouped_on_blocks(
+            if twin is not None and not self._padded_merge(twin) and twin._grouped_on_blocks(
                     twin._plan_for(twin.spec_for(shape), threads)):
                 found = twin
         _remember(self._on_blocks, key, found)
@@ -264,7 +264,9 @@ class Conv2d:
         ``tuning.merged_groups_max_plane`` pixels (``threads``' plan's): there the blocked kernels
         on whole blocks, zeros included, outrun the NCHW plan with its input and output
         reordered, 1.2-5x (csa/TUNING.md, "Groups merged onto blocks"). Made at the first
-        such call: its packed filters are m times this one's."""
+        such call: its packed filters are m times this one's. Where the last merge is padded
+        with zero groups (``csa.layout.padded_groups``), it has more channels and filters
+        (``_padded_merge``): the padding lanes of this one's blocks."""
         m = csa.layout.merged_groups(spec, block_size(self.dtype, self.isa))
         if (m == 1 or self.tune or self.overrides or self.channel_shuffle > 1
                 or spec.p * spec.q > self._plan_for(
@@ -273,16 +275,43 @@ class Conv2d:
         if self._merged_twin is None:
             with _tables:
                 any_packed = next(iter(self._packed.values()))
-            weight = merge_groups(unpack_filters(any_packed, self.weight_shape[0]),
-                                  self.groups, m)
-            twin = Conv2d(weight, self.bias if self.bias.size else None,
-                          **dict(self._arguments, groups=self.groups // m, input_shape=None,
+            weight, bias = unpack_filters(any_packed, self.weight_shape[0]), self.bias
+            padding = csa.layout.padded_groups(spec, m) * spec.k_per_group   # zero filters
+            if padding:
+                weight = np.concatenate([weight, np.zeros((padding,) + weight.shape[1:],
+                                                          self.dtype)])
+                bias = np.concatenate([bias, np.zeros(padding, self.dtype)]) if bias.size \
+                    else bias
+            groups = weight.shape[0] // spec.k_per_group
+            twin = Conv2d(merge_groups(weight, groups, m), bias if bias.size else None,
+                          **dict(self._arguments, groups=groups // m, input_shape=None,
                                  input_layout="nchw"))
-            twin._plain = self._plain   # (either one's calls compute this convolution)
+            if not padding:   # (either one's calls compute this convolution)
+                twin._plain = self._plain
             with _tables:
                 if self._merged_twin is None:
                     self._merged_twin = twin
         return self._merged_twin
+
+    def _padded_merge(self, twin):
+        """Whether ``twin`` (``_merged``) has zero groups past this one's: it runs only
+        blocked calls on blocks of its lanes, whose padding lanes are its extra channels."""
+        return twin.weight_shape[0] != self.weight_shape[0]
+
+    def _call_padded_merge(self, twin, xb, out, phases):
+        """A blocked call (``_call_blocked``) of ``xb`` run by ``twin``, whose zero groups
+        read and write the padding lanes of the last blocks (finite values, read into no
+        result): the same blocks seen with its channels. Its plain calls are this one's,
+        on the channels seen as these."""
+        c, k = twin.weight_shape[1] * twin.groups, twin.weight_shape[0]
+        result = twin._call_blocked(Blocked.made(xb.data, c), None if out is None else
+                                    Blocked.made(out.data, k), phases, "blocked", "blocked")
+        key = (xb.data.shape, xb.dtype, get_num_threads())
+        plain = twin._plain.get(key + (c,))
+        if plain is not None and out is None and phases == ALL_PHASES:
+            _remember(self._plain, key + (xb.channels,), _padded_plain_call(
+                plain, c, self.weight_shape[0]))
+        return out if out is not None else Blocked.made(result.data, self.weight_shape[0])
 
     def _operands(self, plan, out_block=1):
         """(the filters, the bias) as ``plan`` reads them: a blocked depthwise plan's weight
@@ -364,8 +393,11 @@ class Conv2d:
         plan, rows = self._blocked_plan(spec, lanes, threads)
         if plan is None:
             twin = self._merged(spec, threads)
-            if twin is not None:
+            if twin is not None and not self._padded_merge(twin):
                 return twin.bound_blocked(shape, in_block)
+            if twin is not None and in_block == lanes:   # the same data, its channels
+                return twin.bound_blocked((shape[0], twin.weight_shape[1] * twin.groups)
+                                          + shape[2:], in_block)
         if plan is None or not reads_blocks(plan, in_block):
             raise ValueError(f"{spec} has no blocked plan reading blocks of {in_block} "
                              f"channels (blocks of {lanes}, groups {self.groups})")
@@ -510,7 +542,9 @@ class Conv2d:
         """``_call`` where the input or the output is not NCHW: on a blocked plan, the input
         read as it is (NCHW, channels last, or blocks the kernels can read; other blocks are
         re-blocked) and the output written in the kernels' blocks, or channels last; on the
-        NCHW plan with reorders around it for convolutions a blocked plan cannot take."""
+        blocked plan of the groups merged onto blocks (``_merged``) for groups of part of a
+        block; on the NCHW plan with reorders around it for convolutions a blocked plan
+        cannot take."""
         if in_layout == "nchw" or in_layout == "nhwc":
             args.check_array("input", x)
             if x.ndim != 4:
@@ -526,8 +560,6 @@ class Conv2d:
         shape = xb.shape if isinstance(xb, Blocked) else x.shape
         in_block = 1 if in_layout == "nchw" else xb.block
         route = self._route(shape, in_layout, in_block, out_layout, get_num_threads())
-        if route.merged is not None:
-            return route.merged._call_blocked(x, out, phases, in_layout, out_layout)
         if (in_layout == out_layout == "blocked" and out is None
                 and not self.accumulate and (shape[0] == 1 or xb.channels % in_block == 0)
                 and self._one_pixel((shape[0], *shape[2:], shape[1]))
@@ -540,6 +572,10 @@ class Conv2d:
         if out is None and self.accumulate:
             raise ValueError(f"accumulate=True adds to out: pass out= (of shape {out_shape} "
                              f"as NCHW, layout {out_layout!r})")
+        if route.merged is not None:
+            if self._padded_merge(route.merged):
+                return self._call_padded_merge(route.merged, xb, out, phases)
+            return route.merged._call_blocked(x, out, phases, in_layout, out_layout)
         if route.prepared is None:   # NCHW in between
             acc = to_nchw(out, out_layout) if self.accumulate else None
             result = self._call(to_nchw(xb, in_layout), acc, phases)
@@ -596,8 +632,12 @@ class Conv2d:
         plan, rows = self._blocked_plan(spec, lanes, threads,
                                         self._plan_layout((in_block, out_block), spec))
         if plan is None:
+            twin = self._merged(spec, threads)
+            if twin is not None and self._padded_merge(twin) and not (
+                    in_layout == out_layout == "blocked" and in_block == lanes):
+                twin = None   # (its channels are the padding lanes of blocks of its lanes)
             found = _Route(lanes, out_shape, None, False, lanes, rows, None, None, threads,
-                           self._merged(spec, threads))
+                           twin)
         else:
             reblock = not reads_blocks(plan, in_block)
             in_block = lanes if reblock else in_block
@@ -751,6 +791,15 @@ def _plain_on_blocks_call(route, dtype):
         data = np.empty(data_shape, dtype)
         run(x, data)
         return Blocked.made(data, k).to_nchw()
+    return call
+
+
+def _padded_plain_call(plain, c, k):
+    """``call(xb)`` (``Conv2d.__call__``) of a ``Blocked`` run by the plain call ``plain`` of
+    a merge padded with zero groups (``Conv2d._call_padded_merge``): its blocks seen with
+    ``c`` channels, the output's with ``k``."""
+    def call(xb):
+        return Blocked.made(plain(Blocked.made(xb.data, c)).data, k)
     return call
 
 

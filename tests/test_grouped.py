@@ -231,7 +231,8 @@ def test_an_nchw_call_on_blocks_matches_the_reference(rng, monkeypatch, case):
 
 def test_groups_of_part_of_a_block_merge_into_whole_blocks():
     """``csa.layout.merged_groups``: the fewest consecutive groups whose channels and
-    filters fill whole blocks, at most MERGED_GROUPS_MAX, the groups coming in whole merges."""
+    filters fill whole blocks, at most MERGED_GROUPS_MAX, the groups coming in whole merges
+    or, as many filters as channels a group, the last merge padded with zero groups."""
     def merged(name, lanes=16):
         return csa.layout.merged_groups(ConvSpec.parse(name), lanes)
     assert merged("n1c368h7w7k368r3s3p1u1g46") == 2            # 8 channels a group
@@ -241,7 +242,8 @@ def test_groups_of_part_of_a_block_merge_into_whole_blocks():
     assert merged("n1c1024h14w14k512r3s3p1u1g64") == 2         # 16 in, 8 out
     assert merged("n1c416h14w14k416r3s3p1u1g104", lanes=8) == 2
     assert merged("n1c96h14w14k96r3s3p1u1g12", lanes=8) == 1   # whole blocks: no merge
-    assert merged("n1c360h7w7k360r3s3p1u1g45") == 1            # 45 groups: not in pairs
+    assert merged("n1c360h7w7k360r3s3p1u1g45") == 2            # the last pair padded
+    assert merged("n1c360h7w7k720r3s3p1u1g45") == 1            # 16 filters: not padded
     assert merged("n1c512h16w16k512r3s3p1u1g256") == 1         # 2 a group: 8 a block
     assert merged("n1c368h7w7k368r1s1p0u1g46") == 1            # a 1x1
     assert merged("n1c480h14w14k480r3s3p1u1g20") == 1          # 24 a group: not in a block
@@ -373,3 +375,60 @@ def test_groups_merge_onto_blocks_where_measured(monkeypatch):
     assert csa.tuning.AVX512.merged_groups_max_plane == 1024
     assert csa.tuning.AVX2.merged_groups_max_plane == 1024
     assert csa.tuning.NEON.merged_groups_max_plane == 0
+
+
+@pytest.mark.parametrize("groups", [3, 5])
+def test_odd_groups_merge_with_zero_groups_on_blocks(rng, monkeypatch, groups):
+    """Groups of half a block that do not come in pairs: a blocked call merges them, the last
+    merge padded with a zero group whose channels and filters are the padding lanes of the
+    last blocks (``csa.layout.padded_groups``); any padding lanes in the input (finite, as
+    a convolution leaves them) change no result. The plain call, ``out=`` with
+    accumulation, ``bound_blocked`` on blocks, 1 and 2 threads bit-identical; NCHW and
+    channels-last calls, whose arrays have no such lanes, keep their plans."""
+    lifted_plans(monkeypatch, merged_groups_max_plane=10 ** 6, grouped_blocked_max_plane=10 ** 6)
+    lanes = cso.layouts.block_size(np.dtype(np.float32))
+    c_g = lanes // 2
+    c = groups * c_g
+    x = rng.standard_normal((2, c, 9, 8)).astype(np.float32)
+    wt = (rng.standard_normal((c, c_g, 3, 3)) / np.sqrt(c_g * 9)).astype(np.float32)
+    b = rng.standard_normal(c).astype(np.float32)
+    geometry = dict(stride=(1, 1), padding=(1, 0, 1, 2), dilation=(1, 1), groups=groups)
+    expected = silu(conv2d_reference(x, wt, b, **geometry))
+    xb = cso.Blocked.from_nchw(x)
+    xb.data.reshape(2, -1, lanes)[:, :, c % lanes:][:, -1] = 3.0   # padding lanes: finite
+    assert csa.layout.padded_groups(conv_of(wt, b, geometry).spec_for(x.shape), 2) == 1
+    before = cso.get_num_threads()
+    try:
+        outputs = []
+        for threads in (1, 2):
+            cso.set_num_threads(threads)
+            conv = conv_of(wt, b, geometry, "silu")
+            first, second = conv(xb), conv(xb)
+            assert first.channels == second.channels == c
+            np.testing.assert_allclose(first.to_nchw(), expected, rtol=2e-5, atol=2e-5)
+            np.testing.assert_array_equal(second.data, first.data)
+            assert np.isfinite(first.data).all()
+            twin = conv._merged_twin
+            assert twin is not None and twin.weight_shape[0] == c + c_g
+            assert twin.groups == (groups + 1) // 2
+            outputs.append(first.data)
+            for layout, value, kwargs in (("nchw", x, {}), ("nhwc", x.transpose(0, 2, 3, 1),
+                                                             {"layout": "nhwc"})):
+                y = conv(np.ascontiguousarray(value), **kwargs)
+                np.testing.assert_allclose(y if layout == "nchw" else y.transpose(0, 3, 1, 2),
+                                           expected, rtol=2e-5, atol=2e-5)
+            assert conv.plan_for(x.shape).spec.groups == groups
+        np.testing.assert_array_equal(outputs[1], outputs[0])
+        adding = conv_of(wt, None, geometry, accumulate=True)
+        plain = conv2d_reference(x, wt, None, **geometry)
+        residual = rng.standard_normal(plain.shape).astype(np.float32)
+        out = cso.Blocked.from_nchw(residual)
+        assert adding(xb, out=out) is out
+        np.testing.assert_allclose(out.to_nchw(), residual + plain, rtol=2e-5, atol=2e-5)
+        bound = conv_of(wt, b, geometry, "silu").bound_blocked(x.shape, lanes)
+        data = np.full(bound.out_shape, np.nan, np.float32)
+        assert bound(xb.data, data) is data
+        np.testing.assert_allclose(cso.Blocked(data, c).to_nchw(), expected, rtol=2e-5,
+                                   atol=2e-5)
+    finally:
+        cso.set_num_threads(before)
