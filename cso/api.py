@@ -24,7 +24,7 @@ from . import autotune
 from . import host
 from .activations import Activation
 from .layouts import (Blocked, block_size, check_layout, check_out, from_nchw, input_layout,
-                      merged, reads_blocks, to_nchw, written)
+                      merged, merged_on_blocks, reads_blocks, to_nchw, written)
 from .loop_nests import ALL_PHASES
 from .prepared import Prepared
 from .threads import get_num_threads
@@ -173,7 +173,7 @@ class Conv2d:
         plan = self._plan_for(self.spec_for(shape), threads)
         found = self if self._grouped_on_blocks(plan) else None
         if found is None and plan.spec.c_per_group < GROUPED_CHANNELS[0]:
-            twin = self._merged(plan.spec, threads)
+            twin = self._merged(plan.spec)
             if twin is not None and not self._padded_merge(twin) and twin._grouped_on_blocks(
                     twin._plan_for(twin.spec_for(shape), threads)):
                 found = twin
@@ -255,22 +255,23 @@ class Conv2d:
         return (spec.c_per_group == spec.k_per_group == lanes and self.channel_shuffle == 1
                 and not self.overrides and not self.tune and csa.layout.blocked_fits(spec, lanes))
 
-    def _merged(self, spec, threads):
+    def _merged(self, spec):
         """The ``Conv2d`` of this convolution with its groups merged onto blocks
         (``csa.layout.merged_groups``: 8 channels a group on blocks of 16, two groups a block,
         their filters zero on each other's channels), which runs its blocked and channels-last
         calls, and some NCHW ones (``_nchw_on_blocks``); or None. For grouped ``spec``s whose
         groups do not start on blocks, a filter larger than 1x1, an output plane of at most
-        ``tuning.merged_groups_max_plane`` pixels (``threads``' plan's): there the blocked kernels
-        on whole blocks, zeros included, outrun the NCHW plan with its input and output
-        reordered, 1.2-5x (csa/TUNING.md, "Groups merged onto blocks"). Made at the first
+        ``tuning.merged_groups_max_plane`` pixels (``cso.layouts.merged_on_blocks``): there
+        the blocked kernels on whole blocks, zeros included, outrun the NCHW plan with its
+        input and output reordered, 1.2-5x (csa/TUNING.md, "Groups merged onto blocks").
+        Made at the first
         such call: its packed filters are m times this one's. Where the last merge is padded
         with zero groups (``csa.layout.padded_groups``), it has more channels and filters
         (``_padded_merge``): the padding lanes of this one's blocks."""
-        m = csa.layout.merged_groups(spec, block_size(self.dtype, self.isa))
-        if (m == 1 or self.tune or self.overrides or self.channel_shuffle > 1
-                or spec.p * spec.q > self._plan_for(
-                    spec, threads).machine.tuning.merged_groups_max_plane):
+        if self.tune or self.overrides or self.channel_shuffle > 1:
+            return None
+        m = merged_on_blocks(spec, self.isa)
+        if m == 1:
             return None
         if self._merged_twin is None:
             with _tables:
@@ -392,7 +393,7 @@ class Conv2d:
         spec = self.spec_for(shape)
         plan, rows = self._blocked_plan(spec, lanes, threads)
         if plan is None:
-            twin = self._merged(spec, threads)
+            twin = self._merged(spec)
             if twin is not None and not self._padded_merge(twin):
                 return twin.bound_blocked(shape, in_block)
             if twin is not None and in_block == lanes:   # the same data, its channels
@@ -632,7 +633,7 @@ class Conv2d:
         plan, rows = self._blocked_plan(spec, lanes, threads,
                                         self._plan_layout((in_block, out_block), spec))
         if plan is None:
-            twin = self._merged(spec, threads)
+            twin = self._merged(spec)
             if twin is not None and self._padded_merge(twin) and not (
                     in_layout == out_layout == "blocked" and in_block == lanes):
                 twin = None   # (its channels are the padding lanes of blocks of its lanes)

@@ -25,12 +25,13 @@ from types import SimpleNamespace
 import numpy as np
 
 from csa import DepthwisePlan
-from csa.layout import blocked_fits, subsampled
+from csa.layout import blocked_fits, merged_groups, padded_groups, subsampled
 from microkernels.aligned import aligned_empty
 
 from . import reorder
-from .arguments import FLOAT_DTYPES, check_array
+from .arguments import FLOAT_DTYPES, check_array, conv_spec, padding_rule
 from .reorder import reorder_lanes
+from . import host
 from .host import host_machine
 
 LAYOUTS = ("nchw", "nhwc", "blocked")   # what a call's ``out_layout`` may ask for
@@ -49,6 +50,31 @@ def has_blocked_plan(weight_shape, groups, dtype, isa=None):
     k, c_per_group = weight_shape[:2]
     return blocked_fits(SimpleNamespace(groups=groups, c_per_group=c_per_group,
                                         k_per_group=k // groups), block_size(dtype, isa))
+
+
+def merged_on_blocks(spec, isa=None):
+    """How many groups of ``spec`` (a ``csa.ConvSpec``) its blocked calls run as one group of
+    whole blocks (``csa.layout.merged_groups``, ``Conv2d._merged``) with kernels of ``isa``
+    (default: the host's), on an output plane of at most the record's
+    ``merged_groups_max_plane`` pixels; 1 where they do not."""
+    m = merged_groups(spec, block_size(spec.dtype, isa))
+    if m > 1 and spec.p * spec.q <= host.plan(
+            spec, isa, (), 1).machine.tuning.merged_groups_max_plane:
+        return m
+    return 1
+
+
+def merges_in_whole(weight_shape, groups, input_shape, dtype, stride, padding, dilation,
+                    isa=None):
+    """Whether a convolution of OIHW ``weight_shape``, ``groups``, on an input of
+    ``input_shape`` (N, C, H, W; ``padding`` as ``Conv2d`` takes it) runs its blocked calls
+    with its groups merged onto whole blocks, in whole merges (``merged_on_blocks``; a
+    merge padded with zero groups reads blocks only, not NCHW planes)."""
+    dtype = np.dtype(dtype)
+    spec = conv_spec(input_shape, dtype, weight_shape, dtype, stride, padding_rule(padding),
+                     dilation, groups)
+    m = merged_on_blocks(spec, isa)
+    return m > 1 and not padded_groups(spec, m)
 
 
 class Blocked:

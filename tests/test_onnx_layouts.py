@@ -285,3 +285,43 @@ def test_the_blocked_kernels_stay_inside_their_arrays(at):
                       kernels.pool(kind, x, out, (3, 3), (2, 2), (1, 1), (1, 2), bounds, 2)))
     failure = calls_stay_inside(calls, blocked, at)
     assert failure is None, f"arrays flush at their {at}: {failure}"
+
+
+def test_groups_merged_onto_blocks_keep_a_model_blocked():
+    """A grouped convolution of half a block a group, in pairs, runs blocked in a model where
+    the host's record merges its groups onto blocks (``cso.layouts.merges_in_whole``: on
+    planes up to ``merged_groups_max_plane`` outputs), so its neighbours' values stay blocked;
+    in odd numbers (a merge padded with a zero group, which reads blocks only) it reads NCHW.
+    Either way the blocked run matches the NCHW one."""
+    rng = np.random.default_rng(5)
+    half = max(LANES // 2, 2)
+    w = {}
+    nodes = [
+        _conv("stem", "x", "s", w, rng, 3, 6 * half),
+        helper.make_node("Relu", ["s"], ["s_relu"]),
+        _conv("pairs", "s_relu", "p", w, rng, 6 * half, 6 * half, group=6),
+        helper.make_node("Relu", ["p"], ["p_relu"]),
+        _conv("dense", "p_relu", "d", w, rng, 6 * half, 6 * half),
+        helper.make_node("GlobalAveragePool", ["d"], ["y1"]),          # reads blocks
+        _conv("odd", "d", "o", w, rng, 6 * half, 3 * half, kernel=1),
+        _conv("odd_groups", "o", "q", w, rng, 3 * half, 3 * half, group=3),
+        helper.make_node("GlobalAveragePool", ["q"], ["y2"]),
+    ]
+    model = make_model(nodes, [tensor("x", [1, 3, 12, 12])],
+                       [tensor("y1", [1, 6 * half, 1, 1]), tensor("y2", [1, 3 * half, 1, 1])],
+                       w, opset=17)
+    blocked = cso.onnx.load(model)
+    plain = cso.onnx.load(model, blocked=False)
+    x = rng.standard_normal((1, 3, 12, 12)).astype(np.float32)
+    for _ in range(2):
+        for got, expected in zip(blocked.run(None, {"x": x}), plain.run(None, {"x": x})):
+            np.testing.assert_allclose(got, expected, rtol=2e-5, atol=2e-5)
+    convs = {step.run.node.name: step.run.blocked for step in blocked.steps
+             if isinstance(step.run, ConvStep)}
+    merges = cso.layouts.merges_in_whole((6 * half, half, 3, 3), 6, (1, 6 * half, 12, 12),
+                                         np.float32, (1, 1), ((1, 1), (1, 1)), (1, 1))
+    assert merges == (cso.host_machine().tuning.merged_groups_max_plane >= 144)
+    assert convs["pairs"] == convs["stem"] == merges and convs["dense"]
+    assert not convs["odd_groups"]
+    assert not cso.layouts.merges_in_whole((3 * half, half, 3, 3), 3, (1, 3 * half, 12, 12),
+                                           np.float32, (1, 1), ((1, 1), (1, 1)), (1, 1))

@@ -155,10 +155,14 @@ class ConvStep(_BuiltOnce):
                    else np.empty(run.out_shape, x.dtype))
         return (run(x, out),)
 
+    def padding_for(self, shape):
+        """((top, bottom), (left, right)) of its convolution on an input of ``shape``."""
+        return explicit_pads(self.auto_pad, self.pads, shape[2:], self.weight_shape[2:],
+                             self.stride, self.dilation)
+
     def _build(self, shape):
         weight, dtype = self.weight, self.weight.dtype
-        padding = explicit_pads(self.auto_pad, self.pads, shape[2:], weight.shape[2:],
-                                self.stride, self.dilation)
+        padding = self.padding_for(shape)
         if not np.all(self.scale == 1):
             weight = (weight * self.scale[:, None, None, None]).astype(dtype)
         try:

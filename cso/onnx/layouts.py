@@ -25,7 +25,7 @@ value's maker), and a global pool writes NCHW or blocked as its readers take it.
 import numpy as np
 
 from .. import get_num_threads
-from ..layouts import block_size, has_blocked_plan, unblock_into
+from ..layouts import block_size, has_blocked_plan, merges_in_whole, unblock_into
 from . import kernels
 from .conv import ConvStep
 from .graph import ActivationStep, AffineStep, Operator, Step, sum_relu
@@ -171,10 +171,14 @@ def _kind(step, names, shapes, dtype, lanes):
 
 
 def _conv_fits(run, shape, dtype):
-    """Whether the convolution ``run`` (a ConvStep) of input ``shape`` has a blocked plan."""
+    """Whether the convolution ``run`` (a ConvStep) of input ``shape`` has a blocked plan: its
+    own, or that of its groups merged onto blocks in whole merges (``Conv2d._merged``; a
+    merge padded with zero groups reads blocks only, not the NCHW planes of a model's input)."""
     if shape is None or len(shape) != 4 or run.channel_shuffle > 1:
         return False
-    return has_blocked_plan(run.weight_shape, run.groups, dtype)
+    return (has_blocked_plan(run.weight_shape, run.groups, dtype)
+            or merges_in_whole(run.weight_shape, run.groups, shape, dtype, run.stride,
+                               run.padding_for(shape), run.dilation))
 
 
 def _whole_blocks(node, names, inputs, shapes, lanes):
