@@ -264,10 +264,9 @@ class Conv2d:
         ``tuning.merged_groups_max_plane`` pixels (``cso.layouts.merged_on_blocks``): there
         the blocked kernels on whole blocks, zeros included, outrun the NCHW plan with its
         input and output reordered, 1.2-5x (csa/TUNING.md, "Groups merged onto blocks").
-        Made at the first
-        such call: its packed filters are m times this one's. Where the last merge is padded
-        with zero groups (``csa.layout.padded_groups``), it has more channels and filters
-        (``_padded_merge``): the padding lanes of this one's blocks."""
+        Made at the first such call: its packed filters are m times this one's. Where the
+        last merge is padded with zero groups (``csa.layout.padded_groups``), it has more
+        channels and filters (``_padded_merge``): the padding lanes of this one's blocks."""
         if self.tune or self.overrides or self.channel_shuffle > 1:
             return None
         m = merged_on_blocks(spec, self.isa)

@@ -31,7 +31,6 @@ from microkernels.aligned import aligned_empty
 from . import reorder
 from .arguments import FLOAT_DTYPES, check_array, conv_spec, padding_rule
 from .reorder import reorder_lanes
-from . import host
 from .host import host_machine
 
 LAYOUTS = ("nchw", "nhwc", "blocked")   # what a call's ``out_layout`` may ask for
@@ -58,8 +57,7 @@ def merged_on_blocks(spec, isa=None):
     (default: the host's), on an output plane of at most the record's
     ``merged_groups_max_plane`` pixels; 1 where they do not."""
     m = merged_groups(spec, block_size(spec.dtype, isa))
-    if m > 1 and spec.p * spec.q <= host.plan(
-            spec, isa, (), 1).machine.tuning.merged_groups_max_plane:
+    if m > 1 and spec.p * spec.q <= host_machine(isa).tuning.merged_groups_max_plane:
         return m
     return 1
 

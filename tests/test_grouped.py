@@ -267,13 +267,17 @@ def test_merged_filters_are_the_same_convolution(rng, m):
 
 
 def lifted_plans(monkeypatch, **fields):
-    """``cso.host.plan`` on a machine whose record has ``fields``: a rule the host's record
-    leaves off (0), forced on, the rest of the record as it is."""
+    """The host's machine (``cso.layouts``' rules, ``cso.host.plan``'s plans) with ``fields``
+    in its record: rules the host's record leaves off (0), forced on, the rest as it is."""
+    def machine(isa_name=None):
+        found = cso.host_machine(isa_name)
+        return found.with_(tuning=dataclasses.replace(found.tuning, **fields))
+
     def plan(spec, isa_name, overrides, threads, layout="nchw"):
-        machine = cso.host_machine(isa_name)
-        machine = machine.with_(tuning=dataclasses.replace(machine.tuning, **fields))
-        return csa.analyze(spec, machine, threads=threads, layout=layout, **dict(overrides))
+        return csa.analyze(spec, machine(isa_name), threads=threads, layout=layout,
+                           **dict(overrides))
     monkeypatch.setattr(cso.host, "plan", plan)
+    monkeypatch.setattr(cso.layouts, "host_machine", machine)
 
 
 @pytest.mark.parametrize("case", [
@@ -283,7 +287,8 @@ def lifted_plans(monkeypatch, **fields):
     (1, 2, 4, 9, 9, 5, 1, (2, 2, 2, 2), 1, 2),
     (1, 4, 4, 12, 12, 3, 1, (2, 2, 2, 2), 2, 1),
 ])
-def test_groups_merged_onto_blocks_match_the_reference(rng, monkeypatch, case):
+def test_groups_merged_onto_blocks_match_the_reference(rng, monkeypatch, restore_threads,
+                                                    case):
     """Groups of half or a quarter of a block, merged onto whole blocks (forced on whatever
     the host's record says), in every pairing of layouts: bias and SiLU, stride, asymmetric
     padding, dilation, batches, more filters than channels a group; ``out=`` and
@@ -305,46 +310,42 @@ def test_groups_merged_onto_blocks_match_the_reference(rng, monkeypatch, case):
     def nchw(y, layout):
         return (y.to_nchw() if layout == "blocked" else
                 y.transpose(0, 3, 1, 2) if layout == "nhwc" else y)
-    before = cso.get_num_threads()
-    try:
-        outputs = []
-        for threads in (1, 2):
-            cso.set_num_threads(threads)
-            conv = conv_of(wt, b, geometry, "silu")
-            got = {}
-            for in_layout, (value, kwargs) in values.items():
-                for out_layout in ("nchw", "blocked", "nhwc"):
-                    first = conv(value, out_layout=out_layout, **kwargs)
-                    second = conv(value, out_layout=out_layout, **kwargs)
-                    got[in_layout, out_layout] = nchw(first, out_layout)
-                    np.testing.assert_array_equal(nchw(second, out_layout),
-                                                  got[in_layout, out_layout])
-                    np.testing.assert_allclose(got[in_layout, out_layout], expected, rtol=2e-5,
-                                               atol=2e-5, err_msg=f"{in_layout} -> {out_layout}")
-            assert conv._merged_twin is not None
-            # an NCHW call runs merged for groups of fewer than 8 channels, as many filters,
-            # merged into several groups of a block
-            spec = conv.plan_for(x.shape).spec
-            nchw_merged = c_g < 8 and k_scale == 1 and groups * c_g > lanes
-            assert spec.groups == (groups * c_g // lanes if nchw_merged else groups)
-            outputs.append(got)
-        assert all(np.array_equal(outputs[1][key], outputs[0][key]) for key in outputs[0])
-        conv = conv_of(wt, None, geometry, accumulate=True)
-        plain = conv2d_reference(x, wt, None, **geometry)
-        residual = rng.standard_normal(plain.shape).astype(np.float32)
-        out = cso.Blocked.from_nchw(residual)
-        assert conv(values["blocked"][0], out=out) is out
-        np.testing.assert_allclose(out.to_nchw(), residual + plain, rtol=2e-5, atol=2e-5)
-        total = residual.copy()
-        assert conv(x, out=total) is total
-        np.testing.assert_allclose(total, residual + plain, rtol=2e-5, atol=2e-5)
-        bound = conv_of(wt, b, geometry, "silu").bound_blocked(x.shape, 1)
-        data = np.full(bound.out_shape, np.nan, np.float32)
-        bound(x, data)
-        np.testing.assert_allclose(cso.Blocked(data, k).to_nchw(), expected, rtol=2e-5,
-                                   atol=2e-5)
-    finally:
-        cso.set_num_threads(before)
+    outputs = []
+    for threads in (1, 2):
+        cso.set_num_threads(threads)
+        conv = conv_of(wt, b, geometry, "silu")
+        got = {}
+        for in_layout, (value, kwargs) in values.items():
+            for out_layout in ("nchw", "blocked", "nhwc"):
+                first = conv(value, out_layout=out_layout, **kwargs)
+                second = conv(value, out_layout=out_layout, **kwargs)
+                got[in_layout, out_layout] = nchw(first, out_layout)
+                np.testing.assert_array_equal(nchw(second, out_layout),
+                                              got[in_layout, out_layout])
+                np.testing.assert_allclose(got[in_layout, out_layout], expected, rtol=2e-5,
+                                           atol=2e-5, err_msg=f"{in_layout} -> {out_layout}")
+        assert conv._merged_twin is not None
+        # an NCHW call runs merged for groups of fewer than 8 channels, as many filters,
+        # merged into several groups of a block
+        spec = conv.plan_for(x.shape).spec
+        nchw_merged = c_g < 8 and k_scale == 1 and groups * c_g > lanes
+        assert spec.groups == (groups * c_g // lanes if nchw_merged else groups)
+        outputs.append(got)
+    assert all(np.array_equal(outputs[1][key], outputs[0][key]) for key in outputs[0])
+    conv = conv_of(wt, None, geometry, accumulate=True)
+    plain = conv2d_reference(x, wt, None, **geometry)
+    residual = rng.standard_normal(plain.shape).astype(np.float32)
+    out = cso.Blocked.from_nchw(residual)
+    assert conv(values["blocked"][0], out=out) is out
+    np.testing.assert_allclose(out.to_nchw(), residual + plain, rtol=2e-5, atol=2e-5)
+    total = residual.copy()
+    assert conv(x, out=total) is total
+    np.testing.assert_allclose(total, residual + plain, rtol=2e-5, atol=2e-5)
+    bound = conv_of(wt, b, geometry, "silu").bound_blocked(x.shape, 1)
+    data = np.full(bound.out_shape, np.nan, np.float32)
+    bound(x, data)
+    np.testing.assert_allclose(cso.Blocked(data, k).to_nchw(), expected, rtol=2e-5,
+                               atol=2e-5)
 
 
 def test_groups_merge_onto_blocks_where_measured(monkeypatch):
@@ -378,7 +379,8 @@ def test_groups_merge_onto_blocks_where_measured(monkeypatch):
 
 
 @pytest.mark.parametrize("groups", [3, 5])
-def test_odd_groups_merge_with_zero_groups_on_blocks(rng, monkeypatch, groups):
+def test_odd_groups_merge_with_zero_groups_on_blocks(rng, monkeypatch, restore_threads,
+                                                   groups):
     """Groups of half a block that do not come in pairs: a blocked call merges them, the last
     merge padded with a zero group whose channels and filters are the padding lanes of the
     last blocks (``csa.layout.padded_groups``); any padding lanes in the input (finite, as
@@ -397,38 +399,34 @@ def test_odd_groups_merge_with_zero_groups_on_blocks(rng, monkeypatch, groups):
     xb = cso.Blocked.from_nchw(x)
     xb.data.reshape(2, -1, lanes)[:, :, c % lanes:][:, -1] = 3.0   # padding lanes: finite
     assert csa.layout.padded_groups(conv_of(wt, b, geometry).spec_for(x.shape), 2) == 1
-    before = cso.get_num_threads()
-    try:
-        outputs = []
-        for threads in (1, 2):
-            cso.set_num_threads(threads)
-            conv = conv_of(wt, b, geometry, "silu")
-            first, second = conv(xb), conv(xb)
-            assert first.channels == second.channels == c
-            np.testing.assert_allclose(first.to_nchw(), expected, rtol=2e-5, atol=2e-5)
-            np.testing.assert_array_equal(second.data, first.data)
-            assert np.isfinite(first.data).all()
-            twin = conv._merged_twin
-            assert twin is not None and twin.weight_shape[0] == c + c_g
-            assert twin.groups == (groups + 1) // 2
-            outputs.append(first.data)
-            for layout, value, kwargs in (("nchw", x, {}), ("nhwc", x.transpose(0, 2, 3, 1),
-                                                             {"layout": "nhwc"})):
-                y = conv(np.ascontiguousarray(value), **kwargs)
-                np.testing.assert_allclose(y if layout == "nchw" else y.transpose(0, 3, 1, 2),
-                                           expected, rtol=2e-5, atol=2e-5)
-            assert conv.plan_for(x.shape).spec.groups == groups
-        np.testing.assert_array_equal(outputs[1], outputs[0])
-        adding = conv_of(wt, None, geometry, accumulate=True)
-        plain = conv2d_reference(x, wt, None, **geometry)
-        residual = rng.standard_normal(plain.shape).astype(np.float32)
-        out = cso.Blocked.from_nchw(residual)
-        assert adding(xb, out=out) is out
-        np.testing.assert_allclose(out.to_nchw(), residual + plain, rtol=2e-5, atol=2e-5)
-        bound = conv_of(wt, b, geometry, "silu").bound_blocked(x.shape, lanes)
-        data = np.full(bound.out_shape, np.nan, np.float32)
-        assert bound(xb.data, data) is data
-        np.testing.assert_allclose(cso.Blocked(data, c).to_nchw(), expected, rtol=2e-5,
-                                   atol=2e-5)
-    finally:
-        cso.set_num_threads(before)
+    outputs = []
+    for threads in (1, 2):
+        cso.set_num_threads(threads)
+        conv = conv_of(wt, b, geometry, "silu")
+        first, second = conv(xb), conv(xb)
+        assert first.channels == second.channels == c
+        np.testing.assert_allclose(first.to_nchw(), expected, rtol=2e-5, atol=2e-5)
+        np.testing.assert_array_equal(second.data, first.data)
+        assert np.isfinite(first.data).all()
+        twin = conv._merged_twin
+        assert twin is not None and twin.weight_shape[0] == c + c_g
+        assert twin.groups == (groups + 1) // 2
+        outputs.append(first.data)
+        for layout, value, kwargs in (("nchw", x, {}), ("nhwc", x.transpose(0, 2, 3, 1),
+                                                         {"layout": "nhwc"})):
+            y = conv(np.ascontiguousarray(value), **kwargs)
+            np.testing.assert_allclose(y if layout == "nchw" else y.transpose(0, 3, 1, 2),
+                                       expected, rtol=2e-5, atol=2e-5)
+        assert conv.plan_for(x.shape).spec.groups == groups
+    np.testing.assert_array_equal(outputs[1], outputs[0])
+    adding = conv_of(wt, None, geometry, accumulate=True)
+    plain = conv2d_reference(x, wt, None, **geometry)
+    residual = rng.standard_normal(plain.shape).astype(np.float32)
+    out = cso.Blocked.from_nchw(residual)
+    assert adding(xb, out=out) is out
+    np.testing.assert_allclose(out.to_nchw(), residual + plain, rtol=2e-5, atol=2e-5)
+    bound = conv_of(wt, b, geometry, "silu").bound_blocked(x.shape, lanes)
+    data = np.full(bound.out_shape, np.nan, np.float32)
+    assert bound(xb.data, data) is data
+    np.testing.assert_allclose(cso.Blocked(data, c).to_nchw(), expected, rtol=2e-5,
+                               atol=2e-5)

@@ -68,13 +68,6 @@ def _variants():
                                        id=f"{name}-{dtype}-{isa}-{threads}t")
 
 
-@pytest.fixture
-def restore_threads():
-    before = cso.get_num_threads()
-    yield
-    cso.set_num_threads(before)
-
-
 @pytest.mark.parametrize("name,dtype,isa,threads", list(_variants()))
 def test_no_access_outside_the_arrays(rng, restore_threads, name, dtype, isa, threads):
     n, c, h, w, k, r, s, stride, padding, dilation, groups, overrides = CASES[name]

@@ -30,13 +30,6 @@ HOST_ISA = default_isa().name                # the kernels Conv2d uses unless to
 ISAS = [None] + (["generic"] if HOST_ISA != "generic" else [])
 
 
-@pytest.fixture
-def restore_threads():
-    before = cso.get_num_threads()
-    yield
-    cso.set_num_threads(before)
-
-
 # helpers ---------------------------------------------------------------------------------------
 
 def as_layout(x, layout, block=None):
