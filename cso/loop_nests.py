@@ -187,13 +187,23 @@ def define_blocked_offsets(module):
     code = LoopCode(module, "blocked_offsets", ("rows", "nc", "R", "S", "dh", "dw", "Hb", "Ws",
                                                 "B"), internal=True)
     rows, nc, R, S, dh, dw, Hb, Ws, B = code.args(*code.arg_names)
-    with code.range(0, nc) as c:
-        with code.range(0, R) as r:
-            with code.range(0, S) as s:
-                code.store(rows, (c * R + r) * S + s,
-                           c // B * Hb * Ws * B + c % B + (r * dh * Ws + s * dw) * B)
+    with code.range(0, R) as r:
+        with code.range(0, S) as s:
+            code.store(rows, r * S + s, (r * dh * Ws + s * dw) * B)
+    _each_channel(code, rows, nc, R * S, lambda c: c // B * Hb * Ws * B + c % B)
     code.ret()
     return code.function
+
+
+def _each_channel(code, rows, nc, taps, channel_offset):
+    """Rows ``taps`` .. ``nc * taps`` of an offsets table whose first ``taps`` rows hold
+    channel 0's: channel c's taps are those shifted by ``channel_offset(c)``. (The taps'
+    divisions once, not once a channel: a part sets its table up at its start, 2 us of
+    a 64-channel 3x3's when each row had its own.)"""
+    with code.range(1, nc) as c:
+        offset = channel_offset(c)
+        with code.range(0, taps) as t:
+            code.store(rows, c * taps + t, code.load(rows, t) + offset)
 
 
 def define_fill_blocks(module):
@@ -322,12 +332,11 @@ def define_slab_offsets(module):
                                           "Ws"), internal=True)
     rows, nc, R, S, sh, sw, dh, dw, Hs, Ws = code.args(*code.arg_names)
     plane = Hs * Ws
-    with code.range(0, nc) as c:
-        with code.range(0, R) as r:
-            with code.range(0, S) as s:
-                phase = (r * dh % sh) * sw + s * dw % sw
-                code.store(rows, (c * R + r) * S + s,
-                           (c * sh * sw + phase) * plane + r * dh // sh * Ws + s * dw // sw)
+    with code.range(0, R) as r:
+        with code.range(0, S) as s:
+            phase = (r * dh % sh) * sw + s * dw % sw
+            code.store(rows, r * S + s, phase * plane + r * dh // sh * Ws + s * dw // sw)
+    _each_channel(code, rows, nc, R * S, lambda c: c * sh * sw * plane)
     code.ret()
     return code.function
 
