@@ -276,17 +276,17 @@ class Conv2d:
             with _tables:
                 any_packed = next(iter(self._packed.values()))
             weight, bias = unpack_filters(any_packed, self.weight_shape[0]), self.bias
-            padding = csa.layout.padded_groups(spec, m) * spec.k_per_group   # zero filters
-            if padding:
-                weight = np.concatenate([weight, np.zeros((padding,) + weight.shape[1:],
+            zero_filters = csa.layout.padded_groups(spec, m) * spec.k_per_group
+            if zero_filters:
+                weight = np.concatenate([weight, np.zeros((zero_filters,) + weight.shape[1:],
                                                           self.dtype)])
-                bias = np.concatenate([bias, np.zeros(padding, self.dtype)]) if bias.size \
+                bias = np.concatenate([bias, np.zeros(zero_filters, self.dtype)]) if bias.size \
                     else bias
             groups = weight.shape[0] // spec.k_per_group
             twin = Conv2d(merge_groups(weight, groups, m), bias if bias.size else None,
                           **dict(self._arguments, groups=groups // m, input_shape=None,
                                  input_layout="nchw"))
-            if not padding:   # (either one's calls compute this convolution)
+            if not zero_filters:   # (either one's calls compute this convolution)
                 twin._plain = self._plain
             with _tables:
                 if self._merged_twin is None:
@@ -393,9 +393,8 @@ class Conv2d:
         plan, rows = self._blocked_plan(spec, lanes, threads)
         if plan is None:
             twin = self._merged(spec)
-            if twin is not None and not self._padded_merge(twin):
-                return twin.bound_blocked(shape, in_block)
-            if twin is not None and in_block == lanes:   # the same data, its channels
+            # (a padded merge reads the same blocks, seen with its channels)
+            if twin is not None and (in_block == lanes or not self._padded_merge(twin)):
                 return twin.bound_blocked((shape[0], twin.weight_shape[1] * twin.groups)
                                           + shape[2:], in_block)
         if plan is None or not reads_blocks(plan, in_block):
