@@ -325,3 +325,30 @@ def test_groups_merged_onto_blocks_keep_a_model_blocked():
     assert not convs["odd_groups"]
     assert not cso.layouts.merges_in_whole((3 * half, half, 3, 3), 3, (1, 3 * half, 12, 12),
                                            np.float32, (1, 1), ((1, 1), (1, 1)), (1, 1))
+
+
+@pytest.mark.parametrize("scale_shape", [(), (1, 2 * LANES, 1, 1)])
+def test_a_scale_by_a_constant_between_blocked_convolutions(scale_shape):
+    """A Mul by a constant (a scalar, or per channel) after an activation (so not folded
+    into the convolution before it) on blocked values is an affine step on the blocks, not a
+    squeeze-excitation gate (NF-RegNet's activation gains: the gate's run took it and
+    wanted a second input)."""
+    rng = np.random.default_rng(7)
+    w = {"gain": rng.uniform(0.5, 2, scale_shape).astype(np.float32)}
+    nodes = [
+        _conv("stem", "x", "s", w, rng, 3, 2 * LANES),
+        helper.make_node("Sigmoid", ["s"], ["s_act"]),
+        helper.make_node("Mul", ["s_act", "gain"], ["scaled"]),
+        _conv("next", "scaled", "n", w, rng, 2 * LANES, 2 * LANES),
+        helper.make_node("GlobalAveragePool", ["n"], ["y"]),
+    ]
+    model = make_model(nodes, [tensor("x", [1, 3, 10, 10])], [tensor("y", [1, 2 * LANES, 1, 1])],
+                       w, opset=17)
+    blocked = cso.onnx.load(model)
+    plain = cso.onnx.load(model, blocked=False)
+    x = rng.standard_normal((1, 3, 10, 10)).astype(np.float32)
+    for _ in range(2):
+        np.testing.assert_allclose(blocked(x), plain(x), rtol=2e-5, atol=2e-5)
+    assert any(isinstance(step.run, BlockedAffine) for step in blocked.steps)
+    assert all(isinstance(step.run, ConvStep) and step.run.blocked for step in blocked.steps
+               if isinstance(step.run, ConvStep))

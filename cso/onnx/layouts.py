@@ -127,13 +127,13 @@ def _apply(steps, data, kinds, groups, blocked, readers, shapes, reads_blocked, 
 def _blocked_run(step, channels):
     """The run of a "tied" step on blocked values of ``channels`` channels: its blocked
     kernel's (a gate, a pool, an affine chain, a Resize), or its own (elementwise, a sum, a
-    Concat along the blocks)."""
+    Concat along the blocks). A Mul by a constant is an affine step, not a gate."""
+    if isinstance(step.run, AffineStep):
+        return BlockedAffine(step.run)
     if step.ops == ("Mul",):
         return BlockedGate(step.run)
     if step.ops[0] in POOLS:
         return BlockedPool(step.run)
-    if isinstance(step.run, AffineStep):
-        return BlockedAffine(step.run)
     if step.ops[0] in RESIZES:
         return BlockedResize(step.run, channels)
     return step.run
