@@ -13,7 +13,6 @@ from typing import NamedTuple, Optional, Union
 import numpy as np
 
 import csa
-from csa.variants import GROUPED_CHANNELS
 from microkernels import ACCUMULATE, ACTIVATE, BIAS, DepthwiseSpec, KernelSpec
 from microkernels.aligned import LINE, aligned_empty
 from microkernels.once import fork_safe_lock
@@ -160,11 +159,9 @@ class Conv2d:
     def _nchw_on_blocks(self, shape, threads):
         """The ``Conv2d`` whose blocked plan runs NCHW calls on ``shape`` (reading the
         planes, its output's blocks reordered into the planes), or None (the NCHW plan runs
-        them): this one (``_grouped_on_blocks``), or, for groups of fewer channels than any
-        direct NCHW plan takes (``csa.variants.GROUPED_CHANNELS``), the one of its groups
-        merged onto blocks (``_merged``) where that one's groups are one block each: 4
-        channels a group 1.2x at 1 thread, 1.5x at 2; 8, whose NCHW plans hold their own
-        (0.78-1.4x), keep them (csa/TUNING.md, "Groups merged onto blocks")."""
+        them): this one (``_grouped_on_blocks``), or the one of its groups merged onto blocks
+        (``_merged``) where that one's groups are one block each: groups of 4 and 8 channels
+        1.1-1.2x at 1 thread, 1.4-1.8x at 2 (csa/TUNING.md, "Groups merged onto blocks")."""
         if len(shape) != 4 or self.groups == 1 or self.tune or self.overrides:
             return None
         key = (shape, threads)
@@ -172,7 +169,7 @@ class Conv2d:
             return self._on_blocks[key]
         plan = self._plan_for(self.spec_for(shape), threads)
         found = self if self._grouped_on_blocks(plan) else None
-        if found is None and plan.spec.c_per_group < GROUPED_CHANNELS[0]:
+        if found is None:
             twin = self._merged(plan.spec)
             if twin is not None and not self._padded_merge(twin) and twin._grouped_on_blocks(
                     twin._plan_for(twin.spec_for(shape), threads)):
@@ -240,19 +237,23 @@ class Conv2d:
 
     def _grouped_on_blocks(self, plan):
         """Whether an NCHW call runs grouped ``plan``'s convolution (the NCHW plan's, neither
-        forced by overrides nor tuned) on its blocked plan, which reads the NCHW planes, its output's
-        blocks reordered into the planes: one block of channels a group, in and out, a
-        filter larger than 1x1, an output plane of at most
-        ``tuning.grouped_blocked_max_plane`` pixels. There the NCHW plan's window tiles are
-        few and short for each group's few filters, where the blocked kernels' vectors hold a
-        group's channels whole: 1.09-1.86x with the reorder on the 25 such timm convolutions
-        (csa/TUNING.md, "Grouped convolutions on blocks"); a 1x1's FMAs do not pay for it."""
-        spec = plan.spec
+        forced by overrides nor tuned) on its blocked plan, which transposes the NCHW planes
+        into its slab's blocks, its output's blocks reordered into the planes: as many
+        filters as channels a group, a whole number of blocks up to
+        ``tuning.grouped_blocked_max_blocks``, a filter larger than 1x1, an output plane of
+        at most ``tuning.grouped_blocked_max_plane`` pixels. There the NCHW plan's window
+        tiles are few and short for each group's few filters, where the blocked kernels'
+        vectors hold a group's channels whole: 1.2-1.3x with the reorders on such timm
+        convolutions (csa/TUNING.md, "Grouped convolutions on blocks"); a 1x1's FMAs do not
+        pay for them."""
+        spec, tuning = plan.spec, plan.machine.tuning
         if not (isinstance(plan, csa.SlicingPlan) and spec.groups > 1 and spec.r * spec.s > 1
-                and spec.p * spec.q <= plan.machine.tuning.grouped_blocked_max_plane):
+                and spec.p * spec.q <= tuning.grouped_blocked_max_plane):
             return False   # (most calls: decided without the lanes)
         lanes = block_size(self.dtype, self.isa)
-        return (spec.c_per_group == spec.k_per_group == lanes and self.channel_shuffle == 1
+        blocks, rest = divmod(spec.c_per_group, lanes)
+        return (spec.c_per_group == spec.k_per_group and not rest
+                and blocks <= tuning.grouped_blocked_max_blocks and self.channel_shuffle == 1
                 and not self.overrides and not self.tune and csa.layout.blocked_fits(spec, lanes))
 
     def _merged(self, spec):

@@ -602,10 +602,17 @@ class _BlockedNest(_LoopNest):
         self.subsample = code.geom("subsample") != 0
         self.step_h, self.step_w = (code.choose(self.subsample, 1, s) for s in (self.sh, self.sw))
         # a slab of channels-last pixels holds a channel tile narrower than the pixel (a
-        # group's, or one of several) alone, in blocks of the lanes; a whole one, whole pixels
-        self.pixels_into_blocks = (~self.unpacked & ~self.subsample & (self.block != 1)
-                                   & (self.block != self.LANES) & (self.nc_max < self.C))
-        self.read_block = code.choose(self.pixels_into_blocks, self.LANES, self.block)
+        # group's, or one of several) alone, in blocks of the lanes (a whole one, whole
+        # pixels); one of NCHW planes, a tile of a block or more, in blocks of the lanes too:
+        # L x L transposes, where a copy a channel and row cost 2.6-3.5x as much on 14 x 14
+        # planes (Xeon); fewer channels (a stem's 3) keep their planes' rows, whose pixels
+        # would fill a few lanes of each block
+        planes = self.block == 1
+        self.into_blocks = (~self.unpacked & ~self.subsample & (self.block != self.LANES)
+                            & code.choose(planes, self.nc_max >= self.LANES,
+                                          self.nc_max < self.C))
+        self.fill_layout = code.choose(planes, PLANES, CHANNELS_LAST)
+        self.read_block = code.choose(self.into_blocks, self.LANES, self.block)
 
     def set_up_slab(self):
         """The kernel's row offsets on the input's blocks, or on the slab's."""
@@ -615,24 +622,28 @@ class _BlockedNest(_LoopNest):
     def fill_slab(self, at):
         """``at.base``: the channel tile's first block (its first channel's, in the block),
         in the input (read in place) or copied with the band's rows into the slab
-        (``define_fill_blocks``; channels-last pixels a vector a pixel and block,
-        ``define_fill_slab_of``; a subsampled 1x1's windows alone, ``define_subsample_blocks``)."""
+        (``define_fill_blocks``; NCHW planes by block transposes and channels-last pixels a
+        vector a pixel, into blocks of the lanes, ``define_fill_slab_of``; a subsampled 1x1's
+        windows alone, ``define_subsample_blocks``)."""
         code, item, B, L = self.code, self.item, self.block, self.LANES
         channel = at.g * self.Cg + at.c0   # in its block: channels last's tiles read in place
         first_block = self.x + (at.n * self.C * self.H * self.W + channel // B * B * self.H
                                 * self.W + channel % B) * item
         at.base = code.choose(self.unpacked, first_block, self.scratch)
         blocks = (at.nc + B - 1) // B
-        with code.if_(~self.unpacked & self.packing & ~self.subsample & ~self.pixels_into_blocks):
+        with code.if_(~self.unpacked & self.packing & ~self.subsample & ~self.into_blocks):
             code.call(define_fill_blocks(self.module), first_block, self.H * self.W * B * item,
                       blocks, self.H, self.W, B * item, self.Hb, self.Ws, at.row0,
                       at.slab_rows, self.pt, self.pl, self.scratch)
-        with code.if_(self.packing & self.pixels_into_blocks):
+        with code.if_(self.packing & self.into_blocks):
+            # a block's L channels: L planes, or L values of a pixel, after the last's
+            block_step = code.choose(B == 1, self.H * self.W, 1) * L * item
             with code.range(0, (at.nc + L - 1) // L) as b:
-                code.call(define_fill_slab_of(self.module), CHANNELS_LAST,
-                          first_block + b * L * item, self.C, code.min(L, at.nc - b * L),
+                code.call(define_fill_slab_of(self.module), self.fill_layout,
+                          first_block + b * block_step, self.C, code.min(L, at.nc - b * L),
                           self.H, self.W, L, item, self.Hb, self.Ws, at.row0, at.slab_rows,
-                          self.pt, self.pl, self.scratch + b * self.Hb * self.Ws * L * item, 0)
+                          self.pt, self.pl, self.scratch + b * self.Hb * self.Ws * L * item,
+                          code.geom("transpose"))
         with code.if_(self.packing & self.subsample):
             code.call(define_subsample_blocks(self.module, self.dtype), first_block,
                       self.H * self.W * B * item, blocks, self.W, B, self.sh,

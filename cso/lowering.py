@@ -56,7 +56,11 @@ def geometry(plan, kspec, epilogue_flags, params, in_block=1, out_block=1):
         kernel=native_function(outer_product.define_kernel, kspec).address,
         transpose=(native_function(transpose.define_transpose,
                                    TransposeSpec(kspec.dtype, kspec.isa, kspec.activation)).address
-                   if filters_in_vectors else 0),
+                   if filters_in_vectors
+                   # (a blocked plan's slab of NCHW planes: their block transposes)
+                   else native_function(transpose.define_transpose,
+                                        TransposeSpec(kspec.dtype, kspec.isa)).address
+                   if plan.blocked and in_block == 1 else 0),
         copy_rows=copy_rows, copy_taps=copy_taps, fill_width=fill_width,
         tail_kernel=tail_kernel(plan, kspec), params=params, in_block=in_block,
         out_block=out_block, subsample=plan.blocked and subsampled(s))

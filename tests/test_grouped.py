@@ -146,16 +146,17 @@ def test_a_few_channels_per_group_run_direct_where_measured():
     assert not csa.variants.grouped_direct(regnet, avx512)
 
 
-def test_small_planes_of_one_block_a_group_run_on_blocks_where_measured():
+def test_small_planes_of_whole_blocks_a_group_run_on_blocks_where_measured():
     """An NCHW call runs the blocked plan (reading the planes, reordering the output's
-    blocks) for groups of one block of channels, in and out, a filter larger than 1x1 and
-    an output plane of at most the record's ``grouped_blocked_max_plane`` pixels (196 in the
-    AVX-512 record, measured on a Xeon; 0, never, where not measured)."""
+    blocks) for groups of as many filters as channels, 1 to the record's
+    ``grouped_blocked_max_blocks`` blocks of them (3), a filter larger than 1x1 and an output
+    plane of at most its ``grouped_blocked_max_plane`` pixels (196 in the AVX-512 and AVX2
+    records, measured on a Xeon; 0, never, where not measured)."""
     conv = cso.Conv2d(np.ones((4, 2, 3, 3), np.float32), groups=2)   # (its dtype and ISA)
     lanes = cso.layouts.block_size(np.dtype(np.float32), conv.isa)
     machine = cso.host_machine()
-    measured = machine.with_(tuning=dataclasses.replace(machine.tuning,
-                                                        grouped_blocked_max_plane=196))
+    measured = machine.with_(tuning=dataclasses.replace(
+        machine.tuning, grouped_blocked_max_plane=196, grouped_blocked_max_blocks=3))
 
     def on_blocks(name, machine=measured, conv=conv):
         spec = ConvSpec.parse(name.format(c=20 * lanes, g=20, k=20 * lanes))
@@ -165,38 +166,48 @@ def test_small_planes_of_one_block_a_group_run_on_blocks_where_measured():
     assert on_blocks("n1c{c}h7w7k{k}r5s5p2u1g{g}")
     assert not on_blocks("n1c{c}h16w16k{k}r3s3p1u1g{g}")    # 256 pixels
     assert not on_blocks("n1c{c}h14w14k{k}r1s1p0u1g{g}")    # 1x1
-    assert not on_blocks("n1c{c}h14w14k{k}r3s3p1u1g10")     # two blocks a group
+    assert on_blocks("n1c{c}h14w14k{k}r3s3p1u1g10")         # two blocks a group
+    assert not on_blocks("n1c{c}h14w14k{k}r3s3p1u1g5")      # four
+    assert not on_blocks("n1c{c}h14w14k{k}r3s3p1u2g8")      # two and a half
+    assert not on_blocks(f"n1c{20 * lanes}h14w14k{40 * lanes}r3s3p1u1g10")   # 2x filters
     assert not on_blocks("n1c{c}h14w14k{k}r3s3p1u1g1")
-    assert not on_blocks("n1c{c}h14w14k{k}r3s3p1u1g{g}", machine.with_(
-        tuning=dataclasses.replace(machine.tuning, grouped_blocked_max_plane=0)))
+    for field in ("grouped_blocked_max_plane", "grouped_blocked_max_blocks"):
+        assert not on_blocks("n1c{c}h14w14k{k}r3s3p1u1g{g}", machine.with_(
+            tuning=dataclasses.replace(measured.tuning, **{field: 0})))
     forced = cso.Conv2d(np.ones((4, 2, 3, 3), np.float32), groups=2,
                         plan_overrides={"vectors_along": "windows"})
     assert not on_blocks("n1c{c}h14w14k{k}r3s3p1u1g{g}", conv=forced)
-    assert csa.tuning.AVX512.grouped_blocked_max_plane == 196
-    assert csa.tuning.AVX2.grouped_blocked_max_plane == 0
+    for record in (csa.tuning.AVX512, csa.tuning.AVX2):
+        assert (record.grouped_blocked_max_plane, record.grouped_blocked_max_blocks) == (196, 3)
+    assert csa.tuning.NEON.grouped_blocked_max_plane == 0
 
 
 @pytest.mark.parametrize("case", [
-    # (N, C/lanes groups, H, W, R, stride, padding (t, b, l, r), dilation)
-    (1, 3, 14, 14, 3, 1, (1, 1, 1, 1), 1),
-    (2, 2, 13, 11, 3, 2, (1, 0, 2, 1), 1),
-    (1, 2, 7, 7, 5, 1, (2, 2, 2, 2), 1),
-    (1, 3, 12, 12, 3, 1, (2, 2, 2, 2), 2),
+    # (N, groups, blocks a group, H, W, R, stride, padding (t, b, l, r), dilation)
+    (1, 3, 1, 14, 14, 3, 1, (1, 1, 1, 1), 1),
+    (2, 2, 1, 13, 11, 3, 2, (1, 0, 2, 1), 1),
+    (1, 2, 1, 7, 7, 5, 1, (2, 2, 2, 2), 1),
+    (1, 3, 1, 12, 12, 3, 1, (2, 2, 2, 2), 2),
+    (1, 2, 2, 9, 17, 3, 1, (1, 1, 1, 1), 1),
+    (2, 3, 3, 15, 10, 3, 2, (0, 1, 1, 0), 1),
 ])
 def test_an_nchw_call_on_blocks_matches_the_reference(rng, monkeypatch, case):
-    """The route through blocks, forced on whatever the host's record says: bias and
-    activation, stride, asymmetric padding, dilation, batches; ``out=`` contiguous or
-    strided, accumulation; the second call (its plain path) as the first; the same bits on
-    1 and 2 threads."""
-    n, groups, h, w, r, stride, pads, dilation = case
+    """The route through blocks (the NCHW planes transposed into the slab's blocks), forced
+    on whatever the host's record says: groups of 1 to 3 blocks, bias and activation,
+    stride, asymmetric padding, dilation, batches, rows longer and shorter than the lanes;
+    ``out=`` contiguous or strided, accumulation; the second call (its plain path) as the
+    first; the same bits on 1 and 2 threads."""
+    n, groups, blocks, h, w, r, stride, pads, dilation = case
     conv0 = cso.Conv2d(np.ones((1, 1, 1, 1), np.float32))
     lanes = cso.layouts.block_size(np.dtype(np.float32), conv0.isa)
     monkeypatch.setattr(cso.Conv2d, "_grouped_on_blocks", lambda self, plan: (
-        plan.spec.groups > 1 and plan.spec.c_per_group == lanes and self.channel_shuffle == 1
+        plan.spec.groups > 1 and plan.spec.c_per_group == plan.spec.k_per_group
+        and plan.spec.c_per_group % lanes == 0 and self.channel_shuffle == 1
         and not self.overrides))
-    c = groups * lanes
+    c_g = blocks * lanes
+    c = groups * c_g
     x = rng.standard_normal((n, c, h, w)).astype(np.float32)
-    wt = (rng.standard_normal((c, lanes, r, r)) / np.sqrt(lanes * r * r)).astype(np.float32)
+    wt = (rng.standard_normal((c, c_g, r, r)) / np.sqrt(c_g * r * r)).astype(np.float32)
     b = rng.standard_normal(c).astype(np.float32)
     geometry = dict(stride=(stride, stride), padding=pads, dilation=(dilation, dilation),
                     groups=groups)
@@ -294,7 +305,8 @@ def test_groups_merged_onto_blocks_match_the_reference(rng, monkeypatch, restore
     padding, dilation, batches, more filters than channels a group; ``out=`` and
     accumulation; the second (plain) call as the first; the same bits on 1 and 2 threads."""
     n, fraction, groups, h, w, r, stride, pads, dilation, k_scale = case
-    lifted_plans(monkeypatch, merged_groups_max_plane=10 ** 6, grouped_blocked_max_plane=10 ** 6)
+    lifted_plans(monkeypatch, merged_groups_max_plane=10 ** 6, grouped_blocked_max_plane=10 ** 6,
+                 grouped_blocked_max_blocks=1)
     lanes = cso.layouts.block_size(np.dtype(np.float32))
     c_g = max(lanes // fraction, 2)
     c, k = groups * c_g, groups * c_g * k_scale
@@ -325,10 +337,10 @@ def test_groups_merged_onto_blocks_match_the_reference(rng, monkeypatch, restore
                 np.testing.assert_allclose(got[in_layout, out_layout], expected, rtol=2e-5,
                                            atol=2e-5, err_msg=f"{in_layout} -> {out_layout}")
         assert conv._merged_twin is not None
-        # an NCHW call runs merged for groups of fewer than 8 channels, as many filters,
-        # merged into several groups of a block
+        # an NCHW call runs merged for groups of as many filters as channels, merged into
+        # several groups of a block
         spec = conv.plan_for(x.shape).spec
-        nchw_merged = c_g < 8 and k_scale == 1 and groups * c_g > lanes
+        nchw_merged = k_scale == 1 and groups * c_g > lanes
         assert spec.groups == (groups * c_g // lanes if nchw_merged else groups)
         outputs.append(got)
     assert all(np.array_equal(outputs[1][key], outputs[0][key]) for key in outputs[0])
@@ -351,8 +363,8 @@ def test_groups_merged_onto_blocks_match_the_reference(rng, monkeypatch, restore
 def test_groups_merge_onto_blocks_where_measured(monkeypatch):
     """Blocked and channels-last calls run the merged groups' plan on planes of at most the
     record's ``merged_groups_max_plane`` outputs (1024 in the AVX-512 and AVX2 records, 0,
-    never, in others); an NCHW call only for groups of fewer than 8 channels, where that
-    plan's groups are one block each on a plane of at most ``grouped_blocked_max_plane``."""
+    never, in others); an NCHW call where that plan's groups are one block each on a plane
+    of at most ``grouped_blocked_max_plane``."""
     lanes = cso.layouts.block_size(np.dtype(np.float32))
 
     def merges(c_g, h, layout, **fields):
@@ -365,14 +377,17 @@ def test_groups_merge_onto_blocks_where_measured(monkeypatch):
             return conv.plan_for(x.shape).spec.groups != groups
         conv(cso.Blocked.from_nchw(x))
         return conv._merged_twin is not None
-    on = dict(merged_groups_max_plane=1024, grouped_blocked_max_plane=196)
+    on = dict(merged_groups_max_plane=1024, grouped_blocked_max_plane=196,
+              grouped_blocked_max_blocks=1)
     assert merges(lanes // 2, 32, "blocked", **on)
     assert not merges(lanes // 2, 33, "blocked", **on)           # 1089 outputs
     assert not merges(lanes // 2, 8, "blocked", merged_groups_max_plane=0)
     few = max(lanes // 4, 2)
     assert merges(few, 14, "nchw", **on)
     assert not merges(few, 15, "nchw", **on)                    # 225 outputs
-    assert merges(lanes // 2, 14, "nchw", **on) == (lanes // 2 < 8)
+    assert merges(lanes // 2, 14, "nchw", **on)
+    assert not merges(lanes // 2, 14, "nchw", merged_groups_max_plane=1024,
+                      grouped_blocked_max_plane=0)
     assert csa.tuning.AVX512.merged_groups_max_plane == 1024
     assert csa.tuning.AVX2.merged_groups_max_plane == 1024
     assert csa.tuning.NEON.merged_groups_max_plane == 0
@@ -387,7 +402,8 @@ def test_odd_groups_merge_with_zero_groups_on_blocks(rng, monkeypatch, restore_t
     a convolution leaves them) change no result. The plain call, ``out=`` with
     accumulation, ``bound_blocked`` on blocks, 1 and 2 threads bit-identical; NCHW and
     channels-last calls, whose arrays have no such lanes, keep their plans."""
-    lifted_plans(monkeypatch, merged_groups_max_plane=10 ** 6, grouped_blocked_max_plane=10 ** 6)
+    lifted_plans(monkeypatch, merged_groups_max_plane=10 ** 6, grouped_blocked_max_plane=10 ** 6,
+                 grouped_blocked_max_blocks=1)
     lanes = cso.layouts.block_size(np.dtype(np.float32))
     c_g = lanes // 2
     c = groups * c_g
