@@ -568,20 +568,26 @@ class _LoopNest:
 
     def transpose_band(self, at, b1, t_in, f_lo, f_hi):
         """The band's out[n, k, p] = act(out_t[p - p_lo, k] (+ bias[k])) while its rows are hot
-        in L2, one vector-square block at a time (the part's filters: a plan splits the filters
-        of one group only, in whole filter tiles)."""
+        in L2, one vector-square block at a time: the part's filters, filter tiles f_lo ..
+        f_hi-1 of every group; all K in one run where that is all of them, else a run a
+        group."""
         code, item, LANES, K = self.code, self.item, self.LANES, self.K
         p_hi = code.cond(b1 < t_in, lambda: self.first_window(b1), lambda: self.PQ)
-        k_lo = code.choose(self.G == 1, f_lo * self.NF, 0)
-        k_hi = code.choose(self.G == 1, code.min(K, f_hi * self.NF), K)
+        whole = (f_lo == 0) & (f_hi == self.t_w)
+        per_group = (self.G > 1) & ~whole
+        runs, span = code.choose(per_group, self.G, 1), code.choose(per_group, self.Kg, K)
+        k_lo = f_lo * self.NF   # in each run
+        k_hi = code.choose(whole, span, code.min(span, f_hi * self.NF))
         out_n = self.out + at.n * K * self.PQ * item
-        with code.range(at.p_lo, p_hi, LANES) as p0:
-            with code.range(k_lo, k_hi, LANES) as k0:
-                code.call((code.geom("transpose"), transpose.FUNCTION_TYPE),
-                          self.out_t + ((p0 - at.p_lo) * K + k0) * item, K,
-                          out_n + (k0 * self.PQ + p0) * item, self.PQ,
-                          code.min(LANES, p_hi - p0), code.min(LANES, k_hi - k0),
-                          self.bias + k0 * item, self.epilogue, self.params)
+        with code.range(0, runs) as run:
+            first = run * span
+            with code.range(at.p_lo, p_hi, LANES) as p0:
+                with code.range(first + k_lo, first + k_hi, LANES) as k0:
+                    code.call((code.geom("transpose"), transpose.FUNCTION_TYPE),
+                              self.out_t + ((p0 - at.p_lo) * K + k0) * item, K,
+                              out_n + (k0 * self.PQ + p0) * item, self.PQ,
+                              code.min(LANES, p_hi - p0), code.min(LANES, first + k_hi - k0),
+                              self.bias + k0 * item, self.epilogue, self.params)
 
     def finish(self):
         self.code.ret()

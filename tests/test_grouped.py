@@ -29,6 +29,7 @@ CASES = {
     "cg8_stride2": (2, 24, 12, 12, 24, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 3),
     "cg12_partial_blocks": (1, 36, 9, 9, 36, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 3),
     "cg16_1x1": (1, 32, 6, 7, 64, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 2),
+    "cg16_filters40": (1, 48, 9, 10, 120, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 3),
     "cg24": (1, 48, 11, 11, 48, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 2),
     "cg32_large_plane": (1, 64, 40, 36, 64, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 2),
     "cg64": (1, 128, 7, 9, 128, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 2),
@@ -128,6 +129,45 @@ def test_the_same_bits_on_any_thread_count(rng, name):
     for nchw, blocked in outputs[1:]:
         np.testing.assert_array_equal(nchw, outputs[0][0])
         np.testing.assert_array_equal(blocked, outputs[0][1])
+
+
+@pytest.mark.parametrize("family", ["direct", "packed_filters"])
+@pytest.mark.parametrize("name", ["cg16_filters40", "cg32_large_plane", "cg64", "cg8_stride2"])
+def test_filter_parts_of_grouped_filters_in_vectors_plans(rng, restore_threads, family, name):
+    """Threads that split the filters of every group (filter tiles f_lo .. f_hi-1 of each),
+    each transposing its own filters of each group out of the band: the reference's values,
+    the same bits as one thread's, for filter parts that end inside a group (40 filters a
+    group on tiles of a vector) or take all of a group's one tile."""
+    x, wt, b, geometry = operands(rng, CASES[name], np.float32)
+    lanes = cso.layouts.block_size(np.dtype(np.float32))
+    family = {**PLANS[family], "microtile_shape": (4, lanes)}
+    cso.set_num_threads(1)
+    whole = conv_of(wt, b, geometry, "silu", plan_overrides=family)(x)
+    check(whole, x, wt, b, geometry, "silu")
+    for parts in (2, 3):
+        cso.set_num_threads(parts)
+        conv = conv_of(wt, b, geometry, "silu", plan_overrides={**family, "split": (1, parts)})
+        plan = conv.plan_for(x.shape)
+        tiles = -(-wt.shape[0] // geometry["groups"] // lanes)
+        assert plan.vectors_along == "filters" and plan.split == (1, min(parts, tiles))
+        np.testing.assert_array_equal(conv(x), whole)
+        added = np.ones_like(whole)
+        conv_of(wt, b, geometry, plan_overrides={**family, "split": (1, parts)},
+                accumulate=True)(x, out=added)
+        np.testing.assert_allclose(added, 1 + conv2d_reference(x, wt, b, **geometry),
+                                   rtol=2e-5, atol=2e-5)
+
+
+def test_one_pixel_grouped_1x1s_split_their_filters_over_threads():
+    """A grouped 1x1 on a one-pixel plane (ResNeSt's attention) has one window to share:
+    its filters go to the threads (2.7x at 2 threads on 640 -> 2560 in 2 groups, Xeon);
+    where the windows can give each thread a part, a grouped filters-in-vectors plan keeps
+    window parts (its filter parts ran as fast)."""
+    machine = ZEN5
+    pixel = csa.analyze(ConvSpec.parse("n1c640h1w1k2560r1s1p0u1g2"), machine, threads=2)
+    assert pixel.vectors_along == "filters" and pixel.split == (1, 2)
+    plane = csa.analyze(ConvSpec.parse("n1c768h14w14k768r3s3p1u1g6"), machine, threads=2)
+    assert plane.vectors_along == "filters" and plane.split[1] == 1
 
 
 def test_a_few_channels_per_group_run_direct_where_measured():
