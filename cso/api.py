@@ -510,8 +510,7 @@ class Conv2d:
         zeros. Later calls of its shape run so too. A squeeze and excitation's 1x1s: where no
         blocked plan takes them (384 -> 96 in 4 groups), 35 us through the NCHW route's
         reorders, 5 us so; where one does, its plan's call costs more (1.19x over 17 of
-        timm's), unless it runs on more threads (the NCHW plan of a grouped 1x1 splits no
-        filters: 640 -> 2560 in 2 groups)."""
+        timm's), unless it runs on more threads than the NCHW plan."""
         n, c, k = xb.data.shape[0], xb.channels, self.weight_shape[0]
         lanes, threads = block_size(self.dtype, self.isa), get_num_threads()
         data_shape, dtype = (n, -(-k // lanes), 1, 1, lanes), self.dtype
