@@ -26,9 +26,12 @@ pool's state is one int64 array (``STATE_WORDS``, its hot words a cache line apa
   meanwhile, leaving the core to that other work. On a core shared with other work the second
   thread costs a stall now and then instead of one in every job;
 - ``warm_until``: a caller that finds workers asleep (a pause longer than their spin) wakes
-  them and runs the jobs of the next ``WARM_NS`` alone while they come up to speed (their
-  cores, idle until then, ran the first parts slowly: at 2 threads, the run of a small model
-  after a 50 ms pause took twice its time back to back).
+  them, shares its job (a worker still waking takes none of a short job's parts: the caller
+  claims them first), and runs the jobs of the next ``WARM_NS`` alone while they come up to
+  speed (their cores, idle until then, ran the first parts slowly: at 2 threads, the run of a
+  small model after a 50 ms pause took twice its time back to back). Its own job ran alone
+  too, once: a job longer than the spin window then found them asleep again at its end, and
+  so did every later one (a 23-GFLOP layer at 2 threads ran at 1 thread's speed for good).
 
 Times come from ``clock_gettime`` (monotonic). ``pool_worker(state, rank)`` never returns: a
 worker thread lives in it. ``pool_run(state, fn, args, nparts, helpers, spin)`` runs a job on
@@ -325,17 +328,14 @@ def _define_run(module, triple, run_one, wake_all, now):
     bld.cbranch(owned, asleep, alone)
 
     # workers asleep (after a pause longer than their spin) take long to wake and their cores
-    # run slowly at first: the jobs of the next WARM_NS run alone while they wake and spin
-    # (unless they sleep at once: ``spin`` 0)
+    # run slowly at first: this job is shared (posted, which wakes them), the jobs of the next
+    # WARM_NS run alone while they wake and spin (unless they sleep at once: ``spin`` 0)
     bld.position_at_end(asleep)
     sleeping = bld.icmp_signed(">", bld.load_word(state, SLEEPERS, "seq_cst"), zero)
     bld.cbranch(bld.and_(sleeping, bld.icmp_signed(">", spin, zero)), rouse, posted)
     bld.position_at_end(rouse)
     bld.store_word(bld.add(start, ir.Constant(I64, WARM_NS)), state, WARM_UNTIL, "monotonic")
-    bld.add_word(state, WAKE, ir.Constant(I32, 1))
-    bld.call(wake_all, [bld.word(state, WAKE)])
-    bld.store_word(zero, state, BUSY)
-    bld.branch(alone)
+    bld.branch(posted)
 
     bld.position_at_end(alone)   # every part on this thread
     i, close = bld.count_up(nparts, done, "alone")

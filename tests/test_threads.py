@@ -1,10 +1,12 @@
 """Threads: the output split over threads gives bit-identical results whatever the split and the
 thread count; the thread-count API; concurrent calls; use after fork; CSA's thread rules."""
+import ctypes
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -689,6 +691,39 @@ def test_a_stalled_worker_makes_the_next_jobs_run_alone(threads, spin):
     run_parts(_slow_part.address, counters.ctypes.data, 2, 2)
     assert state[LAST_STALL] == last and counters[:2].tolist() == [jobs + 1, jobs + 1]
     state[ALONE_UNTIL] = 0
+
+
+_pthread_self = ctypes.CDLL(None).pthread_self
+_pthread_self.restype, _pthread_self.argtypes = ctypes.c_uint64, []
+
+
+@cfunc(types.void(types.CPointer(types.int64), types.int64))
+def _whose_part(args, part):
+    """A part for ``run_parts``: a busy loop of args[2] rounds, then the running thread's
+    ``pthread_self`` in args[part]."""
+    spent = 0.0
+    for i in range(args[2]):
+        spent += i * 1e-9
+    args[part] = _pthread_self() if spent >= 0 else 0
+
+
+def test_a_job_that_wakes_sleeping_workers_shares_its_parts(threads, spin):
+    """A caller that finds the workers asleep wakes them and shares its job: of two parts of
+    about 20 ms each, a worker runs one. (It ran the whole job alone: a job longer than the
+    spin window found them asleep again at its end, and every later one ran alone too.)"""
+    from cso.pool import ALONE_UNTIL, SLEEPERS, WARM_UNTIL
+    cso.set_num_threads(2)
+    cso.set_spin(0.002)
+    cso.threads.pool_address(1)
+    state = cso.threads._pool[0]
+    args = np.array([0, 0, 20_000_000], np.int64)
+    for _ in range(2):
+        state[[ALONE_UNTIL, WARM_UNTIL]] = 0
+        time.sleep(0.1)   # past the spin window: the workers asleep
+        assert state[SLEEPERS] >= 1
+        args[:2] = 0
+        run_parts(_whose_part.address, args.ctypes.data, 2, 2)
+        assert args[0] != 0 and args[1] != 0 and args[0] != args[1], args
 
 
 def test_busy_cores_slow_but_do_not_stall_two_thread_jobs(threads):
