@@ -161,7 +161,7 @@ class Conv2d:
         planes, its output's blocks reordered into the planes), or None (the NCHW plan runs
         them): this one (``_grouped_on_blocks``), or the one of its groups merged onto blocks
         (``_merged``) where that one's groups are one block each: groups of 4 and 8 channels
-        1.1-1.2x at 1 thread, 1.4-1.8x at 2 (csa/TUNING.md, "Groups merged onto blocks")."""
+        1.2x at 1 thread, 1.5-1.7x at 2 (csa/TUNING.md, "Groups merged onto blocks")."""
         if len(shape) != 4 or self.groups == 1 or self.tune or self.overrides:
             return None
         key = (shape, threads)
