@@ -143,8 +143,8 @@ AVX512 = Tuning(
     grouped_blocked_max_blocks=3, merged_groups_max_plane=1024)
 AVX2 = Tuning(
     "avx2", "AMD Zen 3 EPYC (2 cores); grouped_blocked_max_plane, grouped_blocked_max_blocks "
-    "and merged_groups_max_plane with these kernels on an Intel Xeon (AVX-512, 2 vCPUs)", fma_latency=4, fma_pipes=2, loads_per_cycle=1.75,
-    broadcast_operand=False, direct_windows=((6, 1.0), (5, 0.97), (4, 0.90)),
+    "and merged_groups_max_plane with these kernels on an Intel Xeon (AVX-512, 2 vCPUs)",
+    fma_latency=4, fma_pipes=2, loads_per_cycle=1.75, broadcast_operand=False, direct_windows=((6, 1.0), (5, 0.97), (4, 0.90)),
     filter_windows=((6, 1.0), (5, 0.98), (4, 0.96)), thread_min_flops=1e6,
     part_min_flops=1.2e6, depthwise_thread_min_flops=0.2e6, direct_min_depth=144,
     grouped_direct_max_plane=1024, depthwise_blocked_min_taps=49, pixel_band_image=4.0,

@@ -243,7 +243,7 @@ class Conv2d:
         ``tuning.grouped_blocked_max_blocks``, a filter larger than 1x1, an output plane of
         at most ``tuning.grouped_blocked_max_plane`` pixels. There the NCHW plan's window
         tiles are few and short for each group's few filters, where the blocked kernels'
-        vectors hold a group's channels whole: 1.2-1.3x with the reorders on such timm
+        vectors hold a group's channels whole: 1.15-1.46x with the reorders on such timm
         convolutions (csa/TUNING.md, "Grouped convolutions on blocks"); a 1x1's FMAs do not
         pay for them."""
         spec, tuning = plan.spec, plan.machine.tuning
