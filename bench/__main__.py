@@ -95,7 +95,8 @@ for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 from . import documents, report  # noqa: E402  (imports NumPy)
 from .engines import CSO_OPTIONS, ENGINES, LAYOUTS, available_engines, default_engines  # noqa: E402
-from .measure import measure_conv, measure_schedules, settle_seconds  # noqa: E402
+from .measure import (REST_WARM_UP_SECONDS, measure_conv, measure_schedules,  # noqa: E402
+                      settle_seconds)
 from .scaling import SCALING_ENGINES, run_children  # noqa: E402
 from .memory import measure_memory, memory_lines  # noqa: E402
 from . import models  # noqa: E402
@@ -177,7 +178,8 @@ def main_models():
                    f"then half its samples back to back, the engines in turn and then in "
                    f"reverse order"
                    + (f", {settle_seconds(opts.threads):.2f} s of rest before each block "
-                      "(the engines' pools asleep by then)" if opts.threads > 1 else "")
+                      "(the engines' pools asleep by then) and its warm-up "
+                      f"{REST_WARM_UP_SECONDS * 1e3:.0f} ms long" if opts.threads > 1 else "")
                    + "; cso's and OpenVINO's outputs checked against onnxruntime's first; start: "
                      "each engine's load and first run in a fresh process (cso's on the warm "
                      "cache, and on an empty one)"),
@@ -231,7 +233,8 @@ def main():
                     + ", ".join(f"{e} {LAYOUTS.get(e, 'nchw').upper()}" for e in engines)),
         ("Timing", f"median of {repeat} sample{'s' * (repeat > 1)}, each engine timed in blocks "
                    "(a warm-up, then back-to-back samples; the engines in turn, then in reverse"
-                   + (f"; {settle_seconds(opts.threads):.2f} s of rest before each block"
+                   + (f"; {settle_seconds(opts.threads):.2f} s of rest before each block, "
+                      f"its warm-up {REST_WARM_UP_SECONDS * 1e3:.0f} ms long"
                       if opts.threads > 1 else "")
                    + "); every output checked against a float64 reference first"),
         ("cso plans", "tuned on this host (--tune: the fastest of CSA's best-ranked plans, timed "

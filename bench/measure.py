@@ -23,6 +23,11 @@ MIN_SAMPLE_SECONDS = 0.005
 # how long other engines' pools spin on after a call (onnxruntime's: tens of ms)
 OTHER_POOLS_SPIN_SECONDS = 0.05
 SETTLE_MARGIN_SECONDS = 0.02
+# after a rest, a block's warm-up runs this long (one call at least): the workers it wakes (any
+# engine's) ran the first 5-10 ms slowly, their vCPUs idle until then (Xeon VM, 2 threads:
+# 96 -> 192 1x1 at 32 x 32, 2-4 ms samples at 76-84 GFLOP/s after one warm-up call, then
+# 200-360; cso's pool before and after its change of 2026-12-06 alike)
+REST_WARM_UP_SECONDS = 0.03
 COPY = "copy"   # the copy-bandwidth probe timed beside depthwise convolutions
 
 
@@ -30,7 +35,8 @@ def median_seconds(runs, repeat, settle=0.0):
     """{name: median over ``repeat`` samples of the time of one call ``runs[name]()``}, taken
     in blocks (see the module's docstring): each block ``settle`` seconds of rest (for the
     thread pools that spin on after a call, the last block's or the caller's, to stop), an
-    untimed warm-up call, then about half the samples back to back."""
+    untimed warm-up (one call; after a rest, calls for REST_WARM_UP_SECONDS), then about
+    half the samples back to back."""
     calls = {}
     for name, run in runs.items():
         start = time.perf_counter()
@@ -42,7 +48,10 @@ def median_seconds(runs, repeat, settle=0.0):
         for name in order:
             run = runs[name]
             time.sleep(settle)
+            start = time.perf_counter()
             run()
+            while settle and time.perf_counter() - start < REST_WARM_UP_SECONDS:
+                run()
             for _ in range(count):
                 start = time.perf_counter()
                 for _ in range(calls[name]):
