@@ -786,8 +786,10 @@ def _plain_on_blocks_call(route, dtype):
     n, k, p, q = route.out_shape
     data_shape = (n, -(-k // route.lanes), p, q, route.lanes)
 
+    new_data = _output_maker(data_shape, dtype)
+
     def call(x):
-        data = np.empty(data_shape, dtype)
+        data = new_data(data_shape, dtype)
         run(x, data)
         return Blocked.made(data, k).to_nchw()
     return call
