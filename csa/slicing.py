@@ -231,9 +231,12 @@ class SlicingPlan(SlabGeometry):
             lines.append(f"    {name}: total {terms['total']:.4g}  ({detail})")
         why = "forced by override" if "schedule" in self.forced else "cheaper"
         lines.append(f"  schedule: {self.schedule} ({why})")
+        groups = self.spec.groups
+        whole_groups = " (whole groups)" if 1 < self.parts[1] <= groups else ""
         lines.append(f"  threads: {self.threads}, the output split into {self.parts[0]} part(s) of "
                      f"the {self.window_units} {'output rows' if self.direct else 'window tiles'} (all images) "
-                     f"x {self.parts[1]} of the {self.filter_tiles} filter tiles "
+                     f"x {self.parts[1]} of the {groups * self.filter_tiles} filter "
+                     f"tiles{whole_groups} "
                      f"({self.parts_per_thread} window part(s) a thread, claimed as threads "
                      f"come free); L3 counted as {m.per_thread(self.threads).l3 // 1024} KiB per "
                      "thread" + forced_note(self, "split"))
@@ -322,18 +325,18 @@ def analyze_slicing(spec, machine, threads, overrides, layout="nchw"):
         nc = block_channel_tile(nc, lanes, spec.c_per_group)
     fin, fw, fout = tile_footprints(spec, nwin, nf, nc)
     units = window_units(spec, nwin, slab, vectors_along)
-    # filter parts of a grouped filters-in-vectors plan only where its windows cannot give
-    # each thread a part (a one-pixel grouped 1x1: 2.7x at 2 threads); where they can, its
-    # filter parts ran as fast as its window parts (1.0x over 35 such 3x3s, Xeon)
-    splittable = (spec.groups == 1 or vectors_along == "windows" or blocked
-                  or units < threads)
-    # what a filter part costs more: it packs the input again (nothing where a 1x1 reads it in
-    # place), for a grouped windows-in-vectors plan every group's windows
+    # a grouped plan's filter parts (whole groups a thread where there are enough) on NCHW
+    # activations; a blocked one's only where its windows cannot give each thread a part:
+    # elsewhere whole groups ran 0.99x and 0.96x its window parts in two runs (Xeon, 2
+    # threads; csa/TUNING.md, "Threads over groups")
+    splittable = spec.groups == 1 or not blocked or units < threads
+    # what a filter part inside a group costs more: it packs the group's input again (nothing
+    # where a 1x1 reads it in place), for a grouped windows-in-vectors plan its windows
     repacking = (0 if not blocked and reads_input_unpacked(spec, vectors_along, machine.tuning)
                  else GROUPED_FILTER_SPLIT_COST if spec.groups > 1 and vectors_along == "windows"
                  and not blocked else FILTER_SPLIT_COST)
     if split:
-        split = (min(split[0], units), min(split[1], t_w))
+        split = (min(split[0], units), min(split[1], spec.groups * t_w))
         per_thread = 1
     else:
         split = thread_split(spec, units, t_w, threads, splittable, machine, repacking)

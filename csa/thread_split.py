@@ -2,10 +2,10 @@
 from math import ceil
 
 
-FILTER_SPLIT_COST = 0.05  # filter parts each pack (or fill) the whole input again
-# ... and a grouped plan's with windows in vectors pack every group's windows again, a large
-# share of its work: on a Xeon (AVX-512) at 2 threads, filter parts ran 1.07-1.56x slower than
-# window parts on 10 such layers of timm's, which FILTER_SPLIT_COST had split by filters
+FILTER_SPLIT_COST = 0.05  # filter parts inside a group each pack (or fill) its input again
+# ... and a grouped plan's with windows in vectors pack the group's windows again, a large
+# share of its work: on a Xeon (AVX-512) at 2 threads, filter parts that each took part of
+# every group ran 1.07-1.56x slower than window parts on 10 such layers of timm's
 GROUPED_FILTER_SPLIT_COST = 0.4
 # window parts a thread may get at most: with more parts than threads, claimed as threads come
 # free, a thread that is late (its core waking up, or taken by another process) holds up the
@@ -13,39 +13,63 @@ GROUPED_FILTER_SPLIT_COST = 0.4
 PARTS_PER_THREAD = 4
 
 
+def filter_part(groups, tiles, b, j):
+    """Filter part ``j`` of ``b`` of ``groups`` groups of ``tiles`` filter tiles each: the
+    (first, end) of its tiles, numbered over all groups in order: near-equal runs of whole
+    groups where there are at least ``b`` of them, else near-equal runs of the tiles."""
+    if groups >= b:
+        return groups * j // b * tiles, groups * (j + 1) // b * tiles
+    return groups * tiles * j // b, groups * tiles * (j + 1) // b
+
+
+def filter_part_shares(groups, tiles, b):
+    """(filter tiles, input) the busiest of ``b`` filter parts (``filter_part``) takes, as
+    shares of all of them: with fewer groups than parts, a part reads one group's input."""
+    if groups >= b:
+        share = ceil(groups / b) / groups
+        return share, share
+    return ceil(groups * tiles / b) / (groups * tiles), 1 / groups
+
+
 def thread_split(spec, units, filter_tiles, threads, filters_splittable, machine,
                  repacking=FILTER_SPLIT_COST):
     """(window parts, filter parts) of the output, one thread each: the split whose busiest
     thread takes the least time. Its FMAs: its share of the output, a filter part costing
-    ``repacking`` more, since each repacks the input (0 where there is no packing: a 1x1 read
-    in place). Its bytes, streamed from memory at
-    ``machine.stream_mem`` cycles a line against its FMAs at the peak: each window part reads
-    the filters of its filter part, each filter part the input of its window part; so where
-    the filters outweigh the work on them (a classifier, the last 7x7 layers of a CNN at batch
-    1) filter parts halve what each thread streams, where window parts would each read them
-    all. The output is split, never the reduction, so the result does not depend on it. A
-    thread is only added for at least ``thread_min_flops`` of work (the record's: small
-    convolutions stay on one), its FMAs and its filters read once from L2 at
-    ``machine.stream_l2`` cycles a line (a one-pixel 1x1 is all filters: 746 -> 186, 2.5
-    MFLOP of such work, ran 1.13x faster at 2 threads, 1098 -> 91 1.33x, 184 -> 360 0.69x),
-    and only where it makes the busiest thread faster."""
+    ``repacking`` more where it takes part of a group, since each then repacks that group's
+    input (0 where there is no packing: a 1x1 read in place); a filter part of whole groups
+    packs those groups' channels alone, as no other part does. Its bytes, streamed from
+    memory at ``machine.stream_mem`` cycles a line against its FMAs at the peak: each window
+    part reads the filters of its filter part, each filter part the input of its groups (all
+    of it with one group) in its window part; so where the filters outweigh the work on them
+    (a classifier, the last 7x7 layers of a CNN at batch 1) filter parts halve what each
+    thread streams, where window parts would each read them all. ``filter_tiles`` are a
+    group's; filter parts run over all groups' (``filter_part_shares``): a grouped
+    convolution's threads take whole groups where they can, and only where
+    ``filters_splittable``. The output is split, never the
+    reduction, so the result does not depend on it. A thread is only added for at least
+    ``thread_min_flops`` of work (the record's: small convolutions stay on one), its FMAs and
+    its filters read once from L2 at ``machine.stream_l2`` cycles a line (a one-pixel 1x1 is
+    all filters: 746 -> 186, 2.5 MFLOP of such work, ran 1.13x faster at 2 threads, 1098 -> 91
+    1.33x, 184 -> 360 0.69x), and only where it makes the busiest thread faster."""
     flops_a_cycle = 2 * machine.tuning.fma_pipes * machine.vector_bytes / spec.itemsize
     byte_share = machine.stream_mem / machine.line * flops_a_cycle / spec.flops
     filter_bytes = spec.k * spec.c_per_group * spec.r * spec.s * spec.itemsize
     work = spec.flops + filter_bytes * machine.stream_l2 / machine.line * flops_a_cycle
     worth = max(1, min(threads, int(work // machine.tuning.thread_min_flops)))
     input_bytes = spec.n * spec.c * spec.h * spec.w * spec.itemsize
+    groups = spec.groups
 
     def cost(a, b):   # the busiest thread's time, in shares of the whole work's FMAs
-        share = (ceil(units / a) * ceil(filter_tiles / b) / (units * filter_tiles)
-                 * (1 + repacking * (b > 1)))
-        return share + (filter_bytes / b + input_bytes / a) * byte_share
+        filters, inputs = filter_part_shares(groups, filter_tiles, b)
+        share = ceil(units / a) / units * filters * (1 + repacking * (b > groups))
+        return share + (filter_bytes / b + input_bytes * inputs / a) * byte_share
 
     best, best_cost = (1, 1), cost(1, 1)
     for t in range(2, worth + 1):
         for a in range(1, t + 1):
             b = t // a
-            if a * b != t or a > units or b > filter_tiles or (b > 1 and not filters_splittable):
+            if (a * b != t or a > units or b > groups * filter_tiles
+                    or (b > 1 and not filters_splittable)):
                 continue
             c = cost(a, b)
             if c < best_cost - 1e-9:

@@ -15,7 +15,7 @@ from .pool import PART_FN
 # output's channels, the workspaces' with a part's row length in elements (``*_row``)
 CALL_ARGS = ("x", "n", "c", "h", "w", "weights", "bias", "out", "out_k", "geom", "parts",
              "scratch", "scratch_row", "out_t", "out_t_row", "rows", "rows_row")
-PART_WORDS = 4   # a ``parts`` row: first window tile (unit), end, first filter tile, end
+PART_WORDS = 4   # a ``parts`` row: first window tile (unit), end, first filter tile (of all groups'), end
 
 
 ENTRY_WORD = len(CALL_ARGS)   # ``call_on_arrays``: the entry's address, after the arguments

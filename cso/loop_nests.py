@@ -381,10 +381,12 @@ class _LoopNest:
               block=None, start_row=None):
         """The shared loops around ``kernel(at, filter_tile, tile)`` on the window tile
         ``window_tile(at, wt[, row])`` describes (its address and row stride, windows used,
-        first output position, and column on its slab row). ``at`` holds the loops' values:
-        the image, band, group, channel tile and block. The variant's steps:
+        first output position, and column on its slab row), over the part's window tiles and
+        filter tiles (numbered over all groups: the groups it has, each's tiles of it). ``at``
+        holds the loops' values: the image, band, group, channel tile and block. The
+        variant's steps:
         ``windows_innermost``, the loop order (the vector operand's tiles outside);
-        ``band_pass(at, b1, t_in, f_lo, f_hi)``, a pass over each band's output after its
+        ``band_pass(at, b1, t_in, part_lo, part_hi)``, a pass over each band's output after its
         channel tiles, which then applies the epilogue (else the kernel's store does, on the
         last channel tile); ``slab_rows(b0, b1)``, the first slab row that window tiles b0 ..
         b1-1 read and the row past their last (the slab is filled per channel tile with those
@@ -397,7 +399,8 @@ class _LoopNest:
                 else (self.windows + self.NWIN - 1) // self.NWIN)
         IS = self.input_stationary
         w_block, f_block = code.choose(IS, self.k3, self.k2), code.choose(IS, self.k2, self.k3)
-        f_lo, f_hi = self.part[2], self.part[3]
+        # the part's filter tiles, numbered over all groups: its groups, each's tiles
+        part_lo, part_hi, t_w = self.part[2], self.part[3], self.t_w
         at = SimpleNamespace()
         with code.range(self.part[0] // t_in,
                         code.min(self.N, (self.part[1] + t_in - 1) // t_in)) as n:
@@ -412,13 +415,15 @@ class _LoopNest:
                     at.row0, row_end = slab_rows(b0, b1)
                     at.slab_rows = code.min(self.Hb, code.min(self.Hs, row_end) - at.row0)
                 at.p_lo = self.first_window(b0)
-                # IS: window blocks of the band, then filter blocks; WS: filter blocks, then
-                # window blocks of the band
-                outer_lo, outer_hi, outer_step, inner_lo, inner_hi, inner_step = (
-                    code.choose(IS, a, b) for a, b in
-                    ((b0, f_lo), (b1, f_hi), (w_block, f_block), (f_lo, b0), (f_hi, b1),
-                     (f_block, w_block)))
-                with code.range(0, self.G) as g:
+                with code.range(part_lo // t_w, (part_hi + t_w - 1) // t_w) as g:
+                    f_lo = code.max(0, part_lo - g * t_w)
+                    f_hi = code.min(t_w, part_hi - g * t_w)
+                    # IS: window blocks of the band, then filter blocks; WS: filter blocks,
+                    # then window blocks of the band
+                    outer_lo, outer_hi, outer_step, inner_lo, inner_hi, inner_step = (
+                        code.choose(IS, a, b) for a, b in
+                        ((b0, f_lo), (b1, f_hi), (w_block, f_block), (f_lo, b0), (f_hi, b1),
+                         (f_block, w_block)))
                     with code.range(0, self.Cg, self.nc_max) as c0:
                         self._channel_tile(at, g, c0, band_pass is None)
                         if slab_rows is not None:
@@ -436,7 +441,7 @@ class _LoopNest:
                                             start_row)
                 if band_pass is not None:
                     with code.if_(self.post):
-                        band_pass(at, b1, t_in, f_lo, f_hi)
+                        band_pass(at, b1, t_in, part_lo, part_hi)
 
     def _channel_tile(self, at, g, c0, stores_output):
         """``at``'s values for channel tile ``c0`` of group ``g``: its kernel flags (the
@@ -566,21 +571,21 @@ class _LoopNest:
         """The stride between filter tiles."""
         return self.Cg * self.R * self.S * self.NF * self.item
 
-    def transpose_band(self, at, b1, t_in, f_lo, f_hi):
+    def transpose_band(self, at, b1, t_in, part_lo, part_hi):
         """The band's out[n, k, p] = act(out_t[p - p_lo, k] (+ bias[k])) while its rows are hot
-        in L2, one vector-square block at a time: the part's filters, filter tiles f_lo ..
-        f_hi-1 of every group; all K in one run where that is all of them, else a run a
-        group."""
-        code, item, LANES, K = self.code, self.item, self.LANES, self.K
+        in L2, one vector-square block at a time: the part's filters, filter tiles part_lo ..
+        part_hi-1 numbered over all groups; all K in one run where that is all of them, else a
+        run a group."""
+        code, item, LANES, K, t_w = self.code, self.item, self.LANES, self.K, self.t_w
         p_hi = code.cond(b1 < t_in, lambda: self.first_window(b1), lambda: self.PQ)
-        whole = (f_lo == 0) & (f_hi == self.t_w)
-        per_group = (self.G > 1) & ~whole
-        runs, span = code.choose(per_group, self.G, 1), code.choose(per_group, self.Kg, K)
-        k_lo = f_lo * self.NF   # in each run
-        k_hi = code.choose(whole, span, code.min(span, f_hi * self.NF))
+        whole = (part_lo == 0) & (part_hi == self.G * t_w)
+        span = code.choose(whole, K, self.Kg)
         out_n = self.out + at.n * K * self.PQ * item
-        with code.range(0, runs) as run:
+        with code.range(code.choose(whole, 0, part_lo // t_w),
+                        code.choose(whole, 1, (part_hi + t_w - 1) // t_w)) as run:
             first = run * span
+            k_lo = code.choose(whole, 0, code.max(0, part_lo - run * t_w) * self.NF)
+            k_hi = code.choose(whole, K, code.min(self.Kg, (part_hi - run * t_w) * self.NF))
             with code.range(at.p_lo, p_hi, LANES) as p0:
                 with code.range(first + k_lo, first + k_hi, LANES) as k0:
                     code.call((code.geom("transpose"), transpose.FUNCTION_TYPE),

@@ -13,6 +13,7 @@ from dataclasses import replace
 import numpy as np
 
 from csa.layout import subsampled
+from csa.thread_split import filter_part
 
 from microkernels import KernelSpec, TransposeSpec, outer_product, row_copy, transpose
 from microkernels.spec import STORE_ACTIVATION
@@ -135,10 +136,11 @@ def out_t_elements(plan):
 def output_parts(plan):
     """The plan's output parts (``parts``: window parts x filter parts) as the loop nest's
     ``part`` vectors: window tiles over all images in near-equal runs of whole units (output
-    rows for a direct plan, else tiles), filter tiles in near-equal runs."""
+    rows for a direct plan, else tiles), filter tiles numbered over all groups
+    (``csa.thread_split.filter_part``: whole groups where there are enough)."""
     units = plan.window_units
     per_unit = plan.row_tiles or 1
     a, b = plan.parts
     return np.array([(units * i // a * per_unit, units * (i + 1) // a * per_unit,
-                      plan.filter_tiles * j // b, plan.filter_tiles * (j + 1) // b)
+                      *filter_part(plan.spec.groups, plan.filter_tiles, b, j))
                      for i in range(a) for j in range(b)], np.int64)

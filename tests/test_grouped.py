@@ -134,21 +134,23 @@ def test_the_same_bits_on_any_thread_count(rng, name):
 @pytest.mark.parametrize("family", ["direct", "packed_filters"])
 @pytest.mark.parametrize("name", ["cg16_filters40", "cg32_large_plane", "cg64", "cg8_stride2"])
 def test_filter_parts_of_grouped_filters_in_vectors_plans(rng, restore_threads, family, name):
-    """Threads that split the filters of every group (filter tiles f_lo .. f_hi-1 of each),
-    each transposing its own filters of each group out of the band: the reference's values,
-    the same bits as one thread's, for filter parts that end inside a group (40 filters a
-    group on tiles of a vector) or take all of a group's one tile."""
+    """Filter parts over the groups' filter tiles in order, each transposing its own filters
+    out of the band: the reference's values, the same bits as one thread's, for parts of
+    whole groups (as many parts as groups or fewer), parts that end inside a group and parts
+    that cross from one group into the next (more parts than groups; 40 filters a group on
+    tiles of a vector)."""
     x, wt, b, geometry = operands(rng, CASES[name], np.float32)
     lanes = cso.layouts.block_size(np.dtype(np.float32))
     family = {**PLANS[family], "microtile_shape": (4, lanes)}
     cso.set_num_threads(1)
     whole = conv_of(wt, b, geometry, "silu", plan_overrides=family)(x)
     check(whole, x, wt, b, geometry, "silu")
-    for parts in (2, 3):
+    groups = geometry["groups"]
+    tiles = groups * -(-wt.shape[0] // groups // lanes)
+    for parts in (2, 3, 5):
         cso.set_num_threads(parts)
         conv = conv_of(wt, b, geometry, "silu", plan_overrides={**family, "split": (1, parts)})
         plan = conv.plan_for(x.shape)
-        tiles = -(-wt.shape[0] // geometry["groups"] // lanes)
         assert plan.vectors_along == "filters" and plan.split == (1, min(parts, tiles))
         np.testing.assert_array_equal(conv(x), whole)
         added = np.ones_like(whole)
@@ -158,16 +160,25 @@ def test_filter_parts_of_grouped_filters_in_vectors_plans(rng, restore_threads, 
                                    rtol=2e-5, atol=2e-5)
 
 
-def test_one_pixel_grouped_1x1s_split_their_filters_over_threads():
-    """A grouped 1x1 on a one-pixel plane (ResNeSt's attention) has one window to share:
-    its filters go to the threads (2.7x at 2 threads on 640 -> 2560 in 2 groups, Xeon);
-    where the windows can give each thread a part, a grouped filters-in-vectors plan keeps
-    window parts (its filter parts ran as fast)."""
+def test_grouped_plans_split_over_whole_groups():
+    """A grouped plan on NCHW activations gives its threads whole groups where there are
+    enough: a one-pixel grouped 1x1 (ResNeSt's attention) has one window to share (2.7x at 2
+    threads on 640 -> 2560 in 2 groups, Xeon), and 6 groups at 14 x 14 go 3 a thread. On
+    blocks, window parts, unless the windows are too few (whole groups ran 0.96-0.99x as fast
+    there, csa/TUNING.md "Threads over groups")."""
     machine = ZEN5
     pixel = csa.analyze(ConvSpec.parse("n1c640h1w1k2560r1s1p0u1g2"), machine, threads=2)
     assert pixel.vectors_along == "filters" and pixel.split == (1, 2)
-    plane = csa.analyze(ConvSpec.parse("n1c768h14w14k768r3s3p1u1g6"), machine, threads=2)
-    assert plane.vectors_along == "filters" and plane.split[1] == 1
+    plane = ConvSpec.parse("n1c768h14w14k768r3s3p1u1g6")
+    nchw = csa.analyze(plane, machine, threads=2)
+    tiles = nchw.filter_tiles
+    assert nchw.vectors_along == "filters" and nchw.split == (1, 2)
+    assert [csa.thread_split.filter_part(6, tiles, 2, j) for j in (0, 1)] == [
+        (0, 3 * tiles), (3 * tiles, 6 * tiles)]
+    assert csa.analyze(plane, machine, threads=2, layout="blocked").split == (2, 1)
+    # more parts than groups: runs of the tiles, in group order
+    assert [csa.thread_split.filter_part(2, 3, 4, j) for j in range(4)] == [
+        (0, 1), (1, 3), (3, 4), (4, 6)]
 
 
 def test_a_few_channels_per_group_run_direct_where_measured():

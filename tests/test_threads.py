@@ -70,7 +70,9 @@ def test_split_output_is_bit_identical(rng, threads, name, dtype):
             plan = conv.plan_for(x.shape)
             assert np.array_equal(got, one), (split, count, plan.split)
     if groups > 1 and overrides.get("vectors_along") == "filters":
-        assert plan.split[1] == 1   # its filters are transposed per group: never split
+        # filter parts run over the groups' tiles in order: (7, 5) gets one group a part
+        # where each has one tile (vectors of 8 or more), else parts inside the groups
+        assert plan.split[1] == min(5, groups * plan.filter_tiles)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -396,12 +398,19 @@ def test_thread_split_rules():
         assert big.flops < 2 * machine.tuning.thread_min_flops
         assert csa.analyze(big, machine, threads=2).split == (1, 2)
         assert csa.analyze(small, machine, threads=2).split == (1, 1)
-    # a grouped plan with windows in vectors: filter parts would each pack every group's
-    # windows again, so window parts, as long as there are enough of them (two tiles here)
+    # a grouped plan with windows in vectors: filter parts of whole groups (3 of the 6 a
+    # thread) pack no other part's windows, and read half the filters and input each
     grouped = csa.ConvSpec.parse("n1c768h8w8k768r3s3p1u1g6")
     plan = csa.analyze(grouped, ZEN5_CCD, threads=2)
-    assert plan.vectors_along == "windows" and plan.split == (2, 1)
-    assert csa.analyze(grouped, ZEN5_CCD, threads=8).split[1] > 1
+    assert plan.vectors_along == "windows" and plan.split == (1, 2)
+    assert csa.thread_split.filter_part(6, plan.filter_tiles, 2, 1) == (3 * plan.filter_tiles,
+                                                                        6 * plan.filter_tiles)
+    # on blocks: window parts, where the windows give each thread one
+    blocked = csa.analyze(grouped, ZEN5_CCD, threads=2, layout="blocked")
+    assert blocked.split == (2, 1)
+    pixel = csa.analyze(csa.ConvSpec.parse("n1c640h1w1k2560r1s1p0u1g2"), ZEN5_CCD, threads=2,
+                        layout="blocked")
+    assert pixel.split == (1, 2)
     # a 1x1 whose tiles read the input in place repacks nothing in a filter part: filter parts,
     # which read half the filters each, where window parts would each read them all; packed,
     # as with 256 filters in the AVX2 record, each filter part would pack the input again
