@@ -325,11 +325,6 @@ def analyze_slicing(spec, machine, threads, overrides, layout="nchw"):
         nc = block_channel_tile(nc, lanes, spec.c_per_group)
     fin, fw, fout = tile_footprints(spec, nwin, nf, nc)
     units = window_units(spec, nwin, slab, vectors_along)
-    # a grouped plan's filter parts (whole groups a thread where there are enough) on NCHW
-    # activations; a blocked one's only where its windows cannot give each thread a part:
-    # elsewhere whole groups ran 0.99x and 0.96x its window parts in two runs (Xeon, 2
-    # threads; csa/TUNING.md, "Threads over groups")
-    splittable = spec.groups == 1 or not blocked or units < threads
     # what a filter part inside a group costs more: it packs the group's input again (nothing
     # where a 1x1 reads it in place), for a grouped windows-in-vectors plan its windows
     repacking = (0 if not blocked and reads_input_unpacked(spec, vectors_along, machine.tuning)
@@ -339,7 +334,7 @@ def analyze_slicing(spec, machine, threads, overrides, layout="nchw"):
         split = (min(split[0], units), min(split[1], spec.groups * t_w))
         per_thread = 1
     else:
-        split = thread_split(spec, units, t_w, threads, splittable, machine, repacking)
+        split = thread_split(spec, units, t_w, threads, machine, repacking)
         per_thread = parts_per_thread(spec, split, units, machine)
     plan_machine, machine = machine, machine.per_thread(split[0] * split[1])
 

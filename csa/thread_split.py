@@ -31,8 +31,7 @@ def filter_part_shares(groups, tiles, b):
     return ceil(groups * tiles / b) / (groups * tiles), 1 / groups
 
 
-def thread_split(spec, units, filter_tiles, threads, filters_splittable, machine,
-                 repacking=FILTER_SPLIT_COST):
+def thread_split(spec, units, filter_tiles, threads, machine, repacking=FILTER_SPLIT_COST):
     """(window parts, filter parts) of the output, one thread each: the split whose busiest
     thread takes the least time. Its FMAs: its share of the output, a filter part costing
     ``repacking`` more where it takes part of a group, since each then repacks that group's
@@ -44,8 +43,7 @@ def thread_split(spec, units, filter_tiles, threads, filters_splittable, machine
     (a classifier, the last 7x7 layers of a CNN at batch 1) filter parts halve what each
     thread streams, where window parts would each read them all. ``filter_tiles`` are a
     group's; filter parts run over all groups' (``filter_part_shares``): a grouped
-    convolution's threads take whole groups where they can, and only where
-    ``filters_splittable``. The output is split, never the
+    convolution's threads take whole groups where they can. The output is split, never the
     reduction, so the result does not depend on it. A thread is only added for at least
     ``thread_min_flops`` of work (the record's: small convolutions stay on one), its FMAs and
     its filters read once from L2 at ``machine.stream_l2`` cycles a line (a one-pixel 1x1 is
@@ -68,8 +66,7 @@ def thread_split(spec, units, filter_tiles, threads, filters_splittable, machine
     for t in range(2, worth + 1):
         for a in range(1, t + 1):
             b = t // a
-            if (a * b != t or a > units or b > groups * filter_tiles
-                    or (b > 1 and not filters_splittable)):
+            if a * b != t or a > units or b > groups * filter_tiles:
                 continue
             c = cost(a, b)
             if c < best_cost - 1e-9:

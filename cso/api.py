@@ -158,8 +158,8 @@ class Conv2d:
 
     def _nchw_on_blocks(self, shape, threads):
         """The ``Conv2d`` whose blocked plan runs NCHW calls on ``shape`` (reading the
-        planes, its output's blocks reordered into the planes), or None (the NCHW plan runs
-        them): this one (``_grouped_on_blocks``), or the one of its groups merged onto blocks
+        planes and writing them), or None (the NCHW plan runs them): this one
+        (``_grouped_on_blocks``), or the one of its groups merged onto blocks
         (``_merged``) where that one's groups are one block each: groups of 4 and 8 channels
         1.2x at 1 thread, 1.5-1.7x at 2 (csa/TUNING.md, "Groups merged onto blocks")."""
         if len(shape) != 4 or self.groups == 1 or self.tune or self.overrides:
@@ -238,14 +238,15 @@ class Conv2d:
     def _grouped_on_blocks(self, plan):
         """Whether an NCHW call runs grouped ``plan``'s convolution (the NCHW plan's, neither
         forced by overrides nor tuned) on its blocked plan, which transposes the NCHW planes
-        into its slab's blocks, its output's blocks reordered into the planes: as many
-        filters as channels a group, a whole number of blocks up to
+        into its slab's blocks and writes the planes from each band: as many filters as
+        channels a group, a whole number of blocks up to
         ``tuning.grouped_blocked_max_blocks``, a filter larger than 1x1, an output plane of
         at most ``tuning.grouped_blocked_max_plane`` pixels. There the NCHW plan's window
         tiles are few and short for each group's few filters, where the blocked kernels'
-        vectors hold a group's channels whole: 1.15-1.46x with the reorders on such timm
-        convolutions (csa/TUNING.md, "Grouped convolutions on blocks"); a 1x1's FMAs do not
-        pay for them."""
+        vectors hold a group's channels whole: 1.15-1.46x on such timm convolutions with the
+        output's blocks reordered after the call (csa/TUNING.md, "Grouped convolutions on
+        blocks"), which writing the planes from each band made 1.01-1.45x faster; a 1x1's
+        FMAs do not pay for the input's transposes."""
         spec, tuning = plan.spec, plan.machine.tuning
         if not (isinstance(plan, csa.SlicingPlan) and spec.groups > 1 and spec.r * spec.s > 1
                 and spec.p * spec.q <= tuning.grouped_blocked_max_plane):
@@ -589,30 +590,33 @@ class Conv2d:
             xb = Blocked.from_nchw(x, lanes) if in_layout == "nchw" else xb.reblocked(lanes)
             in_layout = "blocked"
         out_block = route.out_block
-        if out_layout == "blocked" and out is not None:
+        if out_layout == "nchw":   # the planes, written by the plan's transposing pass
+            in_place = out is not None and out.flags.c_contiguous
+            planes = (out if in_place else np.ascontiguousarray(out) if self.accumulate
+                      else _output(out_shape, self.dtype))
+        elif out_layout == "blocked" and out is not None:
             result = out
         elif out_layout == "nhwc" and out is not None and out_block == out_shape[1]:
             result = Blocked.from_nhwc(out)
-        elif self.accumulate and out_layout == "nchw":
-            result = Blocked.from_nchw(out, lanes)
         else:
             result = Blocked.empty(out_shape, self.dtype, out_block)
         if shape[0]:
             rows = route.rows
             data = x if in_layout == "nchw" else xb.data
+            out_data = planes if out_layout == "nchw" else result.data
             route.prepared.run(data.reshape(merged(data.shape, rows)), route.weights,
-                               route.bias, result.data.reshape(merged(result.data.shape, rows)),
+                               route.bias, out_data.reshape(merged(out_data.shape, rows)),
                                phases, route.threads)
             if plain_key is not None:
                 _remember(self._plain, plain_key, _plain_layout_call(
                     route, plain_key[3] == "nhwc", self.dtype))
+        if out_layout == "nchw":
+            return out if in_place else written(planes, out)
         if out_layout == "blocked":
             return result
-        if out_layout == "nhwc":
-            if out is not None and result.data.base is out:   # written in place
-                return out
-            return written(result.to_nhwc(), out)
-        return written(result.to_nchw(), out)
+        if out is not None and result.data.base is out:   # channels last, written in place
+            return out
+        return written(result.to_nhwc(), out)
 
     def _route(self, shape, in_layout, in_block, out_layout, threads):
         """How calls on an input of ``shape`` (N, C, H, W) in ``in_layout`` (blocks of
@@ -627,7 +631,7 @@ class Conv2d:
         spec = self.spec_for(shape, self.dtype)   # (checks the shapes)
         lanes = block_size(self.dtype, self.isa)
         out_shape = (shape[0],) + spec.output_shape[1:]
-        out_block = spec.k if out_layout == "nhwc" else lanes
+        out_block = {"nhwc": spec.k, "nchw": 1}.get(out_layout, lanes)
         plan, rows = self._blocked_plan(spec, lanes, threads,
                                         self._plan_layout((in_block, out_block), spec))
         if plan is None:
@@ -779,20 +783,10 @@ def _plain_layout_call(route, nhwc, dtype):
 
 def _plain_on_blocks_call(route, dtype):
     """``call(x)`` (``Conv2d.__call__``) for a C-contiguous NCHW array of the shape ``route``
-    (a ``_Route`` on a blocked plan reading NCHW planes) was made for, where an NCHW call runs
-    that plan (``Conv2d._grouped_on_blocks``): its output's blocks reordered into a new NCHW
-    array."""
-    run = route.prepared.runner(route.weights, route.bias, route.threads)
-    n, k, p, q = route.out_shape
-    data_shape = (n, -(-k // route.lanes), p, q, route.lanes)
-
-    new_data = _output_maker(data_shape, dtype)
-
-    def call(x):
-        data = new_data(data_shape, dtype)
-        run(x, data)
-        return Blocked.made(data, k).to_nchw()
-    return call
+    (a ``_Route`` on a blocked plan reading and writing NCHW planes) was made for, where an
+    NCHW call runs that plan (``Conv2d._grouped_on_blocks``): a new NCHW output."""
+    return _plain_call(route.prepared.runner(route.weights, route.bias, route.threads),
+                       route.out_shape, dtype)
 
 
 def _padded_plain_call(plain, c, k):

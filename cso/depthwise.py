@@ -125,7 +125,7 @@ def rows_elements(plan):
     return plan.spec.r * plan.spec.s
 
 
-def out_t_elements(plan):
+def out_t_elements(plan, out_block=None):
     return 0
 
 

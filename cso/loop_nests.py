@@ -153,7 +153,8 @@ def define_filters_blocked(module, dtype):
     blocks over the rows the band reads, copied once per band with their zero padding
     (``csa.layout.blocked_slab_shape``: Hb x Ws blocks a block of channels). The kernel stores
     every tile into the output's blocks, the epilogue on the last channel tile: no transposing
-    pass."""
+    pass; or, for an NCHW output (``out_block`` 1), into the band's transposed output, which
+    the transposing pass writes into the planes."""
     nest = _BlockedNest(module, dtype, "filters_blocked", direct=True)
     code, B = nest.code, nest.read_block
 
@@ -164,6 +165,7 @@ def define_filters_blocked(module, dtype):
         return SimpleNamespace(address=address, windows=ow1 - ow0, first=oh * nest.Q + ow0)
 
     nest.loops(window_tile, nest.kernel_into_blocks, windows_innermost=True,
+               band_pass=nest.transpose_into_planes,
                slab_rows=lambda b0, b1: (code.choose(nest.unpacked, 0,
                                                      b0 // nest.row_tiles * nest.step_h),
                                          nest.Hs),
@@ -603,12 +605,16 @@ class _BlockedNest(_LoopNest):
     """A loop nest on channel-blocked activations (``define_filters_blocked``): its input is
     blocks of ``in_block`` channels (``C`` its padded channel count, a whole number of
     blocks), its output of ``out_block``: the lanes, or all K channels (channels last; ``K``
-    likewise padded): the slab holds blocks, the kernel stores into the output's blocks."""
+    likewise padded): the slab holds blocks, the kernel stores into the output's blocks; or
+    NCHW planes (``out_block`` 1): the kernel stores the band's output channels last into
+    ``out_t``, which the transposing pass writes into the planes while hot (a reorder's pass
+    over the whole output saved)."""
 
     def __init__(self, module, dtype, variant, direct=True):
         super().__init__(module, dtype, variant, direct)
         code = self.code
         self.block, self.out_block = code.geom("in_block", "out_block")
+        self.planes_out = self.out_block == 1
         # a subsampled 1x1's slab holds its windows alone: read as a stride-1 1x1's
         self.subsample = code.geom("subsample") != 0
         self.step_h, self.step_w = (code.choose(self.subsample, 1, s) for s in (self.sh, self.sw))
@@ -624,6 +630,18 @@ class _BlockedNest(_LoopNest):
                                           self.nc_max < self.C))
         self.fill_layout = code.choose(planes, PLANES, CHANNELS_LAST)
         self.read_block = code.choose(self.into_blocks, self.LANES, self.block)
+
+    def _channel_tile(self, at, g, c0, stores_output):
+        """``_LoopNest._channel_tile``, the kernel's store applying the epilogue unless the
+        output is NCHW planes (the transposing pass applies it then)."""
+        super()._channel_tile(at, g, c0, True)
+        at.flags = self.code.choose(self.planes_out, self.code.choose(c0 > 0, ACCUMULATE, 0),
+                                    at.flags)
+
+    def transpose_into_planes(self, at, b1, t_in, part_lo, part_hi):
+        """The band pass of an NCHW output (``transpose_band``); none for blocks."""
+        with self.code.if_(self.planes_out):
+            self.transpose_band(at, b1, t_in, part_lo, part_hi)
 
     def set_up_slab(self):
         """The kernel's row offsets on the input's blocks, or on the slab's."""
@@ -672,12 +690,14 @@ class _BlockedNest(_LoopNest):
                              code.geom("kernel"))
         filters = code.choose(self.G == 1, self.K, self.Kg)
         k0 = at.g * self.Kg + f0   # the tile's first channel, on a vector of its block
-        out = (self.out + (at.n * self.K * self.PQ + k0 // Bo * self.PQ * Bo + k0 % Bo
-                           + tile.first * Bo) * item)
+        out = code.choose(
+            self.planes_out, self.out_t + ((tile.first - at.p_lo) * self.K + k0) * item,
+            self.out + (at.n * self.K * self.PQ + k0 // Bo * self.PQ * Bo + k0 % Bo
+                        + tile.first * Bo) * item)
         with code.if_(self.kernels):
             code.call((kernel, outer_product.FUNCTION_TYPE), at.depth,
                       at.w_base + ft * self._filter_tile_bytes(), self.NF, tile.address,
-                      self.step_w * self.read_block, out, Bo,
+                      self.step_w * self.read_block, out, code.choose(self.planes_out, self.K, Bo),
                       code.choose(Bo == LANES, self.PQ * LANES, LANES),
                       code.min(self.NF, filters - f0), tile.windows,
                       self.bias + (at.g * self.Kg + f0) * item, at.flags, self.rows, 0, 0, 0,

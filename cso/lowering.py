@@ -32,13 +32,17 @@ def geometry(plan, kspec, epilogue_flags, params, in_block=1, out_block=1):
     the first: the output is added to what ``out`` holds (a residual) rather than written.
     ``params``: the address of the activation's parameters (``kspec.activation``'s), which the
     caller keeps. A blocked plan's input has ``in_block`` channels a block (1: NCHW; C:
-    channels last), its output ``out_block`` (the lanes, or K: channels last)."""
+    channels last), its output ``out_block`` (the lanes; K: channels last; 1: NCHW, each
+    band's output transposed into the planes while hot, as with filters in vectors)."""
     s = plan.spec
     hs, ws = plan.slab_shape
     hb = plan.band_rows
     if plan.blocked and plan.reads_input_unpacked:   # the kernel's rows on the input's blocks
         hb, ws = s.h, s.w
-    filters_in_vectors = plan.vectors_along == "filters" and not plan.blocked
+    # the transposing pass's transpose (with the epilogue): filters in vectors, and a blocked
+    # plan's NCHW output (whose slab of NCHW planes it fills too, with no epilogue)
+    filters_in_vectors = (plan.vectors_along == "filters" and not plan.blocked
+                          or plan.blocked and out_block == 1)
     # a slab is filled in runs of the kernel's vector width (whole vectors stored: a direct
     # tile's few windows made every store a masked one, microcoded on AMD), tiles per window
     fill_width = kspec.width
@@ -128,8 +132,12 @@ def rows_elements(plan):
     return plan.nc * plan.spec.r * plan.spec.s if plan.slab else 0
 
 
-def out_t_elements(plan):
-    """With filters in vectors, the transposed output of one band, else none."""
+def out_t_elements(plan, out_block=None):
+    """With filters in vectors, the transposed output of one band, else none; a blocked plan
+    writing NCHW planes (``out_block`` 1) its band's too, channels last."""
+    if plan.blocked and out_block == 1:
+        s = plan.spec
+        return min(s.p * s.q, plan.band * plan.nwin) * s.k
     return plan.band_buffers[1]
 
 

@@ -74,7 +74,7 @@ class Prepared:
         self._template = None   # see _arguments
         self._own = None        # see _own_arguments
         self.scratch_elements = lowering.scratch_elements(plan)
-        self.out_t_elements = lowering.out_t_elements(plan)
+        self.out_t_elements = lowering.out_t_elements(plan, blocks[1] if blocks else None)
         self.rows_elements = lowering.rows_elements(plan)
         # each workspace's row per part (CALL_ARGS index -> elements) and those a call
         # allocates, not empty: (index, elements in all, dtype); an empty one's address is a

@@ -161,11 +161,10 @@ def test_filter_parts_of_grouped_filters_in_vectors_plans(rng, restore_threads, 
 
 
 def test_grouped_plans_split_over_whole_groups():
-    """A grouped plan on NCHW activations gives its threads whole groups where there are
-    enough: a one-pixel grouped 1x1 (ResNeSt's attention) has one window to share (2.7x at 2
-    threads on 640 -> 2560 in 2 groups, Xeon), and 6 groups at 14 x 14 go 3 a thread. On
-    blocks, window parts, unless the windows are too few (whole groups ran 0.96-0.99x as fast
-    there, csa/TUNING.md "Threads over groups")."""
+    """A grouped plan gives its threads whole groups where there are enough: a one-pixel
+    grouped 1x1 (ResNeSt's attention) has one window to share (2.7x at 2 threads on 640 ->
+    2560 in 2 groups, Xeon), and 6 groups at 14 x 14 go 3 a thread, on NCHW activations and
+    on blocks (whose NCHW output's rows two window parts would share cache lines of)."""
     machine = ZEN5
     pixel = csa.analyze(ConvSpec.parse("n1c640h1w1k2560r1s1p0u1g2"), machine, threads=2)
     assert pixel.vectors_along == "filters" and pixel.split == (1, 2)
@@ -175,7 +174,7 @@ def test_grouped_plans_split_over_whole_groups():
     assert nchw.vectors_along == "filters" and nchw.split == (1, 2)
     assert [csa.thread_split.filter_part(6, tiles, 2, j) for j in (0, 1)] == [
         (0, 3 * tiles), (3 * tiles, 6 * tiles)]
-    assert csa.analyze(plane, machine, threads=2, layout="blocked").split == (2, 1)
+    assert csa.analyze(plane, machine, threads=2, layout="blocked").split == (1, 2)
     # more parts than groups: runs of the tiles, in group order
     assert [csa.thread_split.filter_part(2, 3, 4, j) for j in range(4)] == [
         (0, 1), (1, 3), (3, 4), (4, 6)]

@@ -360,6 +360,8 @@ def test_blocked_results_are_bit_identical_across_threads_and_splits(rng, restor
             assert np.array_equal(got.data, one.data), (threads, plan.split)
             got = model(as_layout(x, "nhwc"), layout="nhwc")
             assert np.array_equal(got, one_nhwc), (threads, plan.split)
+            got = model(Blocked.from_nchw(x), out_layout="nchw")   # (from each band)
+            assert np.array_equal(got, one.to_nchw()), (threads, plan.split)
     assert used_blocked_plan(conv)
 
 
@@ -394,8 +396,9 @@ GUARD_CASES = {
     # channels last read in place, a channel tile from its first channel in each pixel
     "in_place_channel_tiles_odd": (2, 37, 5, 7, 19, 1, 1, 1, 0, 1, 1, {"nc": BLOCK}),
 }
+# (into NCHW: each band's output transposed from the ``out_t`` workspace into the planes)
 GUARD_LAYOUTS = [("blocked", "blocked"), ("nhwc", "nhwc"), ("nchw", "blocked"),
-                 ("blocked", "nhwc")]
+                 ("blocked", "nhwc"), ("blocked", "nchw"), ("nhwc", "nchw")]
 
 
 def guard_params():

@@ -405,12 +405,11 @@ def test_thread_split_rules():
     assert plan.vectors_along == "windows" and plan.split == (1, 2)
     assert csa.thread_split.filter_part(6, plan.filter_tiles, 2, 1) == (3 * plan.filter_tiles,
                                                                         6 * plan.filter_tiles)
-    # on blocks: window parts, where the windows give each thread one
-    blocked = csa.analyze(grouped, ZEN5_CCD, threads=2, layout="blocked")
-    assert blocked.split == (2, 1)
-    pixel = csa.analyze(csa.ConvSpec.parse("n1c640h1w1k2560r1s1p0u1g2"), ZEN5_CCD, threads=2,
-                        layout="blocked")
-    assert pixel.split == (1, 2)
+    # filters in vectors, on blocks too: whole groups
+    for layout in ("nchw", "blocked"):
+        plan = csa.analyze(grouped, ZEN5_CCD, threads=2, layout=layout, vectors_along="filters",
+                           slab=None if layout == "blocked" else True)
+        assert plan.split == (1, 2), layout
     # a 1x1 whose tiles read the input in place repacks nothing in a filter part: filter parts,
     # which read half the filters each, where window parts would each read them all; packed,
     # as with 256 filters in the AVX2 record, each filter part would pack the input again
