@@ -48,8 +48,8 @@ class Tuning:
     depthwise_blocked_min_taps: int = 0
     # outputs a grouped convolution of as many filters as channels a group, in whole blocks
     # up to ``grouped_blocked_max_blocks`` of them (a filter larger than 1x1), may have for an
-    # NCHW call to run its blocked plan on the NCHW planes, its output's blocks reordered
-    # into the planes (``cso.Conv2d``; 0: not measured, never)
+    # NCHW call to run its blocked plan on the NCHW planes, writing them from each band
+    # (``cso.Conv2d``; 0: not measured, never)
     grouped_blocked_max_plane: int = 0
     grouped_blocked_max_blocks: int = 0
     # outputs a grouped convolution whose groups do not start on blocks may have for its
@@ -139,7 +139,7 @@ AVX512 = Tuning(
     "and merged_groups_max_plane on that Xeon",
     fma_latency=4, fma_pipes=2, loads_per_cycle=2.0, broadcast_operand=True,
     direct_windows=((14, 1.0), (7, 0.93)), output_prefetch=2, thread_min_flops=1.2e6,
-    transpose_depth=24, packing_filters=6, grouped_blocked_max_plane=196,
+    transpose_depth=24, packing_filters=6, grouped_blocked_max_plane=256,
     grouped_blocked_max_blocks=3, merged_groups_max_plane=1024)
 AVX2 = Tuning(
     "avx2", "AMD Zen 3 EPYC (2 cores); grouped_blocked_max_plane, grouped_blocked_max_blocks "
