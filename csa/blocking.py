@@ -34,15 +34,35 @@ def even_channel_tile(spec, largest):
 
 
 DIRECT_FILTER_FILL = 0.25   # share of L2 a direct plan's filter tile may take
+# ... and of L1, where its tile's windows are too few to stream it from L2 (``streams_filters``)
+DIRECT_L1_FILTER_FILL = 0.5
 
 
-def direct_channel_tile(spec, nf, l2):
+def streams_filters(nwin, machine):
+    """Whether a blocked direct tile of ``nwin`` windows keeps up with its filter tile
+    streamed from L2: its FMAs on a row of the tile (``nwin`` a vector, ``fma_pipes`` a cycle)
+    take at least the ``machine.stream_l2`` cycles a line of that row's filter vectors.
+    AVX-512: 8 windows and more; AVX2: 4. On blocks, the 34 layers of `convbench:100` and
+    `grouped:50` with tiles of 5-7 windows (1x1s on planes of up to 35 columns, stride-2
+    3x3s) ran 1.08x at 1 thread and 1.06x at 2 with the filter tile in L1 (Xeon); NCHW direct
+    plans of 7 windows (7 x 7 planes, their windows side by side in the slab) ran 0.97-1.03x,
+    and keep theirs in L2 (csa/TUNING.md, "Direct channel tiles on blocks")."""
+    return (nwin / machine.tuning.fma_pipes
+            >= machine.stream_l2 * machine.vector_bytes / machine.line)
+
+
+def direct_channel_tile(spec, nf, machine, nwin=None):
     """Nc of a direct plan, before its band: its filter tile streams from L2 (the windows'
     slab rows, a few hundred bytes per channel, sit in L1), so the fewest channel tiles with
     Nf*R*S*Nc*ds <= DIRECT_FILTER_FILL*L2, split evenly: fewer channel tiles read the partial
-    outputs less often. ``bands.direct_band_channel_tile`` cuts it to the band's L2."""
+    outputs less often; with blocked tiles of ``nwin`` windows too few to stream it
+    (``streams_filters``) and more than one such tile to read it, <= DIRECT_L1_FILTER_FILL*L1.
+    ``bands.direct_band_channel_tile`` cuts it to the band's L2."""
     filter_row = nf * spec.r * spec.s * spec.itemsize   # one channel's share of the tile
-    return even_channel_tile(spec, DIRECT_FILTER_FILL * l2 // filter_row)
+    reread = nwin is not None and spec.n * spec.p * spec.q > nwin   # by a next window tile
+    room = (DIRECT_L1_FILTER_FILL * machine.l1d if reread and not streams_filters(nwin, machine)
+            else DIRECT_FILTER_FILL * machine.l2)
+    return even_channel_tile(spec, room // filter_row)
 
 
 def blocking(stationary, streamed, out, streamed_tiles, resident_tiles, machine):

@@ -6,9 +6,9 @@ from math import ceil
 
 from .bands import (band_buffers, direct_band_channel_tile, direct_l2_set, output_band,
                     slab_within, workspace_band_cap)
-from .blocking import (CACHE_FILL, DIRECT_FILTER_FILL, OUTPUT_BAND_FILL, SCHEDULES, band_fits_l2,
-                       blocking, channel_tile, direct_channel_tile, schedule_costs,
-                       tile_footprints)
+from .blocking import (CACHE_FILL, DIRECT_FILTER_FILL, DIRECT_L1_FILTER_FILL, OUTPUT_BAND_FILL,
+                       SCHEDULES, band_fits_l2, blocking, channel_tile, direct_channel_tile,
+                       schedule_costs, streams_filters, tile_footprints)
 from .layout import (LAYOUTS, SlabGeometry, balanced_row_windows, block_channel_tile,
                      blocked_band_rows, blocked_fits, blocked_slab_shape, reads_in_place,
                      row_tiles, slab_band_rows, slab_shape, subsampled, window_positions,
@@ -160,6 +160,13 @@ class SlicingPlan(SlabGeometry):
         nc_rule = ("all C/groups channels fit:" if self.nc == s.c_per_group else
                    f"C/groups split evenly into the fewest tiles ({self.channel_tiles}) with"
                    if "nc" not in self.forced else "forced; the rule is")
+        in_l2 = (not self.blocked or streams_filters(self.nwin, m) or "nc" in self.forced
+                 or s.n * s.p * s.q <= self.nwin)
+        direct_room = (f"Nf*R*S*Nc*ds <= {DIRECT_FILTER_FILL}*L2 ({fw} vs "
+                       f"{int(DIRECT_FILTER_FILL * m.l2)})" if in_l2 else
+                       f"Nf*R*S*Nc*ds <= {DIRECT_L1_FILTER_FILL}*L1 ({fw} vs "
+                       f"{int(DIRECT_L1_FILTER_FILL * m.l1d)}: {self.nwin} windows a tile are "
+                       "too few to stream the filter tile from L2)")
         lines = [
             f"SlicingPlan for {s} ({s.flops / 1e9:.3f} GFLOP)",
             f"  machine: {m}",
@@ -168,10 +175,9 @@ class SlicingPlan(SlabGeometry):
             f"(from {m.vector_registers} registers of {m.vector_bytes // ds} lanes; computes "
             f"{self.computed_windows * self.filter_tiles * self.nf} outputs for "
             f"{s.p * s.q * s.k_per_group}){forced_note(self, 'microtile_shape', 'vectors_along')}",
-            (f"  Nc = {self.nc}: {nc_rule} Nf*R*S*Nc*ds <= {DIRECT_FILTER_FILL}*L2 ({fw} vs "
-             f"{int(DIRECT_FILTER_FILL * m.l2)}) and, unless calls would be shallower than "
-             f"{m.tuning.direct_min_depth} rows, the filter tile, slab rows and a group's partial "
-             f"outputs of a band <= {CACHE_FILL}*L2 ({self.direct_l2_set} vs "
+            (f"  Nc = {self.nc}: {nc_rule} {direct_room} and, unless calls would be shallower "
+             f"than {m.tuning.direct_min_depth} rows, the filter tile, slab rows and a group's "
+             f"partial outputs of a band <= {CACHE_FILL}*L2 ({self.direct_l2_set} vs "
              f"{int(CACHE_FILL * m.l2)})" if self.direct else
              f"  Nc = {self.nc}: {nc_rule} Nc*(Nwin+Nf)*R*S*ds + Nwin*Nf*ds <= {CACHE_FILL}*L1: "
              f"{self.nc}*{self.nwin + self.nf}*{rs}*{ds} + {fout} = "
@@ -283,7 +289,7 @@ def analyze_slicing(spec, machine, threads, overrides, layout="nchw"):
                     TILE_VECTORS * machine.vector_bytes // spec.itemsize))
     tile = microtile_shape or direct_tile
     fits_direct = (grouped or use_direct(spec, *tile, machine.tuning)) and slab_within(
-        spec, tile[0], direct_channel_tile(spec, tile[1], machine.l2), "filters", machine.l3)
+        spec, tile[0], direct_channel_tile(spec, tile[1], machine), "filters", machine.l3)
     if vectors_along is None:
         vectors_along = ("filters" if slab is not False and fits_direct else
                   choose_vector(spec, tiles["windows"], tiles["filters"], machine.tuning))
@@ -298,7 +304,8 @@ def analyze_slicing(spec, machine, threads, overrides, layout="nchw"):
     if nc:
         nc = min(nc, spec.c_per_group)
     else:
-        nc = (direct_channel_tile(spec, nf, machine.l2) if direct else
+        # (a blocked plan's windows are a block apart: each broadcast its own line)
+        nc = (direct_channel_tile(spec, nf, machine, nwin if blocked else None) if direct else
               channel_tile(spec, nwin, nf, machine.l1d))
     if vectors_along == "filters":
         slab = direct

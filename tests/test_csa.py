@@ -439,7 +439,7 @@ def test_direct_where_it_applies():
     strided = ConvSpec.parse("n1c64h224w224k128r3s3p1u2")
     assert csa.analyze(strided, zen, vectors_along="filters", slab=True).direct
     assert not csa.analyze(ConvSpec.parse("n1c256h56w56k256r3s3p1u1"), zen, slab=False).direct
-    assert csa.blocking.direct_channel_tile(ConvSpec.parse("n1c512h28w28k512r3s3p1u1"), 32, zen.l2) == 171
+    assert csa.blocking.direct_channel_tile(ConvSpec.parse("n1c512h28w28k512r3s3p1u1"), 32, zen) == 171
 
 
 def test_direct_channel_tile_fits_the_band_in_l2():
@@ -448,7 +448,7 @@ def test_direct_channel_tile_fits_the_band_in_l2():
     calls shallower than ``direct_min_depth`` rows."""
     zen = ZEN3   # 6 x 16 direct tiles, 512 KiB of L2: 471859 B to fill
     deep = csa.analyze(ConvSpec.parse("n1c512h28w28k512r3s3p1u1"), zen)
-    assert csa.blocking.direct_channel_tile(deep.spec, 16, zen.l2) == 171   # the filter rule's
+    assert csa.blocking.direct_channel_tile(deep.spec, 16, zen) == 171   # the filter rule's
     # per channel 16*9*4 B of filters + 8 slab rows of 30 columns * 4 B; 30 tiles of 6 windows
     # x 512 filters * 4 B of outputs: (471859 - 368640) // 1536 = 67 -> 8 tiles of 64
     assert (deep.band, deep.row_tiles, deep.band_rows) == (30, 5, 8)
@@ -462,9 +462,33 @@ def test_direct_channel_tile_fits_the_band_in_l2():
     assert grouped.direct and grouped.nc == 128 and grouped.direct_l2_set == 380928
     # 30*5*2048*4 B of partial outputs overflow L2 on their own: the filter rule's tile stays
     wide = csa.analyze(ConvSpec.parse("n1c2048h15w15k2048r3s3p1u1"), zen)
-    assert wide.nc == 205 == csa.blocking.direct_channel_tile(wide.spec, 16, zen.l2)
+    assert wide.nc == 205 == csa.blocking.direct_channel_tile(wide.spec, 16, zen)
     # forced values win
     assert csa.analyze(deep.spec, zen, nc=171).nc == 171
+
+
+def test_blocked_tiles_of_few_windows_keep_their_filter_tile_in_l1():
+    """A blocked direct tile of fewer windows than its filter tile's lines take to stream
+    from L2 (``streams_filters``: 8 on AVX-512, 4 on AVX2) keeps its filter tile within half
+    of L1, where more than one window tile reads it; an NCHW direct plan, and a one-pixel
+    plane's single tile, keep the L2 rule."""
+    blocking = csa.blocking
+    assert not blocking.streams_filters(7, ZEN5) and blocking.streams_filters(8, ZEN5)
+    assert not blocking.streams_filters(3, ZEN3) and blocking.streams_filters(4, ZEN3)
+    late_1x1 = ConvSpec.parse("n1c768h7w7k384r1s1p0u1")   # tiles of 7 windows on blocks
+    plan = csa.analyze(late_1x1, ZEN5, layout="blocked")
+    room = blocking.DIRECT_L1_FILTER_FILL * ZEN5.l1d
+    filter_row = plan.nf * 4   # a channel's share of the filter tile (1x1, float32)
+    assert plan.nwin == 7 and plan.nc % 16 == 0
+    assert plan.nc * filter_row <= room < (plan.nc + 16) * filter_row * 2
+    assert "too few to stream the filter tile from L2" in plan.explain()
+    nchw = csa.analyze(ConvSpec.parse("n1c512h7w7k512r3s3p1u1"), ZEN5)
+    assert nchw.direct and nchw.nwin == 7 and nchw.nc * nchw.nf * 9 * 4 > room
+    pixel = ConvSpec.parse("n1c1098h1w1k91r1s1p0u1")
+    one = csa.analyze(pixel, ZEN5, layout="blocked")
+    assert one.nc * one.nf * 4 > room
+    wide = csa.analyze(ConvSpec.parse("n1c256h28w28k256r3s3p1u1"), ZEN5, layout="blocked")
+    assert wide.nwin == 14 and wide.nc * wide.nf * 9 * 4 > room
 
 
 @pytest.mark.parametrize("layout", ["nchw", "blocked"])
