@@ -729,9 +729,10 @@ def _remember(table, key, found):
 class _Route(NamedTuple):
     """A ``Conv2d._route``: the kernels' block (``lanes``), the output's NCHW shape, the
     blocked plan's ``Prepared`` (None: the NCHW plan runs, with reorders around it), whether
-    the input is re-blocked first, the output's block, the plane's rows run as one (a plain
-    1x1's), the filters and bias as the plan reads them, the thread count, and the
-    ``Conv2d`` of the groups merged onto blocks that runs the call instead (``_merged``)."""
+    the input is re-blocked first, the output's block (1: NCHW planes), the plane's rows run
+    as one (a plain 1x1's), the filters and bias as the plan reads them, the thread count,
+    and the ``Conv2d`` of the groups merged onto blocks that runs the call instead
+    (``_merged``)."""
     lanes: int
     out_shape: tuple
     prepared: Optional[Prepared]

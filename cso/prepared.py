@@ -51,7 +51,8 @@ class Prepared:
     ACTIVATE) apply once, on the last channel tile (or in the transposing pass), ACTIVATE
     applying ``activation`` (a ``cso.Activation``; ReLU when None); a depthwise plan may read
     its input channels through a ``channel_shuffle`` (see ``Conv2d``); a blocked plan reads
-    blocks of ``blocks[0]`` channels and writes blocks of ``blocks[1]`` (``cso.layouts``)."""
+    blocks of ``blocks[0]`` channels and writes blocks of ``blocks[1]`` (``cso.layouts``; 1:
+    NCHW planes)."""
 
     def __init__(self, plan, epilogue_flags, isa, channel_shuffle=1, activation=None,
                  blocks=None):
