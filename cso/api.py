@@ -631,6 +631,7 @@ class Conv2d:
         spec = self.spec_for(shape, self.dtype)   # (checks the shapes)
         lanes = block_size(self.dtype, self.isa)
         out_shape = (shape[0],) + spec.output_shape[1:]
+        # (NCHW planes are blocks of one channel: so is a channels-last output of one channel)
         out_block = {"nhwc": spec.k, "nchw": 1}.get(out_layout, lanes)
         plan, rows = self._blocked_plan(spec, lanes, threads,
                                         self._plan_layout((in_block, out_block), spec))

@@ -41,8 +41,8 @@ def geometry(plan, kspec, epilogue_flags, params, in_block=1, out_block=1):
         hb, ws = s.h, s.w
     # the transposing pass's transpose (with the epilogue): filters in vectors, and a blocked
     # plan's NCHW output (whose slab of NCHW planes it fills too, with no epilogue)
-    filters_in_vectors = (plan.vectors_along == "filters" and not plan.blocked
-                          or plan.blocked and out_block == 1)
+    transposes_output = (plan.vectors_along == "filters" and not plan.blocked
+                         or plan.blocked and out_block == 1)
     # a slab is filled in runs of the kernel's vector width (whole vectors stored: a direct
     # tile's few windows made every store a masked one, microcoded on AMD), tiles per window
     fill_width = kspec.width
@@ -61,7 +61,7 @@ def geometry(plan, kspec, epilogue_flags, params, in_block=1, out_block=1):
         kernel=native_function(outer_product.define_kernel, kspec).address,
         transpose=(native_function(transpose.define_transpose,
                                    TransposeSpec(kspec.dtype, kspec.isa, kspec.activation)).address
-                   if filters_in_vectors
+                   if transposes_output
                    # (a blocked plan's slab of NCHW planes: their block transposes)
                    else native_function(transpose.define_transpose,
                                         TransposeSpec(kspec.dtype, kspec.isa)).address
