@@ -56,6 +56,11 @@ class Tuning:
     # blocked and channels-last calls to run with groups merged onto blocks
     # (``csa.layout.merged_groups``, ``cso.Conv2d``; 0: not measured, never)
     merged_groups_max_plane: int = 0
+    # outputs such a convolution may have, where its last merge is padded with zero groups
+    # (``csa.layout.padded_groups``), for its calls on channels last (or on blocks of other
+    # lanes) to run merged too, their input copied into blocks of the kernels' lanes first
+    # (``cso.Conv2d``; 0: not measured, never)
+    padded_merge_max_plane: int = 0
     # outputs a grouped convolution's plane may have for its plan to be direct
     # (``csa.variants.grouped_direct``; 0: not measured, never)
     grouped_direct_max_plane: int = 0
@@ -135,22 +140,23 @@ class Tuning:
 AVX512 = Tuning(
     "avx512", "AMD Zen 5 (2 cores); Zen 4 runs zmm FMAs at half rate, same tiles; "
     "output_prefetch on Zen 4 (2 vCPUs); thread_min_flops on Zen 5 and an Intel Xeon (2 vCPUs), "
-    "transpose_depth, packing_filters, grouped_blocked_max_plane, grouped_blocked_max_blocks "
-    "and merged_groups_max_plane on that Xeon",
+    "transpose_depth, packing_filters, grouped_blocked_max_plane, grouped_blocked_max_blocks, "
+    "merged_groups_max_plane and padded_merge_max_plane on that Xeon",
     fma_latency=4, fma_pipes=2, loads_per_cycle=2.0, broadcast_operand=True,
     direct_windows=((14, 1.0), (7, 0.93)), output_prefetch=2, thread_min_flops=1.2e6,
     transpose_depth=24, packing_filters=6, grouped_blocked_max_plane=256,
-    grouped_blocked_max_blocks=3, merged_groups_max_plane=1024)
+    grouped_blocked_max_blocks=3, merged_groups_max_plane=1024, padded_merge_max_plane=225)
 AVX2 = Tuning(
-    "avx2", "AMD Zen 3 EPYC (2 cores); grouped_blocked_max_plane, grouped_blocked_max_blocks "
-    "and merged_groups_max_plane with these kernels on an Intel Xeon (AVX-512, 2 vCPUs)",
+    "avx2", "AMD Zen 3 EPYC (2 cores); grouped_blocked_max_plane, grouped_blocked_max_blocks, "
+    "merged_groups_max_plane and padded_merge_max_plane with these kernels on an Intel Xeon "
+    "(AVX-512, 2 vCPUs)",
     fma_latency=4, fma_pipes=2, loads_per_cycle=1.75, broadcast_operand=False, direct_windows=((6, 1.0), (5, 0.97), (4, 0.90)),
     filter_windows=((6, 1.0), (5, 0.98), (4, 0.96)), thread_min_flops=1e6,
     part_min_flops=1.2e6, depthwise_thread_min_flops=0.2e6, direct_min_depth=144,
     grouped_direct_max_plane=1024, depthwise_blocked_min_taps=49, pixel_band_image=4.0,
     slab_max_filter_tiles=3, transpose_depth=16, packing_filters=6, packed_1x1_filters=256,
     output_prefetch=2, grouped_blocked_max_plane=196, grouped_blocked_max_blocks=3,
-    merged_groups_max_plane=1024)
+    merged_groups_max_plane=1024, padded_merge_max_plane=225)
 # no CPU measured: the usual FMA core (latency 4, two pipes) with SSE/NEON-width vectors; the
 # plan constants as the AVX2 core measured them
 GENERIC = Tuning("generic", "not measured: a typical core", fma_latency=4, fma_pipes=2,

@@ -23,7 +23,8 @@ from . import autotune
 from . import host
 from .activations import Activation
 from .layouts import (Blocked, block_size, check_layout, check_out, from_nchw, input_layout,
-                      merged, merged_on_blocks, reads_blocks, to_nchw, written)
+                      merged, merged_on_blocks, reads_blocks, reblocks_for_padded_merge,
+                      to_nchw, written)
 from .loop_nests import ALL_PHASES
 from .prepared import Prepared
 from .threads import get_num_threads
@@ -297,23 +298,38 @@ class Conv2d:
 
     def _padded_merge(self, twin):
         """Whether ``twin`` (``_merged``) has zero groups past this one's: it runs only
-        blocked calls on blocks of its lanes, whose padding lanes are its extra channels."""
+        calls on blocks of its lanes, whose padding lanes are its extra channels (the input
+        copied into such blocks for channels-last calls: ``reblocks_for_padded_merge``)."""
         return twin.weight_shape[0] != self.weight_shape[0]
 
-    def _call_padded_merge(self, twin, xb, out, phases):
-        """A blocked call (``_call_blocked``) of ``xb`` run by ``twin``, whose zero groups
-        read and write the padding lanes of the last blocks (finite values, read into no
-        result): the same blocks seen with its channels. Its plain calls are this one's,
-        on the channels seen as these."""
+    def _call_padded_merge(self, twin, xb, out, phases, out_layout="blocked"):
+        """A call (``_call_blocked``) of the Blocked ``xb`` (blocks of any size: channels last
+        is one block of all channels) run by ``twin``, whose zero groups read and write the
+        padding lanes of the last blocks of the kernels' lanes (finite values, read into no
+        result): the same blocks seen with its channels, ``xb`` copied into such blocks
+        first where its own are others, the output moved into ``out_layout`` after. The
+        plain calls of blocks of the lanes in and out are this one's, on the channels seen
+        as these."""
         c, k = twin.weight_shape[1] * twin.groups, twin.weight_shape[0]
-        result = twin._call_blocked(Blocked.made(xb.data, c), None if out is None else
-                                    Blocked.made(out.data, k), phases, "blocked", "blocked")
+        lanes = block_size(self.dtype, self.isa)
+        in_place = out is not None and out_layout == "blocked"   # (of the lanes: check_out)
+        acc = out if in_place else Blocked.from_nchw(to_nchw(out, out_layout), lanes) if (
+            out is not None and self.accumulate) else None
+        on_lanes = xb.block == lanes
+        xb = xb.reblocked(lanes)
+        result = twin._call_blocked(Blocked.made(xb.data, c), None if acc is None else
+                                    Blocked.made(acc.data, k), phases, "blocked", "blocked")
+        if in_place:
+            return out
+        result = Blocked.made(result.data, self.weight_shape[0])
+        if out_layout != "blocked":
+            return written(result.to_nhwc() if out_layout == "nhwc" else result.to_nchw(), out)
         key = (xb.data.shape, xb.dtype, get_num_threads())
         plain = twin._plain.get(key + (c,))
-        if plain is not None and out is None and phases == ALL_PHASES:
+        if plain is not None and on_lanes and phases == ALL_PHASES:
             _remember(self._plain, key + (xb.channels,), _padded_plain_call(
                 plain, c, self.weight_shape[0]))
-        return out if out is not None else Blocked.made(result.data, self.weight_shape[0])
+        return result
 
     def _operands(self, plan, out_block=1):
         """(the filters, the bias) as ``plan`` reads them: a blocked depthwise plan's weight
@@ -574,7 +590,7 @@ class Conv2d:
                              f"as NCHW, layout {out_layout!r})")
         if route.merged is not None:
             if self._padded_merge(route.merged):
-                return self._call_padded_merge(route.merged, xb, out, phases)
+                return self._call_padded_merge(route.merged, xb, out, phases, out_layout)
             return route.merged._call_blocked(x, out, phases, in_layout, out_layout)
         if route.prepared is None:   # NCHW in between
             acc = to_nchw(out, out_layout) if self.accumulate else None
@@ -638,7 +654,8 @@ class Conv2d:
         if plan is None:
             twin = self._merged(spec)
             if twin is not None and self._padded_merge(twin) and not (
-                    in_layout == out_layout == "blocked" and in_block == lanes):
+                    in_layout == out_layout == "blocked" and in_block == lanes
+                    or in_layout != "nchw" and reblocks_for_padded_merge(spec, self.isa)):
                 twin = None   # (its channels are the padding lanes of blocks of its lanes)
             found = _Route(lanes, out_shape, None, False, lanes, rows, None, None, threads,
                            twin)

@@ -62,6 +62,17 @@ def merged_on_blocks(spec, isa=None):
     return 1
 
 
+def reblocks_for_padded_merge(spec, isa=None):
+    """Whether calls of ``spec`` on channels last (or on blocks of other lanes), whose
+    groups merge onto blocks (``merged_on_blocks``) padded with zero groups
+    (``csa.layout.padded_groups``), run that merge on their input copied into blocks of the
+    kernels' lanes: on an output plane of at most the record's ``padded_merge_max_plane``
+    pixels, where RegNet's groups of 8 channels (of 4 on the AVX2 kernels) ran 1.1-2.6x the
+    NCHW plan with reorders around it (csa/TUNING.md, "Groups merged onto blocks"). NCHW
+    calls keep the NCHW plan: it outran the copies on all but the smallest planes."""
+    return spec.p * spec.q <= host_machine(isa).tuning.padded_merge_max_plane
+
+
 def merges_in_whole(weight_shape, groups, input_shape, dtype, stride, padding, dilation,
                     isa=None):
     """Whether a convolution of OIHW ``weight_shape``, ``groups``, on an input of

@@ -496,3 +496,78 @@ def test_odd_groups_merge_with_zero_groups_on_blocks(rng, monkeypatch, restore_t
     assert bound(xb.data, data) is data
     np.testing.assert_allclose(cso.Blocked(data, c).to_nchw(), expected, rtol=2e-5,
                                atol=2e-5)
+
+
+@pytest.mark.parametrize("groups", [3, 5])
+def test_channels_last_calls_run_padded_merges_on_copied_blocks(rng, monkeypatch,
+                                                                restore_threads, groups):
+    """Groups of half a block that do not come in pairs, called on channels last or on
+    blocks of other lanes, on a plane of at most the record's ``padded_merge_max_plane``
+    outputs: the input copied into blocks of the lanes (zero padding lanes) runs the merge
+    padded with a zero group, the output moved into the layout asked for; ``out=``, written
+    and accumulated, the second (plain) call as the first, 1 and 2 threads bit-identical.
+    NCHW calls, and planes past the record's, keep the NCHW plan."""
+    lanes = cso.layouts.block_size(np.dtype(np.float32))
+    c_g = lanes // 2
+    c = groups * c_g
+    x = rng.standard_normal((2, c, 7, 6)).astype(np.float32)
+    wt = (rng.standard_normal((c, c_g, 3, 3)) / np.sqrt(c_g * 9)).astype(np.float32)
+    b = rng.standard_normal(c).astype(np.float32)
+    geometry = dict(stride=(1, 1), padding=(1, 1, 0, 2), dilation=(1, 1), groups=groups)
+    expected = silu(conv2d_reference(x, wt, b, **geometry))
+    plane = expected.shape[2] * expected.shape[3]
+    xh = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    inputs = {"nhwc": (xh, {"layout": "nhwc"}),
+              "blocks of other lanes": (cso.Blocked.from_nchw(x, c_g), {})}
+
+    def nchw(y, layout):
+        return (y.to_nchw() if layout == "blocked" else
+                y.transpose(0, 3, 1, 2) if layout == "nhwc" else y)
+
+    def merged(conv, value, kwargs):
+        shape = value.shape if isinstance(value, cso.Blocked) else x.shape
+        layout = kwargs.get("layout", "blocked")
+        block = c if layout == "nhwc" else value.block
+        return conv._route(shape, layout, block, layout, cso.get_num_threads()).merged
+    lifted_plans(monkeypatch, merged_groups_max_plane=10 ** 6, padded_merge_max_plane=plane - 1)
+    conv = conv_of(wt, b, geometry, "silu")
+    for value, kwargs in inputs.values():
+        np.testing.assert_allclose(nchw(conv(value, **kwargs), kwargs.get("layout", "blocked")),
+                                   expected, rtol=2e-5, atol=2e-5)
+        assert merged(conv, value, kwargs) is None
+    lifted_plans(monkeypatch, merged_groups_max_plane=10 ** 6, padded_merge_max_plane=plane)
+    outputs = []
+    for threads in (1, 2):
+        cso.set_num_threads(threads)
+        conv = conv_of(wt, b, geometry, "silu")
+        got = {}
+        for name, (value, kwargs) in inputs.items():
+            for out_layout in ("nhwc", "nchw", "blocked"):
+                first = conv(value, out_layout=out_layout, **kwargs)
+                second = conv(value, out_layout=out_layout, **kwargs)
+                got[name, out_layout] = nchw(first, out_layout)
+                np.testing.assert_array_equal(nchw(second, out_layout), got[name, out_layout])
+                np.testing.assert_allclose(got[name, out_layout], expected, rtol=2e-5,
+                                           atol=2e-5, err_msg=f"{name} -> {out_layout}")
+            twin = merged(conv, value, kwargs)
+            assert twin is not None and twin.weight_shape[0] == c + c_g
+        out = np.full(xh.shape[:3] + (c,), np.nan, np.float32)
+        assert conv(xh, layout="nhwc", out=out) is out
+        np.testing.assert_array_equal(out.transpose(0, 3, 1, 2), got["nhwc", "nhwc"])
+        assert conv.plan_for(x.shape).spec.groups == groups   # (NCHW calls)
+        assert conv._route(x.shape, "nchw", 1, "nchw", threads).merged is None
+        outputs.append(got)
+    assert all(np.array_equal(outputs[1][key], outputs[0][key]) for key in outputs[0])
+    adding = conv_of(wt, None, geometry, accumulate=True)
+    plain = conv2d_reference(x, wt, None, **geometry)
+    residual = rng.standard_normal(plain.shape).astype(np.float32)
+    for out_layout, out in (("nhwc", np.ascontiguousarray(residual.transpose(0, 2, 3, 1))),
+                            ("nchw", residual.copy()),
+                            ("blocked", cso.Blocked.from_nchw(residual))):
+        assert adding(xh, layout="nhwc", out_layout=out_layout, out=out) is out
+        np.testing.assert_allclose(nchw(out, out_layout), residual + plain, rtol=2e-5,
+                                   atol=2e-5, err_msg=out_layout)
+    assert csa.tuning.AVX512.padded_merge_max_plane == csa.tuning.AVX2.padded_merge_max_plane \
+        == 225
+    assert csa.tuning.NEON.padded_merge_max_plane == csa.tuning.GENERIC.padded_merge_max_plane \
+        == 0
