@@ -207,6 +207,7 @@ def load_engine(engine, model, threads):
         def run(feeds):
             cso.set_num_threads(threads)
             return loaded.run(None, feeds)
+        run.model = loaded   # (its ``memory()`` after the runs: ``engine_child``)
         return run
     session = onnxruntime_session(model, threads)
     return lambda feeds: session.run(None, feeds)
@@ -349,6 +350,8 @@ def engine_child(engine, path, shapes, threads, batches, samples=0):
     for feed in feeds[1:]:
         run(feed)
     result = {"start_s": started, "peak_mib": (_status_kib("VmHWM") - before) / 1024}
+    if engine == "cso":   # what the model holds after its runs, by kind
+        result["memory"] = run.model.memory()
     if samples:
         one = None if threads == 1 else load_engine(engine, path, 1)
         result["alone_s"] = alone_seconds(lambda: run(feeds[0]), samples,
@@ -449,6 +452,7 @@ def measure(source, batches, repeat, threads):
                     for e in ran}
         result["start_s"] = {e: child["start_s"] for e, child in children.items()}
         result["peak_mib"] = {e: child["peak_mib"] for e, child in children.items()}
+        result["cso_memory"] = children["cso"]["memory"]
         result["alone"] = {e: {"ms": 1e3 * child["alone_s"]["back_to_back"],
                                "paused_ms": 1e3 * child["alone_s"]["after_pause"]}
                            for e, child in children.items()}
@@ -567,10 +571,22 @@ def summary_lines(results):
     elif skipped:
         lines.append(f"OpenVINO ran {len(ran) - len(skipped)} of {len(ran)} models; not:")
         lines += [f"  {r['model']}: {r['openvino']['skipped']}" for r in skipped]
+    lines += [memory_line(r) for r in ran if "cso_memory" in r]
     if len(ran) < len(results):
         lines.append(f"cso.onnx loaded {len(ran)} of {len(results)} models; refused:")
         lines += [f"  {r['model']}: {r['refused']}" for r in results if "refused" in r]
     return lines
+
+
+def memory_line(result):
+    """What cso's model holds after the runs of the peak-memory child (``Model.memory``)."""
+    m, mib = result["cso_memory"], 1 / 2 ** 20
+    return (f"{result['model']}: cso holds {m['total'] * mib:.0f} MiB after its runs: weights "
+            f"{m['weights'] * mib:.0f}, values {m['values'] * mib:.0f}, workspaces "
+            f"{m['workspaces'] * mib:.1f}, input copies {m['inputs'] * mib:.1f} "
+            f"({m['programs']} programs); peak beyond the imports "
+            + " / ".join(f"{e} {result['peak_mib'][e]:.0f}" for e in ENGINES
+                         if e in result["peak_mib"]) + " MiB")
 
 
 TEXT = ("The onnx package's light CNNs (their graphs, with random weights: the shipped "

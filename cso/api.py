@@ -127,6 +127,17 @@ class Conv2d:
             nf = plan.nf
         self._packed = {nf: pack_filters(weight, nf, self.groups)}
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of what this layer holds from call to call: its filters in each packing its
+        plans read (one per filter tile size), those of its groups merged onto blocks
+        (``_merged``), and its bias. (Not its workspaces: each thread keeps its own, shared by
+        every layer it runs, ``cso.jobs.workspace``.)"""
+        with _tables:
+            packed = sum(weights.nbytes for weights in self._packed.values())
+        twin = self._merged_twin
+        return packed + self.bias.nbytes + (0 if twin is None else twin.nbytes)
+
     def packed_weight(self, nf: int) -> np.ndarray:
         """The filters packed in tiles of ``nf`` (packed once per tile size)."""
         found = self._packed.get(nf)

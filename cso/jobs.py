@@ -117,6 +117,11 @@ class Recording:
         del self._jobs[count:], self._keep[count:]
         self._compiled = None
 
+    @property
+    def nbytes(self):
+        """Bytes of the workspaces its jobs share."""
+        return sum(space.nbytes for space in self._scratch.values())
+
     def workspace(self, kind, elements, dtype):
         """A workspace of at least ``elements`` for a job's scratch of ``kind``: the one an
         earlier job had when it is large enough, as the jobs run one at a time (a workspace

@@ -197,6 +197,15 @@ def test_report_without_openvino(tmp_path, rng, monkeypatch):
     assert "OpenVINO was not installed (pip install openvino): no OpenVINO figures" in lines
     assert not any("over OpenVINO" in line for line in lines)
     assert sum("over onnxruntime" in line for line in lines) == 2   # batches 1 and 3
+    for r in results:   # what cso's model held after the child's runs, a line each
+        held = r["cso_memory"]
+        assert held["weights"] > 0 and held["values"] > 0 and held["programs"] >= 1
+        assert held["total"] == sum(held[kind] for kind in ("weights", "values",
+                                                            "workspaces", "inputs"))
+        assert held["total"] < r["peak_mib"]["cso"] * 2 ** 20   # held within the peak
+        assert models.memory_line(r) in lines
+        assert models.memory_line(r).startswith(f"{r['model']}: cso holds "
+                                                f"{held['total'] / 2 ** 20:.0f} MiB")
     from bench import documents
     documents.write_models(str(tmp_path / "report"), [("Threads", "1")], results)
     report = (tmp_path / "report" / "report.md").read_text()

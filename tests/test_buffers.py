@@ -72,6 +72,33 @@ def test_buffers_hands_out_an_array_again_only_when_nothing_refers_to_it():
     assert buffers.nbytes == 0
 
 
+def test_buffers_share_a_free_block_between_shapes_of_close_sizes():
+    """A value takes the smallest free block that holds it, of at most ``SLACK`` times its
+    bytes (values of other shapes whose lives do not overlap share memory); a smaller one
+    gets a block of its own; ``trim`` gives back the blocks nothing refers to."""
+    from cso.onnx.buffers import SLACK
+    buffers = Buffers()
+    big, small = buffers.get((4, 100), np.float32), buffers.get((2, 100), np.float32)
+    big_at, small_at = big.ctypes.data, small.ctypes.data
+    del big, small
+    other = buffers.get((3, 5, 20), np.float32)    # 1200 bytes: the 1600-byte block
+    assert other.ctypes.data == big_at and other.shape == (3, 5, 20)
+    assert other.ctypes.data % LINE == 0
+    half = buffers.get((200,), np.float32)         # 800 bytes: the 800-byte one, not a new one
+    assert half.ctypes.data == small_at
+    del half
+    tiny = buffers.get((800 // SLACK // 4 - 1,), np.float32)   # under 1/SLACK of the free one
+    assert tiny.ctypes.data not in (big_at, small_at)
+    as_bytes = buffers.get((800,), np.uint8)       # any dtype: the free 800-byte block
+    assert as_bytes.ctypes.data == small_at
+    before = buffers.nbytes
+    del as_bytes
+    buffers.trim()                                 # ``other`` and ``tiny`` stay
+    assert buffers.nbytes == before - (800 + LINE)
+    assert buffers.owns(other) and buffers.owns(tiny[1:]) and not buffers.owns(np.zeros(3))
+    np.testing.assert_array_equal(buffers.get((3, 5, 20), np.float32).shape, (3, 5, 20))
+
+
 def _in_a_new_thread(body):
     """Run ``body()`` on a thread of its own (one with no kept workspaces yet), re-raising."""
     failed = []

@@ -187,3 +187,74 @@ def test_timing_trials_are_not_recorded():
         autotune.measure(csa.ConvSpec.parse("n1c8h6w6k8r3s3p1u1"), "generic", 1, budget=0.01)
     assert len(recording) == 0
     assert calibration.measure.__wrapped__   # the same wrapper
+
+
+def test_programs_of_several_batch_sizes_share_one_pool_of_values(rng):
+    """The programs of one model (a batch size each) keep their values in one pool, run after
+    run: it holds what the largest run's live values need, not the sum over batch sizes, and
+    alternating sizes grows nothing; runs of other sizes from other threads meanwhile run
+    plain, every result right."""
+    model = fire_model(rng)
+    loaded = cso.onnx.load(model)
+    xs = {batch: rng.standard_normal((batch, 3, 10, 12)).astype(np.float32)
+          for batch in (1, 3, 5)}
+    expected = {batch: plain_run(loaded, {"x": x})[0] for batch, x in xs.items()}
+    for batch in (1, 3, 5):
+        np.testing.assert_array_equal(loaded(xs[batch]), expected[batch])
+    pool = loaded._program_buffers
+    held = pool.nbytes
+    # the values of the largest run (batch 5) at most twice over (SLACK), those of the load's
+    # and the smaller runs in the same blocks
+    largest = sum(value.nbytes for value in _values_of_a_run(loaded, xs[5]))
+    assert held <= 2 * largest
+    for batch in (5, 1, 3, 1, 5, 3):
+        np.testing.assert_array_equal(loaded(xs[batch]), expected[batch])
+    assert pool.nbytes == held
+    assert {program.buffers for program in loaded._programs.values()} == {pool}
+
+    def work(i):
+        batch = (1, 3, 5)[i % 3]
+        for _ in range(4):
+            np.testing.assert_array_equal(loaded(xs[batch]), expected[batch])
+    in_threads(6, work)
+
+
+def _values_of_a_run(loaded, x):
+    """The arrays a plain run of ``loaded`` on ``x`` makes (each value's, distinct)."""
+    made = []
+    buffers = type(loaded.buffers)()
+    get = buffers.get
+
+    def recorded(shape, dtype):
+        array = np.empty(shape, dtype)
+        made.append(array)
+        return array
+    buffers.get = recorded
+    loaded._outputs(loaded.outputs, loaded._steps(loaded._check_feeds({"x": x}), buffers, None))
+    buffers.get = get
+    return made
+
+
+def test_no_growth_over_a_thousand_runs_of_changing_batch_sizes(rng):
+    """Batch sizes changing run after run, more of them than the programs a model keeps: the
+    programs are recorded again and again, and the memory Python's allocators hold (NumPy's
+    arrays included) stays where the first cycles left it."""
+    import tracemalloc
+    model = fire_model(rng)
+    loaded = cso.onnx.load(model)
+    xs = [rng.standard_normal((batch, 3, 10, 12)).astype(np.float32)
+          for batch in range(1, model_module.PROGRAMS + 3)]
+    expected = [plain_run(loaded, {"x": x})[0] for x in xs]
+    tracemalloc.start()
+    try:
+        for run in range(1000):
+            i = run % len(xs)
+            output = loaded(xs[i])
+            if run == 199:
+                settled = tracemalloc.get_traced_memory()[0]
+        np.testing.assert_array_equal(output, expected[i])
+        grown = tracemalloc.get_traced_memory()[0] - settled
+    finally:
+        tracemalloc.stop()
+    assert len(loaded._programs) <= model_module.PROGRAMS
+    assert grown < 256 * 1024, f"{grown} bytes more after 800 more runs"

@@ -1,62 +1,94 @@
-"""Output arrays a model reuses from step to step and run to run.
+"""The memory a model's values live in, reused from step to step and run to run.
 
 A fresh ``np.empty`` of a few MiB is new memory to the OS: writing it costs a page fault per
 4 KiB page, about as much as a 1x1 convolution of the same output (ResNet-50's 1x1 layers ran
-1.5-2.5x slower in a model than alone on Zen 3 before this pool). An
-array here is handed out again only when nothing else refers to it: no value of a run in
-progress, no view of it, no other thread. Graph outputs never come from here (the caller keeps
-them), so the arrays kept are at most the ones live at once in a run, per concurrent run.
+1.5-2.5x slower in a model than alone on Zen 3 before this pool). So values are arrays made on
+byte blocks kept here, and a block is handed out again only when nothing else refers to it: no
+value of a run in progress, no view of it, no other thread (every array made on a block has the
+block as its ``base``). Graph outputs never come from here (the caller keeps them).
 
-Each array starts on a cache line (``cso.jobs.aligned_empty``: the next layer's kernels read it
-with vector loads) and is a view of a byte array, which every view of it refers to. The array
-is kept with its byte array and handed out as is (making the view again costs more than the
-rest of a small convolution's call): it is free when neither it nor its byte array has a
-reference besides the pool's.
+A value takes the smallest free block that holds it, if that block is at most ``SLACK`` times
+its bytes, else a new block of its own: values of any shape whose lives do not overlap share
+memory, as onnxruntime's memory pattern planner has them (DenseNet's Concat outputs, each of a
+shape of its own: 689 MiB of arrays by shape at batch 8, against 202 MiB so), and the runs of a
+model on several batch sizes share one pool, one run at a time. The blocks kept are then at
+most those of the values live at once in the largest run, and the ones that wasted room
+(``SLACK``).
+
+Each array starts on a cache line (the next layer's kernels read it with vector loads). The
+last array made on a block is kept with it and handed out as is when asked for again (making
+one costs about a microsecond, more than the rest of a small convolution's call).
 """
+import math
 import sys
 import threading
-from collections import defaultdict
 
 import numpy as np
 
-from ..jobs import aligned_empty
+from ..jobs import LINE, data_address
 
-# references to a free array and to its byte array while ``get`` looks at them: the pool's
-# pair's, the loop variable's and getrefcount's argument, and for the byte array the array's
-# ``base``
-_FREE_ARRAY_REFS, _FREE_BYTES_REFS = 3, 4
+# a block serves a value of at least 1/SLACK of its bytes: a smaller value would keep the room
+# a larger one needs later from it
+SLACK = 2
+# references to a block and to its last array while ``_free`` looks at them: the pool's entry's,
+# ``_free``'s variable and getrefcount's argument, and for the block its array's ``base``
+_FREE_BLOCK_REFS, _FREE_ARRAY_REFS = 3, 3
 
 
 class Buffers:
     def __init__(self):
-        self._arrays = defaultdict(list)   # (shape, dtype) -> (array, its byte array) pairs
+        # [block (bytes, a line more than it holds), offset of its first line, last array]
+        self._blocks = []
         self._lock = threading.Lock()
 
     def get(self, shape, dtype):
         """An array of ``shape`` and ``dtype`` that nothing else refers to."""
-        key = (tuple(shape), np.dtype(dtype))
+        shape, dtype = tuple(shape), np.dtype(dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
         with self._lock:
-            pairs = self._arrays[key]
-            for array, raw in pairs:
-                if (sys.getrefcount(array) == _FREE_ARRAY_REFS
-                        and sys.getrefcount(raw) == _FREE_BYTES_REFS):
-                    return array
-            array = aligned_empty(*key)
-            pairs.append((array, array.base))
-            return array
+            fit = None
+            for entry in self._blocks:
+                if not _free(entry):
+                    continue
+                last = entry[2]
+                if last is not None and last.shape == shape and last.dtype == dtype:
+                    return last
+                room = entry[0].nbytes - LINE
+                if nbytes <= room <= SLACK * nbytes and (
+                        fit is None or room < fit[0].nbytes - LINE):
+                    fit = entry
+            if fit is None:
+                block = np.empty(nbytes + LINE, np.uint8)
+                fit = [block, -data_address(block) % LINE, None]
+                self._blocks.append(fit)
+            fit[2] = None   # (its old array's reference to the block goes before the new one)
+            fit[2] = np.ndarray(shape, dtype, fit[0], fit[1])
+            return fit[2]
 
     def owns(self, array):
         """Whether ``array`` is one of the arrays here or a view of one."""
         while array.base is not None:
             array = array.base
         with self._lock:
-            return any(raw is array for pairs in self._arrays.values() for _, raw in pairs)
+            return any(block is array for block, _, _ in self._blocks)
+
+    def trim(self):
+        """Give back the blocks nothing refers to."""
+        with self._lock:
+            self._blocks = [entry for entry in self._blocks if not _free(entry)]
 
     def clear(self):
         with self._lock:
-            self._arrays.clear()
+            self._blocks.clear()
 
     @property
     def nbytes(self):
         with self._lock:
-            return sum(raw.nbytes for pairs in self._arrays.values() for _, raw in pairs)
+            return sum(block.nbytes for block, _, _ in self._blocks)
+
+
+def _free(entry):
+    """Whether nothing refers to the ``entry``'s block and its last array but the pool."""
+    block, _, last = entry
+    return (sys.getrefcount(block) == _FREE_BLOCK_REFS + (last is not None)
+            and (last is None or sys.getrefcount(last) == _FREE_ARRAY_REFS))

@@ -2,6 +2,7 @@
 on ``cso.get_num_threads()`` threads (the convolutions', Gemm's, and NumPy's BLAS for what
 still uses it)."""
 import os
+import threading
 import time
 from collections import defaultdict
 
@@ -41,18 +42,23 @@ class Model:
         self.slots = slots or {}        # value -> its concat.Slot (made in a Concat's array)
         self.buffers = Buffers()        # the arrays of runs that do not use a Program
         self._programs = {}             # (input shapes, threads) -> its Program
+        # the programs' values, one run at a time (a run that finds the lock held runs plain)
+        self._program_buffers, self._program_lock = Buffers(), threading.Lock()
         self.inputs = inputs            # name -> (shape loaded for, dtype)
         self.outputs = outputs
         used = {name for step in steps for name in step.inputs} | set(outputs)
         self.constants = {name: constants[name] for name in used if name in constants}
 
+    _per_process = ("buffers", "_programs", "_program_buffers", "_program_lock")
+
     def __getstate__(self):   # pickled and copied without the arrays it reuses
         return {name: value for name, value in self.__dict__.items()
-                if name not in ("buffers", "_programs")}
+                if name not in self._per_process}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
         self.buffers, self._programs = Buffers(), {}
+        self._program_buffers, self._program_lock = Buffers(), threading.Lock()
 
     @property
     def input_names(self):
@@ -73,6 +79,29 @@ class Model:
         """The outputs named (all of them for None), in that order, for the ``feeds``."""
         return self._run(output_names, feeds, None)
 
+    def memory(self):
+        """Bytes this model holds, by kind: {"weights": its layers' packed filters (each
+        packing their plans read) and biases, and the constants its other steps read;
+        "values": the arrays its runs' values are made in (one pool for its programs' runs,
+        one for the runs that find a program busy); "workspaces": its recorded programs'
+        workspaces; "inputs": the programs' copies of the feeds; "programs": how many input
+        shapes and thread counts it keeps a program for; "total": the bytes. Not counted:
+        each thread's workspaces (``cso.jobs``, shared by every layer the thread runs) and
+        compiled code."""
+        layers = [step.run.conv for step in self.steps
+                  if getattr(step.run, "conv", None) is not None]
+        constants = sum(value.nbytes for value in self.constants.values()
+                        if isinstance(value, np.ndarray))
+        programs = list(self._programs.values())
+        found = {"weights": sum(layer.nbytes for layer in layers) + constants,
+                 "values": self._program_buffers.nbytes + self.buffers.nbytes,
+                 "workspaces": sum(program.recording.nbytes for program in programs),
+                 "inputs": sum(value.nbytes for program in programs
+                               for value in program.inputs.values())}
+        found["total"] = sum(found.values())
+        found["programs"] = len(programs)
+        return found
+
     def time_by_operator(self, feeds):
         """Run once and return ``{label: seconds}`` per step label ("Conv+Relu", "MaxPool",
         ...), summed over the steps of that label: where the time goes."""
@@ -90,13 +119,14 @@ class Model:
         key = (tuple((name, value.shape) for name, value in feeds.items()), threads)
         program = self._programs.get(key)
         if program is None:
-            program = Program(feeds, self.constants)
+            program = Program(feeds, self.constants, self._program_buffers, self._program_lock)
             with program.lock, _blas_threads(threads):
+                if len(self._programs) >= PROGRAMS:   # a stream of batch sizes cannot grow it
+                    self._programs.clear()
+                    self._program_buffers.trim()
                 values = self._steps(feeds, program.buffers, None, program)
                 outputs = self._outputs(names, values, program)
-            if len(self._programs) >= PROGRAMS:   # a stream of batch sizes cannot grow it
-                self._programs.clear()
-            self._programs[key] = program
+                self._programs[key] = program
             return outputs
         if not program.lock.acquire(blocking=False):   # another thread runs it: run plain
             with _blas_threads(threads):

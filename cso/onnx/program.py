@@ -30,12 +30,12 @@ SHAPE_ONLY = {("Shape",), ("Size",)}   # steps that read their input's shape alo
 
 class Program:
     """The recording, then the replay, of a model's run on one set of input shapes and one
-    thread count; ``lock`` is held by the run using it (one at a time: its arrays are
-    shared)."""
+    thread count, its values in ``buffers`` (the model's: its programs' runs share them, one
+    run at a time); ``lock`` is held by the run using any of them."""
 
-    def __init__(self, feeds, constants=()):
-        self.lock = threading.Lock()
-        self.buffers = Buffers()
+    def __init__(self, feeds, constants=(), buffers=None, lock=None):
+        self.lock = lock or threading.Lock()
+        self.buffers = Buffers() if buffers is None else buffers
         self.inputs = {name: np.empty_like(value) for name, value in feeds.items()}
         # the values fixed for the program: the model's constants (names) and the shape
         # arithmetic the recording ran (name -> value, kept: a replay's steps read them)

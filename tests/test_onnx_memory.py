@@ -1,0 +1,123 @@
+"""What a loaded model costs in memory (``Model.memory``, ``Conv2d.nbytes``), measured where
+nothing else runs: a child process, its peak RSS beyond what it held before loading."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnx")
+import cso  # noqa: E402
+import cso.onnx  # noqa: E402
+
+from .test_onnx_program import fire_model  # noqa: E402
+
+MIB = 2 ** 20
+
+# a chain of six 3x3 convolutions at 56 x 56, wide and narrow in turn, each value a shape of
+# its own (as DenseNet's Concats have them): memory shared between values of one shape only
+# would hold all six, shared between values that are not live at once, two
+CHILD = r"""
+import gc, json, weakref
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+import cso.onnx
+
+def rss(field="VmRSS"):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":")) * 1024
+
+rng = np.random.default_rng(0)
+widths, size = [3, 88, 48, 84, 44, 80, 40], 56
+inits, nodes, previous = [], [], "x"
+for i, (c, k) in enumerate(zip(widths, widths[1:])):
+    w = (rng.standard_normal((k, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32)
+    inits.append(numpy_helper.from_array(w, f"w{i}"))
+    nodes += [helper.make_node("Conv", [previous, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1]),
+              helper.make_node("Relu", [f"c{i}"], [f"r{i}"])]
+    previous = f"r{i}"
+graph = helper.make_graph(
+    nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, size, size])],
+    [helper.make_tensor_value_info(previous, TensorProto.FLOAT, None)], inits)
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+xs = [rng.standard_normal((batch, 3, size, size)).astype(np.float32) for batch in (1, 8)]
+found = {"weights": sum(t.dims[0] * t.dims[1] * 9 * 4 for t in inits),
+         "values": [8 * k * size * size * 4 for k in widths[1:]]}
+gc.collect()
+before = rss()
+for cycle in range(3):
+    loaded = cso.onnx.load(model)
+    for x in xs:
+        loaded(x)
+    if cycle == 0:
+        found["peak"] = rss("VmHWM") - before
+        found["held"] = loaded.memory()
+    dropped = weakref.ref(loaded)
+    del loaded
+    gc.collect()
+    found[f"after_drop_{cycle}"] = rss() - before
+    found[f"collected_{cycle}"] = dropped() is None
+print(json.dumps(found))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_peak_memory_of_a_model_and_what_its_drop_gives_back():
+    """Loaded, run at batch 1 then 8, one thread. Its values' pool holds what the two values
+    live at once need (a convolution's input and output: the widest of each parity), at each
+    batch, at most ``Buffers.SLACK`` times over; arrays of a shape each, as before values of
+    other shapes shared memory, would hold the six of each batch (43 MiB here, over that
+    bound). The peak beyond what the process held before loading is bounded by what the model
+    reports holding (filters packed once, values, workspaces, input copies), the caller's
+    output, and 32 MiB for what any first run of cso adds (compiled code, the pool's threads,
+    each thread's workspaces, the allocator's rounding: about 20 MiB measured). The model
+    dropped is collected, and loading, running and dropping it again leaves the process no
+    larger."""
+    done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
+                          env={**os.environ, "CSO_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.splitlines()[-1])
+    values, held = found["values"], found["held"]   # (batch 8's, in the chain's order)
+    assert held["weights"] >= found["weights"]
+    live_at_once = max(values[0::2]) + max(values[1::2])
+    assert held["values"] <= 2 * live_at_once * (1 + 1 / 8)
+    assert sum(values) * (1 + 1 / 8) > 2 * live_at_once * (1 + 1 / 8)
+    bound = held["total"] + values[-1] + 32 * MIB
+    assert found["peak"] <= bound, (found["peak"] / MIB, bound / MIB)
+    assert all(found[f"collected_{cycle}"] for cycle in range(3))
+    assert found["after_drop_2"] <= found["after_drop_1"] + MIB
+
+
+def test_model_memory_reports_what_it_holds(rng):
+    """``Model.memory()``: its layers' packed filters and biases (``Conv2d.nbytes``), the
+    values' pool, the programs' workspaces and input copies, by kind, and their total."""
+    model = fire_model(rng)
+    loaded = cso.onnx.load(model)
+    layers = [step.run.conv for step in loaded.steps if getattr(step.run, "conv", None)]
+    assert len(layers) == 5
+    held = loaded.memory()
+    assert held["weights"] == sum(layer.nbytes for layer in layers)
+    assert held["values"] == loaded._program_buffers.nbytes > 0
+    assert held["programs"] == 1 and held["inputs"] == 3 * 10 * 12 * 4
+    assert held["total"] == sum(held[kind] for kind in ("weights", "values", "workspaces",
+                                                        "inputs"))
+    loaded(rng.standard_normal((4, 3, 10, 12)).astype(np.float32))
+    more = loaded.memory()
+    assert more["programs"] == 2 and more["inputs"] == 5 * 3 * 10 * 12 * 4
+    assert more["weights"] == held["weights"] and more["values"] >= held["values"]
+
+
+def test_conv2d_nbytes_counts_each_packing_it_holds(rng):
+    """A layer holds its filters packed (once per filter tile its plans read) and its bias;
+    nothing per call."""
+    w = rng.standard_normal((64, 32, 3, 3)).astype(np.float32)
+    conv = cso.Conv2d(w, np.zeros(64, np.float32), padding=1)
+    first = conv.nbytes
+    assert first >= w.nbytes + 64 * 4
+    x = rng.standard_normal((1, 32, 12, 12)).astype(np.float32)
+    for _ in range(3):
+        conv(x)
+    assert conv.nbytes == first + sum(
+        packed.nbytes for key, packed in conv._packed.items() if key != next(iter(conv._packed)))
