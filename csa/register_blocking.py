@@ -25,17 +25,21 @@ def microtile(machine, itemsize):
     return TILE_VECTORS * machine.vector_bytes // itemsize, nf
 
 
-def filter_vector_tile(machine, itemsize, positions=49):
+def filter_vector_tile(machine, itemsize, positions=49, filter_bytes=0):
     """(windows, filters) when filters are the vector dimension: TILE_VECTORS filter vectors
     by a window count among those the model finds fastest: 7 when it is among them (planes of
     real networks are multiples of 7: 7x7, 14x14, 28x28, 56x56), else the one that covers the
     output plane's ``positions`` fastest (``fastest_windows``, the record's ``filter_windows``).
     AVX-512: 7 x 32 floats; AVX2: 5 x 16 on a 7x7 plane, 6 x 16 on 14x14 and larger. A
     single-pixel plane is a matrix-vector product whose weights stream through once: 1 window
-    by up to four vectors (AVX-512: 1 x 64)."""
+    by up to four vectors (AVX-512: 1 x 64), but TILE_VECTORS where its ``filter_bytes`` are
+    more than L2 holds: there the stream, not the FMAs' latency, sets its speed (4096 x 25088
+    from memory: 0.95-1.04x with 1 x 32, Xeon), and its filters, packed for the plans of a
+    few pixels (a classifier's batch of 8), are held once."""
     lanes, registers = machine.vector_bytes // itemsize, machine.vector_registers
     if positions == 1:
-        return 1, max(1, min(4, (registers - 1) // 2)) * lanes
+        vectors = TILE_VECTORS if filter_bytes > machine.l2 else 4
+        return 1, max(1, min(vectors, (registers - 1) // 2)) * lanes
     tuning = machine.tuning
     counts = tuning.broadcast_counts(registers, TILE_VECTORS, FILTER_VARIANTS)
     windows = 7 if 7 in counts else fastest_windows(positions, counts, tuning.filter_windows)

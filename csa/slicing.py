@@ -282,7 +282,9 @@ def analyze_slicing(spec, machine, threads, overrides, layout="nchw"):
     if blocked:
         vectors_along, slab = "filters", True
     tiles = {"windows": microtile(machine, spec.itemsize),
-             "filters": filter_vector_tile(machine, spec.itemsize, spec.p * spec.q)}
+             "filters": filter_vector_tile(machine, spec.itemsize, spec.p * spec.q,
+                                           spec.k * spec.c_per_group * spec.r * spec.s
+                                           * spec.itemsize)}
     grouped = not blocked and grouped_direct(spec, machine)
     direct_tile = (blocked_tile(spec, machine) if blocked or grouped else
                    (direct_windows(spec, machine),
