@@ -55,6 +55,31 @@ def test_external_data_missing_is_named(tmp_path, conv_relu):
         cso.onnx.load(path)
 
 
+def test_external_data_of_several_tensors_is_read_at_their_offsets(tmp_path, rng):
+    """The dynamo exporter's layout: every weight in one data file, each at its offset, read
+    straight into arrays (not into the proto first); a data file cut short names the tensor
+    it lacks."""
+    w1 = rng.standard_normal((6, 3, 3, 3)).astype(np.float32)
+    w2 = rng.standard_normal((5, 6, 1, 1)).astype(np.float32)
+    b2 = rng.standard_normal(5).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Conv", ["r", "w2", "b2"], ["y"])]
+    model = make_model(nodes, [tensor("x", [1, 3, 7, 7])], [tensor("y", [1, 5, 7, 7])],
+                       {"w1": w1, "w2": w2, "b2": b2}, opset=17)
+    path = tmp_path / "chain.onnx"
+    save_external(model, path)
+    x = rng.standard_normal((2, 3, 7, 7)).astype(np.float32)
+    hidden = np.maximum(conv2d_reference(x, w1, padding=(1, 1, 1, 1)), 0)
+    expected = conv2d_reference(hidden, w2) + b2[:, None, None]
+    np.testing.assert_allclose(cso.onnx.load(path)(x), expected, rtol=1e-5, atol=1e-5)
+    data = tmp_path / "chain.onnx.data"
+    data.write_bytes(data.read_bytes()[:-8])
+    with pytest.raises(UnsupportedModel, match=f"{path}: its weights cannot be read: "
+                                               r"\w+ has \d+ of its \d+ values"):
+        cso.onnx.load(path)
+
+
 def test_a_file_that_is_not_a_whole_model_is_refused(tmp_path, conv_relu):
     whole = conv_relu[0].SerializeToString()
     for name, content in (("text.onnx", b"not a model\n" * 10),

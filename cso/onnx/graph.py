@@ -2,6 +2,7 @@
 with the affine operators and Relu after it fused in, per-channel affine chains and residual
 sums fused into one NumPy step each, every other node an operator of ``ops``. What fuses is
 decided by the operator types' roles in ``fusion.ROLES`` and the graph's structure."""
+import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable
@@ -40,9 +41,12 @@ class Graph:
     shapes: dict               # name -> shape (at the loaded batch), where inference knows it
 
 
-def read(proto, input_shapes):
-    """The Graph of an ``onnx.ModelProto`` whose inputs get ``input_shapes`` {name: shape}."""
+def read(proto, input_shapes, path=None):
+    """The Graph of an ``onnx.ModelProto`` whose inputs get ``input_shapes`` {name: shape}.
+    ``path``: the file the proto was read from without its external data, which is read here
+    (``external_array``)."""
     from onnx import checker, helper, numpy_helper
+    from onnx.external_data_helper import uses_external_data
     graph = proto.graph
     if not graph.output:
         raise UnsupportedModel("the model has no outputs (an empty or truncated file?)")
@@ -53,7 +57,8 @@ def read(proto, input_shapes):
     if graph.sparse_initializer:
         raise UnsupportedModel("sparse initializers are not supported")
     try:
-        constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+        constants = {t.name: external_array(t, path) if path and uses_external_data(t)
+                     else numpy_helper.to_array(t) for t in graph.initializer}
     except checker.ValidationError as err:   # external data that onnx.load did not read
         raise UnsupportedModel(f"an initializer's data is not in the model ({err}): load it "
                                f"from its path, with its external data file beside it") from None
@@ -70,6 +75,31 @@ def read(proto, input_shapes):
         raise UnsupportedModel(f"output(s) {unmade} are made by no node, input or initializer")
     return Graph(nodes, constants, inputs, [o.name for o in graph.output],
                  _shapes(proto, inputs, constants))
+
+
+def external_array(tensor, path):
+    """The values of ``tensor``, an initializer of the model file ``path`` held in an external
+    data file beside it (the dynamo exporter's ``model.onnx.data``), read straight into an
+    array: ``onnx.load`` copies them into the proto, from which ``numpy_helper.to_array``
+    copies them again (ResNeXt-50 peaked at both)."""
+    from onnx import helper, numpy_helper
+    from onnx.external_data_helper import ExternalDataInfo
+    info = ExternalDataInfo(tensor)
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
+    where = os.path.normpath(info.location)
+    if dtype.kind not in "fiub" or os.path.isabs(where) or where.startswith(os.pardir):
+        return numpy_helper.to_array(tensor, os.path.dirname(path))   # (onnx's checks)
+    count = int(np.prod(tensor.dims, dtype=np.int64))
+    try:
+        with open(os.path.join(os.path.dirname(path), where), "rb") as f:
+            f.seek(info.offset or 0)
+            values = np.fromfile(f, dtype.newbyteorder("<"), count)
+    except OSError as err:
+        raise UnsupportedModel(f"{path}: its weights cannot be read: {err}") from None
+    if values.size != count:
+        raise UnsupportedModel(f"{path}: its weights cannot be read: {tensor.name} has "
+                               f"{values.size} of its {count} values in {info.location}")
+    return values.astype(dtype, copy=False).reshape(tuple(tensor.dims))
 
 
 def _shapes(proto, inputs, constants):

@@ -276,11 +276,12 @@ def load(model, input_shapes=None, *, blocked=True):
         import onnx
     except ImportError:
         raise ImportError("cso.onnx needs the onnx package: pip install 'cso[onnx]'") from None
-    if isinstance(model, (str, os.PathLike)):
-        model = _read(os.fspath(model))
+    path = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
+    if path is not None:
+        model = _read(path)
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"model must be a path or an onnx.ModelProto, got {type(model).__name__}")
-    graph = read(model, _input_shapes(model, input_shapes or {}))
+    graph = read(model, _input_shapes(model, input_shapes or {}), path)
     # the proto, if read from a path here, and the graph's constants are dropped before the
     # first run packs the filters: each constant then lives on only until its step has packed
     # it (VGG-19 peaked at the proto, the constants and the packed filters at once)
@@ -296,16 +297,15 @@ def load(model, input_shapes=None, *, blocked=True):
 
 
 def _read(path):
-    """The ``onnx.ModelProto`` in file ``path``, with the weights an exporter wrote beside it
-    (external data: the dynamo exporter's ``model.onnx.data``)."""
+    """The ``onnx.ModelProto`` in file ``path``, without the weights an exporter wrote beside it
+    (external data: the dynamo exporter's ``model.onnx.data``), which ``read`` reads into
+    arrays."""
     import onnx
     from google.protobuf.message import DecodeError
     try:
-        return onnx.load(path)
+        return onnx.load(path, load_external_data=False)
     except DecodeError as err:
         raise UnsupportedModel(f"{path}: not an ONNX model, or a truncated one ({err})") from None
-    except onnx.checker.ValidationError as err:   # an external data file missing
-        raise UnsupportedModel(f"{path}: its weights cannot be read: {err}") from None
 
 
 def _input_shapes(model, input_shapes):
