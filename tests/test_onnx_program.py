@@ -258,3 +258,33 @@ def test_no_growth_over_a_thousand_runs_of_changing_batch_sizes(rng):
         tracemalloc.stop()
     assert len(loaded._programs) <= model_module.PROGRAMS
     assert grown < 256 * 1024, f"{grown} bytes more after 800 more runs"
+
+
+def test_a_program_dropped_while_a_run_held_it_is_not_replayed(rng, monkeypatch):
+    """A run that took a program just before another run dropped it (past the programs a
+    model keeps, whose memory the pool then gives back) runs plain: a replay would write
+    into blocks no longer the model's."""
+    monkeypatch.setattr(model_module, "PROGRAMS", 2)
+    model = fire_model(rng)
+    loaded = cso.onnx.load(model)
+    x = rng.standard_normal((1, 3, 10, 12)).astype(np.float32)
+    expected = plain_run(loaded, {"x": x})[0]
+    ((key, stale),) = loaded._programs.items()
+    for batch in (2, 3):   # the load's program dropped, and the pool trimmed
+        loaded(rng.standard_normal((batch, 3, 10, 12)).astype(np.float32))
+    assert key not in loaded._programs
+
+    def replay(*args):
+        raise AssertionError("a dropped program was replayed")
+    monkeypatch.setattr(stale, "replay", replay)
+    handed = []
+
+    class Programs(dict):   # the run finds the stale program first, as if it had just gone
+        def get(self, k, default=None):
+            if k == key and not handed:
+                handed.append(k)
+                return stale
+            return super().get(k, default)
+    loaded._programs = Programs(loaded._programs)
+    np.testing.assert_array_equal(loaded(x), expected)
+    assert handed == [key]

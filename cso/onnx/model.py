@@ -129,9 +129,10 @@ class Model:
                 self._programs[key] = program
             return outputs
         if not program.lock.acquire(blocking=False):   # another thread runs it: run plain
-            with _blas_threads(threads):
-                return self._outputs(names, self._steps(feeds, self.buffers, None))
+            return self._plain_run(names, feeds, threads)
         try:
+            if self._programs.get(key) is not program:   # dropped meanwhile, its memory too
+                return self._plain_run(names, feeds, threads)
             values = program.replay(feeds, threads)
             # the steps after the replay, if any, may use NumPy's BLAS; a replay alone does
             # not (setting and restoring the BLAS threads costs some 60 us a run)
@@ -141,6 +142,11 @@ class Model:
             return self._outputs(names, values, program)
         finally:
             program.lock.release()
+
+    def _plain_run(self, names, feeds, threads):
+        """The outputs ``names`` of a run step by step, without a program."""
+        with _blas_threads(threads):
+            return self._outputs(names, self._steps(feeds, self.buffers, None))
 
     def _steps(self, values, buffers, seconds, program=None, first=0):
         """Run the steps from ``first`` on ``values`` (the feeds, or the values a replay left),
