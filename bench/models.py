@@ -565,13 +565,13 @@ def summary_lines(results):
     lines += [f"batch {b}: cso's channel-blocked values {s:.2f}x the speed of its NCHW ones "
               f"(geomean over {sum(b in r['batches'] for r in ran)} models)"
               for b, s in geomean_speedups(results, "cso_nchw").items()]
+    lines += [memory_line(r) for r in ran if "cso_memory" in r]
     skipped = [r for r in ran if "skipped" in r.get("openvino", {})]
     if any(r["openvino"]["skipped"] == OPENVINO_MISSING for r in skipped):
         lines.append("OpenVINO was not installed (pip install openvino): no OpenVINO figures")
     elif skipped:
         lines.append(f"OpenVINO ran {len(ran) - len(skipped)} of {len(ran)} models; not:")
         lines += [f"  {r['model']}: {r['openvino']['skipped']}" for r in skipped]
-    lines += [memory_line(r) for r in ran if "cso_memory" in r]
     if len(ran) < len(results):
         lines.append(f"cso.onnx loaded {len(ran)} of {len(results)} models; refused:")
         lines += [f"  {r['model']}: {r['refused']}" for r in results if "refused" in r]

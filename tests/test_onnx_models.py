@@ -400,8 +400,8 @@ def test_a_loaded_constant_lives_until_its_step_packed_it(tmp_path, rng, monkeyp
     weights, alive_at_second = {}, []
     read = model_module.read
 
-    def read_and_watch(proto, shapes):
-        graph = read(proto, shapes)
+    def read_and_watch(proto, shapes, path=None):
+        graph = read(proto, shapes, path)
         weights.update((name, weakref.ref(graph.constants[name])) for name in ("w", "w2"))
         return graph
 
