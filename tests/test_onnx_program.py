@@ -223,7 +223,6 @@ def _values_of_a_run(loaded, x):
     """The arrays a plain run of ``loaded`` on ``x`` makes (each value's, distinct)."""
     made = []
     buffers = type(loaded.buffers)()
-    get = buffers.get
 
     def recorded(shape, dtype):
         array = np.empty(shape, dtype)
@@ -231,7 +230,6 @@ def _values_of_a_run(loaded, x):
         return array
     buffers.get = recorded
     loaded._outputs(loaded.outputs, loaded._steps(loaded._check_feeds({"x": x}), buffers, None))
-    buffers.get = get
     return made
 
 
