@@ -324,8 +324,9 @@ class Conv2d:
         c, k = twin.weight_shape[1] * twin.groups, twin.weight_shape[0]
         lanes = block_size(self.dtype, self.isa)
         in_place = out is not None and out_layout == "blocked"   # (of the lanes: check_out)
-        acc = out if in_place else Blocked.from_nchw(to_nchw(out, out_layout), lanes) if (
-            out is not None and self.accumulate) else None
+        acc = out if in_place else None
+        if out is not None and not in_place and self.accumulate:
+            acc = Blocked.from_nchw(to_nchw(out, out_layout), lanes)
         on_lanes = xb.block == lanes
         xb = xb.reblocked(lanes)
         result = twin._call_blocked(Blocked.made(xb.data, c), None if acc is None else

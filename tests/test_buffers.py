@@ -4,6 +4,7 @@ out again only when neither it nor any view of it is alive; a thread's kept work
 (``cso.jobs.workspace``)."""
 import sys
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -97,6 +98,10 @@ def test_buffers_share_a_free_block_between_shapes_of_close_sizes():
     assert buffers.nbytes == before - (800 + LINE)
     assert buffers.owns(other) and buffers.owns(tiny[1:]) and not buffers.owns(np.zeros(3))
     np.testing.assert_array_equal(buffers.get((3, 5, 20), np.float32).shape, (3, 5, 20))
+    kept = buffers.get((7, 9), np.float32)   # asked for again once free: the same array
+    made = weakref.ref(kept)
+    del kept
+    assert buffers.get((7, 9), np.float32) is made()
 
 
 def _in_a_new_thread(body):

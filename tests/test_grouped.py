@@ -341,6 +341,27 @@ def lifted_plans(monkeypatch, **fields):
     monkeypatch.setattr(cso.layouts, "host_machine", machine)
 
 
+def as_nchw(y, layout):
+    """A call's output in ``layout`` as an NCHW array."""
+    return (y.to_nchw() if layout == "blocked" else
+            y.transpose(0, 3, 1, 2) if layout == "nhwc" else y)
+
+
+def outputs_in_every_layout(conv, value, kwargs, expected, name):
+    """{out_layout: the output as NCHW} of ``conv`` on ``value`` (``kwargs``: its layout) for
+    each output layout: the second (plain) call the same bits as the first, both matching
+    ``expected``."""
+    got = {}
+    for out_layout in ("nchw", "blocked", "nhwc"):
+        first = conv(value, out_layout=out_layout, **kwargs)
+        second = conv(value, out_layout=out_layout, **kwargs)
+        got[out_layout] = as_nchw(first, out_layout)
+        np.testing.assert_array_equal(as_nchw(second, out_layout), got[out_layout])
+        np.testing.assert_allclose(got[out_layout], expected, rtol=2e-5, atol=2e-5,
+                                   err_msg=f"{name} -> {out_layout}")
+    return got
+
+
 @pytest.mark.parametrize("case", [
     # (N, C/groups as a fraction of the lanes, groups, H, W, R, stride, padding, dilation, K/C)
     (1, 2, 6, 7, 7, 3, 1, (1, 1, 1, 1), 1, 1),
@@ -369,23 +390,14 @@ def test_groups_merged_onto_blocks_match_the_reference(rng, monkeypatch, restore
     values = {"nchw": (x, {}), "blocked": (cso.Blocked.from_nchw(x), {}),
               "nhwc": (np.ascontiguousarray(x.transpose(0, 2, 3, 1)), {"layout": "nhwc"})}
 
-    def nchw(y, layout):
-        return (y.to_nchw() if layout == "blocked" else
-                y.transpose(0, 3, 1, 2) if layout == "nhwc" else y)
     outputs = []
     for threads in (1, 2):
         cso.set_num_threads(threads)
         conv = conv_of(wt, b, geometry, "silu")
         got = {}
         for in_layout, (value, kwargs) in values.items():
-            for out_layout in ("nchw", "blocked", "nhwc"):
-                first = conv(value, out_layout=out_layout, **kwargs)
-                second = conv(value, out_layout=out_layout, **kwargs)
-                got[in_layout, out_layout] = nchw(first, out_layout)
-                np.testing.assert_array_equal(nchw(second, out_layout),
-                                              got[in_layout, out_layout])
-                np.testing.assert_allclose(got[in_layout, out_layout], expected, rtol=2e-5,
-                                           atol=2e-5, err_msg=f"{in_layout} -> {out_layout}")
+            got.update(((in_layout, out_layout), y) for out_layout, y in
+                       outputs_in_every_layout(conv, value, kwargs, expected, in_layout).items())
         assert conv._merged_twin is not None
         # an NCHW call runs merged for groups of as many filters as channels, merged into
         # several groups of a block
@@ -443,6 +455,17 @@ def test_groups_merge_onto_blocks_where_measured(monkeypatch):
     assert csa.tuning.NEON.merged_groups_max_plane == 0
 
 
+def odd_groups_case(rng, groups, c_g, size, padding):
+    """(input of 2 images of ``size``, weights, bias, geometry, the reference output with
+    SiLU) of a 3x3 convolution of ``groups`` groups of ``c_g`` channels and filters."""
+    c = groups * c_g
+    x = rng.standard_normal((2, c) + size).astype(np.float32)
+    wt = (rng.standard_normal((c, c_g, 3, 3)) / np.sqrt(c_g * 9)).astype(np.float32)
+    b = rng.standard_normal(c).astype(np.float32)
+    geometry = dict(stride=(1, 1), padding=padding, dilation=(1, 1), groups=groups)
+    return x, wt, b, geometry, silu(conv2d_reference(x, wt, b, **geometry))
+
+
 @pytest.mark.parametrize("groups", [3, 5])
 def test_odd_groups_merge_with_zero_groups_on_blocks(rng, monkeypatch, restore_threads,
                                                    groups):
@@ -457,11 +480,7 @@ def test_odd_groups_merge_with_zero_groups_on_blocks(rng, monkeypatch, restore_t
     lanes = cso.layouts.block_size(np.dtype(np.float32))
     c_g = lanes // 2
     c = groups * c_g
-    x = rng.standard_normal((2, c, 9, 8)).astype(np.float32)
-    wt = (rng.standard_normal((c, c_g, 3, 3)) / np.sqrt(c_g * 9)).astype(np.float32)
-    b = rng.standard_normal(c).astype(np.float32)
-    geometry = dict(stride=(1, 1), padding=(1, 0, 1, 2), dilation=(1, 1), groups=groups)
-    expected = silu(conv2d_reference(x, wt, b, **geometry))
+    x, wt, b, geometry, expected = odd_groups_case(rng, groups, c_g, (9, 8), (1, 0, 1, 2))
     xb = cso.Blocked.from_nchw(x)
     xb.data.reshape(2, -1, lanes)[:, :, c % lanes:][:, -1] = 3.0   # padding lanes: finite
     assert csa.layout.padded_groups(conv_of(wt, b, geometry).spec_for(x.shape), 2) == 1
@@ -507,22 +526,13 @@ def test_channels_last_calls_run_padded_merges_on_copied_blocks(rng, monkeypatch
     padded with a zero group, the output moved into the layout asked for; ``out=``, written
     and accumulated, the second (plain) call as the first, 1 and 2 threads bit-identical.
     NCHW calls, and planes past the record's, keep the NCHW plan."""
-    lanes = cso.layouts.block_size(np.dtype(np.float32))
-    c_g = lanes // 2
+    c_g = cso.layouts.block_size(np.dtype(np.float32)) // 2
     c = groups * c_g
-    x = rng.standard_normal((2, c, 7, 6)).astype(np.float32)
-    wt = (rng.standard_normal((c, c_g, 3, 3)) / np.sqrt(c_g * 9)).astype(np.float32)
-    b = rng.standard_normal(c).astype(np.float32)
-    geometry = dict(stride=(1, 1), padding=(1, 1, 0, 2), dilation=(1, 1), groups=groups)
-    expected = silu(conv2d_reference(x, wt, b, **geometry))
+    x, wt, b, geometry, expected = odd_groups_case(rng, groups, c_g, (7, 6), (1, 1, 0, 2))
     plane = expected.shape[2] * expected.shape[3]
     xh = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
     inputs = {"nhwc": (xh, {"layout": "nhwc"}),
               "blocks of other lanes": (cso.Blocked.from_nchw(x, c_g), {})}
-
-    def nchw(y, layout):
-        return (y.to_nchw() if layout == "blocked" else
-                y.transpose(0, 3, 1, 2) if layout == "nhwc" else y)
 
     def merged(conv, value, kwargs):
         shape = value.shape if isinstance(value, cso.Blocked) else x.shape
@@ -532,7 +542,7 @@ def test_channels_last_calls_run_padded_merges_on_copied_blocks(rng, monkeypatch
     lifted_plans(monkeypatch, merged_groups_max_plane=10 ** 6, padded_merge_max_plane=plane - 1)
     conv = conv_of(wt, b, geometry, "silu")
     for value, kwargs in inputs.values():
-        np.testing.assert_allclose(nchw(conv(value, **kwargs), kwargs.get("layout", "blocked")),
+        np.testing.assert_allclose(as_nchw(conv(value, **kwargs), kwargs.get("layout", "blocked")),
                                    expected, rtol=2e-5, atol=2e-5)
         assert merged(conv, value, kwargs) is None
     lifted_plans(monkeypatch, merged_groups_max_plane=10 ** 6, padded_merge_max_plane=plane)
@@ -542,13 +552,8 @@ def test_channels_last_calls_run_padded_merges_on_copied_blocks(rng, monkeypatch
         conv = conv_of(wt, b, geometry, "silu")
         got = {}
         for name, (value, kwargs) in inputs.items():
-            for out_layout in ("nhwc", "nchw", "blocked"):
-                first = conv(value, out_layout=out_layout, **kwargs)
-                second = conv(value, out_layout=out_layout, **kwargs)
-                got[name, out_layout] = nchw(first, out_layout)
-                np.testing.assert_array_equal(nchw(second, out_layout), got[name, out_layout])
-                np.testing.assert_allclose(got[name, out_layout], expected, rtol=2e-5,
-                                           atol=2e-5, err_msg=f"{name} -> {out_layout}")
+            got.update(((name, out_layout), y) for out_layout, y in
+                       outputs_in_every_layout(conv, value, kwargs, expected, name).items())
             twin = merged(conv, value, kwargs)
             assert twin is not None and twin.weight_shape[0] == c + c_g
         out = np.full(xh.shape[:3] + (c,), np.nan, np.float32)
@@ -565,7 +570,7 @@ def test_channels_last_calls_run_padded_merges_on_copied_blocks(rng, monkeypatch
                             ("nchw", residual.copy()),
                             ("blocked", cso.Blocked.from_nchw(residual))):
         assert adding(xh, layout="nhwc", out_layout=out_layout, out=out) is out
-        np.testing.assert_allclose(nchw(out, out_layout), residual + plain, rtol=2e-5,
+        np.testing.assert_allclose(as_nchw(out, out_layout), residual + plain, rtol=2e-5,
                                    atol=2e-5, err_msg=out_layout)
     assert csa.tuning.AVX512.padded_merge_max_plane == csa.tuning.AVX2.padded_merge_max_plane \
         == 225

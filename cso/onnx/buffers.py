@@ -46,16 +46,17 @@ class Buffers:
         shape, dtype = tuple(shape), np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
         with self._lock:
+            for entry in self._blocks:   # the array asked for again (the usual case)
+                # (no variable of this frame holds the array while ``_free`` counts its
+                # references)
+                if (entry[2] is not None and entry[2].shape == shape
+                        and entry[2].dtype == dtype and _free(entry)):
+                    return entry[2]
             fit = None
             for entry in self._blocks:
-                if not _free(entry):
-                    continue
-                last = entry[2]
-                if last is not None and last.shape == shape and last.dtype == dtype:
-                    return last
                 room = entry[0].nbytes - LINE
                 if nbytes <= room <= SLACK * nbytes and (
-                        fit is None or room < fit[0].nbytes - LINE):
+                        fit is None or room < fit[0].nbytes - LINE) and _free(entry):
                     fit = entry
             if fit is None:
                 block = np.empty(nbytes + LINE, np.uint8)

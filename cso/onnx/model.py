@@ -119,15 +119,21 @@ class Model:
         key = (tuple((name, value.shape) for name, value in feeds.items()), threads)
         program = self._programs.get(key)
         if program is None:
-            program = Program(feeds, self.constants, self._program_buffers, self._program_lock)
-            with program.lock, _blas_threads(threads):
+            if not self._program_lock.acquire(blocking=False):   # another run holds the pool
+                return self._plain_run(names, feeds, threads)
+            try:
                 if len(self._programs) >= PROGRAMS:   # a stream of batch sizes cannot grow it
                     self._programs.clear()
                     self._program_buffers.trim()
-                values = self._steps(feeds, program.buffers, None, program)
-                outputs = self._outputs(names, values, program)
+                program = Program(feeds, self.constants, self._program_buffers,
+                                  self._program_lock)
+                with _blas_threads(threads):
+                    values = self._steps(feeds, program.buffers, None, program)
+                    outputs = self._outputs(names, values, program)
                 self._programs[key] = program
-            return outputs
+                return outputs
+            finally:
+                self._program_lock.release()
         if not program.lock.acquire(blocking=False):   # another thread runs it: run plain
             return self._plain_run(names, feeds, threads)
         try:
