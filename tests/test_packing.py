@@ -1,4 +1,6 @@
 """Packing: filters pack/unpack exactly; input tiles equal a NumPy gather with zero padding."""
+import tracemalloc
+
 import numpy as np
 import pytest
 
@@ -27,6 +29,21 @@ def test_filters_round_trip_and_layout(rng, k, c_g, r, s, nf, groups):
     np.testing.assert_array_equal(packed[g, t, :, :, :, f], w[g * k_g + k_g - 1])
     assert np.all(packed[g, t, ..., f + 1:] == 0)            # padding filters are zero
 
+
+
+@pytest.mark.parametrize("k,nf", [(1000, 16), (1024, 16)])   # a padded last tile, and none
+def test_packing_takes_no_copy_of_the_weights_beside_the_packed_array(k, nf):
+    """Packing costs the packed array and no more (a padded copy of the weights first made a
+    classifier's packing peak at twice its bytes)."""
+    w = np.ones((k, 512, 1, 1), np.float32)
+    tracemalloc.start()
+    try:
+        packed = pack_filters(w, nf)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert packed.nbytes <= peak <= packed.nbytes + (64 << 10)
+    np.testing.assert_array_equal(unpack_filters(packed, k), w)
 
 
 @pytest.mark.parametrize("k,c_g,r,s,groups", [(29, 2, 3, 1, 1), (12, 4, 3, 3, 3), (64, 16, 1, 1, 1),
