@@ -91,7 +91,7 @@ def test_clip_bounds_as_inputs_constant_or_made_at_run_time(rng, runtime):
     loaded = cso.onnx.load(model)
     (y,) = loaded.run(None, feeds)
     assert_close(y, activation_values("clip", x, (-0.5, 3.0)), np.float32)
-    (program,) = loaded._programs.values()   # recorded by the load's run
+    (program,) = loaded._programs.values()   # recorded by the load's second run
     assert program.resume == (0 if runtime else 1)   # bounds made at run time: not replayed
     if runtime:   # other bounds, the same loaded model: min > max gives max everywhere
         (y,) = loaded.run(None, {**feeds, "low": np.array(2, np.float32),
@@ -108,7 +108,7 @@ def test_a_standalone_activation_is_a_replayed_job(rng, op_type, attrs, opset, k
     """Not fused into a convolution, each activation runs cso.activate's kernel, one job, which
     the model's recorded run replays: later runs on other inputs give their own values."""
     loaded = cso.onnx.load(single(op_type, attrs, opset, dtype))
-    (program,) = loaded._programs.values()   # recorded by the load's run
+    (program,) = loaded._programs.values()   # recorded by the load's second run
     assert program.resume == len(loaded.steps) == 1 and len(program.recording) == 1
     for _ in range(2):
         x = values(rng, dtype)

@@ -1,6 +1,8 @@
 """A model's recorded program (``cso.onnx.program``): its replay gives what a plain run gives,
 bit for bit, stops before the steps it cannot stand for, and never hands the caller an array
 that a later replay overwrites."""
+import weakref
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,7 @@ from onnx import helper  # noqa: E402
 
 import cso  # noqa: E402
 import cso.onnx  # noqa: E402
+from cso.jobs import LINE  # noqa: E402
 from cso.onnx import model as model_module  # noqa: E402
 
 from .onnx_models import make_model, tensor  # noqa: E402
@@ -51,7 +54,7 @@ def plain_run(loaded, feeds):
 def test_replay_matches_a_plain_run_and_keeps_earlier_outputs(rng):
     model = fire_model(rng)
     loaded = cso.onnx.load(model)
-    (program,) = loaded._programs.values()   # recorded by the load's run
+    (program,) = loaded._programs.values()   # recorded by the load's second run
     labels = [step.label for step in loaded.steps]
     # replayed: every step, the Flatten that makes the output too (a view of the pool's
     # array, which the model copies for the caller)
@@ -147,6 +150,8 @@ def test_a_classifier_gemm_and_its_softmax_are_replayed(rng, batch):
 
 
 def test_programs_per_shape_and_thread_count_are_bounded(rng, monkeypatch):
+    """A first run of an input shape and thread count plans its values' memory, the second
+    records its program; past ``PROGRAMS`` of either, the older ones are dropped."""
     monkeypatch.setattr(model_module, "PROGRAMS", 2)
     model = fire_model(rng)
     loaded = cso.onnx.load(model)
@@ -155,9 +160,13 @@ def test_programs_per_shape_and_thread_count_are_bounded(rng, monkeypatch):
         for threads, batch in ((1, 1), (2, 1), (1, 3), (2, 2), (1, 1)):
             cso.set_num_threads(threads)
             x = rng.standard_normal((batch, 3, 10, 12)).astype(np.float32)
+            key = ((("x", x.shape),), threads)
+            new = key not in loaded._plans
             assert_matches_onnxruntime(model, {"x": x}, loaded)
-            assert len(loaded._programs) <= 2
-            assert ((("x", x.shape),), threads) in loaded._programs
+            assert key in loaded._plans and (key in loaded._programs) != new
+            assert_matches_onnxruntime(model, {"x": x}, loaded)
+            assert key in loaded._programs
+            assert len(loaded._programs) <= 2 and len(loaded._plans) <= 2
     finally:
         cso.set_num_threads(before)
 
@@ -189,28 +198,33 @@ def test_timing_trials_are_not_recorded():
     assert calibration.measure.__wrapped__   # the same wrapper
 
 
-def test_programs_of_several_batch_sizes_share_one_pool_of_values(rng):
-    """The programs of one model (a batch size each) keep their values in one pool, run after
-    run: it holds what the largest run's live values need, not the sum over batch sizes, and
-    alternating sizes grows nothing; runs of other sizes from other threads meanwhile run
-    plain, every result right."""
+def test_programs_of_several_batch_sizes_share_one_arena_of_values(rng):
+    """The programs of one model (a batch size each) keep their values in one arena, run after
+    run, at the offsets their plans give: it holds the largest plan, not the sum over batch
+    sizes, and no more than the largest run's values live at once; alternating sizes grows
+    nothing; runs of other sizes from other threads meanwhile run plain, every result
+    right."""
     model = fire_model(rng)
     loaded = cso.onnx.load(model)
     xs = {batch: rng.standard_normal((batch, 3, 10, 12)).astype(np.float32)
           for batch in (1, 3, 5)}
     expected = {batch: plain_run(loaded, {"x": x})[0] for batch, x in xs.items()}
-    for batch in (1, 3, 5):
+    for batch in (1, 3, 5, 1, 3, 5):   # planned, then recorded
         np.testing.assert_array_equal(loaded(xs[batch]), expected[batch])
-    pool = loaded._program_buffers
-    held = pool.nbytes
-    # the values of the largest run (batch 5) at most twice over (SLACK), those of the load's
-    # and the smaller runs in the same blocks
-    largest = sum(value.nbytes for value in _values_of_a_run(loaded, xs[5]))
-    assert held <= 2 * largest
+    arena = loaded._arena
+    largest = max(plan.nbytes for plan in loaded._plans.values())
+    assert arena.nbytes == largest + LINE
+    assert largest <= _live_bytes_of_a_run(loaded, xs[5]) + 16 * LINE   # (lines rounded up)
+    # the arena grew to batch 5's plan: the programs recorded on the smaller one went with it,
+    # and are recorded again on their next runs
+    assert list(loaded._programs) == [((("x", (5, 3, 10, 12)),), cso.get_num_threads())]
     for batch in (5, 1, 3, 1, 5, 3):
         np.testing.assert_array_equal(loaded(xs[batch]), expected[batch])
-    assert pool.nbytes == held
-    assert {program.buffers for program in loaded._programs.values()} == {pool}
+    assert loaded._arena is arena and len(loaded._programs) == 3
+    # every array the programs' runs asked for was the one planned (none from a pool of
+    # blocks of their own)
+    assert all(program.buffers.nbytes == 0 for program in loaded._programs.values())
+    assert loaded.memory()["values"] == arena.nbytes + loaded.buffers.nbytes   # (plain runs)
 
     def work(i):
         batch = (1, 3, 5)[i % 3]
@@ -219,18 +233,23 @@ def test_programs_of_several_batch_sizes_share_one_pool_of_values(rng):
     in_threads(6, work)
 
 
-def _values_of_a_run(loaded, x):
-    """The arrays a plain run of ``loaded`` on ``x`` makes (each value's, distinct)."""
-    made = []
+def _live_bytes_of_a_run(loaded, x):
+    """The most bytes of values alive at once in a plain run of ``loaded`` on ``x``."""
+    live = {"now": 0, "most": 0}
     buffers = type(loaded.buffers)()
 
-    def recorded(shape, dtype):
+    def died(nbytes):
+        live["now"] -= nbytes
+
+    def fresh(shape, dtype):
         array = np.empty(shape, dtype)
-        made.append(array)
+        live["now"] += array.nbytes
+        live["most"] = max(live["most"], live["now"])
+        weakref.finalize(array, died, array.nbytes)   # (its views hold it)
         return array
-    buffers.get = recorded
+    buffers.get = fresh
     loaded._outputs(loaded.outputs, loaded._steps(loaded._check_feeds({"x": x}), buffers, None))
-    return made
+    return live["most"]
 
 
 def test_no_growth_over_a_thousand_runs_of_changing_batch_sizes(rng):
@@ -268,7 +287,7 @@ def test_a_program_dropped_while_a_run_held_it_is_not_replayed(rng, monkeypatch)
     x = rng.standard_normal((1, 3, 10, 12)).astype(np.float32)
     expected = plain_run(loaded, {"x": x})[0]
     ((key, stale),) = loaded._programs.items()
-    for batch in (2, 3):   # the load's program dropped, and the pool trimmed
+    for batch in (2, 2, 3, 3):   # planned, recorded: the load's program dropped
         loaded(rng.standard_normal((batch, 3, 10, 12)).astype(np.float32))
     assert key not in loaded._programs
 

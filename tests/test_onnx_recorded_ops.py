@@ -25,7 +25,7 @@ def assert_replayed(model, shape, rng, runs=3):
     """``model`` loads with every step replayed, and its replays (on other inputs each time)
     match onnxruntime and a plain run, bit for bit."""
     loaded = cso.onnx.load(model)
-    (program,) = loaded._programs.values()   # recorded by the load's run
+    (program,) = loaded._programs.values()   # recorded by the load's second run
     labels = [step.label for step in loaded.steps]
     assert program.resume == len(labels), f"stops at {labels[program.resume]}: {labels}"
     for _ in range(runs):
@@ -114,6 +114,7 @@ def test_shape_arithmetic_made_once_is_never_the_callers():
                        {"two": np.array([2], np.int64)})
     loaded = cso.onnx.load(model)
     x = np.ones((2, 3, 4), np.float32)
+    loaded.run(None, {"x": x})   # its values planned: the next run records
     first, _ = loaded.run(None, {"x": x})
     (program,) = [p for key, p in loaded._programs.items() if key[0][0][1] == (2, 3, 4)]
     assert program.resume == len(loaded.steps) and "y" in program.fixed

@@ -9,6 +9,8 @@ from collections import defaultdict
 import numpy as np
 
 from .. import get_num_threads
+from ..jobs import LINE
+from .arena import Planned, Sizing, new_arena
 from .buffers import Buffers
 from . import layouts
 from .graph import build_steps, read
@@ -42,14 +44,16 @@ class Model:
         self.slots = slots or {}        # value -> its concat.Slot (made in a Concat's array)
         self.buffers = Buffers()        # the arrays of runs that do not use a Program
         self._programs = {}             # (input shapes, threads) -> its Program
-        # the programs' values, one run at a time (a run that finds the lock held runs plain)
-        self._program_buffers, self._program_lock = Buffers(), threading.Lock()
+        self._plans = {}                # (input shapes, threads) -> its values' arena.Plan
+        # the programs' values, at their plans' offsets, one run at a time (a run that finds
+        # the lock held runs plain)
+        self._arena, self._program_lock = new_arena(0), threading.Lock()
         self.inputs = inputs            # name -> (shape loaded for, dtype)
         self.outputs = outputs
         used = {name for step in steps for name in step.inputs} | set(outputs)
         self.constants = {name: constants[name] for name in used if name in constants}
 
-    _per_process = ("buffers", "_programs", "_program_buffers", "_program_lock")
+    _per_process = ("buffers", "_programs", "_plans", "_arena", "_program_lock")
 
     def __getstate__(self):   # pickled and copied without the arrays it reuses
         return {name: value for name, value in self.__dict__.items()
@@ -57,8 +61,8 @@ class Model:
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        self.buffers, self._programs = Buffers(), {}
-        self._program_buffers, self._program_lock = Buffers(), threading.Lock()
+        self.buffers, self._programs, self._plans = Buffers(), {}, {}
+        self._arena, self._program_lock = new_arena(0), threading.Lock()
 
     @property
     def input_names(self):
@@ -82,8 +86,9 @@ class Model:
     def memory(self):
         """Bytes this model holds, by kind: {"weights": its layers' packed filters (each
         packing their plans read) and biases, and the constants its other steps read;
-        "values": the arrays its runs' values are made in (one pool for its programs' runs,
-        one for the runs that find a program busy); "workspaces": its recorded programs'
+        "values": the arrays its runs' values are made in (one arena for its programs' runs,
+        what their plans did not hold, and a pool for the runs that find a program busy);
+        "workspaces": its recorded programs'
         workspaces; "inputs": the programs' copies of the feeds; "programs": how many input
         shapes and thread counts it keeps a program for; "total": the bytes. Not counted:
         each thread's workspaces (``cso.jobs``, shared by every layer the thread runs) and
@@ -94,7 +99,8 @@ class Model:
                         if isinstance(value, np.ndarray))
         programs = list(self._programs.values())
         found = {"weights": sum(layer.nbytes for layer in layers) + constants,
-                 "values": self._program_buffers.nbytes + self.buffers.nbytes,
+                 "values": self._arena.nbytes + self.buffers.nbytes
+                 + sum(program.buffers.nbytes for program in programs),
                  "workspaces": sum(program.recording.nbytes for program in programs),
                  "inputs": sum(value.nbytes for program in programs
                                for value in program.inputs.values())}
@@ -122,10 +128,17 @@ class Model:
             if not self._program_lock.acquire(blocking=False):   # another run holds the pool
                 return self._plain_run(names, feeds, threads)
             try:
+                plan = self._plans.get(key)
+                if plan is None:   # a first run of these shapes: its values logged, planned
+                    return self._sizing_run(key, names, feeds, threads)
                 if len(self._programs) >= PROGRAMS:   # a stream of batch sizes cannot grow it
                     self._programs.clear()
-                    self._program_buffers.trim()
-                program = Program(feeds, self.constants, self._program_buffers,
+                if plan.nbytes > self._arena.nbytes - LINE:
+                    # the programs recorded on the old arena go with it (their plans stay)
+                    self._programs.clear()
+                    self._arena = None
+                    self._arena = new_arena(plan.nbytes)
+                program = Program(feeds, self.constants, Planned(self._arena, plan),
                                   self._program_lock)
                 with _blas_threads(threads):
                     values = self._steps(feeds, program.buffers, None, program)
@@ -148,6 +161,19 @@ class Model:
             return self._outputs(names, values, program)
         finally:
             program.lock.release()
+
+    def _sizing_run(self, key, names, feeds, threads):
+        """The outputs ``names`` of a first run of ``key``'s shapes, which plans its values'
+        offsets (``cso.onnx.arena``): a recording into fresh arrays, as the program's will run,
+        its recording then dropped."""
+        if len(self._plans) >= PROGRAMS:
+            self._plans.clear()
+        sizing = Sizing()
+        program = Program(feeds, self.constants, sizing, self._program_lock)
+        with _blas_threads(threads):
+            outputs = self._outputs(names, self._steps(feeds, sizing, None, program), program)
+        self._plans[key] = sizing.plan()
+        return outputs
 
     def _plain_run(self, names, feeds, threads):
         """The outputs ``names`` of a run step by step, without a program."""
@@ -173,7 +199,7 @@ class Model:
                 step = self.steps[index]
                 start = time.perf_counter() if seconds is not None else 0.0
                 if program is not None and program.resume is None:
-                    jobs = len(program.recording)
+                    jobs, gets = len(program.recording), buffers.count
                 inputs = [values[name] if name else None for name in step.inputs]
                 options = (buffered if step.buffered and fresh.isdisjoint(step.outputs)
                            else plain)
@@ -192,7 +218,7 @@ class Model:
                         and not program.takes(step, inputs, results, jobs)):
                     # the values before the step: those now but its outputs (none freed yet)
                     program.stop(index, {name: value for name, value in values.items()
-                                         if name not in step.outputs}, jobs)
+                                         if name not in step.outputs}, jobs, gets)
                     # the steps after the replayed ones read the caller's feeds (which they may
                     # return), as in a replay
                     values.update((name, feeds[name]) for name in feeds if name in values)
@@ -303,8 +329,11 @@ def load(model, input_shapes=None, *, blocked=True):
     loaded = Model(steps, inputs, graph.outputs, graph.constants, slots)
     del graph
     # a first run on zeros builds every convolution for its input shape: packs its filters and
-    # compiles (or loads) its kernels now, not on the user's first call
-    loaded.run(None, {name: np.zeros(shape, dtype) for name, (shape, dtype) in inputs.items()})
+    # compiles (or loads) its kernels now, not on the user's first call; it plans the values'
+    # memory, and a second run records the program the user's calls replay
+    zeros = {name: np.zeros(shape, dtype) for name, (shape, dtype) in inputs.items()}
+    loaded.run(None, zeros)
+    loaded.run(None, zeros)
     return loaded
 
 

@@ -17,12 +17,9 @@ shapes of the program's values (Shape, Size) and from values so made or constant
 same result on every run of the program, whose shapes are fixed; it is computed once, as the
 recording runs.
 """
-import threading
-
 import numpy as np
 
 from ..jobs import Recording, data_address
-from .buffers import Buffers
 from .concat import ConcatStep
 
 SHAPE_ONLY = {("Shape",), ("Size",)}   # steps that read their input's shape alone
@@ -30,12 +27,12 @@ SHAPE_ONLY = {("Shape",), ("Size",)}   # steps that read their input's shape alo
 
 class Program:
     """The recording, then the replay, of a model's run on one set of input shapes and one
-    thread count, its values in ``buffers`` (the model's: its programs' runs share them, one
-    run at a time); ``lock`` is held by the run using any of them."""
+    thread count, its values from ``buffers`` (an ``arena.Planned`` on the model's arena,
+    which its programs' runs share, one run at a time; or the ``arena.Sizing`` of a first
+    run, which plans it); ``lock`` is held by the run using any of them."""
 
-    def __init__(self, feeds, constants=(), buffers=None, lock=None):
-        self.lock = lock or threading.Lock()
-        self.buffers = Buffers() if buffers is None else buffers
+    def __init__(self, feeds, constants, buffers, lock):
+        self.lock, self.buffers = lock, buffers
         self.inputs = {name: np.empty_like(value) for name, value in feeds.items()}
         # the values fixed for the program: the model's constants (names) and the shape
         # arithmetic the recording ran (name -> value, kept: a replay's steps read them)
@@ -43,6 +40,7 @@ class Program:
         self.fixed = {}
         self.recording = Recording()   # the jobs of the steps replayed
         self.resume = None    # the first step not replayed (None: all of them so far)
+        self.resume_gets = 0  # the arrays the replayed steps asked ``buffers`` for
         self.values = None    # the values live after the replayed steps
 
     def feeds(self, feeds):
@@ -84,11 +82,11 @@ class Program:
         return step.ops in SHAPE_ONLY or (bool(step.inputs) and all(
             name in self.fixed for name in data))
 
-    def stop(self, index, values, jobs):
+    def stop(self, index, values, jobs, gets):
         """The replay stops before step ``index``, which finds ``values``, after the first
-        ``jobs`` jobs."""
+        ``jobs`` jobs and ``gets`` arrays from ``buffers``."""
         self.recording.stop()
-        self.resume, self.values = index, dict(values)
+        self.resume, self.values, self.resume_gets = index, dict(values), gets
         self.recording.truncate(jobs)
 
     def finish(self, steps, values):
@@ -101,7 +99,7 @@ class Program:
         """Whether ``array`` is one of the program's arrays (a fixed value too), or a view of
         one."""
         root = array
-        while root.base is not None:
+        while isinstance(root, np.ndarray) and root.base is not None:
             root = root.base
         return (any(root is value for value in self.inputs.values())
                 or any(root is value for value in self.fixed.values()) or self.buffers.owns(root))
@@ -113,6 +111,7 @@ class Program:
         from (the caller's feeds for the inputs, which those steps may return)."""
         self.feeds(feeds)
         self.recording.replay(threads)
+        self.buffers.rewind(self.resume_gets)   # the remaining steps' arrays, as planned
         values = dict(self.values)
         values.update((name, value) for name, value in feeds.items() if name in values)
         return values
