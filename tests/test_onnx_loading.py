@@ -1,7 +1,8 @@
-"""Reading model files: weights in an external data file beside the graph (as the dynamo
-exporter writes them), and clear errors for a file that is not ONNX, is truncated, is empty,
+"""Reading model files: weights inline, read from the file at their offsets, or in an external
+data file beside the graph (as the dynamo exporter writes them), and clear errors for a file that is not ONNX, is truncated, is empty,
 has no output, or lost its external data."""
 import os
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -78,6 +79,47 @@ def test_external_data_of_several_tensors_is_read_at_their_offsets(tmp_path, rng
     with pytest.raises(UnsupportedModel, match=f"{path}: its weights cannot be read: "
                                                r"\w+ has \d+ of its \d+ values"):
         cso.onnx.load(path)
+
+
+def test_weights_held_inline_are_read_from_the_file_at_their_offsets(tmp_path, rng):
+    """A file with its weights inline (as the TorchScript exporter and the model zoo write
+    them): the proto read from it holds the small ones alone (``cso.onnx.wire``), with no copy
+    of the file in memory; each large one is read from the file at its offset into an array.
+    The model runs as the one loaded from its proto. A text-format file is read by onnx."""
+    from onnx.external_data_helper import uses_external_data
+    from cso.onnx import model as model_module
+    w1 = rng.standard_normal((64, 3, 3, 3)).astype(np.float32)
+    w2 = rng.standard_normal((500, 64, 1, 1)).astype(np.float32)
+    b2 = rng.standard_normal(500).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Conv", ["r", "w2", "b2"], ["y"]),
+             helper.make_node("Mul", ["y", "half"], ["z"])]
+    model = make_model(nodes, [tensor("x", [1, 3, 7, 7])], [tensor("z", [1, 500, 7, 7])],
+                       {"w1": w1, "w2": w2, "b2": b2, "half": np.float32(0.5)}, opset=17)
+    path = tmp_path / "inline.onnx"
+    onnx.save(model, str(path))
+    tracemalloc.start()
+    try:
+        proto = model_module._read(str(path))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < w2.nbytes / 4 and proto.ByteSize() < 2048
+    held = {t.name: t for t in proto.graph.initializer}
+    assert not uses_external_data(held["half"])
+    data = path.read_bytes()
+    for name, w in (("w1", w1), ("w2", w2), ("b2", b2)):
+        info = {entry.key: entry.value for entry in held[name].external_data}
+        assert uses_external_data(held[name]) and info["location"] == "inline.onnx"
+        start = int(info["offset"])
+        assert data[start:start + int(info["length"])] == w.tobytes()
+    x = rng.standard_normal((2, 3, 7, 7)).astype(np.float32)
+    expected = cso.onnx.load(model)(x)
+    np.testing.assert_array_equal(cso.onnx.load(path)(x), expected)
+    text = tmp_path / "inline.textproto"
+    onnx.save(model, str(text))
+    np.testing.assert_array_equal(cso.onnx.load(text)(x), expected)
 
 
 def test_a_file_that_is_not_a_whole_model_is_refused(tmp_path, conv_relu):

@@ -12,7 +12,7 @@ from .. import get_num_threads
 from ..jobs import LINE
 from .arena import Planned, Sizing, new_arena
 from .buffers import Buffers
-from . import layouts
+from . import layouts, wire
 from .graph import build_steps, read
 from .node import UnsupportedModel
 from .program import Program
@@ -338,15 +338,28 @@ def load(model, input_shapes=None, *, blocked=True):
 
 
 def _read(path):
-    """The ``onnx.ModelProto`` in file ``path``, without the weights an exporter wrote beside it
-    (external data: the dynamo exporter's ``model.onnx.data``), which ``read`` reads into
-    arrays."""
+    """The ``onnx.ModelProto`` in file ``path``, without the weights it holds (``cso.onnx.wire``:
+    those inline, if it is a protobuf file; or those an exporter wrote beside it: the dynamo
+    exporter's ``model.onnx.data``), which ``read`` reads into arrays."""
     import onnx
     from google.protobuf.message import DecodeError
     try:
+        if _protobuf_file(path):
+            try:
+                return onnx.ModelProto.FromString(wire.model_bytes(path, os.path.basename(path)))
+            except wire.WireError:
+                pass   # onnx.load reads it, or says why not
         return onnx.load(path, load_external_data=False)
     except DecodeError as err:
         raise UnsupportedModel(f"{path}: not an ONNX model, or a truncated one ({err})") from None
+
+
+def _protobuf_file(path):
+    """Whether ``onnx.load`` reads ``path`` as protobuf (not one of its text formats)."""
+    from onnx import serialization
+    extension = os.path.splitext(path)[1]
+    return serialization.registry.get_format_from_file_extension(extension) in (None,
+                                                                                "protobuf")
 
 
 def _input_shapes(model, input_shapes):
