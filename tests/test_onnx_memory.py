@@ -72,19 +72,24 @@ print(json.dumps(found))
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 def test_peak_memory_of_a_model_and_what_its_drop_gives_back():
-    """Loaded, run at batch 1 then 8 (twice each), one thread. Its values' arena holds what the two values
-    live at once need at batch 8 (a convolution's input and output), to the line: each array a
-    shape of its own, as before values of other shapes shared memory, held the six of each
-    batch (43 MiB here); blocks reused for values of about their size, at most twice what the
-    widest of each parity needs (19 MiB; 11 MiB is the bound). The peak beyond what the process held before loading is bounded by what the model
-    reports holding (filters packed once, values, workspaces, input copies), the caller's
-    output, and 8 MiB for the allocator's rounding and Python's objects (the kernels were
-    compiled by a run before, whose model was dropped: 1.7 MiB over what the model held,
-    measured). The model dropped is collected and gives its memory back (within 2 MiB of the
-    process before it), and loading, running and dropping it again leaves the process no
-    larger."""
+    """Loaded, run at batch 1 then 8 (twice each), one thread. Its values' arena holds what
+    the two values live at once need at batch 8 (a convolution's input and output), to the
+    line: each array a shape of its own, as before values of other shapes shared memory, held
+    the six of each batch (43 MiB here); blocks reused for values of about their size, at
+    most twice what the widest of each parity needs (19 MiB; 11 MiB is the bound). The peak
+    beyond what the process held before loading is bounded by what the model reports holding
+    (filters packed once, values, workspaces, input copies), the caller's output, and 8 MiB
+    for the allocator's rounding and Python's objects (the kernels were compiled by a run
+    before, whose model was dropped: 1.7 MiB over what the model held, measured). The model
+    dropped is collected and gives its memory back, every time it is loaded, run and dropped
+    again (within 1 MiB of the process before it). glibc's malloc is told to map its large
+    blocks (128 KiB or more) and to give back its heap's free top: by default it keeps the
+    blocks freed last, such as the outputs the caller dropped, for the process's next
+    allocations (5 MiB here once a first batch-8 output was freed)."""
     done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
-                          env={**os.environ, "CSO_NUM_THREADS": "1"})
+                          env={**os.environ, "CSO_NUM_THREADS": "1",
+                               "MALLOC_MMAP_THRESHOLD_": "131072",
+                               "MALLOC_TRIM_THRESHOLD_": "131072"})
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout.splitlines()[-1])
     values, held = found["values"], found["held"]   # (batch 8's, in the chain's order)
@@ -94,8 +99,7 @@ def test_peak_memory_of_a_model_and_what_its_drop_gives_back():
     bound = held["total"] + values[-1] + 8 * MIB
     assert found["peak"] <= bound, (found["peak"] / MIB, bound / MIB)
     assert all(found[f"collected_{cycle}"] for cycle in range(3))
-    assert found["after_drop_0"] <= 2 * MIB
-    assert found["after_drop_2"] <= found["after_drop_1"] + MIB
+    assert all(found[f"after_drop_{cycle}"] <= MIB for cycle in range(3))
 
 
 def test_model_memory_reports_what_it_holds(rng):

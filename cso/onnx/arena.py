@@ -83,8 +83,11 @@ class Sizing:
 
 
 def new_arena(nbytes):
-    """Bytes for a plan of ``nbytes`` (a line more: its offsets count from the first line)."""
-    return np.empty(nbytes + LINE, np.uint8)
+    """Bytes for a plan of ``nbytes`` (a line more: its offsets count from the first line), in
+    pages of their own: given back to the OS when the arena goes (malloc kept a freed arena
+    of a dropped model's in its heap, once the size of a block it had freed before).
+    """
+    return np.frombuffer(mmap.mmap(-1, nbytes + LINE), np.uint8)
 
 
 class Planned:
