@@ -1,6 +1,6 @@
 """Reading model files: weights inline, read from the file at their offsets, or in an external
-data file beside the graph (as the dynamo exporter writes them), and clear errors for a file that is not ONNX, is truncated, is empty,
-has no output, or lost its external data."""
+data file beside the graph (as the dynamo exporter writes them), and clear errors for a file
+that is not ONNX, is truncated, is empty, has no output, or lost its external data."""
 import os
 import tracemalloc
 

@@ -24,7 +24,7 @@ import weakref
 import numpy as np
 
 from ..jobs import LINE, data_address
-from .buffers import Buffers, _free
+from .buffers import Buffers, unreferenced
 
 
 class Plan:
@@ -71,8 +71,9 @@ class Sizing:
             # the placed arrays alive while this one is (asked for before it died, and it
             # before they did), by offset; it goes in the first gap that holds it
             offset = 0
+            alive = [other for other in placed if other < ends[index] and index < ends[other]]
             for lo, hi in sorted((offsets[other], offsets[other] + sizes[other])
-                                 for other in placed if other < ends[index] and index < ends[other]):
+                                 for other in alive):
                 if lo - offset >= sizes[index]:
                     break
                 offset = max(offset, hi)
@@ -102,8 +103,8 @@ class Planned:
         self._stops = self._starts + [math.prod(shape) * dtype.itemsize
                                       for shape, dtype in plan.requests]
         # each planned array's bytes as an object of their own, which the arrays made on
-        # them have as their base (so that references to them are counted: ``_free``); and
-        # the last array made there
+        # them have as their base (so that references to them are counted:
+        # ``unreferenced``); and the last array made there
         self._slots = [[(ctypes.c_uint8 * int(stop - start)).from_buffer(arena, first + start),
                         0, None] for start, stop in zip(self._starts, self._stops)]
         self._spill = Buffers()   # arrays the plan does not hold
@@ -126,7 +127,7 @@ class Planned:
         """Whether nothing refers to the arrays planned in the bytes of array ``index``."""
         start, stop = self._starts[index], self._stops[index]
         sharing = np.flatnonzero((self._starts < stop) & (start < self._stops))
-        return all(_free(self._slots[other]) for other in sharing.tolist())
+        return all(unreferenced(self._slots[other]) for other in sharing.tolist())
 
     def owns(self, array):
         root = array

@@ -29,9 +29,10 @@ from ..jobs import LINE, data_address
 # a block serves a value of at least 1/SLACK of its bytes: a smaller value would keep the room
 # a larger one needs later from it
 SLACK = 2
-# references to a block and to its last array while ``_free`` looks at them: the pool's entry's,
-# ``_free``'s variable and getrefcount's argument, and for the block its array's ``base``
-_FREE_BLOCK_REFS, _FREE_ARRAY_REFS = 3, 3
+# references to a block and to its last array while ``unreferenced`` looks at them: the pool's
+# entry's, ``unreferenced``'s variable and getrefcount's argument, and for the block its
+# array's ``base``
+_BLOCK_REFS, _ARRAY_REFS = 3, 3
 
 
 class Buffers:
@@ -46,16 +47,16 @@ class Buffers:
         nbytes = math.prod(shape) * dtype.itemsize
         with self._lock:
             for entry in self._blocks:   # the array asked for again (the usual case)
-                # (no variable of this frame holds the array while ``_free`` counts its
-                # references)
+                # (no variable of this frame holds the array while ``unreferenced`` counts
+                # its references)
                 if (entry[2] is not None and entry[2].shape == shape
-                        and entry[2].dtype == dtype and _free(entry)):
+                        and entry[2].dtype == dtype and unreferenced(entry)):
                     return entry[2]
             fit = None
             for entry in self._blocks:
                 room = entry[0].nbytes - LINE
-                if nbytes <= room <= SLACK * nbytes and (
-                        fit is None or room < fit[0].nbytes - LINE) and _free(entry):
+                if (nbytes <= room <= SLACK * nbytes
+                        and (fit is None or room < fit[0].nbytes - LINE) and unreferenced(entry)):
                     fit = entry
             if fit is None:
                 block = np.empty(nbytes + LINE, np.uint8)
@@ -82,8 +83,8 @@ class Buffers:
             return sum(block.nbytes for block, _, _ in self._blocks)
 
 
-def _free(entry):
+def unreferenced(entry):
     """Whether nothing refers to the ``entry``'s block and its last array but the pool."""
     block, _, last = entry
-    return (sys.getrefcount(block) == _FREE_BLOCK_REFS + (last is not None)
-            and (last is None or sys.getrefcount(last) == _FREE_ARRAY_REFS))
+    return (sys.getrefcount(block) == _BLOCK_REFS + (last is not None)
+            and (last is None or sys.getrefcount(last) == _ARRAY_REFS))

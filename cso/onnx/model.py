@@ -88,11 +88,10 @@ class Model:
         packing their plans read) and biases, and the constants its other steps read;
         "values": the arrays its runs' values are made in (one arena for its programs' runs,
         what their plans did not hold, and a pool for the runs that find a program busy);
-        "workspaces": its recorded programs'
-        workspaces; "inputs": the programs' copies of the feeds; "programs": how many input
-        shapes and thread counts it keeps a program for; "total": the bytes. Not counted:
-        each thread's workspaces (``cso.jobs``, shared by every layer the thread runs) and
-        compiled code."""
+        "workspaces": its recorded programs' workspaces; "inputs": the programs' copies of
+        the feeds; "programs": how many input shapes and thread counts it keeps a program
+        for; "total": the bytes. Not counted: each thread's workspaces (``cso.jobs``, shared
+        by every layer the thread runs) and compiled code."""
         layers = [step.run.conv for step in self.steps
                   if getattr(step.run, "conv", None) is not None]
         constants = sum(value.nbytes for value in self.constants.values()
