@@ -347,18 +347,19 @@ def as_nchw(y, layout):
             y.transpose(0, 3, 1, 2) if layout == "nhwc" else y)
 
 
-def outputs_in_every_layout(conv, value, kwargs, expected, name):
-    """{out_layout: the output as NCHW} of ``conv`` on ``value`` (``kwargs``: its layout) for
-    each output layout: the second (plain) call the same bits as the first, both matching
-    ``expected``."""
+def outputs_in_every_layout(conv, inputs, expected):
+    """{(input name, out_layout): the output as NCHW} of ``conv`` on each of ``inputs``
+    ({name: (value, kwargs: its layout)}) for each output layout: the second (plain) call the
+    same bits as the first, both matching ``expected``."""
     got = {}
-    for out_layout in ("nchw", "blocked", "nhwc"):
-        first = conv(value, out_layout=out_layout, **kwargs)
-        second = conv(value, out_layout=out_layout, **kwargs)
-        got[out_layout] = as_nchw(first, out_layout)
-        np.testing.assert_array_equal(as_nchw(second, out_layout), got[out_layout])
-        np.testing.assert_allclose(got[out_layout], expected, rtol=2e-5, atol=2e-5,
-                                   err_msg=f"{name} -> {out_layout}")
+    for name, (value, kwargs) in inputs.items():
+        for out_layout in ("nchw", "blocked", "nhwc"):
+            first = conv(value, out_layout=out_layout, **kwargs)
+            second = conv(value, out_layout=out_layout, **kwargs)
+            got[name, out_layout] = as_nchw(first, out_layout)
+            np.testing.assert_array_equal(as_nchw(second, out_layout), got[name, out_layout])
+            np.testing.assert_allclose(got[name, out_layout], expected, rtol=2e-5, atol=2e-5,
+                                       err_msg=f"{name} -> {out_layout}")
     return got
 
 
@@ -394,10 +395,7 @@ def test_groups_merged_onto_blocks_match_the_reference(rng, monkeypatch, restore
     for threads in (1, 2):
         cso.set_num_threads(threads)
         conv = conv_of(wt, b, geometry, "silu")
-        got = {}
-        for in_layout, (value, kwargs) in values.items():
-            got.update(((in_layout, out_layout), y) for out_layout, y in
-                       outputs_in_every_layout(conv, value, kwargs, expected, in_layout).items())
+        got = outputs_in_every_layout(conv, values, expected)
         assert conv._merged_twin is not None
         # an NCHW call runs merged for groups of as many filters as channels, merged into
         # several groups of a block
@@ -550,10 +548,8 @@ def test_channels_last_calls_run_padded_merges_on_copied_blocks(rng, monkeypatch
     for threads in (1, 2):
         cso.set_num_threads(threads)
         conv = conv_of(wt, b, geometry, "silu")
-        got = {}
-        for name, (value, kwargs) in inputs.items():
-            got.update(((name, out_layout), y) for out_layout, y in
-                       outputs_in_every_layout(conv, value, kwargs, expected, name).items())
+        got = outputs_in_every_layout(conv, inputs, expected)
+        for value, kwargs in inputs.values():
             twin = merged(conv, value, kwargs)
             assert twin is not None and twin.weight_shape[0] == c + c_g
         out = np.full(xh.shape[:3] + (c,), np.nan, np.float32)
