@@ -43,6 +43,9 @@ class Tuning:
     part_min_flops: float = 3e6
     depthwise_thread_min_flops: float = 0.5e6   # the same for a depthwise plan (about 10 us)
     direct_min_depth: int = 512     # C/groups*R*S a direct plan needs (shallower: C's tile costs)
+    # windows from which an output row narrower than a direct tile counts as one tile of its
+    # own width, not padded to the tile (``csa.variants.use_direct``; 0: not measured, never)
+    direct_min_row_windows: int = 0
     # taps (R*S) from which an NCHW depthwise convolution runs its blocked plan, its planes
     # transposed into blocks and back (``cso.Conv2d``; 0: not measured, never)
     depthwise_blocked_min_taps: int = 0
@@ -140,11 +143,11 @@ class Tuning:
 AVX512 = Tuning(
     "avx512", "AMD Zen 5 (2 cores); Zen 4 runs zmm FMAs at half rate, same tiles; "
     "output_prefetch on Zen 4 (2 vCPUs); thread_min_flops on Zen 5 and an Intel Xeon (2 vCPUs), "
-    "transpose_depth, packing_filters, grouped_blocked_max_plane, grouped_blocked_max_blocks, "
-    "merged_groups_max_plane and padded_merge_max_plane on that Xeon",
+    "transpose_depth, packing_filters, direct_min_row_windows, grouped_blocked_max_plane, "
+    "grouped_blocked_max_blocks, merged_groups_max_plane and padded_merge_max_plane on that Xeon",
     fma_latency=4, fma_pipes=2, loads_per_cycle=2.0, broadcast_operand=True,
-    direct_windows=((14, 1.0), (7, 0.93)), output_prefetch=2, thread_min_flops=1.2e6,
-    transpose_depth=24, packing_filters=6, grouped_blocked_max_plane=256,
+    direct_windows=((14, 1.0), (7, 0.93)), direct_min_row_windows=10, output_prefetch=2,
+    thread_min_flops=1.2e6, transpose_depth=24, packing_filters=6, grouped_blocked_max_plane=256,
     grouped_blocked_max_blocks=3, merged_groups_max_plane=1024, padded_merge_max_plane=225)
 AVX2 = Tuning(
     "avx2", "AMD Zen 3 EPYC (2 cores); grouped_blocked_max_plane, grouped_blocked_max_blocks, "

@@ -4,7 +4,7 @@ unpacked (plain 1x1s)."""
 from math import ceil, gcd
 
 from .blocking import CACHE_FILL, PAGE, tile_footprints
-from .layout import plain_1x1, slab_shape, window_tiles
+from .layout import plain_1x1, slab_shape
 from .register_blocking import blocked_tile
 
 DIRECT_WASTE = 0.1   # padded work a direct plan may add (row-aligned tiles, filter tiles)
@@ -16,9 +16,14 @@ def use_direct(spec, nwin, nf, tuning):
     convolutions a slab applies to (not unpadded 1x1s) with at least
     ``tuning.direct_min_depth`` rows per kernel call (shallower calls spend too much on C's
     tile), whose row-aligned window tiles and filter tiles waste at most DIRECT_WASTE of the
-    work. Stride 2 is left to the packed plans: its taps read R*S runs per channel from four
-    phase planes and overflow L1 (csa/TUNING.md has the measurements)."""
-    padded = window_tiles(spec, nwin, True, "filters") * nwin * ceil(spec.k_per_group / nf) * nf
+    work. A row narrower than ``nwin`` is one tile of its own width (``balanced_row_windows``),
+    which wastes nothing once it is ``tuning.direct_min_row_windows`` wide: 10x10 and 12x12
+    planes, whose packed tiles waste lanes or cost their packing. Stride 2 is left to the
+    packed plans: its taps read R*S runs per channel from four phase planes and overflow L1
+    (csa/TUNING.md has the measurements)."""
+    narrow = tuning.direct_min_row_windows and tuning.direct_min_row_windows <= spec.q < nwin
+    row = spec.q if narrow else ceil(spec.q / nwin) * nwin
+    padded = spec.p * row * ceil(spec.k_per_group / nf) * nf
     return (spec.stride == (1, 1) and slab_fits(spec, nwin, "filters")
             and spec.c_per_group * spec.r * spec.s >= tuning.direct_min_depth
             and padded <= (1 + DIRECT_WASTE) * spec.p * spec.q * spec.k_per_group)

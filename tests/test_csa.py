@@ -435,6 +435,14 @@ def test_direct_where_it_applies():
     assert csa.analyze(ConvSpec.parse("n1c512h7w7k512r3s3p1u1"), zen).nwin == 7
     evened = csa.analyze(ConvSpec.parse("n1c128h104w104k128r3s3p1u1"), zen)
     assert (evened.nwin, evened.row_tiles) == (13, 8)   # tiles of 14 evened out: 104 = 8 x 13
+    # a row narrower than a tile is one tile of its width, from the record's
+    # direct_min_row_windows (10 on AVX-512); narrower rows count padded to the tile (8 of 14)
+    for q, direct in ((12, True), (10, True), (8, False)):
+        narrow = csa.analyze(ConvSpec(1, 256, q, q, 256, 3, 3, padding=(1, 1, 1, 1)), zen)
+        assert narrow.direct == direct, q
+        assert not direct or (narrow.nwin, narrow.row_tiles) == (q, 1)
+    unmeasured = zen.with_(tuning=dataclasses.replace(zen.tuning, direct_min_row_windows=0))
+    assert not csa.analyze(ConvSpec.parse("n1c256h12w12k256r3s3p1u1"), unmeasured).direct
     for name in ("n1c64h224w224k128r3s3p1u2",   # stride 2
                  "n1c32h147w147k64r3s3p1u1",    # 288 rows per call
                  "n1c512h14w14k512r1s1p0u1",    # unpadded 1x1: read in place or packed
