@@ -18,10 +18,12 @@ def output_band(spec, nwin, nc, window_tiles, vectors_along, machine, row_tiles=
     A direct plan is banded even with one channel tile, since each band transposes its own
     output while hot in L2, in whole output rows (``row_tiles`` window tiles each), and of at
     least DIRECT_MIN_BAND tiles, since a band reads every filter tile from L3 again
-    (csa/TUNING.md, "Plan rules")."""
+    (csa/TUNING.md, "Plan rules"). Its transposed output holds every group's filters, the
+    first groups' waiting in L2 for the pass while the last ones run: a band of a grouped
+    direct plan is that much shorter."""
     if not row_tiles and (vectors_along == "filters" or nc >= spec.c_per_group):
         return window_tiles
-    per_tile = nwin * spec.k_per_group * spec.itemsize
+    per_tile = nwin * (spec.k if row_tiles else spec.k_per_group) * spec.itemsize
     band = int(max(1, OUTPUT_BAND_FILL * CACHE_FILL * machine.l2 // per_tile))
     if row_tiles:
         band = max(band, DIRECT_MIN_BAND)
