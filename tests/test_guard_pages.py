@@ -39,6 +39,8 @@ CASES = {
     "slab_stride2_5x5": (1, 4, 41, 70, 11, 5, 5, 2, 2, 1, 1, {"slab": True, "vectors_along": "windows"}),
     "filters_in_vectors": (1, 16, 7, 9, 37, 3, 3, 1, 1, 1, 1, {"vectors_along": "filters", "slab": False}),
     "direct": (1, 16, 9, 35, 37, 3, 3, 1, 1, 1, 1, {"vectors_along": "filters", "slab": True, "nc": 5}),
+    # an 11-wide row, one tile of its own width (AVX-512: direct_min_row_windows), 2 groups
+    "direct_narrow_rows": (1, 128, 5, 11, 64, 3, 3, 1, 1, 1, 2, {}),
     "direct_bands_s2": (2, 8, 19, 35, 21, 3, 3, 2, 1, 1, 1,
                         {"vectors_along": "filters", "slab": True, "band": 2}),
     "grouped": (1, 12, 10, 11, 18, 3, 3, 1, 1, 1, 3, {}),
