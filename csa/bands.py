@@ -7,7 +7,8 @@ from .layout import row_tiles as tiles_per_row, slab_band_rows, slab_shape
 DIRECT_MIN_BAND = 32     # window tiles per band of a direct plan, at least
 
 
-def output_band(spec, nwin, nc, window_tiles, vectors_along, machine, row_tiles=0):
+def output_band(spec, nwin, nc, window_tiles, vectors_along, machine, row_tiles=0,
+                transposed=False):
     """Window tiles per output band: the loop nest runs the channel tiles band by band, so that
     a band's partial outputs (its window tiles x K_g filters) stay in L2 from one channel tile
     to the next instead of going to L3 and back, at the price of reading the filters again for
@@ -18,12 +19,12 @@ def output_band(spec, nwin, nc, window_tiles, vectors_along, machine, row_tiles=
     A direct plan is banded even with one channel tile, since each band transposes its own
     output while hot in L2, in whole output rows (``row_tiles`` window tiles each), and of at
     least DIRECT_MIN_BAND tiles, since a band reads every filter tile from L3 again
-    (csa/TUNING.md, "Plan rules"). Its transposed output holds every group's filters, the
-    first groups' waiting in L2 for the pass while the last ones run: a band of a grouped
-    direct plan is that much shorter."""
+    (csa/TUNING.md, "Plan rules"). A ``transposed`` output (an NCHW direct plan's) holds
+    every group's filters, the first groups' waiting in L2 for the pass while the last ones
+    run: its band is that much shorter. A blocked plan stores into the output's blocks."""
     if not row_tiles and (vectors_along == "filters" or nc >= spec.c_per_group):
         return window_tiles
-    per_tile = nwin * (spec.k if row_tiles else spec.k_per_group) * spec.itemsize
+    per_tile = nwin * (spec.k if transposed else spec.k_per_group) * spec.itemsize
     band = int(max(1, OUTPUT_BAND_FILL * CACHE_FILL * machine.l2 // per_tile))
     if row_tiles:
         band = max(band, DIRECT_MIN_BAND)
