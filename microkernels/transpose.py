@@ -16,7 +16,7 @@ transpose: one vector, moved as it is.
 from llvmlite import ir
 
 from .activation import load_params, store_activation
-from .ir import (ACCUMULATE, ACTIVATE, BIAS, I1, I32, I64, PTR, VectorTypes, bias_splat, flags_on,
+from .ir import (ACCUMULATE, ACTIVATE, BIAS, I32, I64, PTR, VectorTypes, bias_splat, flags_on,
                  lane_ids, lane_number, masked_access, new_function, splat, zero_slot)
 
 ARGS = ("src", "lds", "dst", "ldd", "rows", "cols", "bias", "flags", "params")
@@ -48,15 +48,22 @@ def define_transpose(module, spec):
         bld.ret_void()
     bld.position_at_end(square)
     plain, part = fn.append_basic_block("whole"), fn.append_basic_block("part")
+    bias_on, activate_on = flags_on(bld, flags, BIAS, ACTIVATE)
+    epilogue_on = bld.or_(bias_on, activate_on)
     bld.cbranch(whole, plain, part)
     for head, masked in ((plain, False), (part, True)):
-        # dst is read only when it is accumulated into
+        # dst is read only when it is accumulated into; a block with no epilogue (a slab's
+        # NCHW planes, a reorder's) moves bare: the zero bias's adds took shuffle ports
         bld.position_at_end(head)
-        adding, writing = fn.append_basic_block("adding"), fn.append_basic_block("writing")
-        bld.cbranch(accumulate_on, adding, writing)
-        for block, accumulate in ((adding, True), (writing, False)):
+        adding, rest = fn.append_basic_block("adding"), fn.append_basic_block("not_adding")
+        writing, bare = fn.append_basic_block("writing"), fn.append_basic_block("bare")
+        bld.cbranch(accumulate_on, adding, rest)
+        bld.position_at_end(rest)
+        bld.cbranch(epilogue_on, writing, bare)
+        for block, accumulate, epilogue in ((adding, True, True), (writing, False, True),
+                                            (bare, False, False)):
             bld.position_at_end(block)
-            _transpose(module, bld, spec, fn.args, masked, accumulate)
+            _transpose(module, bld, spec, fn.args, masked, accumulate, epilogue)
             bld.ret_void()
     return fn
 
@@ -101,26 +108,30 @@ def _move_row(module, bld, spec, args, masked):
         bld.store(value, dst, align=align)
 
 
-def _transpose(module, bld, spec, args, masked, accumulate):
+def _transpose(module, bld, spec, args, masked, accumulate, epilogue):
     """The block's loads, shuffles, epilogue and stores; ``masked``: to ``rows`` x ``cols``,
-    else the whole lanes x lanes block; ``accumulate``: added to what ``dst`` holds."""
+    else the whole lanes x lanes block; ``accumulate``: added to what ``dst`` holds;
+    ``epilogue``: the bias and activation as ``flags`` say, else none. Returns with ``bld``
+    after the stores."""
     types = VectorTypes(spec)
     lanes, scalar, vec, zero, align = types.lanes, types.scalar, types.vec, types.zero, types.align
-    mask_ty = ir.VectorType(I1, lanes)
     load, store = masked_access(module, vec)
     src, lds, dst, ldd, rows, cols, bias, flags, params = args
     ids = lane_ids(lanes)
     row_mask, col_mask = (bld.icmp_signed("<", ids, splat(bld, lane_number(bld, n, lanes), ids.type))
                           for n in (rows, cols))
-    # rows past ``rows`` are read as zeros (their loads fully masked); never stored
+    # a partial block's rows past ``rows`` read its last row again (valid memory: one mask for
+    # every load, where a mask a row cost more than the shuffles); their lanes are never stored
+    last_row = bld.select(bld.icmp_signed(">", rows, ir.Constant(I64, 0)),
+                          bld.sub(rows, ir.Constant(I64, 1)), ir.Constant(I64, 0))
     data = []
     for i in range(lanes):
-        ptr = bld.gep(src, [bld.mul(ir.Constant(I64, i), lds)], source_etype=scalar)
-        if not masked:
-            data.append(bld.load(ptr, typ=vec, align=align))
-            continue
-        keep = bld.and_(col_mask, splat(bld, bld.icmp_signed("<", ir.Constant(I64, i), rows), mask_ty))
-        data.append(bld.call(load, [ptr, keep, zero]))
+        row = ir.Constant(I64, i)
+        if masked and i:
+            row = bld.select(bld.icmp_signed("<", row, rows), row, last_row)
+        ptr = bld.gep(src, [bld.mul(row, lds)], source_etype=scalar)
+        data.append(bld.call(load, [ptr, col_mask, zero]) if masked
+                    else bld.load(ptr, typ=vec, align=align))
     h = 1
     while h < lanes:
         for i in range(lanes):
@@ -133,22 +144,40 @@ def _transpose(module, bld, spec, args, masked, accumulate):
             data[i], data[j] = (bld.shuffle_vector(data[i], data[j], ir.Constant(mask, low)),
                                 bld.shuffle_vector(data[i], data[j], ir.Constant(mask, high)))
         h *= 2
-    bias_on, activate_on = flags_on(bld, flags, BIAS, ACTIVATE)
-    values = load_params(bld, spec.activation, params, types)
-    slot = zero_slot(bld, scalar)
-    for j in range(lanes):
-        # column j exists only when j < cols: its bias is read and its row stored only then
-        exists = bld.icmp_signed("<", ir.Constant(I64, j), cols)
+    if epilogue:
+        bias_on, activate_on = flags_on(bld, flags, BIAS, ACTIVATE)
+        values = load_params(bld, spec.activation, params, types)
+        slot = zero_slot(bld, scalar)
+
+    def store_column(j):
         ptr = bld.gep(dst, [bld.mul(ir.Constant(I64, j), ldd)], source_etype=scalar)
-        stored = bld.and_(row_mask, splat(bld, exists, mask_ty)) if masked else None
         value = data[j]
         if accumulate:
-            value = bld.fadd(value, bld.call(load, [ptr, stored, zero]) if masked
+            value = bld.fadd(value, bld.call(load, [ptr, row_mask, zero]) if masked
                              else bld.load(ptr, typ=vec, align=align))
-        value = bld.fadd(value, bias_splat(bld, bld.and_(bias_on, exists), bld.gep(
-            bias, [ir.Constant(I64, j)], source_etype=scalar), slot, types))
-        value = store_activation(bld, activate_on, spec.activation, value, values)
+        if epilogue:
+            value = bld.fadd(value, bias_splat(bld, bias_on, bld.gep(
+                bias, [ir.Constant(I64, j)], source_etype=scalar), slot, types))
+            value = store_activation(bld, activate_on, spec.activation, value, values)
         if masked:
-            bld.call(store, [value, ptr, stored])
+            bld.call(store, [value, ptr, row_mask])
         else:
             bld.store(value, ptr, align=align)
+
+    if not masked:
+        for j in range(lanes):
+            store_column(j)
+        return
+    # columns cols-1 down to 0, entered at the last: column j (and its bias) only when it
+    # exists, with no mask a column
+    fn = bld.function
+    columns = [fn.append_basic_block(f"column{j}") for j in range(lanes)]
+    done = fn.append_basic_block("stored")
+    switch = bld.switch(cols, done)
+    for j, block in enumerate(columns):
+        switch.add_case(ir.Constant(I64, j + 1), block)
+    for j in reversed(range(lanes)):
+        bld.position_at_end(columns[j])
+        store_column(j)
+        bld.branch(columns[j - 1] if j else done)
+    bld.position_at_end(done)
