@@ -47,10 +47,18 @@ def define_transpose(module, spec):
         _move_row(module, bld, spec, fn.args, masked)
         bld.ret_void()
     bld.position_at_end(square)
-    plain, part = fn.append_basic_block("whole"), fn.append_basic_block("part")
+    plain, partial = fn.append_basic_block("whole"), fn.append_basic_block("partial")
+    part, empty = fn.append_basic_block("part"), fn.append_basic_block("empty")
     bias_on, activate_on = flags_on(bld, flags, BIAS, ACTIVATE)
     epilogue_on = bld.or_(bias_on, activate_on)
-    bld.cbranch(whole, plain, part)
+    bld.cbranch(whole, plain, partial)
+    # an empty block reads nothing (a partial one reads its first row whatever ``rows`` says)
+    bld.position_at_end(partial)
+    zero = ir.Constant(I64, 0)
+    bld.cbranch(bld.or_(bld.icmp_signed("<=", rows, zero), bld.icmp_signed("<=", cols, zero)),
+                empty, part)
+    bld.position_at_end(empty)
+    bld.ret_void()
     for head, masked in ((plain, False), (part, True)):
         # dst is read only when it is accumulated into; a block with no epilogue (a slab's
         # NCHW planes, a reorder's) moves bare: the zero bias's adds took shuffle ports
@@ -122,8 +130,7 @@ def _transpose(module, bld, spec, args, masked, accumulate, epilogue):
                           for n in (rows, cols))
     # a partial block's rows past ``rows`` read its last row again (valid memory: one mask for
     # every load, where a mask a row cost more than the shuffles); their lanes are never stored
-    last_row = bld.select(bld.icmp_signed(">", rows, ir.Constant(I64, 0)),
-                          bld.sub(rows, ir.Constant(I64, 1)), ir.Constant(I64, 0))
+    last_row = bld.sub(rows, ir.Constant(I64, 1))   # (rows >= 1 here)
     data = []
     for i in range(lanes):
         row = ir.Constant(I64, i)

@@ -12,6 +12,7 @@ import pytest
 
 import cso
 import cso.jobs
+import microkernels as mk
 from microkernels import supported_isas
 
 from .guarded import guarded_copy, guarded_empty, in_child
@@ -100,6 +101,41 @@ def test_no_access_outside_the_arrays(rng, restore_threads, name, dtype, isa, th
 
     for at in ("end", "start"):
         failure = in_child(lambda: guarded_run(at))
+        assert failure is None, f"arrays flush at their {at}: {failure}"
+
+
+@pytest.mark.parametrize("spec", [mk.TransposeSpec("f32", isa) for isa in ISAS]
+                         + [mk.TransposeSpec("f64", ISAS[0])], ids=str)
+def test_transpose_blocks_stay_inside_their_arrays(rng, spec):
+    """The block transpose on every rows x cols block, bare (no flags) and with the epilogue
+    reading its destination (ACCUMULATE | BIAS), its source (rows past the last read again
+    in a partial block) and destination each flush against guard pages at their end and at
+    their start: ``transpose_block_every_size``'s values, with nothing read or written past
+    either array."""
+    lanes, dt = spec.lanes, spec.np_dtype
+    run, reference = mk.compile(spec), mk.reference_kernel(spec)
+    lds, ldd = lanes + 3, lanes + 5
+    blocks = []
+    for rows in range(1, lanes + 1):
+        for cols in range(1, lanes + 1):
+            for flags in (0, mk.ACCUMULATE | mk.BIAS):
+                src = rng.standard_normal((rows - 1) * lds + cols).astype(dt)
+                dst = rng.standard_normal((cols - 1) * ldd + rows).astype(dt)
+                bias = rng.standard_normal(cols).astype(dt)
+                expected = dst.copy()
+                reference(src, lds, expected, ldd, rows, cols, bias, flags)
+                blocks.append((src, dst, bias, rows, cols, flags, expected))
+    run(*blocks[0][:1], lds, blocks[0][1].copy(), ldd, *blocks[0][3:5], blocks[0][2],
+        blocks[0][5])   # compiled here, in the parent
+
+    def guarded_runs(at):
+        for src, dst, bias, rows, cols, flags, expected in blocks:
+            out = guarded_copy(dst, at)
+            run(guarded_copy(src, at), lds, out, ldd, rows, cols, guarded_copy(bias, at), flags)
+            np.testing.assert_array_equal(out, expected, err_msg=f"{rows} x {cols}")
+
+    for at in ("end", "start"):
+        failure = in_child(lambda: guarded_runs(at))
         assert failure is None, f"arrays flush at their {at}: {failure}"
 
 
