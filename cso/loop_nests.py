@@ -371,6 +371,10 @@ class _LoopNest:
         self.part = [code.part_field(i) for i in range(PART_WORDS)]
         self.PQ = self.P * self.Q
         self.t_w = (self.Kg + self.NF - 1) // self.NF   # filter tiles per group
+        # the band's transposed output: rows of all K filters, passed once the band's groups
+        # are done (``group_out_t``, where set: one group's filter tiles, passed after it)
+        self.group_out_t = None
+        self.out_t_row = self.K
 
     def first_window(self, tile):
         """The output position (p = oh*Q + ow) of a window tile's first window."""
@@ -441,8 +445,13 @@ class _LoopNest:
                                     block(at)
                                 self._tiles(at, window_tile, kernel, windows_innermost,
                                             start_row)
+                    if band_pass is not None and self.group_out_t is not None:
+                        with code.if_(self.post & self.group_out_t):
+                            band_pass(at, b1, t_in, g * t_w + f_lo, g * t_w + f_hi)
                 if band_pass is not None:
-                    with code.if_(self.post):
+                    passes = self.post if self.group_out_t is None else (
+                        self.post & ~self.group_out_t)
+                    with code.if_(passes):
                         band_pass(at, b1, t_in, part_lo, part_hi)
 
     def _channel_tile(self, at, g, c0, stores_output):
@@ -590,8 +599,11 @@ class _LoopNest:
             k_hi = code.choose(whole, K, code.min(self.Kg, (part_hi - run * t_w) * self.NF))
             with code.range(at.p_lo, p_hi, LANES) as p0:
                 with code.range(first + k_lo, first + k_hi, LANES) as k0:
+                    column = k0 if self.group_out_t is None else k0 - code.choose(
+                        self.group_out_t, first, 0)
                     code.call((code.geom("transpose"), transpose.FUNCTION_TYPE),
-                              self.out_t + ((p0 - at.p_lo) * K + k0) * item, K,
+                              self.out_t + ((p0 - at.p_lo) * self.out_t_row + column) * item,
+                              self.out_t_row,
                               out_n + (k0 * self.PQ + p0) * item, self.PQ,
                               code.min(LANES, p_hi - p0), code.min(LANES, first + k_hi - k0),
                               self.bias + k0 * item, self.epilogue, self.params)
@@ -615,6 +627,11 @@ class _BlockedNest(_LoopNest):
         code = self.code
         self.block, self.out_block = code.geom("in_block", "out_block")
         self.planes_out = self.out_block == 1
+        # NCHW planes written a group at a time from its filter tiles' outputs (rows of
+        # t_w * NF), while they are in L1: 1024 filters in 32 groups on 16 x 16 planes kept
+        # the band's rows of all of them (1 MiB, 4 KiB apart) for a pass at its end
+        self.group_out_t = self.planes_out
+        self.out_t_row = code.choose(self.planes_out, self.t_w * self.NF, self.K)
         # a subsampled 1x1's slab holds its windows alone: read as a stride-1 1x1's
         self.subsample = code.geom("subsample") != 0
         self.step_h, self.step_w = (code.choose(self.subsample, 1, s) for s in (self.sh, self.sw))
@@ -691,13 +708,14 @@ class _BlockedNest(_LoopNest):
         filters = code.choose(self.G == 1, self.K, self.Kg)
         k0 = at.g * self.Kg + f0   # the tile's first channel, on a vector of its block
         out = code.choose(
-            self.planes_out, self.out_t + ((tile.first - at.p_lo) * self.K + k0) * item,
+            self.planes_out, self.out_t + ((tile.first - at.p_lo) * self.out_t_row + f0) * item,
             self.out + (at.n * self.K * self.PQ + k0 // Bo * self.PQ * Bo + k0 % Bo
                         + tile.first * Bo) * item)
         with code.if_(self.kernels):
             code.call((kernel, outer_product.FUNCTION_TYPE), at.depth,
                       at.w_base + ft * self._filter_tile_bytes(), self.NF, tile.address,
-                      self.step_w * self.read_block, out, code.choose(self.planes_out, self.K, Bo),
+                      self.step_w * self.read_block, out,
+                      code.choose(self.planes_out, self.out_t_row, Bo),
                       code.choose(Bo == LANES, self.PQ * LANES, LANES),
                       code.min(self.NF, filters - f0), tile.windows,
                       self.bias + (at.g * self.Kg + f0) * item, at.flags, self.rows, 0, 0, 0,
