@@ -7,8 +7,7 @@ from .layout import row_tiles as tiles_per_row, slab_band_rows, slab_shape
 DIRECT_MIN_BAND = 32     # window tiles per band of a direct plan, at least
 
 
-def output_band(spec, nwin, nc, window_tiles, vectors_along, machine, row_tiles=0,
-                transposed=False):
+def output_band(spec, nwin, nc, window_tiles, vectors_along, machine, row_tiles=0):
     """Window tiles per output band: the loop nest runs the channel tiles band by band, so that
     a band's partial outputs (its window tiles x K_g filters) stay in L2 from one channel tile
     to the next instead of going to L3 and back, at the price of reading the filters again for
@@ -19,12 +18,11 @@ def output_band(spec, nwin, nc, window_tiles, vectors_along, machine, row_tiles=
     A direct plan is banded even with one channel tile, since each band transposes its own
     output while hot in L2, in whole output rows (``row_tiles`` window tiles each), and of at
     least DIRECT_MIN_BAND tiles, since a band reads every filter tile from L3 again
-    (csa/TUNING.md, "Plan rules"). A ``transposed`` output (an NCHW direct plan's) holds
-    every group's filters, the first groups' waiting in L2 for the pass while the last ones
-    run: its band is that much shorter. A blocked plan stores into the output's blocks."""
+    (csa/TUNING.md, "Plan rules"). A group's transposed output is passed into the planes
+    after its tiles, before the next group's run."""
     if not row_tiles and (vectors_along == "filters" or nc >= spec.c_per_group):
         return window_tiles
-    per_tile = nwin * (spec.k if transposed else spec.k_per_group) * spec.itemsize
+    per_tile = nwin * spec.k_per_group * spec.itemsize
     band = int(max(1, OUTPUT_BAND_FILL * CACHE_FILL * machine.l2 // per_tile))
     if row_tiles:
         band = max(band, DIRECT_MIN_BAND)
@@ -35,14 +33,14 @@ def output_band(spec, nwin, nc, window_tiles, vectors_along, machine, row_tiles=
 def band_buffers(spec, nwin, nc, band, slab, vectors_along, row_tiles=0):
     """(slab, transposed output) elements a band needs beside its tiles: the slab of its rows
     (``nc`` channels' phase planes), and with filters in vectors its transposed output (the
-    band's windows x K)."""
+    band's windows x K_g: one group's at a time)."""
     slab_elements = out_t_elements = 0
     if slab:
         sh, sw = spec.stride
         slab_elements = (nc * sh * sw * slab_band_rows(spec, nwin, band, row_tiles)
                          * slab_shape(spec)[1])
     if vectors_along == "filters":
-        out_t_elements = min(spec.p * spec.q, band * nwin) * spec.k
+        out_t_elements = min(spec.p * spec.q, band * nwin) * spec.k_per_group
     return slab_elements, out_t_elements
 
 
@@ -57,7 +55,7 @@ def direct_l2_set(spec, nwin, nf, nc, band, row_tiles):
 def _direct_l2_terms(spec, nwin, nf, band, row_tiles):
     """(bytes per channel of the tile, bytes of the partial outputs) of ``direct_l2_set``."""
     slab_row, out_t = band_buffers(spec, nwin, 1, band, True, "filters", row_tiles)
-    return (nf * spec.r * spec.s + slab_row) * spec.itemsize, out_t // spec.groups * spec.itemsize
+    return (nf * spec.r * spec.s + slab_row) * spec.itemsize, out_t * spec.itemsize
 
 
 def direct_band_channel_tile(spec, nwin, nf, nc, band, row_tiles, machine):

@@ -318,8 +318,7 @@ def analyze_slicing(spec, machine, threads, overrides, layout="nchw"):
     t_in, t_w = window_tiles(spec, nwin, slab, vectors_along), ceil(spec.k_per_group / nf)
 
     def banded_and_cap(machine):
-        return (output_band(spec, nwin, nc, t_in, vectors_along, machine, per_row,
-                            transposed=direct and not blocked),
+        return (output_band(spec, nwin, nc, t_in, vectors_along, machine, per_row),
                 workspace_band_cap(spec, nwin, nc, slab, vectors_along, t_in, machine.l3, per_row))
 
     if direct and "nc" not in overrides:

@@ -26,9 +26,9 @@ tiles, WS: K3 filter tiles x K2 window tiles); then the vector operand's tiles, 
 the broadcast operand's. The schedule (IS or WS) is a run-time argument: it only orders the
 same loops.
 
-With filters in vectors the kernel accumulates one output band transposed (windows x K) in
-``out_t``, which a pass at the end of the band turns into NCHW with bias and activation while
-it is hot in L2.
+With filters in vectors the kernel accumulates one group's output of the band transposed
+(windows x K_g) in ``out_t``, which a pass after the group's channel tiles turns into NCHW with
+bias and activation while it is hot.
 
 A slab plan packs no tiles: per output band, each channel tile's rows that the band reads (that
 the part's own tiles read, where a part covers less than a band) are copied once, zero-padded
@@ -371,10 +371,6 @@ class _LoopNest:
         self.part = [code.part_field(i) for i in range(PART_WORDS)]
         self.PQ = self.P * self.Q
         self.t_w = (self.Kg + self.NF - 1) // self.NF   # filter tiles per group
-        # the band's transposed output: rows of all K filters, passed once the band's groups
-        # are done (``group_out_t``, where set: one group's filter tiles, passed after it)
-        self.group_out_t = None
-        self.out_t_row = self.K
 
     def first_window(self, tile):
         """The output position (p = oh*Q + ow) of a window tile's first window."""
@@ -392,12 +388,14 @@ class _LoopNest:
         holds the loops' values: the image, band, group, channel tile and block. The
         variant's steps:
         ``windows_innermost``, the loop order (the vector operand's tiles outside);
-        ``band_pass(at, b1, t_in, part_lo, part_hi)``, a pass over each band's output after its
-        channel tiles, which then applies the epilogue (else the kernel's store does, on the
-        last channel tile); ``slab_rows(b0, b1)``, the first slab row that window tiles b0 ..
-        b1-1 read and the row past their last (the slab is filled per channel tile with those
-        rows alone: a part that covers part of a band fills no more of it); ``block(at)``, before a block's tiles; ``start_row(at)``, a
-        direct block's first row, which ``window_tile`` steps along."""
+        ``band_pass(at, b1, t_in, f_lo, f_hi)``, a pass over a group's output of the band
+        (its filter tiles f_lo .. f_hi-1) after its channel tiles, which then applies the
+        epilogue (else the kernel's store does, on the last channel tile);
+        ``slab_rows(b0, b1)``, the first slab row that window tiles b0 .. b1-1 read and the row
+        past their last (the slab is filled per channel tile with those rows alone: a part
+        that covers part of a band fills no more of it); ``block(at)``, before a block's
+        tiles; ``start_row(at)``, a direct block's first row, which ``window_tile`` steps
+        along."""
         code = self.code
         if slab_rows is not None:
             self.set_up_slab()
@@ -445,14 +443,9 @@ class _LoopNest:
                                     block(at)
                                 self._tiles(at, window_tile, kernel, windows_innermost,
                                             start_row)
-                    if band_pass is not None and self.group_out_t is not None:
-                        with code.if_(self.post & self.group_out_t):
-                            band_pass(at, b1, t_in, g * t_w + f_lo, g * t_w + f_hi)
-                if band_pass is not None:
-                    passes = self.post if self.group_out_t is None else (
-                        self.post & ~self.group_out_t)
-                    with code.if_(passes):
-                        band_pass(at, b1, t_in, part_lo, part_hi)
+                    if band_pass is not None:   # the group's outputs, while hot
+                        with code.if_(self.post):
+                            band_pass(at, b1, t_in, f_lo, f_hi)
 
     def _channel_tile(self, at, g, c0, stores_output):
         """``at``'s values for channel tile ``c0`` of group ``g``: its kernel flags (the
@@ -573,8 +566,8 @@ class _LoopNest:
             code.call((kernel, outer_product.FUNCTION_TYPE), at.depth,
                       at.w_base + ft * self._filter_tile_bytes(), self.NF, tile.address,
                       tile.stride,
-                      self.out_t + ((tile.first - at.p_lo) * self.K + at.g * self.Kg + f0) * item,
-                      self.K, self.LANES, code.min(self.NF, self.Kg - f0), tile.windows, self.bias,
+                      self.out_t + ((tile.first - at.p_lo) * self.Kg + f0) * item,
+                      self.Kg, self.LANES, code.min(self.NF, self.Kg - f0), tile.windows, self.bias,
                       at.flags,
                       self.rows, 0, 0, 0, self.params)
 
@@ -582,31 +575,21 @@ class _LoopNest:
         """The stride between filter tiles."""
         return self.Cg * self.R * self.S * self.NF * self.item
 
-    def transpose_band(self, at, b1, t_in, part_lo, part_hi):
-        """The band's out[n, k, p] = act(out_t[p - p_lo, k] (+ bias[k])) while its rows are hot
-        in L2, one vector-square block at a time: the part's filters, filter tiles part_lo ..
-        part_hi-1 numbered over all groups; all K in one run where that is all of them, else a
-        run a group."""
-        code, item, LANES, K, t_w = self.code, self.item, self.LANES, self.K, self.t_w
+    def transpose_band(self, at, b1, t_in, f_lo, f_hi):
+        """Group ``at.g``'s part of the band, its filter tiles f_lo .. f_hi-1: out[n, g*Kg + k,
+        p] = act(out_t[p - p_lo, k] (+ bias)) while hot, one vector-square block at a time."""
+        code, item, LANES = self.code, self.item, self.LANES
         p_hi = code.cond(b1 < t_in, lambda: self.first_window(b1), lambda: self.PQ)
-        whole = (part_lo == 0) & (part_hi == self.G * t_w)
-        span = code.choose(whole, K, self.Kg)
-        out_n = self.out + at.n * K * self.PQ * item
-        with code.range(code.choose(whole, 0, part_lo // t_w),
-                        code.choose(whole, 1, (part_hi + t_w - 1) // t_w)) as run:
-            first = run * span
-            k_lo = code.choose(whole, 0, code.max(0, part_lo - run * t_w) * self.NF)
-            k_hi = code.choose(whole, K, code.min(self.Kg, (part_hi - run * t_w) * self.NF))
-            with code.range(at.p_lo, p_hi, LANES) as p0:
-                with code.range(first + k_lo, first + k_hi, LANES) as k0:
-                    column = k0 if self.group_out_t is None else k0 - code.choose(
-                        self.group_out_t, first, 0)
-                    code.call((code.geom("transpose"), transpose.FUNCTION_TYPE),
-                              self.out_t + ((p0 - at.p_lo) * self.out_t_row + column) * item,
-                              self.out_t_row,
-                              out_n + (k0 * self.PQ + p0) * item, self.PQ,
-                              code.min(LANES, p_hi - p0), code.min(LANES, first + k_hi - k0),
-                              self.bias + k0 * item, self.epilogue, self.params)
+        k_hi = code.min(self.Kg, f_hi * self.NF)
+        first = at.g * self.Kg   # the group's first filter
+        out_n = self.out + (at.n * self.K + first) * self.PQ * item
+        with code.range(at.p_lo, p_hi, LANES) as p0:
+            with code.range(f_lo * self.NF, k_hi, LANES) as k0:
+                code.call((code.geom("transpose"), transpose.FUNCTION_TYPE),
+                          self.out_t + ((p0 - at.p_lo) * self.Kg + k0) * item, self.Kg,
+                          out_n + (k0 * self.PQ + p0) * item, self.PQ,
+                          code.min(LANES, p_hi - p0), code.min(LANES, k_hi - k0),
+                          self.bias + (first + k0) * item, self.epilogue, self.params)
 
     def finish(self):
         self.code.ret()
@@ -627,11 +610,6 @@ class _BlockedNest(_LoopNest):
         code = self.code
         self.block, self.out_block = code.geom("in_block", "out_block")
         self.planes_out = self.out_block == 1
-        # NCHW planes written a group at a time from its filter tiles' outputs (rows of
-        # t_w * NF), while they are in L1: 1024 filters in 32 groups on 16 x 16 planes kept
-        # the band's rows of all of them (1 MiB, 4 KiB apart) for a pass at its end
-        self.group_out_t = self.planes_out
-        self.out_t_row = code.choose(self.planes_out, self.t_w * self.NF, self.K)
         # a subsampled 1x1's slab holds its windows alone: read as a stride-1 1x1's
         self.subsample = code.geom("subsample") != 0
         self.step_h, self.step_w = (code.choose(self.subsample, 1, s) for s in (self.sh, self.sw))
@@ -655,10 +633,10 @@ class _BlockedNest(_LoopNest):
         at.flags = self.code.choose(self.planes_out, self.code.choose(c0 > 0, ACCUMULATE, 0),
                                     at.flags)
 
-    def transpose_into_planes(self, at, b1, t_in, part_lo, part_hi):
+    def transpose_into_planes(self, at, b1, t_in, f_lo, f_hi):
         """The band pass of an NCHW output (``transpose_band``); none for blocks."""
         with self.code.if_(self.planes_out):
-            self.transpose_band(at, b1, t_in, part_lo, part_hi)
+            self.transpose_band(at, b1, t_in, f_lo, f_hi)
 
     def set_up_slab(self):
         """The kernel's row offsets on the input's blocks, or on the slab's."""
@@ -708,14 +686,14 @@ class _BlockedNest(_LoopNest):
         filters = code.choose(self.G == 1, self.K, self.Kg)
         k0 = at.g * self.Kg + f0   # the tile's first channel, on a vector of its block
         out = code.choose(
-            self.planes_out, self.out_t + ((tile.first - at.p_lo) * self.out_t_row + f0) * item,
+            self.planes_out, self.out_t + ((tile.first - at.p_lo) * self.Kg + f0) * item,
             self.out + (at.n * self.K * self.PQ + k0 // Bo * self.PQ * Bo + k0 % Bo
                         + tile.first * Bo) * item)
         with code.if_(self.kernels):
             code.call((kernel, outer_product.FUNCTION_TYPE), at.depth,
                       at.w_base + ft * self._filter_tile_bytes(), self.NF, tile.address,
                       self.step_w * self.read_block, out,
-                      code.choose(self.planes_out, self.out_t_row, Bo),
+                      code.choose(self.planes_out, self.Kg, Bo),
                       code.choose(Bo == LANES, self.PQ * LANES, LANES),
                       code.min(self.NF, filters - f0), tile.windows,
                       self.bias + (at.g * self.Kg + f0) * item, at.flags, self.rows, 0, 0, 0,

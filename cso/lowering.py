@@ -134,11 +134,11 @@ def rows_elements(plan):
 
 def out_t_elements(plan, out_block=None):
     """With filters in vectors, the transposed output of one band, else none; a blocked plan
-    writing NCHW planes (``out_block`` 1) its band's too, channels last, a group's filter
-    tiles at a time."""
+    writing NCHW planes (``out_block`` 1) its band's too, channels last (a group's at a
+    time, as ``csa.bands.band_buffers``)."""
     if plan.blocked and out_block == 1:
         s = plan.spec
-        return min(s.p * s.q, plan.band * plan.nwin) * -(-s.k_per_group // plan.nf) * plan.nf
+        return min(s.p * s.q, plan.band * plan.nwin) * s.k_per_group
     return plan.band_buffers[1]
 
 

@@ -432,10 +432,11 @@ def test_direct_where_it_applies():
     one_tile = csa.analyze(ConvSpec.parse("n1c128h112w112k128r3s3p1u1"), zen)
     assert one_tile.direct and one_tile.channel_tiles == 1
     assert one_tile.band == 32   # 0.25*0.9*1 MiB // (14*128*4 B), 4 rows of 8 tiles
-    # a grouped band's transposed output holds every group's filters: 2 groups of 64, the
-    # band of 128 filters
+    # a group's transposed output is passed after its tiles: 2 groups of 64, the band of 64
+    # filters, as a dense layer's of 64, and a transposed band of one group's
     grouped = csa.analyze(ConvSpec.parse("n1c128h112w112k128r3s3p1u1g2"), zen)
-    assert grouped.direct and grouped.band == 32
+    assert grouped.direct and grouped.band == 64
+    assert grouped.band_buffers[1] == 64 * grouped.nwin * 64
     assert csa.analyze(ConvSpec.parse("n1c64h112w112k64r3s3p1u1"), zen).band == 64
     assert csa.analyze(ConvSpec.parse("n1c512h7w7k512r3s3p1u1"), zen).nwin == 7
     evened = csa.analyze(ConvSpec.parse("n1c128h104w104k128r3s3p1u1"), zen)
