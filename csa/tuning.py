@@ -55,6 +55,9 @@ class Tuning:
     # (``cso.Conv2d``; 0: not measured, never)
     grouped_blocked_max_plane: int = 0
     grouped_blocked_max_blocks: int = 0
+    # input pixels up to which such a convolution's groups of whole blocks (not merged ones)
+    # run so whatever their outputs (0: not measured, never)
+    grouped_blocked_max_input: int = 0
     # outputs a grouped convolution whose groups do not start on blocks may have for its
     # blocked and channels-last calls to run with groups merged onto blocks
     # (``csa.layout.merged_groups``, ``cso.Conv2d``; 0: not measured, never)
@@ -144,11 +147,13 @@ AVX512 = Tuning(
     "avx512", "AMD Zen 5 (2 cores); Zen 4 runs zmm FMAs at half rate, same tiles; "
     "output_prefetch on Zen 4 (2 vCPUs); thread_min_flops on Zen 5 and an Intel Xeon (2 vCPUs), "
     "transpose_depth, packing_filters, direct_min_row_windows, grouped_blocked_max_plane, "
-    "grouped_blocked_max_blocks, merged_groups_max_plane and padded_merge_max_plane on that Xeon",
+    "grouped_blocked_max_blocks, grouped_blocked_max_input, merged_groups_max_plane and "
+    "padded_merge_max_plane on that Xeon",
     fma_latency=4, fma_pipes=2, loads_per_cycle=2.0, broadcast_operand=True,
     direct_windows=((14, 1.0), (7, 0.93)), direct_min_row_windows=10, output_prefetch=2,
     thread_min_flops=1.2e6, transpose_depth=24, packing_filters=6, grouped_blocked_max_plane=256,
-    grouped_blocked_max_blocks=3, merged_groups_max_plane=1024, padded_merge_max_plane=225)
+    grouped_blocked_max_blocks=3, grouped_blocked_max_input=1024, merged_groups_max_plane=1024,
+    padded_merge_max_plane=225)
 AVX2 = Tuning(
     "avx2", "AMD Zen 3 EPYC (2 cores); grouped_blocked_max_plane, grouped_blocked_max_blocks, "
     "merged_groups_max_plane and padded_merge_max_plane with these kernels on an Intel Xeon "

@@ -184,7 +184,7 @@ class Conv2d:
         if found is None:
             twin = self._merged(plan.spec)
             if twin is not None and not self._padded_merge(twin) and twin._grouped_on_blocks(
-                    twin._plan_for(twin.spec_for(shape), threads)):
+                    twin._plan_for(twin.spec_for(shape), threads), merged=True):
                 found = twin
         _remember(self._on_blocks, key, found)
         return found
@@ -247,21 +247,24 @@ class Conv2d:
                 and not self.accumulate and not self.overrides
                 and csa.layout.blocked_fits(plan.spec, block_size(self.dtype, self.isa)))
 
-    def _grouped_on_blocks(self, plan):
+    def _grouped_on_blocks(self, plan, merged=False):
         """Whether an NCHW call runs grouped ``plan``'s convolution (the NCHW plan's, neither
         forced by overrides nor tuned) on its blocked plan, which transposes the NCHW planes
         into its slab's blocks and writes the planes from each band: as many filters as
         channels a group, a whole number of blocks up to
         ``tuning.grouped_blocked_max_blocks``, a filter larger than 1x1, an output plane of
-        at most ``tuning.grouped_blocked_max_plane`` pixels. There the NCHW plan's window
-        tiles are few and short for each group's few filters, where the blocked kernels'
-        vectors hold a group's channels whole: 1.15-1.46x on such timm convolutions with the
-        output's blocks reordered after the call (csa/TUNING.md, "Grouped convolutions on
-        blocks"), which writing the planes from each band made 1.01-1.45x faster; a 1x1's
-        FMAs do not pay for the input's transposes."""
+        at most ``tuning.grouped_blocked_max_plane`` pixels, or, for groups of their own (not
+        ``merged`` ones, whose zero filters add FMAs), an input plane of at most
+        ``tuning.grouped_blocked_max_input``. There the NCHW plan's window tiles are few and
+        short for each group's few filters, where the blocked kernels' vectors hold a group's
+        channels whole: 1.15-1.46x on such timm convolutions with the output's blocks
+        reordered after the call (csa/TUNING.md, "Grouped convolutions on blocks"), which
+        writing the planes from each band made 1.01-1.45x faster; a 1x1's FMAs do not pay for
+        the input's transposes."""
         spec, tuning = plan.spec, plan.machine.tuning
         if not (isinstance(plan, csa.SlicingPlan) and spec.groups > 1 and spec.r * spec.s > 1
-                and spec.p * spec.q <= tuning.grouped_blocked_max_plane):
+                and (spec.p * spec.q <= tuning.grouped_blocked_max_plane
+                     or not merged and spec.h * spec.w <= tuning.grouped_blocked_max_input)):
             return False   # (most calls: decided without the lanes)
         lanes = block_size(self.dtype, self.isa)
         blocks, rest = divmod(spec.c_per_group, lanes)

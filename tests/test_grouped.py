@@ -201,20 +201,31 @@ def test_small_planes_of_whole_blocks_a_group_run_on_blocks_where_measured():
     for groups of as many filters as channels, 1 to the record's
     ``grouped_blocked_max_blocks`` blocks of them (3), a filter larger than 1x1 and an output
     plane of at most its ``grouped_blocked_max_plane`` pixels (256 in the AVX-512 record and
-    196 in the AVX2 one, measured on a Xeon; 0, never, where not measured)."""
+    196 in the AVX2 one, measured on a Xeon; 0, never, where not measured) or, groups not
+    merged, an input plane of at most its ``grouped_blocked_max_input`` (1024 on AVX-512)."""
     conv = cso.Conv2d(np.ones((4, 2, 3, 3), np.float32), groups=2)   # (its dtype and ISA)
     lanes = cso.layouts.block_size(np.dtype(np.float32), conv.isa)
     machine = cso.host_machine()
     measured = machine.with_(tuning=dataclasses.replace(
-        machine.tuning, grouped_blocked_max_plane=196, grouped_blocked_max_blocks=3))
+        machine.tuning, grouped_blocked_max_plane=196, grouped_blocked_max_blocks=3,
+        grouped_blocked_max_input=0))
 
-    def on_blocks(name, machine=measured, conv=conv):
+    def on_blocks(name, machine=measured, conv=conv, merged=False):
         spec = ConvSpec.parse(name.format(c=20 * lanes, g=20, k=20 * lanes))
-        return conv._grouped_on_blocks(csa.analyze(spec, machine))
+        return conv._grouped_on_blocks(csa.analyze(spec, machine), merged)
     assert on_blocks("n1c{c}h14w14k{k}r3s3p1u1g{g}")
     assert on_blocks("n1c{c}h28w28k{k}r3s3p1u2g{g}")        # 14 x 14 out
     assert on_blocks("n1c{c}h7w7k{k}r5s5p2u1g{g}")
     assert not on_blocks("n1c{c}h16w16k{k}r3s3p1u1g{g}")    # 256 pixels
+    # larger planes by their input, where the record measured it, for groups of their own
+    inputs = measured.with_(tuning=dataclasses.replace(measured.tuning,
+                                                       grouped_blocked_max_input=1024))
+    assert on_blocks("n1c{c}h32w32k{k}r3s3p1u1g{g}", inputs)
+    assert on_blocks("n1c{c}h28w28k{k}r3s3p1u1g{g}", inputs)
+    assert not on_blocks("n1c{c}h28w28k{k}r3s3p1u1g{g}", inputs, merged=True)
+    assert on_blocks("n1c{c}h14w14k{k}r3s3p1u1g{g}", inputs, merged=True)
+    assert not on_blocks("n1c{c}h34w34k{k}r3s3p1u1g{g}", inputs)
+    assert not on_blocks("n1c{c}h56w56k{k}r3s3p1u2g{g}", inputs)   # 28 x 28 out of 56 x 56
     assert not on_blocks("n1c{c}h14w14k{k}r1s1p0u1g{g}")    # 1x1
     assert on_blocks("n1c{c}h14w14k{k}r3s3p1u1g10")         # two blocks a group
     assert not on_blocks("n1c{c}h14w14k{k}r3s3p1u1g5")      # four
@@ -227,9 +238,10 @@ def test_small_planes_of_whole_blocks_a_group_run_on_blocks_where_measured():
     forced = cso.Conv2d(np.ones((4, 2, 3, 3), np.float32), groups=2,
                         plan_overrides={"vectors_along": "windows"})
     assert not on_blocks("n1c{c}h14w14k{k}r3s3p1u1g{g}", conv=forced)
-    for record, plane in ((csa.tuning.AVX512, 256), (csa.tuning.AVX2, 196)):
-        assert (record.grouped_blocked_max_plane, record.grouped_blocked_max_blocks) == (plane, 3)
-    assert csa.tuning.NEON.grouped_blocked_max_plane == 0
+    for record, plane, pixels in ((csa.tuning.AVX512, 256, 1024), (csa.tuning.AVX2, 196, 0)):
+        assert (record.grouped_blocked_max_plane, record.grouped_blocked_max_blocks,
+                record.grouped_blocked_max_input) == (plane, 3, pixels)
+    assert csa.tuning.NEON.grouped_blocked_max_plane == csa.tuning.NEON.grouped_blocked_max_input == 0
 
 
 @pytest.mark.parametrize("case", [
