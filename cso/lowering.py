@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from csa.bands import band_buffers
 from csa.layout import subsampled
 from csa.thread_split import filter_part
 
@@ -133,12 +134,11 @@ def rows_elements(plan):
 
 
 def out_t_elements(plan, out_block=None):
-    """With filters in vectors, the transposed output of one band, else none; a blocked plan
-    writing NCHW planes (``out_block`` 1) its band's too, channels last (a group's at a
-    time, as ``csa.bands.band_buffers``)."""
+    """With filters in vectors, the transposed output of one band (a group's), else none; a
+    blocked plan writing NCHW planes (``out_block`` 1) needs one too, as a filters-in-vectors
+    plan's (``csa.bands.band_buffers``)."""
     if plan.blocked and out_block == 1:
-        s = plan.spec
-        return min(s.p * s.q, plan.band * plan.nwin) * s.k_per_group
+        return band_buffers(plan.spec, plan.nwin, plan.nc, plan.band, False, "filters")[1]
     return plan.band_buffers[1]
 
 
