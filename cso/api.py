@@ -700,7 +700,8 @@ class Conv2d:
 
     def _blocked_depthwise_weight(self, lanes):
         """A depthwise convolution's filters for its blocked plan: per block of ``lanes``
-        channels, its R*S taps' vectors of weights (zero for the padding channels)."""
+        channels, its R*S taps' vectors of weights (zero for the padding channels), starting
+        on a cache line as packed filters do (``packing.pack_filters``)."""
         key = ("blocked", lanes)
         found = self._packed.get(key)
         if found is None:
@@ -708,7 +709,8 @@ class Conv2d:
             taps = self.packed_weight(1).reshape(k, r * s)   # (a filter a row)
             padded = np.zeros((-(-k // lanes) * lanes, r * s), self.dtype)
             padded[:k] = taps
-            found = np.ascontiguousarray(padded.reshape(-1, lanes, r * s).transpose(0, 2, 1))
+            found = aligned_empty((len(padded) // lanes, r * s, lanes), self.dtype)
+            found[...] = padded.reshape(-1, lanes, r * s).transpose(0, 2, 1)
             with _tables:
                 found = self._packed.setdefault(key, found)
         return found

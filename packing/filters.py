@@ -9,6 +9,8 @@ from math import ceil
 
 import numpy as np
 
+from microkernels.aligned import aligned_empty
+
 
 def packed_filters_shape(weight_shape, nf, groups):
     k, c_g, r, s = weight_shape
@@ -17,20 +19,22 @@ def packed_filters_shape(weight_shape, nf, groups):
 
 def pack_filters(w, nf, groups=1):
     """Pack OIHW weights ``w`` (K x C/groups x R x S) into tiles of ``nf`` filters; returns a
-    C-contiguous array of ``packed_filters_shape`` in w's dtype."""
+    C-contiguous array of ``packed_filters_shape`` in w's dtype, starting on a cache line: the
+    kernels load its filter vectors whole, and a vector across two lines is two loads."""
     k, c_g, r, s = w.shape
     k_g = k // groups
     shape = packed_filters_shape(w.shape, nf, groups)
     # written tile by tile into the packed array, the last tile's missing filters left zero:
     # a padded copy of the weights first would cost their bytes again at load time (a
     # classifier of 1000 filters in tiles of 16: MobileNet v3's peak)
-    packed = np.empty(shape, w.dtype) if shape[1] * nf == k_g else np.zeros(shape, w.dtype)
+    packed = aligned_empty(shape, w.dtype)
     full = k_g // nf
     # (G, T_w*Nf, C, R, S) -> (G, T_w, Nf, C, R, S) -> (G, T_w, C, R, S, Nf)
     filters = w.reshape(groups, k_g, c_g, r, s)
     packed[:, :full] = filters[:, :full * nf].reshape(groups, full, nf, c_g, r, s).transpose(
         0, 1, 3, 4, 5, 2)
     if full < shape[1]:
+        packed[:, full] = 0
         packed[:, full, ..., :k_g - full * nf] = filters[:, full * nf:].transpose(0, 2, 3, 4, 1)
     return packed
 
@@ -41,10 +45,11 @@ REPACK_BYTES = 8 << 20   # of filters unpacked at a time by repack_filters
 def repack_filters(packed, k, nf, groups=1):
     """``pack_filters`` of the K filters ``packed`` holds (in tiles of any size), in tiles of
     ``nf``, unpacking a few MiB of them at a time: VGG-19's 4096 x 25088 classifier, packed
-    again for another batch size, took a 392 MiB unpacked copy besides the two packings."""
+    again for another batch size, took a 392 MiB unpacked copy besides the two packings.
+    Every tile of the result is written by one chunk's ``pack_filters``."""
     g, _, c_g, r, s, old_nf = packed.shape
     k_g = k // groups
-    out = np.zeros(packed_filters_shape((k, c_g, r, s), nf, groups), packed.dtype)
+    out = aligned_empty(packed_filters_shape((k, c_g, r, s), nf, groups), packed.dtype)
     step = max(1, REPACK_BYTES // (nf * g * c_g * r * s * packed.itemsize))   # new tiles a chunk
     for t0 in range(0, out.shape[1], step):
         first, end = t0 * nf, min((t0 + step) * nf, k_g)   # the chunk's filters in each group

@@ -6,7 +6,9 @@ import pytest
 
 from llvmlite import ir
 
+import cso
 from microkernels import KernelSpec
+from microkernels.aligned import LINE, data_address
 from microkernels.jit import native_function
 from microkernels.row_copy import TAP_FUNCTION_TYPE
 import packing.filters
@@ -23,6 +25,7 @@ def test_filters_round_trip_and_layout(rng, k, c_g, r, s, nf, groups):
     packed = pack_filters(w, nf, groups)
     assert packed.shape == packed_filters_shape(w.shape, nf, groups)
     assert packed.flags.c_contiguous and packed.dtype == w.dtype
+    assert data_address(packed) % LINE == 0   # its filter vectors loaded whole, not split
     np.testing.assert_array_equal(unpack_filters(packed, k), w)
     k_g = k // groups
     g, t, f = groups - 1, (k_g - 1) // nf, (k_g - 1) % nf   # last filter of the last group
@@ -57,7 +60,22 @@ def test_repacking_equals_packing_anew(rng, monkeypatch, k, c_g, r, s, groups, r
     for old, new in ((32, 16), (16, 32), (6, 16), (16, 6), (14, 14), (1, 5)):
         repacked = repack_filters(pack_filters(w, old, groups), k, new, groups)
         assert repacked.flags.c_contiguous and repacked.dtype == w.dtype
+        assert data_address(repacked) % LINE == 0
         np.testing.assert_array_equal(repacked, pack_filters(w, new, groups))
+
+
+@pytest.mark.parametrize("groups,layout", [(1, "nchw"), (4, "nchw"), (24, "blocked"),
+                                           (24, "nchw")])
+def test_every_packing_a_layer_keeps_starts_on_a_cache_line(rng, groups, layout):
+    """The filters a layer packs, for its NCHW plans and a depthwise layer's blocked one,
+    start on a line whatever NumPy's allocator returned (16 bytes into one, for large
+    blocks): a filter vector across two lines costs two loads, and two layers of one plan ran
+    up to 5% apart by where their filters landed."""
+    w = rng.standard_normal((24, 24 // groups, 3, 3)).astype(np.float32)
+    conv = cso.Conv2d(w, padding=1, groups=groups)
+    x = rng.standard_normal((1, 24, 9, 10)).astype(np.float32)
+    conv(cso.Blocked.from_nchw(x) if layout == "blocked" else x)
+    assert conv._packed and all(data_address(a) % LINE == 0 for a in conv._packed.values())
 
 def gather_tile(x, n, c_first, nc, p0, nwin_used, nwin, R, S, stride, dil, pt, pl, P, Q):
     """The packed tile by definition: A[(c, r, s)][j] = padded input under window p0 + j."""
