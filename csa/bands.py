@@ -1,10 +1,7 @@
 """Output bands and the workspace they need: the window tiles whose partial outputs stay in L2
 from one channel tile to the next, capped so that a call's workspace is bounded by its tiles."""
-from .blocking import CACHE_FILL, OUTPUT_BAND_FILL, even_channel_tile
+from .blocking import CACHE_FILL, DIRECT_MIN_BAND, OUTPUT_BAND_FILL, even_channel_tile
 from .layout import row_tiles as tiles_per_row, slab_band_rows, slab_shape
-
-
-DIRECT_MIN_BAND = 32     # window tiles per band of a direct plan, at least
 
 
 def output_band(spec, nwin, nc, window_tiles, vectors_along, machine, row_tiles=0):

@@ -11,6 +11,7 @@ SCHEDULES = ("IS", "WS")
 CACHE_FILL = 0.9  # fraction of each cache level a tile set may occupy
 OUTPUT_BAND_FILL = 0.25  # share of L2 a band's partial outputs may take (the rest: filters,
                          # slab rows or packed tiles, the input streaming in)
+DIRECT_MIN_BAND = 32     # window tiles per band of a direct plan, at least (``bands.output_band``)
 
 
 def tile_footprints(spec, nwin, nf, nc):
@@ -34,7 +35,7 @@ def even_channel_tile(spec, largest):
 
 
 DIRECT_FILTER_FILL = 0.25   # share of L2 a direct plan's filter tile may take
-# ... and of L1, where its tile's windows are too few to stream it from L2 (``streams_filters``)
+# ... and of L1, where its window tiles read it from there (``filters_in_l1``)
 DIRECT_L1_FILTER_FILL = 0.5
 
 
@@ -44,23 +45,39 @@ def streams_filters(nwin, machine):
     take at least the ``machine.stream_l2`` cycles a line of that row's filter vectors.
     AVX-512: 8 windows and more; AVX2: 4. On blocks, the 34 layers of `convbench:100` and
     `grouped:50` with tiles of 5-7 windows (1x1s on planes of up to 35 columns, stride-2
-    3x3s) ran 1.08x at 1 thread and 1.06x at 2 with the filter tile in L1 (Xeon); NCHW direct
-    plans of 7 windows (7 x 7 planes, their windows side by side in the slab) ran 0.97-1.03x,
-    and keep theirs in L2 (csa/TUNING.md, "Direct channel tiles on blocks")."""
+    3x3s) ran 1.08x at 1 thread and 1.06x at 2 with the filter tile in L1 (Xeon)
+    (csa/TUNING.md, "Direct channel tiles on blocks")."""
     return (nwin / machine.tuning.fma_pipes
             >= machine.stream_l2 * machine.vector_bytes / machine.line)
 
 
-def direct_channel_tile(spec, nf, machine, nwin=None):
-    """Nc of a direct plan, before its band: its filter tile streams from L2 (the windows'
-    slab rows, a few hundred bytes per channel, sit in L1), so the fewest channel tiles with
-    Nf*R*S*Nc*ds <= DIRECT_FILTER_FILL*L2, split evenly: fewer channel tiles read the partial
-    outputs less often; with blocked tiles of ``nwin`` windows too few to stream it
-    (``streams_filters``) and more than one such tile to read it, <= DIRECT_L1_FILTER_FILL*L1.
-    ``bands.direct_band_channel_tile`` cuts it to the band's L2."""
+def filters_in_l1(spec, nwin, machine, blocked):
+    """Whether a direct plan of tiles of ``nwin`` windows keeps its filter tile within
+    DIRECT_L1_FILTER_FILL of L1 rather than streaming it from L2 for each window tile. On
+    blocks (``blocked``), where its tiles are too few windows to stream it
+    (``streams_filters``) and more than one tile reads it. On NCHW planes, where an image's
+    output rows hold at least ``tuning.direct_l1_filter_tiles`` window tiles and the partial
+    outputs of its smallest band fit their share of L2 (``band_fits_l2``): each extra channel
+    tile passes over them again, from L3 where they overflow. On 80 timm 3x3s so planned,
+    1.033x at 1 thread (0.97-1.12x); planes of 7 x 7 to 14 x 14 (7-14 tiles) ran 0.95-1.03x,
+    bands overflowing L2 0.93-1.07x (csa/TUNING.md, "NCHW direct filter tiles in L1")."""
+    if blocked:
+        return spec.n * spec.p * spec.q > nwin and not streams_filters(nwin, machine)
+    tiles, image_tiles = machine.tuning.direct_l1_filter_tiles, spec.p * ceil(spec.q / nwin)
+    return (bool(tiles) and image_tiles >= tiles
+            and band_fits_l2(spec, nwin, min(DIRECT_MIN_BAND, image_tiles), machine))
+
+
+def direct_channel_tile(spec, nf, machine, nwin=None, blocked=False):
+    """Nc of a direct plan, before its band: the fewest channel tiles with
+    Nf*R*S*Nc*ds <= DIRECT_FILTER_FILL*L2, split evenly (its filter tile streams from L2, and
+    fewer channel tiles read the partial outputs less often), or <= DIRECT_L1_FILTER_FILL*L1
+    where its tiles of ``nwin`` windows (on blocks if ``blocked``) read it from L1
+    (``filters_in_l1``; not known without ``nwin``). ``bands.direct_band_channel_tile`` cuts
+    it to the band's L2."""
     filter_row = nf * spec.r * spec.s * spec.itemsize   # one channel's share of the tile
-    reread = nwin is not None and spec.n * spec.p * spec.q > nwin   # by a next window tile
-    room = (DIRECT_L1_FILTER_FILL * machine.l1d if reread and not streams_filters(nwin, machine)
+    room = (DIRECT_L1_FILTER_FILL * machine.l1d
+            if nwin is not None and filters_in_l1(spec, nwin, machine, blocked)
             else DIRECT_FILTER_FILL * machine.l2)
     return even_channel_tile(spec, room // filter_row)
 

@@ -8,7 +8,7 @@ from .bands import (band_buffers, direct_band_channel_tile, direct_l2_set, outpu
                     slab_within, workspace_band_cap)
 from .blocking import (CACHE_FILL, DIRECT_FILTER_FILL, DIRECT_L1_FILTER_FILL, OUTPUT_BAND_FILL,
                        SCHEDULES, band_fits_l2, blocking, channel_tile, direct_channel_tile,
-                       schedule_costs, streams_filters, tile_footprints)
+                       filters_in_l1, schedule_costs, tile_footprints)
 from .layout import (LAYOUTS, SlabGeometry, balanced_row_windows, block_channel_tile,
                      blocked_band_rows, blocked_fits, blocked_slab_shape, reads_in_place,
                      row_tiles, slab_band_rows, slab_shape, subsampled, window_positions,
@@ -160,13 +160,14 @@ class SlicingPlan(SlabGeometry):
         nc_rule = ("all C/groups channels fit:" if self.nc == s.c_per_group else
                    f"C/groups split evenly into the fewest tiles ({self.channel_tiles}) with"
                    if "nc" not in self.forced else "forced; the rule is")
-        in_l2 = (not self.blocked or streams_filters(self.nwin, m) or "nc" in self.forced
-                 or s.n * s.p * s.q <= self.nwin)
-        direct_room = (f"Nf*R*S*Nc*ds <= {DIRECT_FILTER_FILL}*L2 ({fw} vs "
-                       f"{int(DIRECT_FILTER_FILL * m.l2)})" if in_l2 else
-                       f"Nf*R*S*Nc*ds <= {DIRECT_L1_FILTER_FILL}*L1 ({fw} vs "
-                       f"{int(DIRECT_L1_FILTER_FILL * m.l1d)}: {self.nwin} windows a tile are "
-                       "too few to stream the filter tile from L2)")
+        in_l1 = "nc" not in self.forced and filters_in_l1(s, self.nwin, m, self.blocked)
+        why_l1 = (f"{self.nwin} windows a tile are too few to stream the filter tile from L2"
+                  if self.blocked else f"an image's {s.p * self.row_tiles} window tiles read "
+                  "the filter tile from L1 in turn")
+        direct_room = (f"Nf*R*S*Nc*ds <= {DIRECT_L1_FILTER_FILL}*L1 ({fw} vs "
+                       f"{int(DIRECT_L1_FILTER_FILL * m.l1d)}: {why_l1})" if in_l1 else
+                       f"Nf*R*S*Nc*ds <= {DIRECT_FILTER_FILL}*L2 ({fw} vs "
+                       f"{int(DIRECT_FILTER_FILL * m.l2)})")
         lines = [
             f"SlicingPlan for {s} ({s.flops / 1e9:.3f} GFLOP)",
             f"  machine: {m}",
@@ -307,7 +308,7 @@ def analyze_slicing(spec, machine, threads, overrides, layout="nchw"):
         nc = min(nc, spec.c_per_group)
     else:
         # (a blocked plan's windows are a block apart: each broadcast its own line)
-        nc = (direct_channel_tile(spec, nf, machine, nwin if blocked else None) if direct else
+        nc = (direct_channel_tile(spec, nf, machine, nwin, blocked) if direct else
               channel_tile(spec, nwin, nf, machine.l1d))
     if vectors_along == "filters":
         slab = direct

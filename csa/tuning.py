@@ -46,6 +46,10 @@ class Tuning:
     # windows from which an output row narrower than a direct tile counts as one tile of its
     # own width, not padded to the tile (``csa.variants.use_direct``; 0: not measured, never)
     direct_min_row_windows: int = 0
+    # window tiles an image's output rows must hold for an NCHW direct plan to keep its filter
+    # tile in L1, read from there by each of them in turn, not streamed from L2
+    # (``csa.blocking.filters_in_l1``; 0: not measured, never)
+    direct_l1_filter_tiles: int = 0
     # taps (R*S) from which an NCHW depthwise convolution runs its blocked plan, its planes
     # transposed into blocks and back (``cso.Conv2d``; 0: not measured, never)
     depthwise_blocked_min_taps: int = 0
@@ -148,23 +152,24 @@ AVX512 = Tuning(
     "output_prefetch on Zen 4 (2 vCPUs); thread_min_flops on Zen 5 and an Intel Xeon (2 vCPUs), "
     "transpose_depth, packing_filters, direct_min_row_windows, grouped_blocked_max_plane, "
     "grouped_blocked_max_blocks, grouped_blocked_max_input, merged_groups_max_plane and "
-    "padded_merge_max_plane on that Xeon",
+    "padded_merge_max_plane on that Xeon; direct_l1_filter_tiles on another (2 vCPUs, 2 MiB "
+    "of L2, 480 MiB of L3)",
     fma_latency=4, fma_pipes=2, loads_per_cycle=2.0, broadcast_operand=True,
-    direct_windows=((14, 1.0), (7, 0.93)), direct_min_row_windows=10, output_prefetch=2,
-    thread_min_flops=1.2e6, transpose_depth=24, packing_filters=6, grouped_blocked_max_plane=256,
-    grouped_blocked_max_blocks=3, grouped_blocked_max_input=1024, merged_groups_max_plane=1024,
-    padded_merge_max_plane=225)
+    direct_windows=((14, 1.0), (7, 0.93)), direct_min_row_windows=10, direct_l1_filter_tiles=28,
+    output_prefetch=2, thread_min_flops=1.2e6, transpose_depth=24, packing_filters=6,
+    grouped_blocked_max_plane=256, grouped_blocked_max_blocks=3, grouped_blocked_max_input=1024,
+    merged_groups_max_plane=1024, padded_merge_max_plane=225)
 AVX2 = Tuning(
     "avx2", "AMD Zen 3 EPYC (2 cores); grouped_blocked_max_plane, grouped_blocked_max_blocks, "
     "merged_groups_max_plane and padded_merge_max_plane with these kernels on an Intel Xeon "
-    "(AVX-512, 2 vCPUs)",
+    "(AVX-512, 2 vCPUs), direct_l1_filter_tiles on another (2 MiB of L2, 480 MiB of L3)",
     fma_latency=4, fma_pipes=2, loads_per_cycle=1.75, broadcast_operand=False, direct_windows=((6, 1.0), (5, 0.97), (4, 0.90)),
     filter_windows=((6, 1.0), (5, 0.98), (4, 0.96)), thread_min_flops=1e6,
     part_min_flops=1.2e6, depthwise_thread_min_flops=0.2e6, direct_min_depth=144,
     grouped_direct_max_plane=1024, depthwise_blocked_min_taps=49, pixel_band_image=4.0,
     slab_max_filter_tiles=3, transpose_depth=16, packing_filters=6, packed_1x1_filters=256,
-    output_prefetch=2, grouped_blocked_max_plane=196, grouped_blocked_max_blocks=3,
-    merged_groups_max_plane=1024, padded_merge_max_plane=225)
+    direct_l1_filter_tiles=48, output_prefetch=2, grouped_blocked_max_plane=196,
+    grouped_blocked_max_blocks=3, merged_groups_max_plane=1024, padded_merge_max_plane=225)
 # no CPU measured: the usual FMA core (latency 4, two pipes) with SSE/NEON-width vectors; the
 # plan constants as the AVX2 core measured them
 GENERIC = Tuning("generic", "not measured: a typical core", fma_latency=4, fma_pipes=2,

@@ -422,8 +422,8 @@ def test_direct_where_it_applies():
     convolutions deep enough per kernel call whose tiles waste little; 14 windows per tile, 7
     on planes a multiple of 7 but not 14, rows of tiles evened out; channel tiles by the filter
     tile's share of L2; bands of whole output rows even with one channel tile (each band
-    transposes its own rows)."""
-    zen = ZEN5
+    transposes its own rows). (Filter tiles in L1: the test after the next.)"""
+    zen = ZEN5.with_(tuning=dataclasses.replace(ZEN5.tuning, direct_l1_filter_tiles=0))
     plan = csa.analyze(ConvSpec.parse("n1c256h56w56k256r3s3p1u1"), zen)
     assert plan.direct and (plan.vectors_along, plan.nwin, plan.nf, plan.row_tiles) == ("filters", 14, 32, 4)
     assert plan.nc == 128   # 32*9*256*4 B > 0.25*L2 >= 32*9*128*4 B
@@ -463,8 +463,10 @@ def test_direct_where_it_applies():
 def test_direct_channel_tile_fits_the_band_in_l2():
     """A direct plan's channel tile is cut so that the filter tile, its slab rows and the
     band's partial outputs of one group fit 0.9*L2, unless the partial outputs alone leave
-    calls shallower than ``direct_min_depth`` rows."""
-    zen = ZEN3   # 6 x 16 direct tiles, 512 KiB of L2: 471859 B to fill
+    calls shallower than ``direct_min_depth`` rows. (The filter tile's L2 rule: without the
+    record's ``direct_l1_filter_tiles``.)"""
+    # 6 x 16 direct tiles, 512 KiB of L2: 471859 B to fill
+    zen = ZEN3.with_(tuning=dataclasses.replace(ZEN3.tuning, direct_l1_filter_tiles=0))
     deep = csa.analyze(ConvSpec.parse("n1c512h28w28k512r3s3p1u1"), zen)
     assert csa.blocking.direct_channel_tile(deep.spec, 16, zen) == 171   # the filter rule's
     # per channel 16*9*4 B of filters + 8 slab rows of 30 columns * 4 B; 30 tiles of 6 windows
@@ -507,6 +509,32 @@ def test_blocked_tiles_of_few_windows_keep_their_filter_tile_in_l1():
     assert one.nc * one.nf * 4 > room
     wide = csa.analyze(ConvSpec.parse("n1c256h28w28k256r3s3p1u1"), ZEN5, layout="blocked")
     assert wide.nwin == 14 and wide.nc * wide.nf * 9 * 4 > room
+
+
+@pytest.mark.parametrize("machine", [ZEN5, ZEN3], ids=["avx512", "avx2"])
+def test_nchw_direct_plans_of_many_window_tiles_keep_their_filter_tile_in_l1(machine):
+    """An NCHW direct plan whose image holds ``tuning.direct_l1_filter_tiles`` window tiles
+    or more keeps its filter tile within half of L1, which they read in turn; fewer tiles
+    (a 7 x 7 plane) keep the L2 rule, and so do bands whose partial outputs overflow L2 (1024
+    filters: each extra channel tile would pass over them from L3) and every plan where the
+    record has no value."""
+    blocking, tiles = csa.blocking, machine.tuning.direct_l1_filter_tiles
+    room = blocking.DIRECT_L1_FILTER_FILL * machine.l1d
+    wide = csa.analyze(ConvSpec.parse("n1c128h56w56k128r3s3p1u1"), machine)
+    filter_row = wide.nf * 9 * 4   # a channel's share of the filter tile (3x3, float32)
+    assert tiles and wide.direct and wide.spec.p * wide.row_tiles >= tiles
+    assert wide.nc * filter_row <= room < 2 * wide.nc * filter_row
+    assert blocking.filters_in_l1(wide.spec, wide.nwin, machine, blocked=False)
+    assert "read the filter tile from L1 in turn" in wide.explain()
+    late = csa.analyze(ConvSpec.parse("n1c512h7w7k512r3s3p1u1"), machine,
+                       vectors_along="filters", slab=True)
+    assert late.direct and late.spec.p * late.row_tiles < tiles and late.nc * filter_row > room
+    many = csa.analyze(ConvSpec.parse("n1c256h56w56k1024r3s3p1u1"), machine)
+    assert many.direct and not blocking.band_fits_l2(many.spec, many.nwin, many.band, machine)
+    assert many.nc * filter_row > room
+    unmeasured = machine.with_(tuning=dataclasses.replace(machine.tuning,
+                                                          direct_l1_filter_tiles=0))
+    assert csa.analyze(wide.spec, unmeasured).nc * filter_row > room
 
 
 @pytest.mark.parametrize("layout", ["nchw", "blocked"])
