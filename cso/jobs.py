@@ -24,7 +24,8 @@ trials that a recorded call may start (calibration, autotuning) are kept out wit
 
 For writing jobs of one's own: ``data_address`` (an array's address, for the arguments),
 ``aligned_empty`` (arrays that start on a ``LINE``-byte cache line, which kernels read with
-vector loads) and ``compiled_once`` (build a part function once per process, safely beside
+vector loads, or on a ``PAGE``), ``part_stride`` (how far apart parts' shares of a scratch
+buffer lie, so that parts on two cores do not slow each other) and ``compiled_once`` (build a part function once per process, safely beside
 numba's compiler lock and ``os.fork``), and ``ForeignFunction`` (keep a part function's object
 code, compiled by numba or other means, in the persistent cache, and load it from there). Work
 that runs threads of its own (NumPy's BLAS) goes in a ``with workers_asleep():`` block, so
@@ -36,16 +37,16 @@ import threading
 
 import numpy as np
 
-from microkernels.aligned import LINE, aligned_empty, data_address
+from microkernels.aligned import LINE, PAGE, aligned_empty, data_address, part_stride
 from microkernels.jit import ForeignFunction
 from microkernels.once import compiled_once
 
 from .pool import MAX_PARTS, compiled_pool
 from .threads import pool_address, spin_ns, workers_asleep
 
-__all__ = ["LINE", "ForeignFunction", "Recording", "aligned_empty", "compiled_once",
-           "data_address", "active_recording", "new_workspace", "run_jobs", "run_parts",
-           "unrecorded", "workers_asleep", "workspace"]
+__all__ = ["LINE", "PAGE", "ForeignFunction", "Recording", "aligned_empty", "compiled_once",
+           "data_address", "active_recording", "new_workspace", "part_stride", "run_jobs",
+           "run_parts", "unrecorded", "workers_asleep", "workspace"]
 
 
 class _Active(threading.local):
@@ -155,12 +156,12 @@ def unrecorded(function):
 
 
 def new_workspace(elements, dtype):
-    """A new scratch buffer of ``elements`` for a job outside a recording (a module attribute,
-    so that the guard-page tests can place workspaces against inaccessible pages), on a cache
-    line: a job's parts each have rows of whole lines (``Prepared``), so that two threads'
-    rows share no line (from NumPy's 16-byte start, a row's last line was the next one's
+    """A new scratch buffer of ``elements`` for a job (a module attribute, so that the
+    guard-page tests can place workspaces against inaccessible pages), on a page: a job's
+    parts each have rows of whole pages (``Prepared``, ``part_stride``), so that two threads'
+    rows share no page (from NumPy's 16-byte start, a row's last line was the next one's
     first)."""
-    return aligned_empty(elements, dtype)
+    return aligned_empty(elements, dtype, PAGE)
 
 
 # a thread keeps a workspace of each kind, the largest its jobs have needed, up to this size:

@@ -6,7 +6,7 @@ import threading
 import numpy as np
 
 from csa import DepthwisePlan
-from microkernels.aligned import DATA_OFFSET
+from microkernels.aligned import DATA_OFFSET, part_stride
 from microkernels.jit import native_function
 from microkernels.once import compiled_once
 from microkernels.dtypes import dtype_name
@@ -84,7 +84,7 @@ class Prepared:
         sizes = ((SCRATCH_ARG, self.scratch_elements, dtype),
                  (OUT_T_ARG, self.out_t_elements, dtype),
                  (ROWS_ARG, self.rows_elements, np.dtype(np.int64)))
-        self.row_lengths = {at: _row_length(count, elements, plan.machine.line // t.itemsize)
+        self.row_lengths = {at: _row_length(count, elements, t.itemsize)
                             for at, elements, t in sizes}
         self.workspaces = [(at, count * self.row_lengths[at], t)
                            for at, elements, t in sizes if elements]
@@ -229,10 +229,10 @@ def _channels(array):
     return array.shape[1] * (array.shape[4] if array.ndim == 5 else 1)
 
 
-def _row_length(count, elements, per_line):
-    """A part's row of a workspace: ``elements``, rounded up to whole cache lines when there
-    are several parts (so that parts never share a line)."""
-    return elements if count == 1 else -(-elements // per_line) * per_line
+def _row_length(count, elements, itemsize):
+    """A part's row of a workspace: ``elements``, rounded up to whole pages when there are
+    several parts (``part_stride``: parts running side by side never share a page)."""
+    return elements if count == 1 else part_stride(elements * itemsize) // itemsize
 
 
 _NONE = {np.dtype(t): np.empty(0, t) for t in (np.float32, np.float64, np.int64)}

@@ -11,15 +11,26 @@ import math
 import numpy as np
 
 LINE = 64
+PAGE = 4096
 
 
-def aligned_empty(shape, dtype):
+def aligned_empty(shape, dtype, align=LINE):
     """An uninitialised C-contiguous array of ``shape`` (a tuple or an int) and ``dtype``
-    starting on a ``LINE``-byte boundary."""
+    starting on an ``align``-byte boundary (a cache line, or a ``PAGE``)."""
     shape = shape if type(shape) is tuple else tuple(shape) if np.iterable(shape) else (shape,)
     dtype = np.dtype(dtype)
-    raw = np.empty(dtype.itemsize * math.prod(shape) + LINE, np.uint8)
-    return np.ndarray(shape, dtype, raw, -data_address(raw) % LINE)
+    raw = np.empty(dtype.itemsize * math.prod(shape) + align, np.uint8)
+    return np.ndarray(shape, dtype, raw, -data_address(raw) % align)
+
+
+def part_stride(nbytes):
+    """Bytes from one part's share of a scratch buffer to the next, for a share of ``nbytes``
+    (the buffer starting on a ``PAGE``): whole pages, so that no two parts' shares meet in a
+    page. A core's prefetchers fetch lines ahead of its accesses within their page: two parts
+    on two cores whose shares met in one, a line apart, took turns at the lines there (a
+    grouped 3x3 whose packing filled 4.6 KiB shares ran one part 1.8x slower beside the other
+    than alone)."""
+    return -(-nbytes // PAGE) * PAGE
 
 
 _HEADER = object.__basicsize__          # PyArrayObject: the object header, then char *data

@@ -174,3 +174,33 @@ def test_a_grown_workspace_is_the_one_every_layer_uses_after(rng, monkeypatch):
             references = sys.getrefcount(first[i])
             assert references == 3
     _in_a_new_thread(body)
+
+
+def test_parts_of_a_call_have_workspace_rows_on_pages_of_their_own(rng, monkeypatch,
+                                                                   restore_threads):
+    """A call of several parts gives each its rows of a page-aligned workspace, whole pages
+    apart (``cso.jobs.part_stride``): parts on two cores whose rows met in a page slowed each
+    other (their prefetchers fetch ahead within a page); a call of one part takes its rows
+    as they are. The result is the same either way."""
+    made = []
+    new = cso.jobs.new_workspace
+    monkeypatch.setattr(cso.jobs, "new_workspace", lambda *a: made.append(new(*a)) or made[-1])
+    x = rng.standard_normal((1, 64, 20, 20)).astype(np.float32)
+    w = rng.standard_normal((64, 4, 3, 3)).astype(np.float32)
+    conv = cso.Conv2d(w, padding=1, groups=16, plan_overrides={"split": (1, 4)})
+    many = conv._prepared(x.shape, x.dtype, 2)
+    assert many.part_count == 4 and many.workspaces
+    for at, elements, dtype in many.workspaces:
+        row = many.row_lengths[at] * dtype.itemsize
+        assert row % cso.jobs.PAGE == 0 and elements == 4 * many.row_lengths[at]
+    one = cso.Conv2d(w, padding=1, groups=16, plan_overrides={"split": (1, 1)})
+    single = one._prepared(x.shape, x.dtype, 1)
+    assert single.part_count == 1
+    assert all(single.row_lengths[at] * t.itemsize % cso.jobs.PAGE
+               for at, _, t in single.workspaces)   # (rows of a few KiB, not padded)
+    cso.set_num_threads(2)
+
+    def body():
+        np.testing.assert_array_equal(conv(x), one(x))
+        assert made and all(cso.jobs.data_address(a) % cso.jobs.PAGE == 0 for a in made)
+    _in_a_new_thread(body)

@@ -347,12 +347,14 @@ def test_layer_norm_of_nan_inf_empty_and_strided_input(threads, rng):
 
 
 @pytest.mark.parametrize("parts, nbytes", [(1, 4), (8, 32), (8, 1132), (3, 64), (5, 65)])
-def test_part_scratch_gives_each_part_lines_of_its_own(parts, nbytes):
-    """A pool part's scratch starts on a cache line and ends before the next part's line:
-    parts on two threads writing one line took turns at it."""
+def test_part_scratch_gives_each_part_pages_of_its_own(parts, nbytes):
+    """A pool part's scratch starts on a page and ends before the next part's page: parts on
+    two threads writing one line took turns at it, and so did lines of one page (their cores'
+    prefetchers fetch ahead within it). A lone part's starts on a line."""
     scratch, stride = kernels._part_scratch(parts, nbytes)
-    assert stride >= nbytes and stride % 64 == 0 and stride - nbytes < 64
-    assert scratch.ctypes.data % 64 == 0 and scratch.nbytes == parts * stride
+    unit = 64 if parts == 1 else 4096
+    assert stride >= nbytes and stride % unit == 0 and stride - nbytes < unit
+    assert scratch.ctypes.data % unit == 0 and scratch.nbytes == parts * stride
 
 
 @pytest.mark.parametrize("shape", [(1, 1000), (3, 7), (5, 1), (2, 3, 17), (0, 4), (4, 0)])

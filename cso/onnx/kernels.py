@@ -32,7 +32,8 @@ from numba import _dynfunc, _helperlib, cfunc, from_dtype, njit, types
 from numba.core import cgutils, config, intrinsics
 from numba.extending import intrinsic
 
-from ..jobs import LINE, ForeignFunction, aligned_empty, compiled_once, data_address, run_parts
+from ..jobs import (LINE, PAGE, ForeignFunction, aligned_empty, compiled_once, data_address,
+                    part_stride, run_parts)
 
 PART_SIGNATURE = types.void(types.CPointer(types.int64), types.int64)
 PARTS_PER_THREAD = 4   # shares smaller than a thread's so that an uneven part evens out
@@ -770,11 +771,12 @@ def _parts(work, threads):
 
 def _part_scratch(parts, nbytes):
     """(array, bytes from one part's share to the next): scratch of at least ``nbytes`` for
-    each of ``parts`` parts, every share on cache lines of its own (parts that shared a line
-    on two threads took turns at it: a 3x3 average pool ran slower on two threads than on
-    one)."""
-    stride = -(-nbytes // LINE) * LINE
-    return aligned_empty(parts * stride, np.uint8), stride
+    each of ``parts`` parts, every share on pages of its own (``part_stride``; parts that
+    shared a line on two threads took turns at it: a 3x3 average pool ran slower on two
+    threads than on one)."""
+    stride, align = ((-(-nbytes // LINE) * LINE, LINE) if parts == 1
+                     else (part_stride(nbytes), PAGE))
+    return aligned_empty(parts * stride, np.uint8, align), stride
 
 
 def _run(function, args, work, threads, *arrays):
