@@ -43,8 +43,9 @@ class Tuning:
     part_min_flops: float = 3e6
     depthwise_thread_min_flops: float = 0.5e6   # the same for a depthwise plan (about 10 us)
     direct_min_depth: int = 512     # C/groups*R*S a direct plan needs (shallower: C's tile costs)
-    # windows from which an output row narrower than a direct tile counts as one tile of its
-    # own width, not padded to the tile (``csa.variants.use_direct``; 0: not measured, never)
+    # windows from which an output row's even direct tiles (one, where the row is narrower
+    # than a tile) count at their own width, not padded to the tile
+    # (``csa.variants.use_direct``; 0: not measured, never)
     direct_min_row_windows: int = 0
     # window tiles an image's output rows must hold for an NCHW direct plan to keep its filter
     # tile in L1, read from there by each of them in turn, not streamed from L2

@@ -16,13 +16,16 @@ def use_direct(spec, nwin, nf, tuning):
     convolutions a slab applies to (not unpadded 1x1s) with at least
     ``tuning.direct_min_depth`` rows per kernel call (shallower calls spend too much on C's
     tile), whose row-aligned window tiles and filter tiles waste at most DIRECT_WASTE of the
-    work. A row narrower than ``nwin`` is one tile of its own width (``balanced_row_windows``),
-    which wastes nothing once it is ``tuning.direct_min_row_windows`` wide: 10x10 and 12x12
-    planes, whose packed tiles waste lanes or cost their packing. Stride 2 is left to the
+    work. A row is cut into even tiles (``balanced_row_windows``); one that splits into tiles
+    of one width of at least ``tuning.direct_min_row_windows`` wastes nothing (10x10 and 12x12
+    planes, one tile a row, whose packed tiles waste lanes or cost their packing; rows of 24
+    and 36 as tiles of 12), others count padded to ``nwin`` a tile. Stride 2 is left to the
     packed plans: its taps read R*S runs per channel from four phase planes and overflow L1
     (csa/TUNING.md has the measurements)."""
-    narrow = tuning.direct_min_row_windows and tuning.direct_min_row_windows <= spec.q < nwin
-    row = spec.q if narrow else ceil(spec.q / nwin) * nwin
+    tiles = ceil(spec.q / nwin)
+    even = (tuning.direct_min_row_windows and spec.q % tiles == 0
+            and spec.q // tiles >= tuning.direct_min_row_windows)
+    row = spec.q if even else tiles * nwin
     padded = spec.p * row * ceil(spec.k_per_group / nf) * nf
     return (spec.stride == (1, 1) and slab_fits(spec, nwin, "filters")
             and spec.c_per_group * spec.r * spec.s >= tuning.direct_min_depth

@@ -9,8 +9,10 @@ from csa import ConvSpec, Machine
 
 from .machines import AVX2, AVX512, SMALL, ZEN3, ZEN5
 
-# plans on SMALL use a 32 x 14 micro-tile
+# plans on SMALL use a 32 x 14 micro-tile, windows in vectors (a 56-wide row would split
+# into two even direct tiles of 28 windows)
 TILE = (32, 14)
+PACKED = {"microtile_shape": TILE, "vectors_along": "windows"}
 LAYER = ConvSpec(1, 64, 56, 56, 64, 3, 3, padding=(1, 1, 1, 1))
 
 
@@ -103,7 +105,7 @@ def test_calibration_overturns_tiles_measured_slow():
 
 
 def test_plan_hand_computed_input_stationary():
-    plan = csa.analyze(LAYER, SMALL, microtile_shape=TILE, schedule="IS")
+    plan = csa.analyze(LAYER, SMALL, **PACKED, schedule="IS")
     assert (plan.nwin, plan.nf) == (32, 14)
     # Nc: (0.9*32768 - 32*14*4) / ((32+14)*9*4) = 27699.2 / 1656 = 16.7
     assert plan.nc == 16
@@ -112,7 +114,7 @@ def test_plan_hand_computed_input_stationary():
     assert (plan.k2, plan.k3) == (4, 7)
     # one output band: bands of 0.25*0.9*65536 // (32*64*4) = 1 window tile cost more than they save
     assert plan.band == plan.window_tiles
-    banded = csa.analyze(LAYER, SMALL, microtile_shape=TILE, schedule="IS", band=3)
+    banded = csa.analyze(LAYER, SMALL, **PACKED, schedule="IS", band=3)
     assert banded.band == 3 and (banded.k2, banded.k3) == (4, 3)   # the blocks lie within a band
     # 5 filter tiles: a slab, whose tiles cover 55 virtual rows of 58 plus 56: ceil(3246 / 32)
     assert plan.slab
@@ -120,7 +122,7 @@ def test_plan_hand_computed_input_stationary():
 
 
 def test_plan_hand_computed_weight_stationary():
-    plan = csa.analyze(LAYER, SMALL, microtile_shape=TILE, schedule="WS", band=102)  # one band
+    plan = csa.analyze(LAYER, SMALL, **PACKED, schedule="WS", band=102)  # one band
     # K2 window tiles: (58982.4 - 8064) / (18432 + 1792) = 2.5; K3 filter tiles:
     # (235929.6 - 2*18432) / (8064 + 2*1792) = 17.1, clamped to the 5 filter tiles
     assert (plan.k2, plan.k3) == (2, 5)
@@ -129,7 +131,7 @@ def test_plan_hand_computed_weight_stationary():
 
 def test_blocking_clamps_to_tile_counts_and_at_least_one():
     huge = SMALL.with_(l2=1 << 30, l3=1 << 34)
-    plan = csa.analyze(LAYER, huge, microtile_shape=TILE, schedule="IS")
+    plan = csa.analyze(LAYER, huge, **PACKED, schedule="IS")
     assert (plan.k2, plan.k3) == (plan.filter_tiles, plan.window_tiles)
     tiny = SMALL.with_(l1d=1024, l2=2048, l3=4096)
     plan = csa.analyze(LAYER, tiny)
@@ -138,7 +140,7 @@ def test_blocking_clamps_to_tile_counts_and_at_least_one():
 
 def test_channel_tile_never_exceeds_channels_per_group():
     spec = ConvSpec(1, 32, 8, 8, 32, 1, 1, groups=8)
-    assert csa.analyze(spec, SMALL, microtile_shape=TILE).nc == 4
+    assert csa.analyze(spec, SMALL, **PACKED).nc == 4
     assert csa.blocking.channel_tile(spec, 32, 14, 48 * 1024) == 4
 
 
@@ -165,15 +167,15 @@ def test_channel_tiles_split_evenly():
 
 
 def test_float64_roughly_halves_the_channel_tile():
-    f32 = csa.analyze(LAYER, SMALL, microtile_shape=(32, 14))
+    f32 = csa.analyze(LAYER, SMALL, **PACKED)
     f64 = csa.analyze(ConvSpec(1, 64, 56, 56, 64, 3, 3, padding=(1,) * 4, dtype="float64"), SMALL,
-                      microtile_shape=(32, 14))
+                      **PACKED)
     # (29491.2 - 32*14*8) / (46*9*8) = 7.8 against 16.7 for float32
     assert f64.nc == 7 and f32.nc == 16
 
 
 def test_cost_model_picks_the_cheaper_schedule_and_shows_every_term():
-    plan = csa.analyze(LAYER, SMALL, microtile_shape=TILE)
+    plan = csa.analyze(LAYER, SMALL, **PACKED)
     totals = {name: terms["total"] for name, terms in plan.costs.items()}
     assert plan.schedule == min(totals, key=totals.get)
     for terms in plan.costs.values():
@@ -447,8 +449,15 @@ def test_direct_where_it_applies():
         narrow = csa.analyze(ConvSpec(1, 256, q, q, 256, 3, 3, padding=(1, 1, 1, 1)), zen)
         assert narrow.direct == direct, q
         assert not direct or (narrow.nwin, narrow.row_tiles) == (q, 1)
+    # so do rows of even tiles that wide (24 = 2 x 12, 36 = 3 x 12), not uneven ones (17 =
+    # 9 + 8, counted as 2 x 14)
+    for q, direct, tiles in ((24, True, 2), (36, True, 3), (17, False, 0)):
+        even = csa.analyze(ConvSpec(1, 256, q, q, 256, 3, 3, padding=(1, 1, 1, 1)), zen)
+        assert even.direct == direct, q
+        assert not direct or (even.nwin, even.row_tiles) == (12, tiles)
     unmeasured = zen.with_(tuning=dataclasses.replace(zen.tuning, direct_min_row_windows=0))
     assert not csa.analyze(ConvSpec.parse("n1c256h12w12k256r3s3p1u1"), unmeasured).direct
+    assert not csa.analyze(ConvSpec.parse("n1c256h24w24k256r3s3p1u1"), unmeasured).direct
     for name in ("n1c64h224w224k128r3s3p1u2",   # stride 2
                  "n1c32h147w147k64r3s3p1u1",    # 288 rows per call
                  "n1c512h14w14k512r1s1p0u1",    # unpadded 1x1: read in place or packed
