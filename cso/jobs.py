@@ -25,11 +25,12 @@ trials that a recorded call may start (calibration, autotuning) are kept out wit
 For writing jobs of one's own: ``data_address`` (an array's address, for the arguments),
 ``aligned_empty`` (arrays that start on a ``LINE``-byte cache line, which kernels read with
 vector loads, or on a ``PAGE``), ``part_stride`` (how far apart parts' shares of a scratch
-buffer lie, so that parts on two cores do not slow each other) and ``compiled_once`` (build a part function once per process, safely beside
-numba's compiler lock and ``os.fork``), and ``ForeignFunction`` (keep a part function's object
-code, compiled by numba or other means, in the persistent cache, and load it from there). Work
-that runs threads of its own (NumPy's BLAS) goes in a ``with workers_asleep():`` block, so
-that the pool's idle workers do not spin on the cores it needs.
+buffer lie, so that parts on two cores do not slow each other), ``compiled_once`` (build a
+part function once per process, safely beside numba's compiler lock and ``os.fork``), and
+``ForeignFunction`` (keep a part function's object code, compiled by numba or other means, in
+the persistent cache, and load it from there). Work that runs threads of its own (NumPy's
+BLAS) goes in a ``with workers_asleep():`` block, so that the pool's idle workers do not spin
+on the cores it needs.
 """
 import ctypes
 import functools
