@@ -64,7 +64,7 @@ class DepthwisePlan(SlabGeometry):
 
     @property
     def parts(self):
-        """Runs of units, claimed as threads come free."""
+        """Runs of units, each thread's own first (``cso.pool``)."""
         return self.split[0] * self.parts_per_thread
 
     @property
@@ -136,7 +136,7 @@ class DepthwisePlan(SlabGeometry):
             f"of {s.p}, {self.bands} band(s)) = {fill} B vs {SLAB_FILL}*L1 = "
             f"{int(SLAB_FILL * m.l1d)}{forced_note(self, 'nc', 'band')}",
             f"  threads: {self.threads}, the {self.units} (image, channel, band) units in "
-            f"{self.parts} part(s), claimed as threads come free{forced_note(self, 'split')}",
+            f"{self.parts} part(s), each thread's own first{forced_note(self, 'split')}",
             f"  plan: {self.origin or 'from the model'}",
         ]
         return "\n".join(lines)
@@ -157,7 +157,7 @@ class DepthwisePlan(SlabGeometry):
             f"  input: {source}; bands of {self.band} output rows of {s.p}"
             f"{forced_note(self, 'band')}",
             f"  threads: {self.threads}, the {self.units} (image, block, band) units in "
-            f"{self.parts} part(s), claimed as threads come free{forced_note(self, 'split')}",
+            f"{self.parts} part(s), each thread's own first{forced_note(self, 'split')}",
             f"  plan: {self.origin or 'from the model'}"])
 
     def compute_bound(self, peak_gflops):

@@ -49,7 +49,7 @@ class SlicingPlan(SlabGeometry):
 
     @property
     def parts(self):
-        """(window parts, filter parts) of the output, claimed as threads come free."""
+        """(window parts, filter parts) of the output, each thread's own first (``cso.pool``)."""
         return self.split[0] * self.parts_per_thread, self.split[1]
 
     @property
@@ -244,8 +244,8 @@ class SlicingPlan(SlabGeometry):
                      f"the {self.window_units} {'output rows' if self.direct else 'window tiles'} (all images) "
                      f"x {self.parts[1]} of the {groups * self.filter_tiles} filter "
                      f"tiles{whole_groups} "
-                     f"({self.parts_per_thread} window part(s) a thread, claimed as threads "
-                     f"come free); L3 counted as {m.per_thread(self.threads).l3 // 1024} KiB per "
+                     f"({self.parts_per_thread} window part(s) a thread, each thread's own "
+                     f"first, then others' last ones); L3 counted as {m.per_thread(self.threads).l3 // 1024} KiB per "
                      "thread" + forced_note(self, "split"))
         lines.append(f"  plan: {self.origin or 'from the model'}")
         return "\n".join(lines)

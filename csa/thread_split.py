@@ -7,9 +7,9 @@ FILTER_SPLIT_COST = 0.05  # filter parts inside a group each pack (or fill) its 
 # share of its work: on a Xeon (AVX-512) at 2 threads, filter parts that each took part of
 # every group ran 1.07-1.56x slower than window parts on 10 such layers of timm's
 GROUPED_FILTER_SPLIT_COST = 0.4
-# window parts a thread may get at most: with more parts than threads, claimed as threads come
-# free, a thread that is late (its core waking up, or taken by another process) holds up the
-# others by one small part, not by its whole share
+# window parts a thread may get at most: with more parts than threads (each thread's own first,
+# then the others' last ones: ``cso.pool``), a thread that is late (its core waking up, or
+# taken by another process) holds up the others by one small part, not by its whole share
 PARTS_PER_THREAD = 4
 
 

@@ -36,8 +36,8 @@ class Tuning:
     direct_windows: tuple = ()
     filter_windows: tuple = ()
     # work a thread must get to pay for handing parts over; and the work a part must have to be
-    # handed out on its own (threads then share more parts than there are threads, claimed as
-    # they come free, where each still has this much): a calibration derives both from the
+    # handed out on its own (threads then share more parts than there are threads, each
+    # thread's own run of them first, where each still has this much): a calibration derives both from the
     # hand-off it measures (cso.calibration), else these
     thread_min_flops: float = 3e6
     part_min_flops: float = 3e6

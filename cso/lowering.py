@@ -146,10 +146,12 @@ def output_parts(plan):
     """The plan's output parts (``parts``: window parts x filter parts) as the loop nest's
     ``part`` vectors: window tiles over all images in near-equal runs of whole units (output
     rows for a direct plan, else tiles), filter tiles numbered over all groups
-    (``csa.thread_split.filter_part``: whole groups where there are enough)."""
+    (``csa.thread_split.filter_part``: whole groups where there are enough). Filter part by
+    filter part: the pool's lanes (``cso.pool``) give each thread a run of parts, so that a
+    thread's window parts share its filters."""
     units = plan.window_units
     per_unit = plan.row_tiles or 1
     a, b = plan.parts
     return np.array([(units * i // a * per_unit, units * (i + 1) // a * per_unit,
                       *filter_part(plan.spec.groups, plan.filter_tiles, b, j))
-                     for i in range(a) for j in range(b)], np.int64)
+                     for j in range(b) for i in range(a)], np.int64)

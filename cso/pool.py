@@ -5,10 +5,14 @@ A job is ``nparts`` calls ``fn(args, i)`` of a C function ``void fn(int64 *args,
 (the call's arguments are shared; each part finds its own from its number). The
 pool's state is one int64 array (``STATE_WORDS``, its hot words a cache line apart):
 
-- ``claim``: job number << 32 | parts << 16 | next part. Threads take a part with a
-  compare-and-swap on it, so a part runs exactly once and a stale thread cannot take a part of
-  a later job (the job number differs); parts go to whichever thread asks first, so a thread
-  that is late (descheduled, waking up) takes fewer;
+- ``lanes``: the job's parts in near-equal runs, one a thread (``lanes`` of them, from
+  ``LANE0``, a cache line apart), each a word: job number << 32 | end << 16 | next part.
+  Thread ``rank`` takes the parts of lane ``rank`` first, each with a compare-and-swap on its
+  word (the next one), so that a thread keeps the same share of the output from one job to
+  the next (its filters and activations hot in its own L2); a thread whose lane is empty takes
+  the other lanes' last parts. A part runs exactly once and a stale thread cannot take a part
+  of a later job (the job number differs); a thread that is late (descheduled, waking up)
+  takes fewer, as the others empty its lane from the end; ``job``: the job's number;
 - ``done``: parts finished, which the caller waits for; ``busy``: a caller owns the pool
   (another caller meanwhile runs its parts itself); ``fn``, ``args``: the job;
   ``helpers``: how many workers (ranks 1..helpers) may take its parts;
@@ -53,11 +57,13 @@ from llvmlite import ir
 from microkernels.jit import native_function
 from microkernels.once import compiled_once
 
-STATE_WORDS = 64
-CLAIM, DONE, BUSY, FN, ARGS, HELPERS, WAKE, SLEEPERS = 0, 8, 16, 24, 25, 27, 32, 40
+JOB, DONE, BUSY, FN, ARGS, HELPERS, LANES, WAKE, SLEEPERS = 0, 8, 16, 24, 25, 27, 28, 32, 40
 SPIN, ALONE_UNTIL, BACKOFF, LAST_STALL, WARM_UNTIL = 48, 49, 50, 51, 52
 PART_BITS = 16   # parts per job < 2**16
 MAX_PARTS = (1 << PART_BITS) - 1
+# lanes: one a thread, up to MAX_LANES (threads past it share lanes), a cache line apart
+LANE0, LANE_WORDS, MAX_LANES = 64, 8, 64
+STATE_WORDS = LANE0 + LANE_WORDS * MAX_LANES
 # futex(2) numbers; elsewhere a sleeping worker polls every SLEEP_US microseconds
 FUTEX_SYSCALL = {"x86_64": 202, "aarch64": 98}
 FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 128, 129
@@ -101,6 +107,11 @@ class _Builder(ir.IRBuilder):
         """Address of word ``index`` (the 32-bit ``wake`` is its low half: little-endian)."""
         return self.gep(state, [ir.Constant(I64, index)], source_etype=I64)
 
+    def lane_word(self, state, lane):
+        """Address of lane ``lane``'s word (an I64 value)."""
+        index = self.add(self.mul(lane, ir.Constant(I64, LANE_WORDS)), ir.Constant(I64, LANE0))
+        return self.gep(state, [index], source_etype=I64)
+
     def load_word(self, state, index, order="acquire", typ=I64):
         return self.load_atomic(self.word(state, index), order, typ.width // 8, typ=typ)
 
@@ -142,25 +153,36 @@ def _declare(module, name, ret, args, var_arg=False):
     return ir.Function(module, ir.FunctionType(ret, args, var_arg=var_arg), name)
 
 
-def _define_run_one(module):
-    """``i1 run_one(state, rank)``: claim one part of the current job and run it; false when
-    no part is left that thread ``rank`` may take (true after a lost race: try again)."""
+def _define_run_one(module, find_lane):
+    """``i1 run_one(state, rank)``: claim one part of the current job and run it (the next of
+    thread ``rank``'s own lane, else the last of another's: ``find_lane``); false when no part
+    is left that ``rank`` may take (true after a lost race: try again)."""
     fn = ir.Function(module, ir.FunctionType(I1, [PTR, I64]), "run_one")
     fn.linkage = "internal"
     state, rank = fn.args
     bld = _Builder(fn.append_basic_block("entry"))
-    have, none, lost, won = (bld.new_block(n) for n in ("have", "none", "lost", "won"))
-    claim, part, open_ = _open_part(bld, state, rank, "acquire")
-    bld.cbranch(open_, have, none)
+    have, none, check, lost, won = (bld.new_block(n)
+                                    for n in ("have", "none", "check", "lost", "won"))
+    lane = bld.call(find_lane, [state, rank])
+    bld.cbranch(bld.icmp_signed("<", lane, ir.Constant(I64, 0)), none, have)
     bld.position_at_end(none)
     bld.ret(ir.Constant(I1, 0))
     bld.position_at_end(have)
-    swapped = bld.cmpxchg(bld.word(state, CLAIM), claim, bld.add(claim, ir.Constant(I64, 1)),
-                          "acq_rel", "acquire")
+    word = bld.lane_word(state, lane)
+    claim = bld.load_atomic(word, "acquire", 8, typ=I64)
+    first, end = _lane_range(bld, claim)
+    bld.cbranch(bld.icmp_unsigned("<", first, end), check, lost)
+    bld.position_at_end(check)
+    # its own lane from the front, another's from the back
+    own = bld.icmp_unsigned("==", lane, _home_lane(bld, state, rank))
+    part = bld.select(own, first, bld.sub(end, ir.Constant(I64, 1)))
+    taken = bld.select(own, bld.add(claim, ir.Constant(I64, 1)),
+                       bld.sub(claim, ir.Constant(I64, 1 << PART_BITS)))
+    swapped = bld.cmpxchg(word, claim, taken, "acq_rel", "acquire")
     bld.cbranch(bld.extract_value(swapped, 1), won, lost)
     bld.position_at_end(lost)
     bld.ret(ir.Constant(I1, 1))
-    bld.position_at_end(won)   # the job's words were published before its claim word
+    bld.position_at_end(won)   # the job's words were published before its lanes
     bld.call_part(bld.load_word(state, FN, "monotonic"), bld.load_word(state, ARGS, "monotonic"),
                   part)
     bld.add_word(state, DONE, ir.Constant(I64, 1), "release")
@@ -168,15 +190,51 @@ def _define_run_one(module):
     return fn
 
 
-def _open_part(bld, state, rank, order):
-    """(claim word, next part, whether thread ``rank`` may take it): a part is left and the
-    job lets ``rank`` help (the caller is rank 0, workers 1, 2, ...)."""
-    claim = bld.load_word(state, CLAIM, order)
+def _lane_range(bld, claim):
+    """(next part, end) of a lane's word."""
     mask = ir.Constant(I64, MAX_PARTS)
-    part = bld.and_(claim, mask)
-    parts = bld.and_(bld.lshr(claim, ir.Constant(I64, PART_BITS)), mask)
+    return bld.and_(claim, mask), bld.and_(bld.lshr(claim, ir.Constant(I64, PART_BITS)), mask)
+
+
+def _home_lane(bld, state, rank):
+    """Thread ``rank``'s own lane: ``rank`` modulo the job's lanes (at least 1)."""
+    lanes = bld.load_word(state, LANES, "monotonic")
+    one = ir.Constant(I64, 1)
+    return bld.urem(rank, bld.select(bld.icmp_unsigned("<", lanes, one), one, lanes))
+
+
+def _define_find_lane(module, order):
+    """``i64 find_lane_<order>(state, rank)``: the first lane with a part left, from thread
+    ``rank``'s own on, if the job lets ``rank`` help (the caller is rank 0, workers 1, 2, ...);
+    else -1. Another lane counts only once its own is the same job's: the lanes are published
+    one by one, and a thread that saw another's lane before its own took that one's last part
+    (two threads, 128 -> 128 3x3 of 2 groups at 56 x 56: the workers' first parts, in 40% of
+    calls, each then running another's filters). Its loads of the lanes are ``order``'s."""
+    fn = ir.Function(module, ir.FunctionType(I64, [PTR, I64]), f"find_lane_{order}")
+    fn.linkage = "internal"
+    state, rank = fn.args
+    bld = _Builder(fn.append_basic_block("entry"))
+    scan, none, found, other = (bld.new_block(n) for n in ("scan", "none", "found", "other"))
     allowed = bld.icmp_unsigned("<=", rank, bld.load_word(state, HELPERS, "monotonic"))
-    return claim, part, bld.and_(bld.icmp_unsigned("<", part, parts), allowed)
+    bld.cbranch(allowed, scan, none)
+    bld.position_at_end(scan)
+    lanes, home = bld.load_word(state, LANES, "monotonic"), _home_lane(bld, state, rank)
+    job = bld.lshr(bld.load_atomic(bld.lane_word(state, home), order, 8, typ=I64),
+                   ir.Constant(I64, 32))
+    j, close = bld.count_up(lanes, none, "lanes")
+    lane = bld.add(home, j)
+    lane = bld.select(bld.icmp_unsigned("<", lane, lanes), lane, bld.sub(lane, lanes))
+    claim = bld.load_atomic(bld.lane_word(state, lane), order, 8, typ=I64)
+    first, end = _lane_range(bld, claim)
+    open_ = bld.and_(bld.icmp_unsigned("<", first, end),
+                     bld.icmp_unsigned("==", bld.lshr(claim, ir.Constant(I64, 32)), job))
+    bld.cbranch(open_, found, other)
+    bld.position_at_end(found)
+    bld.ret(lane)
+    bld.position_at_end(other)
+    close()
+    bld.ret(ir.Constant(I64, -1))
+    return fn
 
 
 def _sched_yield(module):
@@ -244,7 +302,7 @@ def _every_look(bld, polls):
                              ir.Constant(I64, 0))
 
 
-def _define_worker(module, triple, run_one, sleep, now):
+def _define_worker(module, triple, run_one, find_lane, sleep, now):
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64]), "pool_worker")
     state, rank = fn.args
     bld = _Builder(fn.append_basic_block("entry"))
@@ -291,7 +349,8 @@ def _define_worker(module, triple, run_one, sleep, now):
     bld.position_at_end(doze)
     bld.add_word(state, SLEEPERS, ir.Constant(I64, 1))
     seen = bld.load_word(state, WAKE, "seq_cst", I32)
-    bld.cbranch(_open_part(bld, state, rank, "seq_cst")[2], woke, nap)
+    has_part = bld.icmp_signed(">=", bld.call(find_lane, [state, rank]), zero)
+    bld.cbranch(has_part, woke, nap)
     bld.position_at_end(nap)
     bld.call(sleep, [bld.word(state, WAKE), seen])
     bld.branch(woke)
@@ -342,14 +401,22 @@ def _define_run(module, triple, run_one, wake_all, now):
     bld.call_part(target, args, i)
     close()
 
-    bld.position_at_end(posted)   # publish the job, then its claim word, then wake sleepers
-    for index, value in ((FN, target), (ARGS, args), (HELPERS, helpers), (DONE, zero)):
+    bld.position_at_end(posted)   # publish the job, then its lanes, then wake sleepers
+    lanes = bld.add(helpers, one)
+    lanes = bld.select(bld.icmp_unsigned("<", lanes, ir.Constant(I64, MAX_LANES)), lanes,
+                       ir.Constant(I64, MAX_LANES))
+    number = bld.add(bld.load_word(state, JOB, "monotonic"), one)
+    for index, value in ((FN, target), (ARGS, args), (HELPERS, helpers), (DONE, zero),
+                         (LANES, lanes), (JOB, number)):
         bld.store_word(value, state, index, "monotonic")
-    number = bld.add(bld.lshr(bld.load_word(state, CLAIM, "monotonic"), ir.Constant(I64, 32)),
-                     one)
-    claim = bld.or_(bld.shl(number, ir.Constant(I64, 32)),
-                    bld.shl(nparts, ir.Constant(I64, PART_BITS)))
-    bld.store_word(claim, state, CLAIM, "seq_cst")
+    lane, close = bld.count_up(lanes, bld.new_block("lanes_set"), "lanes")
+    first, end = (bld.udiv(bld.mul(nparts, k), lanes) for k in (lane, bld.add(lane, one)))
+    job = bld.shl(bld.and_(number, ir.Constant(I64, 0xFFFFFFFF)), ir.Constant(I64, 32))
+    bld.atomic_rmw("xchg", bld.lane_word(state, lane),
+                   bld.or_(bld.or_(job, bld.shl(end, ir.Constant(I64, PART_BITS))), first),
+                   "seq_cst")
+    close()
+    published = bld.block
     bld.add_word(state, WAKE, ir.Constant(I32, 1))
     sleepers = bld.load_word(state, SLEEPERS, "seq_cst")
     bld.cbranch(bld.icmp_signed(">", sleepers, zero), wake, work)
@@ -359,7 +426,7 @@ def _define_run(module, triple, run_one, wake_all, now):
 
     bld.position_at_end(work)   # take parts like any worker, counting them
     taken = bld.phi(I64)
-    taken.add_incoming(zero, posted)
+    taken.add_incoming(zero, published)
     taken.add_incoming(zero, wake)
     taken.add_incoming(bld.add(taken, one), work)
     bld.cbranch(bld.call(run_one, [state, zero]), work, waiting)
@@ -436,10 +503,11 @@ def define_pool(module):
     """The pool's functions in ``module`` (whose triple chooses the sleep): ``pool_worker``,
     ``pool_run_jobs`` and ``pool_run``, returned."""
     triple = module.triple
-    run_one = _define_run_one(module)
+    find_lane = _define_find_lane(module, "acquire")
+    run_one = _define_run_one(module, find_lane)
     sleep, wake_all = _define_sleep_and_wake(module, triple)
     now = _define_clock(module, triple)
-    _define_worker(module, triple, run_one, sleep, now)
+    _define_worker(module, triple, run_one, _define_find_lane(module, "seq_cst"), sleep, now)
     run = _define_run(module, triple, run_one, wake_all, now)
     _define_run_jobs(module, run)
     return run

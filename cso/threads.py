@@ -2,7 +2,7 @@
 
 A convolution's plan splits its output into parts (``csa`` decides how many are worth it); the
 calling thread and up to ``get_num_threads() - 1`` pool workers each claim parts until none is
-left, every part running the compiled loop nest on its own scratch. The pool is compiled code
+left (each its own run of them first: ``cso.pool``), every part running the compiled loop nest on its own scratch. The pool is compiled code
 (``cso.pool``): from the moment a call posts its parts until they are all done, no
 thread involved needs the GIL. It is shared by all calls: while one call owns it, a call from
 another Python thread runs its parts itself, so nothing waits on a worker that never comes.

@@ -247,6 +247,10 @@ def test_works_after_fork(rng, threads):
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
 
 
+_pthread_self = ctypes.CDLL(None).pthread_self
+_pthread_self.restype, _pthread_self.argtypes = ctypes.c_uint64, []
+
+
 @cfunc(types.void(types.CPointer(types.int64), types.int64))
 def _count_part(args, part):
     """A part for ``run_parts``: after a busy loop of 200 * (part % 3) rounds, adds 1 to its
@@ -282,6 +286,40 @@ def test_run_parts_from_several_threads_at_once():
     for caller in callers:
         caller.join()
     assert [c.tolist() for c in counters] == [[300] * 4] * 4
+
+
+@cfunc(types.void(types.CPointer(types.int64), types.int64))
+def _note_thread(args, part):
+    """A part for ``run_parts``: a busy loop of args[0] rounds, then the running thread's
+    ``pthread_self`` in args[1 + part]."""
+    spent = 0.0
+    for i in range(args[0]):
+        spent += i * 1e-9
+    args[1 + part] = _pthread_self() if spent >= 0 else 0
+
+
+@pytest.mark.parametrize("parts", [4, 8, 9])
+def test_each_thread_takes_its_own_lane_first(parts):
+    """Two threads: the caller's lane is the first half of the parts, the worker's the rest;
+    each takes its own lane's parts from the front, then the other's from the back. So the
+    caller runs a first run of its lane and a last run of the worker's, the worker the rest
+    (either run may be empty: a thread descheduled meanwhile leaves its lane to the other),
+    whatever the timing: never a part from the middle of the other's lane. (Before lanes,
+    parts went to whichever thread asked first: often one each in turn.)"""
+    caller = _pthread_self()
+    half = parts // 2
+    args = np.zeros(1 + parts, np.int64)
+    args[0] = 20_000
+    for _ in range(60):
+        args[1:] = 0
+        run_parts(_note_thread.address, args.ctypes.data, parts, 2)
+        assert all(args[1:]), args
+        mine = (args[1:] == caller).tolist()
+        theirs = [not m for m in mine]
+        own = mine[:half].index(False) if False in mine[:half] else half
+        assert all(theirs[own:half]), mine
+        taken = theirs[half:].index(False) if False in theirs[half:] else parts - half
+        assert all(mine[half + taken:]), mine
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -423,6 +461,23 @@ def test_thread_split_rules():
     mid = csa.ConvSpec.parse("n1c64h28w28k64r3s3p1u1")
     assert (csa.analyze(mid, ZEN5_CCD, threads=64).threads
             <= mid.flops // ZEN5_CCD.tuning.thread_min_flops)
+
+
+def test_a_threads_lane_is_its_share_of_the_split():
+    """A slicing plan's parts, filter part by filter part: with the pool's lanes (near-equal
+    runs of parts, one a thread), each thread's parts are its window parts (4 a thread here)
+    of one filter part (whole groups), which then share its filters."""
+    from cso.lowering import output_parts
+    for name, threads, split in (("n1c256h56w56k256r3s3p1u1g4", 2, (1, 2)),
+                                 ("n1c256h56w56k256r3s3p1u1g4", 4, (1, 4)),
+                                 ("n1c128h56w56k128r3s3p1u1g2", 4, (2, 2))):
+        plan = csa.analyze(csa.ConvSpec.parse(name), ZEN5_CCD, threads=threads)
+        assert plan.split == split and plan.parts_per_thread == 4, (name, plan.split)
+        parts = output_parts(plan)
+        assert len(parts) == 4 * threads
+        for lane in np.split(parts, threads):   # the pool's lanes on that many threads
+            assert len({tuple(p) for p in lane[:, 2:]}) == 1, (name, lane)   # one filter part
+            assert (lane[1:, 0] == lane[:-1, 1]).all(), (name, lane)        # windows in a run
 
 
 @pytest.mark.parametrize("name", ["n1c256h56w56k256r3s3p1u1", "n1c64h56w56k256r1s1p0u1",
@@ -699,10 +754,6 @@ def test_a_stalled_worker_makes_the_next_jobs_run_alone(threads, spin):
     run_parts(_slow_part.address, counters.ctypes.data, 2, 2)
     assert state[LAST_STALL] == last and counters[:2].tolist() == [jobs + 1, jobs + 1]
     state[ALONE_UNTIL] = 0
-
-
-_pthread_self = ctypes.CDLL(None).pthread_self
-_pthread_self.restype, _pthread_self.argtypes = ctypes.c_uint64, []
 
 
 @cfunc(types.void(types.CPointer(types.int64), types.int64))
