@@ -23,7 +23,7 @@ from . import autotune
 from . import host
 from .activations import Activation
 from .layouts import (Blocked, block_size, check_layout, check_out, from_nchw, input_layout,
-                      merged, merged_on_blocks, reads_blocks, reblocks_for_padded_merge,
+                      merged, merged_on_blocks, reads_blocks, runs_padded_merge,
                       to_nchw, written)
 from .loop_nests import ALL_PHASES
 from .prepared import Prepared
@@ -165,7 +165,8 @@ class Conv2d:
         threads = get_num_threads()
         on_blocks = self._nchw_on_blocks(shape, threads)
         if on_blocks is not None:
-            return on_blocks._route(shape, "nchw", 1, "nchw", threads).prepared
+            return on_blocks._route(self._twin_shape(on_blocks, shape), "nchw", 1, "nchw",
+                                    threads).prepared
         return self._prepared(shape, self.dtype, threads)
 
     def _nchw_on_blocks(self, shape, threads):
@@ -173,7 +174,8 @@ class Conv2d:
         planes and writing them), or None (the NCHW plan runs them): this one
         (``_grouped_on_blocks``), or the one of its groups merged onto blocks
         (``_merged``) where that one's groups are one block each: groups of 4 and 8 channels
-        1.2x at 1 thread, 1.5-1.7x at 2 (csa/TUNING.md, "Groups merged onto blocks")."""
+        1.2x at 1 thread, 1.5-1.7x at 2 (csa/TUNING.md, "Groups merged onto blocks"); a
+        merge padded with a zero group too (``_call_padded_planes``)."""
         if len(shape) != 4 or self.groups == 1 or self.tune or self.overrides:
             return None
         key = (shape, threads)
@@ -183,8 +185,9 @@ class Conv2d:
         found = self if self._grouped_on_blocks(plan) else None
         if found is None:
             twin = self._merged(plan.spec)
-            if twin is not None and not self._padded_merge(twin) and twin._grouped_on_blocks(
-                    twin._plan_for(twin.spec_for(shape), threads), merged=True):
+            if twin is not None and (not self._padded_merge(twin) or runs_padded_merge(
+                    plan.spec, self.isa)) and twin._grouped_on_blocks(twin._plan_for(
+                        twin.spec_for(self._twin_shape(twin, shape)), threads), merged=True):
                 found = twin
         _remember(self._on_blocks, key, found)
         return found
@@ -310,10 +313,18 @@ class Conv2d:
                     self._merged_twin = twin
         return self._merged_twin
 
+    def _twin_shape(self, twin, shape):
+        """The NCHW ``shape`` of this one's input as ``twin`` (this one, or its groups merged:
+        ``_merged``) sees it: with its zero groups' channels where it has them."""
+        if twin is self or not self._padded_merge(twin):
+            return shape
+        return (shape[0], twin.weight_shape[1] * twin.groups) + tuple(shape[2:])
+
     def _padded_merge(self, twin):
-        """Whether ``twin`` (``_merged``) has zero groups past this one's: it runs only
-        calls on blocks of its lanes, whose padding lanes are its extra channels (the input
-        copied into such blocks for channels-last calls: ``reblocks_for_padded_merge``)."""
+        """Whether ``twin`` (``_merged``) has zero groups past this one's: it runs calls on
+        blocks of its lanes, whose padding lanes are its extra channels (the input copied into
+        such blocks for channels-last calls: ``runs_padded_merge``), and NCHW calls on their
+        planes, which have no such channels (``_call_padded_planes``)."""
         return twin.weight_shape[0] != self.weight_shape[0]
 
     def _call_padded_merge(self, twin, xb, out, phases, out_layout="blocked"):
@@ -474,6 +485,8 @@ class Conv2d:
         args.check_array("input", x)
         threads = get_num_threads()
         on_blocks = self._nchw_on_blocks(x.shape, threads) if x.dtype == self.dtype else None
+        if on_blocks is not None and self._padded_merge(on_blocks):
+            return self._call_padded_planes(on_blocks, x, out, phases, threads)
         if on_blocks is not None:
             result = on_blocks._call_blocked(x, out, phases, "nchw", "nchw")
             route = on_blocks._route(x.shape, "nchw", 1, "nchw", threads)
@@ -512,6 +525,32 @@ class Conv2d:
         if not direct:
             out[...] = result.reshape(out.shape)
         return out
+
+    def _call_padded_planes(self, twin, x, out, phases, threads):
+        """An NCHW call (``_nchw_on_blocks``) run by ``twin``, its groups merged onto blocks
+        with a zero group after them (``_padded_merge``): its blocked plan on these planes,
+        which fills its slab with the input's channels alone (the zero group's lanes zero) and
+        writes the output's filters alone from each band (``cso.loop_nests``: the call's C
+        and K bound both)."""
+        plain = out is None and phases == ALL_PHASES and type(x) is np.ndarray \
+            and x.flags.c_contiguous   # (later calls of its shape: a plain call)
+        x = np.ascontiguousarray(x)
+        route = twin._route(self._twin_shape(twin, x.shape), "nchw", 1, "nchw", threads)
+        shape = (x.shape[0], self.weight_shape[0]) + route.out_shape[2:]
+        if out is not None:
+            args.check_out(out, shape, self.dtype, x)
+        elif self.accumulate:
+            raise ValueError(f"accumulate=True adds to out: pass out= (an array of shape "
+                             f"{shape})")
+        in_place = out is not None and out.flags.c_contiguous
+        planes = (out if in_place else np.ascontiguousarray(out) if self.accumulate
+                  else _output(shape, self.dtype))
+        if x.shape[0]:
+            route.prepared.run(x, route.weights, route.bias, planes, phases, route.threads)
+        if plain:
+            _remember(self._plain, (x.shape, x.dtype, threads, None),
+                      _plain_on_blocks_call(route, self.dtype, shape))
+        return out if in_place else written(planes, out)
 
     def _one_pixel(self, nhwc_shape):
         """Whether channels-last inputs of ``nhwc_shape`` and their outputs are one pixel
@@ -670,7 +709,7 @@ class Conv2d:
             twin = self._merged(spec)
             if twin is not None and self._padded_merge(twin) and not (
                     in_layout == out_layout == "blocked" and in_block == lanes
-                    or in_layout != "nchw" and reblocks_for_padded_merge(spec, self.isa)):
+                    or in_layout != "nchw" and runs_padded_merge(spec, self.isa)):
                 twin = None   # (its channels are the padding lanes of blocks of its lanes)
             found = _Route(lanes, out_shape, None, False, lanes, rows, None, None, threads,
                            twin)
@@ -817,12 +856,14 @@ def _plain_layout_call(route, nhwc, dtype):
     return call
 
 
-def _plain_on_blocks_call(route, dtype):
+def _plain_on_blocks_call(route, dtype, out_shape=None):
     """``call(x)`` (``Conv2d.__call__``) for a C-contiguous NCHW array of the shape ``route``
     (a ``_Route`` on a blocked plan reading and writing NCHW planes) was made for, where an
-    NCHW call runs that plan (``Conv2d._grouped_on_blocks``): a new NCHW output."""
+    NCHW call runs that plan (``Conv2d._grouped_on_blocks``): a new NCHW output, of
+    ``out_shape`` (the route's unless given: a merge padded with a zero group writes fewer
+    planes)."""
     return _plain_call(route.prepared.runner(route.weights, route.bias, route.threads),
-                       route.out_shape, dtype)
+                       out_shape or route.out_shape, dtype)
 
 
 def _padded_plain_call(plain, c, k):

@@ -62,14 +62,16 @@ def merged_on_blocks(spec, isa=None):
     return 1
 
 
-def reblocks_for_padded_merge(spec, isa=None):
-    """Whether calls of ``spec`` on channels last (or on blocks of other lanes), whose
+def runs_padded_merge(spec, isa=None):
+    """Whether calls of ``spec`` on NCHW planes, channels last or blocks of other lanes, whose
     groups merge onto blocks (``merged_on_blocks``) padded with zero groups
-    (``csa.layout.padded_groups``), run that merge on their input copied into blocks of the
-    kernels' lanes: on an output plane of at most the record's ``padded_merge_max_plane``
-    pixels, where RegNet's groups of 8 channels (of 4 on the AVX2 kernels) ran 1.1-2.6x the
-    NCHW plan with reorders around it (csa/TUNING.md, "Groups merged onto blocks"). NCHW
-    calls keep the NCHW plan: it outran the copies on all but the smallest planes."""
+    (``csa.layout.padded_groups``), run that merge: on an output plane of at most the
+    record's ``padded_merge_max_plane`` pixels. Channels-last input (and other blocks) is
+    copied into blocks of the kernels' lanes first, where RegNet's groups of 8 channels (of 4
+    on the AVX2 kernels) ran 1.1-2.6x the NCHW plan with reorders around it; NCHW planes are
+    read by the merge's slab fills and its output written as planes from each band (where its
+    groups are one block each: ``Conv2d._nchw_on_blocks``), 1.1-2x the NCHW plan at 1 thread
+    (csa/TUNING.md, "Groups merged onto blocks")."""
     return spec.p * spec.q <= host_machine(isa).tuning.padded_merge_max_plane
 
 

@@ -580,8 +580,9 @@ class _LoopNest:
         p] = act(out_t[p - p_lo, k] (+ bias)) while hot, one vector-square block at a time."""
         code, item, LANES = self.code, self.item, self.LANES
         p_hi = code.cond(b1 < t_in, lambda: self.first_window(b1), lambda: self.PQ)
-        k_hi = code.min(self.Kg, f_hi * self.NF)
         first = at.g * self.Kg   # the group's first filter
+        # the output's filters alone (a merge padded with a zero group has filters past K)
+        k_hi = code.min(self.Kg, f_hi * self.NF, self.K - first)
         out_n = self.out + (at.n * self.K + first) * self.PQ * item
         with code.range(at.p_lo, p_hi, LANES) as p0:
             with code.range(f_lo * self.NF, k_hi, LANES) as k0:
@@ -660,11 +661,14 @@ class _BlockedNest(_LoopNest):
                       blocks, self.H, self.W, B * item, self.Hb, self.Ws, at.row0,
                       at.slab_rows, self.pt, self.pl, self.scratch)
         with code.if_(self.packing & self.into_blocks):
-            # a block's L channels: L planes, or L values of a pixel, after the last's
+            # a block's L channels: L planes, or L values of a pixel, after the last's; those
+            # of the input alone (a merge padded with a zero group has channels past C:
+            # zero lanes, never read)
             block_step = code.choose(B == 1, self.H * self.W, 1) * L * item
             with code.range(0, (at.nc + L - 1) // L) as b:
+                held = code.max(0, code.min(L, at.nc - b * L, self.C - channel - b * L))
                 code.call(define_fill_slab_of(self.module), self.fill_layout,
-                          first_block + b * block_step, self.C, code.min(L, at.nc - b * L),
+                          first_block + b * block_step, self.C, held,
                           self.H, self.W, L, item, self.Hb, self.Ws, at.row0, at.slab_rows,
                           self.pt, self.pl, self.scratch + b * self.Hb * self.Ws * L * item,
                           code.geom("transpose"))

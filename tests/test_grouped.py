@@ -483,8 +483,9 @@ def test_odd_groups_merge_with_zero_groups_on_blocks(rng, monkeypatch, restore_t
     merge padded with a zero group whose channels and filters are the padding lanes of the
     last blocks (``csa.layout.padded_groups``); any padding lanes in the input (finite, as
     a convolution leaves them) change no result. The plain call, ``out=`` with
-    accumulation, ``bound_blocked`` on blocks, 1 and 2 threads bit-identical; NCHW and
-    channels-last calls, whose arrays have no such lanes, keep their plans."""
+    accumulation, ``bound_blocked`` on blocks, 1 and 2 threads bit-identical; NCHW calls,
+    whose planes have no such channels, run the merge too (its slab filled with theirs alone,
+    its planes written for their filters alone), channels-last ones as in the test below."""
     lifted_plans(monkeypatch, merged_groups_max_plane=10 ** 6, grouped_blocked_max_plane=10 ** 6,
                  grouped_blocked_max_blocks=1)
     lanes = cso.layouts.block_size(np.dtype(np.float32))
@@ -512,7 +513,7 @@ def test_odd_groups_merge_with_zero_groups_on_blocks(rng, monkeypatch, restore_t
             y = conv(np.ascontiguousarray(value), **kwargs)
             np.testing.assert_allclose(y if layout == "nchw" else y.transpose(0, 3, 1, 2),
                                        expected, rtol=2e-5, atol=2e-5)
-        assert conv.plan_for(x.shape).spec.groups == groups
+        assert conv.plan_for(x.shape).spec.groups == twin.groups   # (NCHW calls)
     np.testing.assert_array_equal(outputs[1], outputs[0])
     adding = conv_of(wt, None, geometry, accumulate=True)
     plain = conv2d_reference(x, wt, None, **geometry)
@@ -527,6 +528,58 @@ def test_odd_groups_merge_with_zero_groups_on_blocks(rng, monkeypatch, restore_t
                                atol=2e-5)
 
 
+@pytest.mark.parametrize("groups,stride", [(3, 1), (5, 1), (5, 2)])
+def test_nchw_calls_run_padded_merges_on_their_planes(rng, monkeypatch, restore_threads,
+                                                     groups, stride):
+    """Groups of half a block that do not come in pairs, called on NCHW planes, on a plane of
+    at most the record's ``padded_merge_max_plane`` outputs: the merge padded with a zero
+    group runs on the planes as they are, its slab filled from the input's channels alone
+    (the zero group's lanes zero) and its output planes written for the convolution's filters
+    alone (no array of that many channels exists: the guard-page tests catch a read or write
+    past them). The plain call as the first, ``out=`` in place, strided and accumulated, 1 and
+    2 threads bit-identical; past the record's plane, the NCHW plan."""
+    c_g = cso.layouts.block_size(np.dtype(np.float32)) // 2
+    c = groups * c_g
+    x, wt, b, geometry, expected = odd_groups_case(rng, groups, c_g, (9, 11), (1, 0, 1, 2))
+    if stride == 2:
+        geometry["stride"] = (2, 2)
+        expected = silu(conv2d_reference(x, wt, b, **geometry))
+    plane = expected.shape[2] * expected.shape[3]
+    lifted_plans(monkeypatch, merged_groups_max_plane=10 ** 6, grouped_blocked_max_plane=10 ** 6,
+                 grouped_blocked_max_blocks=1, padded_merge_max_plane=plane - 1)
+    conv = conv_of(wt, b, geometry, "silu")
+    np.testing.assert_allclose(conv(x), expected, rtol=2e-5, atol=2e-5)
+    assert conv.plan_for(x.shape).spec.groups == groups
+    lifted_plans(monkeypatch, merged_groups_max_plane=10 ** 6, grouped_blocked_max_plane=10 ** 6,
+                 grouped_blocked_max_blocks=1, padded_merge_max_plane=plane)
+    outputs = []
+    for threads in (1, 2):
+        cso.set_num_threads(threads)
+        conv = conv_of(wt, b, geometry, "silu")
+        first, second = conv(x), conv(x)   # (the second a plain call)
+        np.testing.assert_allclose(first, expected, rtol=2e-5, atol=2e-5)
+        np.testing.assert_array_equal(second, first)
+        plan = conv.plan_for(x.shape)
+        twin = conv._merged_twin
+        assert twin is not None and twin.weight_shape[0] == c + c_g
+        assert plan.spec.groups == twin.groups and plan.spec.c == c + c_g
+        out = np.full(first.shape, np.nan, np.float32)
+        assert conv(x, out=out) is out
+        np.testing.assert_array_equal(out, first)
+        strided = np.full(first.shape[:3] + (2 * first.shape[3],), np.nan, np.float32)
+        assert conv(x, out=strided[..., ::2]).base is strided
+        np.testing.assert_array_equal(strided[..., ::2], first)
+        outputs.append(first)
+    np.testing.assert_array_equal(outputs[1], outputs[0])
+    adding = conv_of(wt, None, geometry, accumulate=True)
+    plain = conv2d_reference(x, wt, None, **geometry)
+    residual = rng.standard_normal(plain.shape).astype(np.float32)
+    out = residual.copy()
+    assert adding(x, out=out) is out
+    np.testing.assert_allclose(out, residual + plain, rtol=2e-5, atol=2e-5)
+    assert adding.plan_for(x.shape).spec.groups == (groups + 1) // 2
+
+
 @pytest.mark.parametrize("groups", [3, 5])
 def test_channels_last_calls_run_padded_merges_on_copied_blocks(rng, monkeypatch,
                                                                 restore_threads, groups):
@@ -535,7 +588,8 @@ def test_channels_last_calls_run_padded_merges_on_copied_blocks(rng, monkeypatch
     outputs: the input copied into blocks of the lanes (zero padding lanes) runs the merge
     padded with a zero group, the output moved into the layout asked for; ``out=``, written
     and accumulated, the second (plain) call as the first, 1 and 2 threads bit-identical.
-    NCHW calls, and planes past the record's, keep the NCHW plan."""
+    Planes past the record's keep the NCHW plan, whose NCHW calls run the merge on their
+    planes (the next test)."""
     c_g = cso.layouts.block_size(np.dtype(np.float32)) // 2
     c = groups * c_g
     x, wt, b, geometry, expected = odd_groups_case(rng, groups, c_g, (7, 6), (1, 1, 0, 2))
@@ -567,7 +621,6 @@ def test_channels_last_calls_run_padded_merges_on_copied_blocks(rng, monkeypatch
         out = np.full(xh.shape[:3] + (c,), np.nan, np.float32)
         assert conv(xh, layout="nhwc", out=out) is out
         np.testing.assert_array_equal(out.transpose(0, 3, 1, 2), got["nhwc", "nhwc"])
-        assert conv.plan_for(x.shape).spec.groups == groups   # (NCHW calls)
         assert conv._route(x.shape, "nchw", 1, "nchw", threads).merged is None
         outputs.append(got)
     assert all(np.array_equal(outputs[1][key], outputs[0][key]) for key in outputs[0])
