@@ -72,8 +72,9 @@ SLEEP_US = 100
 CLOCK_MONOTONIC = {"darwin": 6, "macos": 6, "freebsd": 4}
 POLLS_A_LOOK = 32     # polls between two readings of the clock while spinning
 # a stall: the caller waited on the workers' parts more than STALL_PARTS times its own parts'
-# average, and STALL_NS more (a worker that is merely slower -- a core waking up -- is not one)
-STALL_PARTS, STALL_NS = 2, 50_000
+# average, and STALL_NS more (a worker that is merely slower -- a core waking up, a VM's
+# hiccup of a few hundred us -- is not one; a core taken by another process is lost for ms)
+STALL_PARTS, STALL_NS = 2, 500_000
 MIN_BACKOFF_NS, MAX_BACKOFF_NS = 2_000_000, 200_000_000
 BACKOFF_GROWTH = 2    # the backoff's factor from one stall to the next
 # a stall this long after the last backoff ended starts again at the least: stalls that come
