@@ -52,10 +52,11 @@ CASES = {
     "grouped_direct": (2, 24, 9, 13, 24, 3, 3, 1, 1, 1, 3, {}),
     "grouped_direct_partial_tiles": (1, 16, 7, 11, 24, 3, 3, 1, (1, 2), 1, 2, {}),
     # groups of 8 in an odd number (AVX-512 float32: merged in pairs onto blocks of 16, the
-    # last with a zero group): NCHW planes read for the real channels alone, written for the
-    # real filters alone
+    # last with a zero group; groups of 4 so on AVX2's blocks of 8): NCHW planes read for the
+    # real channels alone, written for the real filters alone
     "padded_merge_planes": (2, 24, 9, 8, 24, 3, 3, 1, 1, 1, 3, {}),
     "padded_merge_planes_s2": (2, 40, 11, 9, 40, 3, 3, 2, (1, 2), 1, 5, {}),
+    "padded_merge_planes_4": (2, 20, 9, 8, 20, 3, 3, 1, 1, 1, 5, {}),
     "depthwise": (1, 9, 13, 17, 9, 3, 3, 1, 1, 1, 9, {}),
     "depthwise_s2_multiplier": (2, 5, 14, 19, 10, 5, 5, 2, 2, 1, 5, {}),
     "depthwise_7x7_small": (1, 3, 7, 7, 3, 7, 7, 1, 3, 1, 3, {}),
