@@ -487,7 +487,7 @@ def test_odd_groups_merge_with_zero_groups_on_blocks(rng, monkeypatch, restore_t
     whose planes have no such channels, run the merge too (its slab filled with theirs alone,
     its planes written for their filters alone), channels-last ones as in the test below."""
     lifted_plans(monkeypatch, merged_groups_max_plane=10 ** 6, grouped_blocked_max_plane=10 ** 6,
-                 grouped_blocked_max_blocks=1)
+                 grouped_blocked_max_blocks=1, padded_merge_max_plane=10 ** 6)
     lanes = cso.layouts.block_size(np.dtype(np.float32))
     c_g = lanes // 2
     c = groups * c_g
