@@ -245,8 +245,9 @@ class SlicingPlan(SlabGeometry):
                      f"x {self.parts[1]} of the {groups * self.filter_tiles} filter "
                      f"tiles{whole_groups} "
                      f"({self.parts_per_thread} window part(s) a thread, each thread's own "
-                     f"first, then others' last ones); L3 counted as {m.per_thread(self.threads).l3 // 1024} KiB per "
-                     "thread" + forced_note(self, "split"))
+                     f"first, then others' last ones); L3 counted as "
+                     f"{m.per_thread(self.threads).l3 // 1024} KiB per thread"
+                     + forced_note(self, "split"))
         lines.append(f"  plan: {self.origin or 'from the model'}")
         return "\n".join(lines)
 

@@ -37,8 +37,8 @@ class Tuning:
     filter_windows: tuple = ()
     # work a thread must get to pay for handing parts over; and the work a part must have to be
     # handed out on its own (threads then share more parts than there are threads, each
-    # thread's own run of them first, where each still has this much): a calibration derives both from the
-    # hand-off it measures (cso.calibration), else these
+    # thread's own run of them first, where each still has this much): a calibration derives
+    # both from the hand-off it measures (cso.calibration), else these
     thread_min_flops: float = 3e6
     part_min_flops: float = 3e6
     depthwise_thread_min_flops: float = 0.5e6   # the same for a depthwise plan (about 10 us)

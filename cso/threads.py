@@ -2,10 +2,11 @@
 
 A convolution's plan splits its output into parts (``csa`` decides how many are worth it); the
 calling thread and up to ``get_num_threads() - 1`` pool workers each claim parts until none is
-left (each its own run of them first: ``cso.pool``), every part running the compiled loop nest on its own scratch. The pool is compiled code
-(``cso.pool``): from the moment a call posts its parts until they are all done, no
-thread involved needs the GIL. It is shared by all calls: while one call owns it, a call from
-another Python thread runs its parts itself, so nothing waits on a worker that never comes.
+left (each its own run of them first), every part running the compiled loop nest on its own
+scratch. The pool is compiled code (``cso.pool``): from the moment a call posts its parts until
+they are all done, no thread involved needs the GIL. It is shared by all calls: while one call
+owns it, a call from another Python thread runs its parts itself, so nothing waits on a worker
+that never comes.
 ``cso.jobs`` runs calls' parts on it (``run_parts``), one or a list of them at a time.
 Workers are daemon threads living in compiled code (no threading layer of numba's), and
 after ``os.fork()`` the child starts with an empty pool (``microkernels.once`` makes the fork
