@@ -175,7 +175,8 @@ def _define_run_one(module, find_lane):
     bld.cbranch(bld.icmp_unsigned("<", first, end), check, lost)
     bld.position_at_end(check)
     # its own lane from the front, another's from the back
-    own = bld.icmp_unsigned("==", lane, _home_lane(bld, state, rank))
+    own = bld.icmp_unsigned("==", lane,
+                            _home_lane(bld, rank, bld.load_word(state, LANES, "monotonic")))
     part = bld.select(own, first, bld.sub(end, ir.Constant(I64, 1)))
     taken = bld.select(own, bld.add(claim, ir.Constant(I64, 1)),
                        bld.sub(claim, ir.Constant(I64, 1 << PART_BITS)))
@@ -197,9 +198,8 @@ def _lane_range(bld, claim):
     return bld.and_(claim, mask), bld.and_(bld.lshr(claim, ir.Constant(I64, PART_BITS)), mask)
 
 
-def _home_lane(bld, state, rank):
-    """Thread ``rank``'s own lane: ``rank`` modulo the job's lanes (at least 1)."""
-    lanes = bld.load_word(state, LANES, "monotonic")
+def _home_lane(bld, rank, lanes):
+    """Thread ``rank``'s own lane: ``rank`` modulo the job's ``lanes`` (at least 1)."""
     one = ir.Constant(I64, 1)
     return bld.urem(rank, bld.select(bld.icmp_unsigned("<", lanes, one), one, lanes))
 
@@ -219,7 +219,8 @@ def _define_find_lane(module, order):
     allowed = bld.icmp_unsigned("<=", rank, bld.load_word(state, HELPERS, "monotonic"))
     bld.cbranch(allowed, scan, none)
     bld.position_at_end(scan)
-    lanes, home = bld.load_word(state, LANES, "monotonic"), _home_lane(bld, state, rank)
+    lanes = bld.load_word(state, LANES, "monotonic")
+    home = _home_lane(bld, rank, lanes)
     job = bld.lshr(bld.load_atomic(bld.lane_word(state, home), order, 8, typ=I64),
                    ir.Constant(I64, 32))
     j, close = bld.count_up(lanes, none, "lanes")
