@@ -37,6 +37,13 @@ SCRATCH_SLACK = 128  # bytes past a scratch's last row a blend may read (two zmm
 PREFIX = "prefix"   # a store mask: lanes from the row's start to the run's end, none kept
 
 
+class _ToEnd:
+    """A store mask (``lanes``) of a run that starts inside the row and reaches its end."""
+
+    def __init__(self, lanes):
+        self.lanes = lanes
+
+
 def define_row_copy(module, spec):
     """Define ``copy_rows`` for ``spec`` (a ``RowCopySpec``) in ``module`` and return it."""
     return _RowCopyBuilder(module, spec).build()
@@ -101,18 +108,24 @@ class _RowCopyBuilder(KernelBuilder):
                         bld.icmp_signed(">=", end, ir.Constant(I32, self.width)))
 
     def _whole_or_blended(self, bld, args, done, whole, store_masks, row):
-        """Three row loops (``_row_loop``) of ``row(bld, src, dst, store_masks)``: one storing
+        """Four row loops (``_row_loop``) of ``row(bld, src, dst, store_masks)``: one storing
         whole vectors (store_masks None) when ``whole``; one storing a run that starts the row
         and ends inside it exactly, without reading what is there (``PREFIX`` masks: a depthwise
         slab's phase rows of 17 in runs of 24 were all blended, a load and a select a vector);
-        else one blending by ``store_masks``."""
-        plain, prefix, part = (self.fn.append_basic_block(name)
-                               for name in ("whole", "prefix", "part"))
-        not_whole = self.fn.append_basic_block("not_whole")
+        one blending a run that starts inside the row and reaches its end (``_ToEnd`` masks:
+        the last run of a packed tile that straddles rows), every vector then stored whole;
+        else one blending by ``store_masks``, each vector stored up to the run's end."""
+        blocks = [self.fn.append_basic_block(name)
+                  for name in ("whole", "prefix", "to_end", "part", "not_whole", "inside")]
+        plain, prefix, to_end, part, not_whole, inside = blocks
         bld.cbranch(whole, plain, not_whole)
         bld.position_at_end(not_whole)
-        bld.cbranch(bld.icmp_signed("==", self.store_start, ir.Constant(I32, 0)), prefix, part)
+        bld.cbranch(bld.icmp_signed("==", self.store_start, ir.Constant(I32, 0)), prefix, inside)
+        bld.position_at_end(inside)
+        bld.cbranch(bld.icmp_signed(">=", self.store_end, ir.Constant(I32, self.width)), to_end,
+                    part)
         for block, block_masks in ((plain, None), (prefix, [PREFIX] * self.vectors),
+                                   (to_end, [_ToEnd(m) for m in store_masks]),
                                    (part, store_masks)):
             bld.position_at_end(block)
             self._row_loop(bld, args, done,
@@ -122,11 +135,17 @@ class _RowCopyBuilder(KernelBuilder):
         """Store vector ``v`` of a row, ``value``, at ``ptr``: whole (``mask`` None), else
         blended into the vector there (its lanes outside ``mask`` written back as read) up to
         the run's end (``store_end``), no further. A blend is a plain load and store, where a
-        masked store is microcoded on AMD cores (``vmaskmovps``). Only lanes inside the row are stored (see the
-        module docstring)."""
+        masked store is microcoded on AMD cores (``vmaskmovps``). Only lanes inside the row are
+        stored (see the module docstring). Where the run may end inside the vector, a case per
+        lane count picks the stores, a jump a vector and row that made a run starting inside
+        the row cost 1.7-2.2x a whole one (csa/TUNING.md); a ``_ToEnd`` run has none."""
         inside = min(self.lanes, self.width - v * self.lanes)
         if mask is None:
             self._store_lanes(bld, value, ptr, inside)
+            return
+        if isinstance(mask, _ToEnd):
+            old = bld.load(ptr, typ=self.vec, align=self.align)
+            self._store_lanes(bld, bld.select(mask.lanes, value, old), ptr, inside)
             return
         if mask is not PREFIX:   # (a prefix run keeps no lanes below it: nothing to blend)
             old = bld.load(ptr, typ=self.vec, align=self.align)
