@@ -12,8 +12,9 @@ The first plan made for a kernel ISA on a CPU measures, in about 1-2 s:
   (``csa.register_blocking.calibration_candidates``: the tiles the rules pick from the model
   and their neighbours), as a fraction of that peak, the tiles measured in turn (a run of
   each a round): the rules then choose only among tiles measured fast; a measurement in which
-  a variant has no tile within ``PLAUSIBLE`` of the peak (a slow spell) is made again, at most
-  ``RETRIES`` more times, each rate's best kept;
+  a variant has no tile within ``PLAUSIBLE`` of the peak, or a tile runs past ``CEILING`` of
+  it (a slow spell on the tiles, or on the probes) is made again, at most ``RETRIES`` more
+  times, each rate's best kept;
 
 What plans do not read is measured only when asked for (``host_facts``: the benchmark report,
 ``python -m cso calibration``), not on a first plan: the read bandwidth of each cache level and
@@ -45,7 +46,7 @@ from .cpus import available_cpus
 from .threads import get_spin
 
 ENV_VAR = "CSO_CALIBRATE"
-VERSION = 4                 # of the record (its layout, or how it is measured: 3 kept the tiles'
+VERSION = 5                 # of the record (its layout, or how it is measured: 3 kept the tiles'
                             # best runs): a record of another version is measured anew
 FACTS_VERSION = 1           # of host_facts' layout
 TRIAL_FLOPS = 2e8           # per timed run of a micro-kernel (about 2 ms at 100 GFLOP/s)
@@ -53,8 +54,12 @@ TRIALS = 5                  # rounds at least: a calibration must not keep one d
 TILE_SECONDS = 0.4          # at least, for the tiles' rounds: longer than most disturbances
 PLAUSIBLE = 0.9             # each kernel variant's fastest tile reaches this share of the peak
                             # (94% or more in every calm calibration on Zen 3, AVX2 and generic)
+CEILING = 1.15              # of the peak, at most, for any tile: a kernel with loads does not
+                            # outrun the probe's independent chains (calm records: up to 1.04);
+                            # above it the probe ran in a slow spell (a Xeon VM kept an AVX2
+                            # record of a peak at half its own, tiles at 0.35-2.05 of it)
 RETRIES = 2                 # measurements more, at most, of a record where a kernel variant's
-                            # fastest tile does not
+                            # fastest tile does not reach PLAUSIBLE, or a tile passes CEILING
 HANDOFF_CALLS, HANDOFF_ROUNDS, SLEEPS = 400, 5, 12
 # work worth a second thread, in hand-offs: Zen 3 measured 1 MFLOP on whole convolutions
 # (csa/TUNING.md), 43 of its 0.23 us hand-offs at 102 GFLOP/s
@@ -146,12 +151,11 @@ def measure(machine, isa_name):
             runs[variant, b] = probe.kernel_run(spec, _tile_calls(spec))
     best = _rates(runs, isa)
     for _ in range(RETRIES):
-        fastest = [max(best[variant, b] for b in counts) for variant, counts in candidates.items()]
-        if min(fastest) >= PLAUSIBLE * best["peak"]:
+        if _plausible(best, candidates):
             break
         # a variant with no tile near the peak: a slow spell took the tiles' runs and not the
-        # probes' (a VM kept a record of tiles at 67-90% of a peak itself 20% low); each
-        # rate's best of both
+        # probes' (a VM kept a record of tiles at 67-90% of a peak itself 20% low), or a tile
+        # past it: the probes' runs and not the tiles'; each rate's best of both
         again = _rates(runs, isa)
         best = {key: max(rate, again[key]) for key, rate in best.items()}
     peak, chain = best.pop("peak"), best.pop("chain")
@@ -176,6 +180,15 @@ def measure_facts(machine, isa_name):
             "read_gbs": read_bandwidth(machine, get_isa(isa_name)),
             "handoff_us": handoff(),
             "seconds": round(time.perf_counter() - start, 2)}
+
+
+def _plausible(best, candidates):
+    """Whether rates ``best`` (``_rates``) make a record: each kernel variant's fastest tile
+    at PLAUSIBLE of the peak or more, no tile past CEILING of it."""
+    peak = best["peak"]
+    rates = [[best[variant, b] for b in counts] for variant, counts in candidates.items()]
+    return (min(map(max, rates)) >= PLAUSIBLE * peak
+            and max(map(max, rates)) <= CEILING * peak)
 
 
 def _rates(runs, isa):
