@@ -70,15 +70,17 @@ def plain_1x1(spec):
 
 def slab_band_rows(spec, nwin, band, row_tiles=0):
     """Rows of each phase plane a band of ``band`` slab tiles reads: the virtual rows its
-    windows span, starting anywhere in a row (for a direct plan: the output rows of ``band``
-    tiles of ``row_tiles`` per row, starting on a row when ``band`` is whole rows), and the
-    filter's reach below them."""
+    windows span, starting anywhere in a row, the filter's reach below them and one more,
+    past the plane's end too (zero): the taps of a row's padding columns, and the windows of
+    a last tile past the plane's end, reach a row further; a row the band did not fill would
+    hold whatever the workspace held (subnormals, say, that slow every FMA on them). For a
+    direct plan: the output rows of ``band`` tiles of ``row_tiles`` per row (starting on a
+    row when ``band`` is whole rows), and the reach."""
     hs, ws = slab_shape(spec)
     if row_tiles:
         spans = (band - 1 + (row_tiles - 1 if band % row_tiles else 0)) // row_tiles + 1
-    else:
-        spans = (band * nwin + ws - 2) // ws + 1
-    return min(hs, spans + hs - spec.p)
+        return min(hs, spans + hs - spec.p)
+    return (band * nwin + ws - 2) // ws + 2 + hs - spec.p
 
 
 class SlabGeometry:

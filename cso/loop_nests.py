@@ -93,9 +93,11 @@ def define_windows_slab(module, dtype):
                                                                       nest.windows - p0),
                                first=p0 // nest.Ws * nest.Q, column=p0 % nest.Ws)
 
+    # a tile's last windows are a row's padding columns, whose taps reach a row further
+    # (``csa.layout.slab_band_rows``)
     nest.loops(window_tile, nest.kernel_into_output, windows_innermost=False,
                slab_rows=lambda b0, b1: (b0 * nest.NWIN // nest.Ws,
-                                         (b1 * nest.NWIN - 1) // nest.Ws + 1 + nest.reach))
+                                         (b1 * nest.NWIN - 1) // nest.Ws + 2 + nest.reach))
     return nest.finish()
 
 
@@ -416,8 +418,11 @@ class _LoopNest:
                 if slab_rows is None:
                     at.row0 = 0
                 else:
+                    # rows past the padded input too (zero): windows past the plane's end
+                    # read them, and a row left as the workspace had it (subnormals, say,
+                    # from an earlier job) would slow every FMA on it
                     at.row0, row_end = slab_rows(b0, b1)
-                    at.slab_rows = code.min(self.Hb, code.min(self.Hs, row_end) - at.row0)
+                    at.slab_rows = code.min(self.Hb, row_end - at.row0)
                 at.p_lo = self.first_window(b0)
                 with code.range(part_lo // t_w, (part_hi + t_w - 1) // t_w) as g:
                     f_lo = code.max(0, part_lo - g * t_w)
