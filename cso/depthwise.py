@@ -28,8 +28,8 @@ from .loop_nests import (ALL_PHASES, BLOCKS, CHANNELS_LAST, KERNEL, PACK, PLANES
                          define_blocked_offsets, define_fill_slab_of, define_slab_offsets,
                          pixel_copies, row_column)
 
-GEOM = Geom("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q", "P", "M", "nc", "band", "Hb", "Hs",
-            "Ws", "planes", "epilogue", "phases", "fill_width", "kernel", "copy_rows", "shuffle",
+GEOM = Geom("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q", "P", "M", "nc", "band", "Hb", "Ws",
+            "planes", "epilogue", "phases", "fill_width", "kernel", "copy_rows", "shuffle",
             "params")
 # vectors per row run the slab filler moves at once: a slab row's width, up to this many (a
 # call per run and channel costs more than its few vectors on small planes; csa/TUNING.md)
@@ -60,12 +60,12 @@ def geometry(plan, kspec, epilogue_flags, params, channel_shuffle=1, in_block=No
                                  held_as(plan, in_block, plan.spec.c),
                                  held_as(plan, out_block, plan.spec.k))
     s = plan.spec
-    hs, ws = plan.slab_shape
+    ws = plan.slab_shape[1]
     fill_width = kspec.lanes * min(MAX_FILL_VECTORS, -(-ws // kspec.lanes))
     return GEOM.pack(
         R=s.r, S=s.s, sh=s.stride[0], sw=s.stride[1], dh=s.dilation[0], dw=s.dilation[1],
         pt=s.padding[0], pl=s.padding[2], Q=s.q, P=s.p, M=s.k_per_group, nc=plan.nc,
-        band=plan.band, Hb=plan.band_rows, Hs=hs, Ws=ws, planes=plan.slab_planes,
+        band=plan.band, Hb=plan.band_rows, Ws=ws, planes=plan.slab_planes,
         epilogue=epilogue_flags, phases=ALL_PHASES, fill_width=fill_width,
         kernel=native_function(depthwise.define_depthwise, kspec).address,
         copy_rows=row_copier(kspec, fill_width), shuffle=channel_shuffle, params=params)
@@ -157,7 +157,7 @@ def define_depthwise_loop_nest(module, dtype):
     item = DTYPES[dtype].itemsize
     R, S, sh, sw, dh, dw, pt, pl, Q, P = code.geom("R", "S", "sh", "sw", "dh", "dw", "pt", "pl",
                                                    "Q", "P")
-    M, nc_max, band, Hb, Hs, Ws, planes = code.geom("M", "nc", "band", "Hb", "Hs", "Ws", "planes")
+    M, nc_max, band, Hb, Ws, planes = code.geom("M", "nc", "band", "Hb", "Ws", "planes")
     epilogue, phases = code.geom("epilogue", "phases")
     params = code.geom("params")
     fill_width, ukernel, copy_rows, shuffle = code.geom("fill_width", "kernel", "copy_rows",
@@ -172,6 +172,15 @@ def define_depthwise_loop_nest(module, dtype):
     # the tail the last vectors read past the slabs
     code.zero(scratch_addr + nc_max * channel * item,
               (code.call_arg("scratch_row") - nc_max * channel) * item)
+    # the phase planes no tap reads, which no fill writes (a 1x1's at stride 2): a channel's
+    # last vectors read into the next one, and what the workspace held there (subnormals,
+    # say) would slow them
+    with code.if_(planes != -1):
+        with code.range(0, sh * sw) as phase:
+            with code.if_((planes >> phase) & 1 == 0):
+                with code.range(0, nc_max) as i:
+                    code.zero(scratch_addr + (i * channel + phase * Hb * Ws) * item,
+                              Hb * Ws * item)
     bands = (P + band - 1) // band
     # channel c reads input plane c, or with a shuffle of g groups of C/g channels (g > 1)
     # plane (c % g) * C/g + c // g: a fill then stays in a run of g channels, C/g planes apart
@@ -188,8 +197,8 @@ def define_depthwise_loop_nest(module, dtype):
         rows = code.min(band, P - oh0)
         with code.if_(phases & PACK):
             code.call(define_fill_slab(module, dtype), x_addr + (n * C + plane) * H * W * item,
-                      plane_step * H * W * item, H, W, count, sh, sw, Hb, Ws, oh0,
-                      code.min(Hb, Hs - oh0), pt, pl, planes, scratch_addr, fill_width, copy_rows)
+                      plane_step * H * W * item, H, W, count, sh, sw, Hb, Ws, oh0, Hb, pt, pl,
+                      planes, scratch_addr, fill_width, copy_rows)   # (zero rows past the input)
         with code.if_(phases & KERNEL):
             positions = (rows - 1) * Ws + Q
             with code.range(0, count) as i:

@@ -11,6 +11,7 @@ import weakref
 import numpy as np
 import pytest
 
+import csa
 import cso
 from cso.onnx.buffers import Buffers
 from microkernels.jit import JitModule
@@ -227,29 +228,11 @@ define i32 @take_flags() {
 DENORMAL_OPERAND = 2
 
 
-@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
-                    reason="reads the x86 MXCSR flags")
-@pytest.mark.parametrize("band", [1, 3])
-@pytest.mark.parametrize("x_shape,w_shape,stride", [
-    ((1, 8, 30, 30), (16, 8, 3, 3), 1), ((1, 5, 21, 37), (8, 5, 3, 3), 1),
-    ((1, 6, 71, 71), (8, 6, 5, 5), 2)])
-def test_a_windows_slab_plan_reads_only_what_its_call_wrote(rng, x_shape, w_shape, stride,
-                                                            band):
-    """A windows-in-vectors slab plan's kernels read only slab elements its call wrote, in
-    bands of ``band`` tiles: with the thread's workspaces full of subnormals and no subnormal
-    in the input or filters, no operation of the call takes one (MXCSR's DE flag). The last
-    row a band's windows reach through the padding columns' taps (a row further) was left
-    unwritten, and a subnormal an earlier job left there (heap garbage, reinterpreted
-    integers) slowed such calls 1.5-1.8x, every FMA on it microcoded."""
+def _reads_only_what_it_wrote(conv, x, want):
+    """Whether ``conv``'s call on ``x`` (``want``) takes no subnormal operand with the
+    thread's workspaces full of subnormals (MXCSR's DE flag), the input and filters having
+    none: its kernels read only what its call wrote."""
     take_flags = JitModule(_TAKE_FLAGS_IR).function("take_flags", ctypes.c_int32)
-    x = rng.standard_normal(x_shape).astype(np.float32)
-    w = rng.standard_normal(w_shape).astype(np.float32)
-    pad = w_shape[2] // 2
-    conv = cso.Conv2d(w, stride=stride, padding=pad,
-                      plan_overrides={"vectors_along": "windows", "slab": True, "band": band,
-                                      "split": (1, 1)})   # (run on the calling thread)
-    want = conv2d_reference(x, w, stride=(stride, stride), padding=(pad,) * 4)
-    assert conv.plan_for(x.shape).band == band
     read = []
 
     def body():
@@ -261,4 +244,47 @@ def test_a_windows_slab_plan_reads_only_what_its_call_wrote(rng, x_shape, w_shap
         read.append(take_flags() & DENORMAL_OPERAND)
         np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
     _in_a_new_thread(body)
-    assert read == [0]
+    return read == [0]
+
+
+X86 = platform.machine().lower() in ("x86_64", "amd64")
+
+
+@pytest.mark.skipif(not X86, reason="reads the x86 MXCSR flags")
+@pytest.mark.parametrize("band", [1, 3])
+@pytest.mark.parametrize("x_shape,w_shape,stride", [
+    ((1, 8, 30, 30), (16, 8, 3, 3), 1), ((1, 5, 21, 37), (8, 5, 3, 3), 1),
+    ((1, 6, 71, 71), (8, 6, 5, 5), 2)])
+def test_a_windows_slab_plan_reads_only_what_its_call_wrote(rng, x_shape, w_shape, stride,
+                                                            band):
+    """A windows-in-vectors slab plan's kernels read only slab elements its call wrote, in
+    bands of ``band`` tiles. The last row a band's windows reach through the padding columns'
+    taps (a row further) was left unwritten, and a subnormal an earlier job left there (heap
+    garbage, reinterpreted integers) slowed such calls 1.5-1.8x, every FMA on it
+    microcoded."""
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    w = rng.standard_normal(w_shape).astype(np.float32)
+    pad = w_shape[2] // 2
+    conv = cso.Conv2d(w, stride=stride, padding=pad,
+                      plan_overrides={"vectors_along": "windows", "slab": True, "band": band,
+                                      "split": (1, 1)})   # (run on the calling thread)
+    assert conv.plan_for(x.shape).band == band
+    assert _reads_only_what_it_wrote(conv, x, conv2d_reference(
+        x, w, stride=(stride, stride), padding=(pad,) * 4))
+
+
+@pytest.mark.skipif(not X86, reason="reads the x86 MXCSR flags")
+@pytest.mark.parametrize("x_shape,kernel,stride", [
+    ((1, 32, 14, 14), 1, 2), ((1, 16, 15, 15), 1, 2), ((1, 16, 20, 20), 3, 2),
+    ((1, 16, 19, 23), 3, 1)])
+def test_a_depthwise_plan_reads_only_what_its_call_wrote(rng, x_shape, kernel, stride):
+    """A depthwise plan's kernels read only slab elements its call wrote: a 1x1 at stride 2
+    fills one phase plane of four, and a channel's last vectors read into the next plane."""
+    c = x_shape[1]
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    w = rng.standard_normal((c, 1, kernel, kernel)).astype(np.float32)
+    pad = kernel // 2
+    conv = cso.Conv2d(w, stride=stride, padding=pad, groups=c, plan_overrides={"split": (1, 1)})
+    assert isinstance(conv.plan_for(x.shape), csa.DepthwisePlan)
+    assert _reads_only_what_it_wrote(conv, x, conv2d_reference(
+        x, w, stride=(stride, stride), padding=(pad,) * 4, groups=c))
