@@ -87,7 +87,10 @@ class DepthwisePlan(SlabGeometry):
 
     @property
     def slab_shape(self):
-        return blocked_slab_shape(self.spec) if self.blocked else slab_shape(self.spec)
+        """(Hs, Ws) of the phase planes, or of a blocked plan's zero-padded input, all of a
+        strided 1x1's pixels too: the kernel steps the stride along its rows."""
+        return (blocked_slab_shape(self.spec, subsample=False) if self.blocked
+                else slab_shape(self.spec))
 
     @property
     def reads_input_unpacked(self):
@@ -99,7 +102,7 @@ class DepthwisePlan(SlabGeometry):
         """Rows of each phase plane one band's slab holds (a blocked slab's rows)."""
         spec = self.spec
         if self.blocked:
-            return blocked_band_rows(spec, self.band, 1)
+            return blocked_band_rows(spec, self.band, 1, subsample=False)
         halo = (spec.r - 1) * spec.dilation[0] // spec.stride[0]
         return min(slab_shape(spec)[0], self.band + halo)
 
@@ -214,7 +217,7 @@ def _analyze_blocked(spec, machine, threads, overrides, windows, band, split,
                          f"{spec.k_per_group}")
     windows = balanced_row_windows(spec.q, windows)
     if band is None:
-        row = blocked_slab_shape(spec)[1] * lanes * spec.itemsize
+        row = blocked_slab_shape(spec, subsample=False)[1] * lanes * spec.itemsize
         band = _band_of(spec, BLOCKED_SLAB_FILL * machine.l2 // row)
         pixels = spec.w * -(-spec.c // lanes) * lanes * spec.itemsize   # an input row's
         image = machine.tuning.pixel_band_image * machine.l2

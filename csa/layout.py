@@ -153,25 +153,27 @@ def subsampled(spec):
     return (spec.r, spec.s, spec.padding) == (1, 1, (0, 0, 0, 0)) and spec.stride != (1, 1)
 
 
-def _slab_strides(spec):
-    """The strides and dilations of a blocked slab's geometry: a subsampled 1x1's slab is
-    read as a stride-1 1x1's."""
-    return ((1, 1), (1, 1)) if subsampled(spec) else (spec.stride, spec.dilation)
+def _slab_strides(spec, subsample):
+    """The strides and dilations of a blocked slab's geometry: a subsampled 1x1's slab, where
+    the plan ``subsample``s, is read as a stride-1 1x1's."""
+    return ((1, 1), (1, 1)) if subsample and subsampled(spec) else (spec.stride, spec.dilation)
 
 
-def blocked_slab_shape(spec):
+def blocked_slab_shape(spec, subsample=True):
     """(rows, columns) of the zero-padded input a blocked plan's windows reach, each column a
-    block (no stride phases: window j of a row is j*stride blocks along)."""
-    (sh, sw), (dh, dw) = _slab_strides(spec)
+    block (no stride phases: window j of a row is j*stride blocks along); a subsampled 1x1's
+    windows alone where the plan ``subsample``s (a slicing plan's; a depthwise plan's kernel
+    steps the stride along the rows of its slab)."""
+    (sh, sw), (dh, dw) = _slab_strides(spec, subsample)
     return (spec.p - 1) * sh + dh * (spec.r - 1) + 1, (spec.q - 1) * sw + dw * (spec.s - 1) + 1
 
 
-def blocked_band_rows(spec, band, row_tiles):
+def blocked_band_rows(spec, band, row_tiles, subsample=True):
     """Slab rows a blocked band of ``band`` window tiles (whole output rows of ``row_tiles``)
-    reads: its output rows' taps."""
+    reads: its output rows' taps (``subsample``: as ``blocked_slab_shape``)."""
     rows = -(-band // row_tiles)
-    (sh, _), (dh, _) = _slab_strides(spec)
-    return min(blocked_slab_shape(spec)[0], (rows - 1) * sh + dh * (spec.r - 1) + 1)
+    (sh, _), (dh, _) = _slab_strides(spec, subsample)
+    return min(blocked_slab_shape(spec, subsample)[0], (rows - 1) * sh + dh * (spec.r - 1) + 1)
 
 
 def block_channel_tile(nc, lanes, c_per_group):

@@ -172,6 +172,10 @@ CASES = {
     "depthwise_multiplier2": (1, 8, 7, 9, 16, 3, 3, 1, 1, 1, 8, True, None, {}),
     "depthwise_shuffled": (1, 12, 7, 8, 12, 3, 3, 1, 1, 1, 12, True, None,
                            {"channel_shuffle": 4}),
+    # a strided 1x1's slab holds whole rows: the kernel steps the stride along them (it was
+    # given the subsampled slab of a slicing plan, and read past its windows)
+    "depthwise_1x1_s2": (2, 19, 9, 11, 19, 1, 1, 2, 0, 1, 19, True, "relu", {}),
+    "depthwise_1x1_s3": (1, 16, 10, 8, 16, 1, 1, 3, 0, 1, 16, False, None, {}),
 }
 
 
@@ -392,6 +396,7 @@ GUARD_CASES = {
     "depthwise_in_place_bands": (1, 16, 12, 9, 16, 3, 3, 2, 0, 1, 16, {"band": 1}),
     # NCHW planes and channels-last pixels moved into a partial last block, and back
     "depthwise_7x7_s2_partial_block": (2, 19, 15, 13, 19, 7, 7, 2, 3, 1, 19),
+    "depthwise_1x1_s2_partial_block": (1, 19, 13, 11, 19, 1, 1, 2, 0, 1, 19),
     "in_place_channel_tiles": (1, 40, 6, 13, 21, 1, 1, 1, 0, 1, 1, {"nc": BLOCK, "band": 1}),
     # channels last read in place, a channel tile from its first channel in each pixel
     "in_place_channel_tiles_odd": (2, 37, 5, 7, 19, 1, 1, 1, 0, 1, 1, {"nc": BLOCK}),
