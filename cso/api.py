@@ -185,9 +185,16 @@ class Conv2d:
         found = self if self._grouped_on_blocks(plan) else None
         if found is None:
             twin = self._merged(plan.spec)
-            if twin is not None and (not self._padded_merge(twin) or runs_padded_merge(
-                    plan.spec, self.isa)) and twin._grouped_on_blocks(twin._plan_for(
-                        twin.spec_for(self._twin_shape(twin, shape)), threads), merged=True):
+            twin_plan = twin and twin._plan_for(twin.spec_for(self._twin_shape(twin, shape)),
+                                                threads)
+            # a merge padded with a zero group runs on the planes' slab, its fills bounded by
+            # the call's channels: where its blocked plan reads the input in place (no
+            # padding), the zero group's channels would be read past the input's end, and a
+            # zero filter times a NaN there is NaN
+            if twin is not None and (not self._padded_merge(twin) or (
+                    runs_padded_merge(plan.spec, self.isa)
+                    and not csa.layout.reads_in_place(twin_plan.spec))) and \
+                    twin._grouped_on_blocks(twin_plan, merged=True):
                 found = twin
         _remember(self._on_blocks, key, found)
         return found

@@ -57,6 +57,10 @@ CASES = {
     "padded_merge_planes": (2, 24, 9, 8, 24, 3, 3, 1, 1, 1, 3, {}),
     "padded_merge_planes_s2": (2, 40, 11, 9, 40, 3, 3, 2, (1, 2), 1, 5, {}),
     "padded_merge_planes_4": (2, 20, 9, 8, 20, 3, 3, 1, 1, 1, 5, {}),
+    # unpadded: the merge's blocked plan would read its planes in place, the zero group's
+    # past the input's end (the NCHW plan runs it)
+    "padded_merge_unpadded": (1, 40, 12, 12, 40, 3, 3, 1, 0, 1, 5, {}),
+    "padded_merge_unpadded_4": (1, 20, 9, 8, 20, 3, 3, 1, 0, 1, 5, {}),
     "depthwise": (1, 9, 13, 17, 9, 3, 3, 1, 1, 1, 9, {}),
     "depthwise_s2_multiplier": (2, 5, 14, 19, 10, 5, 5, 2, 2, 1, 5, {}),
     "depthwise_7x7_small": (1, 3, 7, 7, 3, 7, 7, 1, 3, 1, 3, {}),
