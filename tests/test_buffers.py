@@ -1,7 +1,7 @@
 """cso.onnx's reused output arrays (``cso.onnx.buffers``) and the line-aligned arrays cso makes
 (``microkernels.aligned``): every array starts on a cache line, and a reused array is handed
 out again only when neither it nor any view of it is alive; a thread's kept workspaces
-(``cso.jobs.workspace``)."""
+(``cso.jobs.workspace``), of which a call's kernels read only what the call wrote."""
 import ctypes
 import platform
 import sys
@@ -14,8 +14,8 @@ import pytest
 import csa
 import cso
 from cso.onnx.buffers import Buffers
-from microkernels.jit import JitModule
 from microkernels.aligned import LINE, aligned_empty
+from microkernels.jit import JitModule
 
 from .reference import conv2d_reference
 
