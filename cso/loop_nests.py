@@ -667,8 +667,8 @@ class _BlockedNest(_LoopNest):
                       at.slab_rows, self.pt, self.pl, self.scratch)
         with code.if_(self.packing & self.into_blocks):
             # a block's L channels: L planes, or L values of a pixel, after the last's; those
-            # of the input alone (a merge padded with a zero group has channels past C:
-            # zero lanes, never read)
+            # of the input alone (a merge padded with a zero group has channels past C: the
+            # fill zeroes a block's lanes past ``held``, which its zero filters then meet)
             block_step = code.choose(B == 1, self.H * self.W, 1) * L * item
             with code.range(0, (at.nc + L - 1) // L) as b:
                 held = code.max(0, code.min(L, at.nc - b * L, self.C - channel - b * L))
