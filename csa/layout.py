@@ -106,9 +106,13 @@ LAYOUTS = ("nchw", "blocked", "nhwc")
 def blocked_fits(spec, lanes):
     """Whether ``spec`` runs on channel-blocked activations of ``lanes`` channels a block:
     every group's channels and filters start on a block (one group, or whole blocks per
-    group), or it is depthwise with one filter per channel (a lane per channel)."""
-    return (spec.groups == 1 or (spec.c_per_group % lanes == 0 and spec.k_per_group % lanes == 0)
-            or spec.c_per_group == spec.k_per_group == 1)
+    group), or it is depthwise with one filter per channel (a lane per channel). A group of
+    one channel is planned as depthwise (``csa.analyze``), so one channel with several
+    filters, a single-channel image's first layer included, does not fit: the blocked
+    depthwise plan has a filter a lane."""
+    if spec.c_per_group == 1:
+        return spec.k_per_group == 1
+    return spec.groups == 1 or (spec.c_per_group % lanes == 0 and spec.k_per_group % lanes == 0)
 
 
 MERGED_GROUPS_MAX = 4   # groups a block at most: the merged filters' zeros cost (m-1)/m of the FMAs

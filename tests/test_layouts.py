@@ -139,6 +139,10 @@ def make_conv(rng, dtype, c, k, r, s, groups=1, bias=True, **kwargs):
 # name: (N, C, H, W, K, R, S, stride, padding, dilation, groups, bias, activation, extra)
 CASES = {
     "c1_k1_same": (1, 1, 7, 9, 1, 3, 3, 1, "same", 1, 1, True, None, {}),
+    # one channel, several filters (a grayscale image's first layer): planned as depthwise
+    # with a channel multiplier, so not on blocks (its blocked plan took a filter a lane)
+    "c1_k8_one_channel": (2, 1, 9, 11, 8, 3, 3, 1, 1, 1, 1, True, "relu", {}),
+    "c1_k20_7x7_s2": (1, 1, 15, 13, 20, 7, 7, 2, 3, 1, 1, False, None, {}),
     "c3_k5_pad1_batch3": (3, 3, 8, 10, 5, 3, 3, 1, 1, 1, 1, True, "relu", {}),
     "c5_k13_asymmetric": (1, 5, 9, 11, 13, 3, 3, 1, ((0, 2), (1, 0)), 1, 1, True, None, {}),
     "c13_k20_valid_s2_batch3": (3, 13, 11, 12, 20, 3, 3, 2, "valid", 1, 1, False, "silu", {}),
