@@ -206,8 +206,8 @@ def analyze_depthwise(spec, machine, threads, overrides, layout="nchw"):
 def _analyze_blocked(spec, machine, threads, overrides, windows, band, split,
                      channels_last=False):
     """The blocked DepthwisePlan: each unit one block of channels over a band of output rows,
-    its rows' windows in calls of ``windows`` (evened out along the row), the band as many
-    rows as keep its slab within BLOCKED_SLAB_FILL of L2; on ``channels_last`` activations,
+    its rows' windows in calls of ``windows`` (evened out along the row), the bands as many
+    as keep each slab within BLOCKED_SLAB_FILL of L2, evened out; on ``channels_last`` activations,
     whose blocks take their turns at each band's pixels, where an image's input is over
     ``tuning.pixel_band_image`` times L2, also as many as keep the band's input pixels (all
     channels) within PIXEL_BAND_FILL of L2, but at least PIXEL_BAND_ROWS output rows."""
@@ -224,6 +224,9 @@ def _analyze_blocked(spec, machine, threads, overrides, windows, band, split,
         if channels_last and 0 < image < spec.h * pixels:
             band = min(band, max(PIXEL_BAND_ROWS,
                                  _band_of(spec, PIXEL_BAND_FILL * machine.l2 // pixels)))
+        # as many bands, evened out (75 rows: 38 + 37, not 51 + 24): units of a size, which
+        # threads share evenly where the blocks are few
+        band = ceil(spec.p / ceil(spec.p / band))
     band = min(band, spec.p)
     units = spec.n * -(-spec.c // lanes) * ceil(spec.p / band)
     parts, per_thread = _depthwise_parts(spec, machine, threads, units, split)
