@@ -249,8 +249,10 @@ class Conv2d:
         transposed into a slab of blocks, each output row's blocks back into the planes): a
         vector of channels a tap for every window, where the NCHW kernel's vectors run along
         the rows, padding columns included. Filters of at least
-        ``tuning.depthwise_blocked_min_taps`` taps only: their FMAs pay for the transposes,
-        a 3x3's do not (csa/TUNING.md, "Depthwise on NCHW through blocks")."""
+        ``tuning.depthwise_blocked_min_taps`` taps only, where their FMAs pay for the
+        transposes: on AVX2 a 7x7's, not a 3x3's; on AVX-512, whose vectors hold more of a
+        short or strided row's padding, every filter but a 1x1 (csa/TUNING.md, "Depthwise on
+        NCHW through blocks")."""
         least = plan.machine.tuning.depthwise_blocked_min_taps if isinstance(
             plan, csa.DepthwisePlan) else 0
         return (0 < least <= plan.spec.r * plan.spec.s and self.channel_shuffle == 1

@@ -151,7 +151,12 @@ def test_filters_packed_once_for_the_depthwise_plan(rng):
     x, wt, b = operands(rng, GEOMETRIES["3x3"], F32)
     conv = cso.Conv2d(wt, b, padding=1, groups=6)   # no input shape: packed for one filter a row
     check(conv(x), x, wt, b, GEOMETRIES["3x3"])
-    assert list(conv._packed) == [1]
+    # and, where the call runs the blocked plan on the planes, as its vectors of weights
+    lanes = cso.layouts.block_size(F32, conv.isa)
+    assert list(conv._packed) == [1] + ([("blocked", lanes)] if conv.plan_for(x.shape).blocked
+                                        else [])
+    check(conv(x), x, wt, b, GEOMETRIES["3x3"])   # (none again)
+    assert len(conv._packed) == 1 + conv.plan_for(x.shape).blocked
 
 
 def test_grouped_plan_on_request_matches(rng):
@@ -259,12 +264,13 @@ def test_channel_shuffle_errors_and_copies(rng):
 
 @pytest.mark.parametrize("isa", ISAS)
 def test_large_filters_run_their_blocked_plan_on_nchw_planes(rng, isa):
-    """An NCHW depthwise convolution of 7x7 filters runs the blocked plan where the ISA's
-    record measured it faster (its planes transposed into blocks and back: partial blocks,
-    stride 2, bias and activation), a 3x3 the NCHW plan; both match the reference, and the
+    """An NCHW depthwise convolution runs the blocked plan where the ISA's record measured it
+    faster, for filters of at least ``depthwise_blocked_min_taps`` taps (its planes
+    transposed into blocks and back: partial blocks, stride 2, bias and activation), else
+    the NCHW plan (a 1x1 on every ISA, a 3x3 on AVX2); both match the reference, and the
     NCHW plan's result (which overrides keep)."""
     least = csa.tuning.record(isa).depthwise_blocked_min_taps
-    for r, stride, c in ((7, 1, 19), (7, 2, 13), (3, 1, 19)):
+    for r, stride, c in ((7, 1, 19), (7, 2, 13), (3, 1, 19), (3, 2, 21), (1, 1, 19)):
         geometry = (c, 17, 15, 1, r, r, (stride, stride), (r // 2,) * 4, (1, 1))
         x, wt, b = operands(rng, geometry, F32, batch=2)
         conv = depthwise_conv(wt, b, geometry, activation="relu", isa=isa)

@@ -62,6 +62,8 @@ CASES = {
     "padded_merge_unpadded": (1, 40, 12, 12, 40, 3, 3, 1, 0, 1, 5, {}),
     "padded_merge_unpadded_4": (1, 20, 9, 8, 20, 3, 3, 1, 0, 1, 5, {}),
     "depthwise": (1, 9, 13, 17, 9, 3, 3, 1, 1, 1, 9, {}),
+    # the NCHW plan where the ISA's record runs a 3x3's planes through blocks (AVX-512)
+    "depthwise_nchw_plan": (1, 9, 13, 17, 9, 3, 3, 1, 1, 1, 9, {"depthwise": True}),
     "depthwise_s2_multiplier": (2, 5, 14, 19, 10, 5, 5, 2, 2, 1, 5, {}),
     "depthwise_7x7_small": (1, 3, 7, 7, 3, 7, 7, 1, 3, 1, 3, {}),
     # NCHW planes transposed into blocks and back (a 7x7: its blocked plan), a partial block
