@@ -242,11 +242,13 @@ def _band_of(spec, rows):
 
 def _depthwise_parts(spec, machine, threads, units, split):
     """(parts, parts per thread) of ``units``: as many threads as get
-    ``tuning.depthwise_thread_min_flops`` each, unless ``split`` says."""
-    least = machine.tuning.depthwise_thread_min_flops   # a thread's work, and a part's
+    ``tuning.depthwise_thread_min_flops`` each, unless ``split`` says, each thread's work in
+    parts of at least ``tuning.depthwise_part_min_flops``."""
+    least = machine.tuning.depthwise_thread_min_flops   # a thread's work
     if split:
         return min(split[0], units), 1
     parts = max(1, min(threads, int(spec.flops // least), units))
+    part = max(least, machine.tuning.depthwise_part_min_flops)
     per_thread = 1 if parts == 1 else max(1, min(
-        PARTS_PER_THREAD, units // parts, int(spec.flops // (parts * least))))
+        PARTS_PER_THREAD, units // parts, int(spec.flops // (parts * part))))
     return parts, per_thread
