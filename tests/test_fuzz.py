@@ -3,8 +3,9 @@ answer or raises TypeError / ValueError whose message names the bad argument (a 
 valid request: MemoryError with the size it needed), never a crash or a silently wrong answer.
 
 Each example draws a small valid convolution, a valid variant of every argument (layouts,
-views, spellings), and at most one argument replaced by a bad value. ``CSO_FUZZ_EXAMPLES`` sets
-the number of examples (the default is a short run for CI; e.g. 20000 for a long one)."""
+views, spellings), and at most one argument replaced by a bad value; another test draws
+channel layouts in and out (NCHW, channels last, blocks). ``CSO_FUZZ_EXAMPLES`` sets the number
+of examples of each (the default is a short run for CI; e.g. 20000 for a long one)."""
 import os
 
 import numpy as np
@@ -177,3 +178,58 @@ def test_odd_arguments_give_the_right_answer_or_a_named_error(p):
         assert "allocate" in message and "shape" in message, message
     else:
         assert NAMES[bad] in message, message
+
+
+@st.composite
+def layout_problems(draw):
+    """A small valid convolution with channels that fill blocks, or part of them, in groups
+    of 1 to 17 channels (one channel of several filters included: a grayscale image's first
+    layer), and an input and an output of any channel layout."""
+    groups = draw(st.sampled_from([1, 1, 2, 3, 4, 8, 16]))
+    c_g = draw(st.sampled_from([1, 1, 2, 3, 4, 8, 16, 17]))
+    k_g = draw(st.sampled_from([1, c_g, c_g, 2 * c_g, 3]))
+    r, s = draw(st.sampled_from([1, 2, 3, 5])), draw(st.sampled_from([1, 3, 5]))
+    stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    dilation = (1, 1) if max(stride) > 1 else (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    padding = tuple(draw(st.integers(0, 2)) for _ in range(4))
+    h = draw(st.integers(max(1, (r - 1) * dilation[0] + 1 - padding[0] - padding[1]), 13))
+    w = draw(st.integers(max(1, (s - 1) * dilation[1] + 1 - padding[2] - padding[3]), 13))
+    return dict(n=draw(st.integers(1, 2)), c=groups * c_g, h=h, w=w, k=groups * k_g, r=r, s=s,
+                groups=groups, stride=stride, dilation=dilation, padding=padding,
+                dtype=draw(st.sampled_from([np.float32, np.float32, np.float64])),
+                bias=draw(st.booleans()), relu=draw(st.booleans()),
+                layout=draw(st.sampled_from(["nchw", "nhwc", "blocked", "blocked_other"])),
+                out_layout=draw(st.sampled_from(["nchw", "nhwc", "blocked"])),
+                seed=draw(st.integers(0, 2 ** 32 - 1)))
+
+
+@settings(max_examples=EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(layout_problems())
+def test_every_channel_layout_gives_the_right_answer(p):
+    """NCHW, channels-last and blocked values (of the kernels' block, or another one) in and
+    out: the reference's values, on a call and on the call of its shape after it (a plain
+    call, its checks and choices made before)."""
+    rng = np.random.default_rng(p["seed"])
+    dt = p["dtype"]
+    x = rng.standard_normal((p["n"], p["c"], p["h"], p["w"])).astype(dt)
+    weight = rng.standard_normal((p["k"], p["c"] // p["groups"], p["r"], p["s"])).astype(dt)
+    bias = rng.standard_normal(p["k"]).astype(dt) if p["bias"] else None
+    (t, b, left, right) = p["padding"]
+    conv = cso.Conv2d(weight, bias, p["stride"], ((t, b), (left, right)), p["dilation"],
+                      p["groups"], "relu" if p["relu"] else None)
+    lanes = cso.layouts.block_size(dt, conv.isa)
+    given = {"nchw": x, "nhwc": np.ascontiguousarray(x.transpose(0, 2, 3, 1)),
+             "blocked": cso.Blocked.from_nchw(x),
+             "blocked_other": cso.Blocked.from_nchw(x, 4 if lanes > 4 else 8)}[p["layout"]]
+    kwargs = {"out_layout": p["out_layout"]}
+    if p["layout"] == "nhwc":
+        kwargs["layout"] = "nhwc"
+    for _ in range(2):
+        y = conv(given, **kwargs)
+        if p["out_layout"] == "blocked":
+            y = y.to_nchw()
+        elif p["out_layout"] == "nhwc":
+            y = y.transpose(0, 3, 1, 2)
+        assert_conv_close(y, x, weight, bias, relu=p["relu"], stride=p["stride"],
+                          padding=p["padding"], dilation=p["dilation"], groups=p["groups"])
