@@ -109,6 +109,12 @@ def _blocked_slab_elements(plan):
     return plan.band_rows * plan.slab_shape[1] * plan.lanes
 
 
+def geom_fields(plan):
+    """The ``Geom`` of ``plan``'s loop nest's ``geom`` vector: a blocked plan's has fields of
+    its own, in another order."""
+    return BLOCKED_GEOM if plan.blocked else GEOM
+
+
 def kernel_spec(plan, isa, activation=STORE_ACTIVATION):
     family = BlockedDepthwiseSpec if plan.blocked else DepthwiseSpec
     return family(dtype_name(plan.spec.dtype), plan.block_vectors, isa, activation)

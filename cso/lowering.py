@@ -26,6 +26,11 @@ from .loop_nests import (ALL_PHASES, GEOM, define_filters_blocked, define_filter
                          define_filters_packed, define_windows_packed, define_windows_slab)
 
 
+def geom_fields(plan):
+    """The ``Geom`` of ``plan``'s loop nest's ``geom`` vector (every slicing loop nest's)."""
+    return GEOM
+
+
 def geometry(plan, kspec, epilogue_flags, params, in_block=1, out_block=1):
     """The ``geom`` vector for ``plan`` around micro-kernel ``kspec`` (``kernel_spec``),
     compiling the functions it calls on first use; ``epilogue_flags`` (BIAS | ACTIVATE) apply

@@ -69,7 +69,7 @@ class Prepared:
             extra = dict(zip(("in_block", "out_block"), blocks))
         self.geom = lowering.geometry(plan, self.kernel, epilogue_flags,
                                       data_address(self.params), **extra)
-        self.phases_at = lowering.GEOM.index("phases")
+        self.phases_at = lowering.geom_fields(plan).index("phases")
         self.parts = lowering.output_parts(plan)
         self.part_count = len(self.parts)
         self._template = None   # see _arguments

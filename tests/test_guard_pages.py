@@ -118,6 +118,46 @@ def test_no_access_outside_the_arrays(rng, restore_threads, name, dtype, isa, th
         assert failure is None, f"arrays flush at their {at}: {failure}"
 
 
+# name: (N, C, H, W, K, R, S, stride, padding, groups, plan overrides)
+PHASE_CASES = {
+    "slicing_slab": (1, 12, 5, 37, 20, 3, 3, 1, 1, 1, {"slab": True}),
+    "depthwise_nchw_plan": (1, 9, 13, 17, 9, 3, 3, 1, 1, 9, {"depthwise": True}),
+    # NCHW planes through blocks (a 7x7 on every record): its geom's fields are its own
+    "depthwise_7x7_blocked": (2, 19, 15, 13, 19, 7, 7, 2, 3, 19, {}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PHASE_CASES))
+@pytest.mark.parametrize("isa", ISAS)
+def test_phases_alone_stay_inside_the_arrays(rng, restore_threads, name, isa):
+    """The benchmark's time breakdown runs loop-nest phases alone (``Conv2d.call_phases``): on
+    guarded arrays, each subset of them touches nothing outside them (the blocked depthwise
+    loop nest's phases were written into another field of its geom, and faulted), and all of
+    them is the call."""
+    from cso.loop_nests import ALL_PHASES
+    n, c, h, w, k, r, s, stride, padding, groups, overrides = PHASE_CASES[name]
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    weight = rng.standard_normal((k, c // groups, r, s)).astype(np.float32)
+    cso.set_num_threads(1)
+    conv = cso.Conv2d(weight, rng.standard_normal(k).astype(np.float32), stride, padding,
+                      groups=groups, activation="relu", plan_overrides=overrides, isa=isa)
+    expected = conv(x)
+    assert conv.plan_for(x.shape).blocked == (name == "depthwise_7x7_blocked")
+
+    def guarded_runs(at):
+        cso.jobs.new_workspace = lambda elements, dt: guarded_empty((elements,), dt, at)
+        cso.jobs.REUSED_WORKSPACE_BYTES = 0
+        conv._packed = {nf: guarded_copy(p, at) for nf, p in conv._packed.items()}
+        for phases in range(ALL_PHASES + 1):
+            y = conv.call_phases(guarded_copy(x, at), phases)
+            assert y.shape == expected.shape
+        np.testing.assert_array_equal(y, expected)   # (the last: every phase)
+
+    for at in ("end", "start"):
+        failure = in_child(lambda: guarded_runs(at))
+        assert failure is None, f"arrays flush at their {at}: {failure}"
+
+
 @pytest.mark.parametrize("spec", [mk.TransposeSpec("f32", isa) for isa in ISAS]
                          + [mk.TransposeSpec("f64", ISAS[0])], ids=str)
 def test_transpose_blocks_stay_inside_their_arrays(rng, spec):
