@@ -207,11 +207,11 @@ def _analyze_blocked(spec, machine, threads, overrides, windows, band, split,
                      channels_last=False):
     """The blocked DepthwisePlan: each unit one block of channels over a band of output rows,
     its rows' windows in calls of ``windows`` (evened out along the row), the bands as many
-    as keep each slab within BLOCKED_SLAB_FILL of L2, evened out; on ``channels_last``
-    activations, whose blocks take their turns at each band's pixels, where an image's input
-    is over ``tuning.pixel_band_image`` times L2, also as many as keep the band's input
-    pixels (all channels) within PIXEL_BAND_FILL of L2, but at least PIXEL_BAND_ROWS output
-    rows."""
+    as keep each slab within BLOCKED_SLAB_FILL of L2; on ``channels_last`` activations, whose
+    blocks take their turns at each band's pixels, where an image's input is over
+    ``tuning.pixel_band_image`` times L2, also as many as keep the band's input pixels (all
+    channels) within PIXEL_BAND_FILL of L2, but bands of at least PIXEL_BAND_ROWS output
+    rows; then as many bands, evened out."""
     lanes = machine.vector_bytes // spec.itemsize
     if not blocked_fits(spec, lanes):
         raise ValueError(f"{spec}: a blocked depthwise plan takes one filter per channel, got "
