@@ -143,13 +143,13 @@ class _RowCopyBuilder(KernelBuilder):
         if mask is None:
             self._store_lanes(bld, value, ptr, inside)
             return
-        if isinstance(mask, _ToEnd):
-            old = bld.load(ptr, typ=self.vec, align=self.align)
-            self._store_lanes(bld, bld.select(mask.lanes, value, old), ptr, inside)
-            return
+        to_end = isinstance(mask, _ToEnd)
         if mask is not PREFIX:   # (a prefix run keeps no lanes below it: nothing to blend)
             old = bld.load(ptr, typ=self.vec, align=self.align)
-            value = bld.select(mask, value, old)
+            value = bld.select(mask.lanes if to_end else mask, value, old)
+        if to_end:   # (every lane of the row past the run's start: the vector's in the row)
+            self._store_lanes(bld, value, ptr, inside)
+            return
         # lanes [0, end - v*lanes) of the vector, at most ``inside``: a case per count (the
         # same for every row of the call); none when the run ends before the vector
         count = bld.sub(self.store_end, ir.Constant(I32, v * self.lanes))
