@@ -330,16 +330,17 @@ def test_parse_size():
 def test_unpacked_1x1_only_where_channel_rows_spread_over_l1_sets():
     def unpacked(name, vectors_along="windows", tuning=csa.tuning.AVX512):
         return csa.variants.reads_input_unpacked(ConvSpec.parse(name), vectors_along, tuning)
-    assert unpacked("n1c64h56w56k256r1s1p0u1")
-    assert unpacked("n1c128h16w16k512r1s1p0u1")   # 4 sets
-    for aliased in ("n1c256h64w64k512r1s1p0u1", "n1c256h32w32k256r1s1p0u1",
+    assert unpacked("n1c64h56w56k128r1s1p0u1")
+    assert unpacked("n1c128h16w16k128r1s1p0u1")   # 4 sets
+    for aliased in ("n1c256h64w64k128r1s1p0u1", "n1c256h32w32k128r1s1p0u1",
                     "n1c128h128w128k64r1s1p0u1"):
         assert not unpacked(aliased)
-    assert not unpacked("n1c64h56w56k256r1s1p0u1", "filters")
-    assert not unpacked("n1c64h56w56k256r3s3p1u1")
-    # the AVX2 record packs from 256 filters: every filter tile reuses the packed tile
-    assert unpacked("n1c64h56w56k255r1s1p0u1", tuning=csa.tuning.AVX2)
-    assert not unpacked("n1c64h56w56k256r1s1p0u1", tuning=csa.tuning.AVX2)
+    assert not unpacked("n1c64h56w56k128r1s1p0u1", "filters")
+    assert not unpacked("n1c64h56w56k128r3s3p1u1")
+    # both records pack from 256 filters: every filter tile reuses the packed tile
+    for tuning in (csa.tuning.AVX2, csa.tuning.AVX512):
+        assert unpacked("n1c64h56w56k255r1s1p0u1", tuning=tuning)
+        assert not unpacked("n1c64h56w56k256r1s1p0u1", tuning=tuning)
     zen = ZEN5
     assert not csa.analyze(ConvSpec.parse("n1c64h64w64k64r1s1p0u1"), zen).slab   # packed tiles
 
