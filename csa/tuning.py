@@ -91,6 +91,10 @@ class Tuning:
     # filters per group from which plain 1x1s pack their window tiles rather than read the
     # input in place (0: never, in place wherever it does not alias L1 sets)
     packed_1x1_filters: int = 0
+    # and from which, on planes of at least packed_1x1_plane_bytes, they pack too: a tile's
+    # rows, one per channel, then lie pages apart and the kernel waits on them (0: never)
+    packed_1x1_plane_filters: int = 0
+    packed_1x1_plane_bytes: int = 0
     # with windows in vectors the kernel prefetches its output rows' lines this many window
     # tiles ahead, where the loop nest's next tiles store: a store to a line not in the cache
     # waits for it, and a tile's rows lie in as many planes as it has filters, more streams
@@ -155,25 +159,27 @@ AVX512 = Tuning(
     "transpose_depth, packing_filters, direct_min_row_windows, grouped_blocked_max_plane, "
     "grouped_blocked_max_blocks, grouped_blocked_max_input, merged_groups_max_plane and "
     "padded_merge_max_plane on that Xeon; direct_l1_filter_tiles, depthwise_blocked_min_taps, "
-    "depthwise_thread_min_flops and packed_1x1_filters on another (2 vCPUs, 2 MiB of L2, "
+    "depthwise_thread_min_flops and the packed_1x1 fields on another (2 vCPUs, 2 MiB of L2, "
     "480 MiB of L3)",
     fma_latency=4, fma_pipes=2, loads_per_cycle=2.0, broadcast_operand=True,
     direct_windows=((14, 1.0), (7, 0.93)), direct_min_row_windows=10, direct_l1_filter_tiles=28,
     output_prefetch=2, thread_min_flops=1.2e6, transpose_depth=24, packing_filters=6,
     grouped_blocked_max_plane=256, grouped_blocked_max_blocks=3, grouped_blocked_max_input=1024,
     merged_groups_max_plane=1024, padded_merge_max_plane=225, depthwise_blocked_min_taps=5,
-    depthwise_thread_min_flops=0.1e6, packed_1x1_filters=256)
+    depthwise_thread_min_flops=0.1e6, packed_1x1_filters=256, packed_1x1_plane_filters=96,
+    packed_1x1_plane_bytes=6144)
 AVX2 = Tuning(
     "avx2", "AMD Zen 3 EPYC (2 cores); grouped_blocked_max_plane, grouped_blocked_max_blocks, "
     "merged_groups_max_plane and padded_merge_max_plane with these kernels on an Intel Xeon "
-    "(AVX-512, 2 vCPUs), direct_l1_filter_tiles on another (2 MiB of L2, 480 MiB of L3)",
+    "(AVX-512, 2 vCPUs), direct_l1_filter_tiles, packed_1x1_plane_filters and "
+    "packed_1x1_plane_bytes on another (2 MiB of L2, 480 MiB of L3)",
     fma_latency=4, fma_pipes=2, loads_per_cycle=1.75, broadcast_operand=False, direct_windows=((6, 1.0), (5, 0.97), (4, 0.90)),
     filter_windows=((6, 1.0), (5, 0.98), (4, 0.96)), thread_min_flops=1e6,
     part_min_flops=1.2e6, depthwise_thread_min_flops=0.2e6, depthwise_part_min_flops=0.2e6,
     direct_min_depth=144, grouped_direct_max_plane=1024, depthwise_blocked_min_taps=49,
     pixel_band_image=4.0,
     slab_max_filter_tiles=3, transpose_depth=16, packing_filters=6, packed_1x1_filters=256,
-    direct_l1_filter_tiles=48, output_prefetch=2, grouped_blocked_max_plane=196,
+    packed_1x1_plane_filters=96, packed_1x1_plane_bytes=6144, direct_l1_filter_tiles=48, output_prefetch=2, grouped_blocked_max_plane=196,
     grouped_blocked_max_blocks=3, merged_groups_max_plane=1024, padded_merge_max_plane=225)
 # no CPU measured: the usual FMA core (latency 4, two pipes) with SSE/NEON-width vectors; the
 # plan constants as the AVX2 core measured them

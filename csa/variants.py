@@ -85,11 +85,16 @@ def reads_input_unpacked(spec, vectors_along, tuning):
     rows, one per channel, would then share one or two L1 sets (16x16 planes, four sets, run
     as fast as packed tiles). Not with ``tuning.packed_1x1_filters`` filters or more either:
     every filter tile reuses a packed tile, whose contiguous rows then beat rows a plane apart
-    by more than the copy costs. Not with filters in vectors: the windows are broadcast, one
-    input row (channel) per step, and packed they sit in L1 (csa/TUNING.md, "Plan rules")."""
-    many_filters = tuning.packed_1x1_filters and spec.k_per_group >= tuning.packed_1x1_filters
+    by more than the copy costs; nor with ``packed_1x1_plane_filters`` or more on planes of
+    ``packed_1x1_plane_bytes`` or more, whose rows lie pages apart. Not with filters in
+    vectors: the windows are broadcast, one input row (channel) per step, and packed they sit
+    in L1 (csa/TUNING.md, "Plan rules" and "Plain 1x1s: packed window tiles")."""
+    plane_bytes, k = spec.h * spec.w * spec.itemsize, spec.k_per_group
+    wide = tuning.packed_1x1_plane_bytes and plane_bytes >= tuning.packed_1x1_plane_bytes
+    many_filters = ((tuning.packed_1x1_filters and k >= tuning.packed_1x1_filters)
+                    or (wide and k >= tuning.packed_1x1_plane_filters))
     return (vectors_along == "windows" and plain_1x1(spec) and not many_filters
-            and PAGE // gcd(spec.h * spec.w * spec.itemsize, PAGE) >= 4)
+            and PAGE // gcd(plane_bytes, PAGE) >= 4)
 
 
 def slab_fits(spec, nwin, vectors_along):

@@ -330,17 +330,22 @@ def test_parse_size():
 def test_unpacked_1x1_only_where_channel_rows_spread_over_l1_sets():
     def unpacked(name, vectors_along="windows", tuning=csa.tuning.AVX512):
         return csa.variants.reads_input_unpacked(ConvSpec.parse(name), vectors_along, tuning)
-    assert unpacked("n1c64h56w56k128r1s1p0u1")
+    assert unpacked("n1c64h56w56k64r1s1p0u1")
     assert unpacked("n1c128h16w16k128r1s1p0u1")   # 4 sets
     for aliased in ("n1c256h64w64k128r1s1p0u1", "n1c256h32w32k128r1s1p0u1",
                     "n1c128h128w128k64r1s1p0u1"):
         assert not unpacked(aliased)
-    assert not unpacked("n1c64h56w56k128r1s1p0u1", "filters")
-    assert not unpacked("n1c64h56w56k128r3s3p1u1")
+    assert not unpacked("n1c64h56w56k64r1s1p0u1", "filters")
+    assert not unpacked("n1c64h56w56k64r3s3p1u1")
     # both records pack from 256 filters: every filter tile reuses the packed tile
     for tuning in (csa.tuning.AVX2, csa.tuning.AVX512):
-        assert unpacked("n1c64h56w56k255r1s1p0u1", tuning=tuning)
-        assert not unpacked("n1c64h56w56k256r1s1p0u1", tuning=tuning)
+        assert unpacked("n1c64h28w28k255r1s1p0u1", tuning=tuning)
+        assert not unpacked("n1c64h28w28k256r1s1p0u1", tuning=tuning)
+        # and from 96 on planes of 6 KiB and more (40 x 40), whose rows lie pages apart
+        assert not unpacked("n1c64h40w40k96r1s1p0u1", tuning=tuning)
+        assert unpacked("n1c64h40w40k95r1s1p0u1", tuning=tuning)
+        assert unpacked("n1c64h39w39k128r1s1p0u1", tuning=tuning)
+    assert unpacked("n1c64h56w56k255r1s1p0u1", tuning=csa.tuning.GENERIC)
     zen = ZEN5
     assert not csa.analyze(ConvSpec.parse("n1c64h64w64k64r1s1p0u1"), zen).slab   # packed tiles
 
