@@ -19,15 +19,20 @@ def use_direct(spec, nwin, nf, tuning):
     work. A row is cut into even tiles (``balanced_row_windows``); one that splits into tiles
     of one width of at least ``tuning.direct_min_row_windows`` wastes nothing (10x10 and 12x12
     planes, one tile a row, whose packed tiles waste lanes or cost their packing; rows of 24
-    and 36 as tiles of 12), others count padded to ``nwin`` a tile. Stride 2 is left to the
-    packed plans: its taps read R*S runs per channel from four phase planes and overflow L1
+    and 36 as tiles of 12), others count padded to ``nwin`` a tile. Other strides are left to
+    the packed plans: their taps read R*S runs per channel from the stride's phase planes and
+    overflow L1; but not where an output row is one such even tile (10-14 windows) and the
+    windows overlap (a 3x3 at stride 2), whose packed tiles copy each value several times
     (csa/TUNING.md has the measurements)."""
     tiles = ceil(spec.q / nwin)
     even = (tuning.direct_min_row_windows and spec.q % tiles == 0
             and spec.q // tiles >= tuning.direct_min_row_windows)
     row = spec.q if even else tiles * nwin
     padded = spec.p * row * ceil(spec.k_per_group / nf) * nf
-    return (spec.stride == (1, 1) and slab_fits(spec, nwin, "filters")
+    (sh, sw), (dh, dw) = spec.stride, spec.dilation
+    overlap = (spec.r - 1) * dh + 1 > sh or (spec.s - 1) * dw + 1 > sw
+    return ((spec.stride == (1, 1) or even and tiles == 1 and overlap)
+            and slab_fits(spec, nwin, "filters")
             and spec.c_per_group * spec.r * spec.s >= tuning.direct_min_depth
             and padded <= (1 + DIRECT_WASTE) * spec.p * spec.q * spec.k_per_group)
 

@@ -427,7 +427,8 @@ def test_slab_planes_the_taps_read():
 
 def test_direct_where_it_applies():
     """Direct plans (filters in vectors, windows broadcast in place from the slab): stride-1
-    convolutions deep enough per kernel call whose tiles waste little; 14 windows per tile, 7
+    convolutions (and stride-2 3x3s of rows one tile wide) deep enough per kernel call whose
+    tiles waste little; 14 windows per tile, 7
     on planes a multiple of 7 but not 14, rows of tiles evened out; channel tiles by the filter
     tile's share of L2; bands of whole output rows even with one channel tile (each band
     transposes its own rows). (Filter tiles in L1: the test after the next.)"""
@@ -461,9 +462,18 @@ def test_direct_where_it_applies():
         even = csa.analyze(ConvSpec(1, 256, q, q, 256, 3, 3, padding=(1, 1, 1, 1)), zen)
         assert even.direct == direct, q
         assert not direct or (even.nwin, even.row_tiles) == (12, tiles)
+    # at stride 2 where an output row is one such tile (10-14 wide) and the windows overlap
+    for name in ("n1c64h20w20k64r3s3p1u2", "n1c64h28w28k64r3s3p1u2", "n1c64h28w28k64r3s3p2u2d2"):
+        assert csa.analyze(ConvSpec.parse(name), zen).direct, name
+    for name in ("n1c64h56w56k64r3s3p1u2",      # two tiles a row
+                 "n1c64h14w14k64r3s3p1u2",      # 7 wide
+                 "n1c256h28w28k256r2s2p0u2",    # 2x2 at stride 2: no overlap
+                 "n1c256h28w28k256r1s1p0u2"):
+        assert not csa.analyze(ConvSpec.parse(name), zen).direct, name
     unmeasured = zen.with_(tuning=dataclasses.replace(zen.tuning, direct_min_row_windows=0))
     assert not csa.analyze(ConvSpec.parse("n1c256h12w12k256r3s3p1u1"), unmeasured).direct
     assert not csa.analyze(ConvSpec.parse("n1c256h24w24k256r3s3p1u1"), unmeasured).direct
+    assert not csa.analyze(ConvSpec.parse("n1c64h20w20k64r3s3p1u2"), unmeasured).direct
     for name in ("n1c64h224w224k128r3s3p1u2",   # stride 2
                  "n1c32h147w147k64r3s3p1u1",    # 288 rows per call
                  "n1c512h14w14k512r1s1p0u1",    # unpadded 1x1: read in place or packed

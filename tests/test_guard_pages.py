@@ -44,6 +44,8 @@ CASES = {
     "direct_narrow_rows": (1, 128, 5, 11, 64, 3, 3, 1, 1, 1, 2, {}),
     # a 24-wide row, two even tiles of 12 (AVX-512), its filter tile in L1 (60 tiles)
     "direct_even_rows": (1, 64, 30, 24, 64, 3, 3, 1, 1, 1, 1, {}),
+    # stride 2, an 11-wide output row one tile (AVX-512), 60 filters: a partial filter tile
+    "direct_narrow_rows_s2": (1, 64, 21, 22, 60, 3, 3, 2, 1, 1, 1, {}),
     "direct_bands_s2": (2, 8, 19, 35, 21, 3, 3, 2, 1, 1, 1,
                         {"vectors_along": "filters", "slab": True, "band": 2}),
     "grouped": (1, 12, 10, 11, 18, 3, 3, 1, 1, 1, 3, {}),
