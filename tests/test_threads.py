@@ -1,6 +1,7 @@
 """Threads: the output split over threads gives bit-identical results whatever the split and the
 thread count; the thread-count API; concurrent calls; use after fork; CSA's thread rules."""
 import ctypes
+import dataclasses
 import os
 import signal
 import subprocess
@@ -450,12 +451,14 @@ def test_thread_split_rules():
         assert plan.split == (1, 2), layout
     # a 1x1 whose tiles read the input in place repacks nothing in a filter part: filter parts,
     # which read half the filters each, where window parts would each read them all; packed,
-    # as with 256 filters in the AVX2 record, each filter part would pack the input again
+    # as with 256 filters in both records, each filter part would pack the input again
     in_place = csa.ConvSpec.parse("n1c128h16w16k256r1s1p0u1")
-    assert csa.variants.reads_input_unpacked(in_place, "windows", ZEN5_CCD.tuning)
-    assert csa.analyze(in_place, ZEN5_CCD, threads=2).split == (1, 2)
-    assert not csa.variants.reads_input_unpacked(in_place, "windows", ZEN3.tuning)
-    assert csa.analyze(in_place, ZEN3, threads=2).split == (2, 1)
+    reading = ZEN5_CCD.with_(tuning=dataclasses.replace(ZEN5_CCD.tuning, packed_1x1_filters=0))
+    assert csa.variants.reads_input_unpacked(in_place, "windows", reading.tuning)
+    assert csa.analyze(in_place, reading, threads=2).split == (1, 2)
+    for machine in (ZEN5_CCD, ZEN3):
+        assert not csa.variants.reads_input_unpacked(in_place, "windows", machine.tuning)
+        assert csa.analyze(in_place, machine, threads=2).split == (2, 1)
     assert csa.analyze(csa.ConvSpec.parse("n1c576h14w14k96r1s1p0u1"), ZEN3, threads=2).split == (1, 2)
     # work per thread bounds the count: 40 MFLOP each at least
     mid = csa.ConvSpec.parse("n1c64h28w28k64r3s3p1u1")
