@@ -179,8 +179,9 @@ AVX2 = Tuning(
     direct_min_depth=144, grouped_direct_max_plane=1024, depthwise_blocked_min_taps=49,
     pixel_band_image=4.0,
     slab_max_filter_tiles=3, transpose_depth=16, packing_filters=6, packed_1x1_filters=256,
-    packed_1x1_plane_filters=96, packed_1x1_plane_bytes=6144, direct_l1_filter_tiles=48, output_prefetch=2, grouped_blocked_max_plane=196,
-    grouped_blocked_max_blocks=3, merged_groups_max_plane=1024, padded_merge_max_plane=225)
+    packed_1x1_plane_filters=96, packed_1x1_plane_bytes=6144, direct_l1_filter_tiles=48,
+    output_prefetch=2, grouped_blocked_max_plane=196, grouped_blocked_max_blocks=3,
+    merged_groups_max_plane=1024, padded_merge_max_plane=225)
 # no CPU measured: the usual FMA core (latency 4, two pipes) with SSE/NEON-width vectors; the
 # plan constants as the AVX2 core measured them
 GENERIC = Tuning("generic", "not measured: a typical core", fma_latency=4, fma_pipes=2,

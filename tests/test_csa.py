@@ -428,10 +428,10 @@ def test_slab_planes_the_taps_read():
 def test_direct_where_it_applies():
     """Direct plans (filters in vectors, windows broadcast in place from the slab): stride-1
     convolutions (and stride-2 3x3s of rows one tile wide) deep enough per kernel call whose
-    tiles waste little; 14 windows per tile, 7
-    on planes a multiple of 7 but not 14, rows of tiles evened out; channel tiles by the filter
-    tile's share of L2; bands of whole output rows even with one channel tile (each band
-    transposes its own rows). (Filter tiles in L1: the test after the next.)"""
+    tiles waste little; 14 windows per tile, 7 on planes a multiple of 7 but not 14, rows of
+    tiles evened out; channel tiles by the filter tile's share of L2; bands of whole output
+    rows even with one channel tile (each band transposes its own rows). (Filter tiles in L1:
+    the test after the next.)"""
     zen = ZEN5.with_(tuning=dataclasses.replace(ZEN5.tuning, direct_l1_filter_tiles=0))
     plan = csa.analyze(ConvSpec.parse("n1c256h56w56k256r3s3p1u1"), zen)
     assert plan.direct and (plan.vectors_along, plan.nwin, plan.nf, plan.row_tiles) == ("filters", 14, 32, 4)
@@ -467,8 +467,8 @@ def test_direct_where_it_applies():
         assert csa.analyze(ConvSpec.parse(name), zen).direct, name
     for name in ("n1c64h56w56k64r3s3p1u2",      # two tiles a row
                  "n1c64h14w14k64r3s3p1u2",      # 7 wide
-                 "n1c256h28w28k256r2s2p0u2",    # 2x2 at stride 2: no overlap
-                 "n1c256h28w28k256r1s1p0u2"):
+                 "n1c256h28w28k256r2s2p0u2",    # 2x2 at stride 2: windows do not overlap
+                 "n1c256h28w28k256r1s1p0u2"):   # nor do a strided 1x1's
         assert not csa.analyze(ConvSpec.parse(name), zen).direct, name
     unmeasured = zen.with_(tuning=dataclasses.replace(zen.tuning, direct_min_row_windows=0))
     assert not csa.analyze(ConvSpec.parse("n1c256h12w12k256r3s3p1u1"), unmeasured).direct
