@@ -123,8 +123,10 @@ def measure_conv(spec, engines, repeat, threads=1):
 def plan_facts(plan):
     if isinstance(plan, csa.DepthwisePlan):
         return {"kind": "depthwise", "block_vectors": plan.block_vectors, "nc": plan.nc, "band": plan.band}
+    source = ("read in place" if plan.reads_input_unpacked else "slab" if plan.slab
+              else "packed tiles")
     return {"kind": "slicing", "schedule": plan.schedule, "vectors_along": plan.vectors_along,
-            "input": "slab" if plan.slab else "packed tiles", "microtile": [plan.nwin, plan.nf],
+            "input": source, "microtile": [plan.nwin, plan.nf],
             "nc": plan.nc, "k2": plan.k2, "k3": plan.k3, "tuned": bool(plan.origin)}
 
 

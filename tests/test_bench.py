@@ -6,6 +6,7 @@ import sys
 import numpy as np
 import pytest
 
+import csa
 import cso
 from bench import documents, engines, measure, report
 from bench.engines import as_nchw, fed
@@ -161,6 +162,15 @@ def test_engines_are_fed_their_own_layouts_and_checked():
     assert isinstance(fed("cso-blocked", x), cso.Blocked)
     assert fed("cso-nhwc", x).shape == (1, 9, 11, 24) and fed("xnnpack", x).shape == (1, 9, 11, 24)
     np.testing.assert_array_equal(as_nchw("xnnpack", fed("xnnpack", x)), x)
+
+
+def test_plan_facts_name_where_the_kernel_reads_its_input():
+    def source(name, **overrides):
+        return measure.plan_facts(csa.analyze(ConvSpec.parse(name), **overrides))["input"]
+    assert source("n1c64h14w14k32r1s1p0u1", vectors_along="windows") == "read in place"
+    assert source("n1c64h32w32k32r1s1p0u1", vectors_along="windows") == "packed tiles"  # aliased
+    assert source("n1c64h28w28k64r3s3p1u1", vectors_along="filters", slab=True) == "slab"
+    assert source("n1c64h28w28k64r3s3p1u1", vectors_along="filters", slab=False) == "packed tiles"
 
 
 def test_a_convolution_an_engine_refuses_leaves_every_geomean(monkeypatch, capsys):
