@@ -38,11 +38,15 @@ MAX_FILL_VECTORS = 4
 
 # a blocked plan's: its windows per row tile, the kernel of one fewer, whether it reads in place,
 # how its input and its output are held (LAYOUT_CODES), the block transpose, where in the
-# scratch an output row's blocks go (elements: after the slab)
+# scratch output rows' blocks go (elements: after the slab) and how many rows go there at once
 BLOCKED_GEOM = Geom("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q", "P", "band", "Hb", "Hs",
                     "Ws", "lanes", "windows", "row_tiles", "unpacked", "epilogue", "phases",
                     "kernel", "tail_kernel", "params", "in_layout", "out_layout", "transpose",
-                    "row_at")
+                    "row_at", "store_rows")
+# output pixels a blocked plan moves into NCHW planes or channels-last pixels at once: rows
+# narrower than this many blocks go out several at a time (a 7-wide row alone is a partial
+# block transpose, at the cost of a whole one)
+STORE_BLOCKS = 8
 
 # how a blocked depthwise loop nest's input and output are held (geom in_layout, out_layout)
 LAYOUT_CODES = {"blocked": BLOCKS, "nchw": PLANES, "nhwc": CHANNELS_LAST}
@@ -101,12 +105,18 @@ def _blocked_geometry(plan, kspec, epilogue_flags, params, in_layout, out_layout
         tail_kernel=tail, params=params, in_layout=in_layout, out_layout=out_layout,
         transpose=native_function(transpose.define_transpose,
                                   TransposeSpec(kspec.dtype, kspec.isa)).address
-        if transposes else 0, row_at=_blocked_slab_elements(plan))
+        if transposes else 0, row_at=_blocked_slab_elements(plan), store_rows=store_rows(plan))
 
 
 def _blocked_slab_elements(plan):
     """A blocked plan's band slab (its room also where the input is read in place)."""
     return plan.band_rows * plan.slab_shape[1] * plan.lanes
+
+
+def store_rows(plan):
+    """Output rows a blocked plan moves out of its blocks at once (NCHW or channels-last
+    output): as many as STORE_BLOCKS blocks of pixels hold, at least one, at most a band."""
+    return max(1, min(plan.band, plan.spec.p, STORE_BLOCKS * plan.lanes // plan.spec.q))
 
 
 def geom_fields(plan):
@@ -139,8 +149,8 @@ def scratch_elements(plan):
     """The slabs of one fill and a tail: the kernel's last vector reads up to a vector past
     the last channel's slab, and its aligned loads (``microkernels.depthwise``) one more; then
     the slack the filler's blended stores may rewrite (``row_copy.SCRATCH_SLACK``)."""
-    if plan.blocked:   # a band's slab, then an output row's blocks (NCHW, channels last)
-        return (_blocked_slab_elements(plan) + plan.spec.q * plan.lanes
+    if plan.blocked:   # a band's slab, then output rows' blocks (NCHW, channels last)
+        return (_blocked_slab_elements(plan) + store_rows(plan) * plan.spec.q * plan.lanes
                 + row_copy.SCRATCH_SLACK // plan.spec.itemsize)
     return (plan.nc * plan.channel_elements + 2 * plan.lanes
             + row_copy.SCRATCH_SLACK // plan.spec.itemsize)
@@ -226,8 +236,8 @@ def define_blocked_depthwise_loop_nest(module, dtype):
     last), per unit the block's band read in place or filled into a slab with its zero padding
     (``define_fill_slab_of``), then per output row its
     tiles of windows (``row_tiles``, evened out, a ``tail_kernel`` for the shorter ones), into
-    the output's blocks or a row of blocks then moved into NCHW planes or channels-last pixels
-    (``define_store_row``); ``weights`` holds a block's R*S weight vectors in turn, ``bias`` the
+    the output's blocks or rows of blocks then moved into NCHW planes or channels-last pixels,
+    ``store_rows`` rows at a time (``define_store_rows``); ``weights`` holds a block's R*S weight vectors in turn, ``bias`` the
     padded channels'. ``in_layout`` and ``out_layout`` (``LAYOUT_CODES``) say how the values
     are held."""
     code = EntryCode(module, f"blocked_depthwise_loop_nest_{dtype}", BLOCKED_GEOM)
@@ -238,12 +248,12 @@ def define_blocked_depthwise_loop_nest(module, dtype):
         "band", "Hb", "Hs", "Ws", "lanes", "windows", "row_tiles", "unpacked")
     epilogue, phases, params = code.geom("epilogue", "phases", "params")
     kernel, tail = code.geom("kernel", "tail_kernel")
-    in_layout, out_layout, block_transpose, row_at = code.geom("in_layout", "out_layout",
-                                                               "transpose", "row_at")
+    in_layout, out_layout, block_transpose, row_at, rows_out = code.geom(
+        "in_layout", "out_layout", "transpose", "row_at", "store_rows")
     x_addr, C, H, W, w_addr, bias_addr, out_addr, K = (
         code.call_arg(a) for a in ("x", "c", "h", "w", "weights", "bias", "out", "out_k"))
     scratch, offsets = code.workspace("scratch", item), code.workspace("rows", 8)
-    row_blocks = scratch + row_at * item   # an output row's blocks, moved out after
+    row_blocks = scratch + row_at * item   # output rows' blocks, moved out after
     first, end = code.part_field(0), code.part_field(1)
     code.call(define_blocked_offsets(module), offsets, 1, R, S, dh, dw, Hb, Ws, L)
     blocks, bands = (C + L - 1) // L, (P + band - 1) // band
@@ -265,8 +275,10 @@ def define_blocked_depthwise_loop_nest(module, dtype):
                       Hb, Ws, row0, code.min(Hb, Hs - row0), pt, pl, scratch, block_transpose)
         with code.if_((phases & KERNEL) != 0):
             out_held = code.min(L, K - cb * L)
-            with code.range(oh0, code.min(P, oh0 + band)) as oh:
-                row_out = code.choose(out_layout != BLOCKS, row_blocks,
+            oh_end = code.min(P, oh0 + band)
+            with code.range(oh0, oh_end) as oh:
+                kept = (oh - oh0) % rows_out   # rows before this one in row_blocks
+                row_out = code.choose(out_layout != BLOCKS, row_blocks + kept * Q * L * item,
                                       out_addr + ((n * K + cb * L) * P * Q + oh * Q * L) * item)
                 with code.range(0, row_tiles) as j:
                     ow0 = row_column(j, row_tiles, Q)
@@ -276,32 +288,36 @@ def define_blocked_depthwise_loop_nest(module, dtype):
                               base + ((oh * sh - row0) * Ws + ow0 * sw) * L * item, offsets,
                               sw * L, w_addr + cb * R * S * L * item, row_out + ow0 * L * item,
                               bias_addr + cb * L * item, epilogue, params)
-                with code.if_(out_layout != BLOCKS):
-                    code.call(define_store_row(module), out_layout, row_blocks, out_addr,
-                              n, cb, oh, P, Q, K, out_held, L, item, block_transpose)
+                with code.if_((out_layout != BLOCKS)
+                              & ((kept + 1 == rows_out) | (oh + 1 == oh_end))):
+                    code.call(define_store_rows(module), out_layout, row_blocks, out_addr,
+                              n, cb, (oh - kept) * Q, (kept + 1) * Q, P * Q, K, out_held, L,
+                              item, block_transpose)
     code.ret()
     return code.function
 
 
-def define_store_row(module):
-    """``store_row(layout, row, out, n, cb, oh, P, Q, K, held, L, item, transpose)`` in
-    ``module`` (defined once): output row ``oh`` of block ``cb`` of image ``n``, Q pixels of
-    L lanes at ``row``, into the output at ``out``: its ``held`` channels' NCHW planes (PLANES,
-    by block transposes) or channels-last pixels (CHANNELS_LAST)."""
-    if "store_row" in module.globals:
-        return module.globals["store_row"]
-    code = LoopCode(module, "store_row", ("layout", "row", "out", "n", "cb", "oh", "P", "Q", "K",
-                                          "held", "L", "item", "transpose"), internal=True)
-    layout, row, out, n, cb, oh, P, Q, K, held, L, item, block_transpose = code.args(
+def define_store_rows(module):
+    """``store_rows(layout, rows, out, n, cb, p0, count, PQ, K, held, L, item, transpose)`` in
+    ``module`` (defined once): output pixels p0 .. p0+count-1 (whole rows, consecutive in
+    the output as in ``rows``) of block ``cb`` of image ``n``, of L lanes at ``rows``, into
+    the output at ``out`` (PQ pixels a plane): its ``held`` channels' NCHW planes (PLANES, by
+    block transposes of L pixels, across rows) or channels-last pixels (CHANNELS_LAST)."""
+    if "store_rows" in module.globals:
+        return module.globals["store_rows"]
+    code = LoopCode(module, "store_rows", ("layout", "rows", "out", "n", "cb", "p0", "count",
+                                           "PQ", "K", "held", "L", "item", "transpose"),
+                    internal=True)
+    layout, rows, out, n, cb, p0, count, PQ, K, held, L, item, block_transpose = code.args(
         *code.arg_names)
     pixel = L * item
     with code.if_(layout == PLANES):
-        plane_row = out + ((n * K + cb * L) * P * Q + oh * Q) * item
-        with code.range(0, Q, L) as q0:
-            code.call((block_transpose, transpose.FUNCTION_TYPE), row + q0 * pixel, L,
-                      plane_row + q0 * item, P * Q, code.min(L, Q - q0), held, 0, 0, 0)
+        planes = out + ((n * K + cb * L) * PQ + p0) * item
+        with code.range(0, count, L) as q0:
+            code.call((block_transpose, transpose.FUNCTION_TYPE), rows + q0 * pixel, L,
+                      planes + q0 * item, PQ, code.min(L, count - q0), held, 0, 0, 0)
     with code.if_(layout == CHANNELS_LAST):
-        pixel_copies(code, out + ((n * P + oh) * Q * K + cb * L) * item, K * item, row, pixel, Q,
-                     held * item, pixel)
+        pixel_copies(code, out + ((n * PQ + p0) * K + cb * L) * item, K * item, rows, pixel,
+                     count, held * item, pixel)
     code.ret()
     return code.function

@@ -70,6 +70,9 @@ CASES = {
     "depthwise_7x7_small": (1, 3, 7, 7, 3, 7, 7, 1, 3, 1, 3, {}),
     # NCHW planes transposed into blocks and back (a 7x7: its blocked plan), a partial block
     "depthwise_7x7_blocked_s2": (2, 19, 15, 13, 19, 7, 7, 2, 3, 1, 19, {}),
+    # output rows moved into the planes a few at a time (4 + 1 on AVX-512, 2 + 2 + 1 on
+    # AVX2: ``cso.depthwise.store_rows``), a partial block
+    "depthwise_rows_stored_together": (1, 20, 5, 30, 20, 7, 7, 1, 3, 1, 20, {}),
     # channels read through a shuffle (not a plan override: a Conv2d argument)
     "depthwise_shuffled": (1, 12, 13, 17, 12, 3, 3, 1, 1, 1, 12, {"channel_shuffle": 4}),
     "depthwise_shuffled_s2_multiplier": (2, 6, 14, 19, 12, 3, 3, 2, 1, 1, 6,
