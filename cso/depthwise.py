@@ -237,9 +237,9 @@ def define_blocked_depthwise_loop_nest(module, dtype):
     (``define_fill_slab_of``), then per output row its
     tiles of windows (``row_tiles``, evened out, a ``tail_kernel`` for the shorter ones), into
     the output's blocks or rows of blocks then moved into NCHW planes or channels-last pixels,
-    ``store_rows`` rows at a time (``define_store_rows``); ``weights`` holds a block's R*S weight vectors in turn, ``bias`` the
-    padded channels'. ``in_layout`` and ``out_layout`` (``LAYOUT_CODES``) say how the values
-    are held."""
+    ``store_rows`` rows at a time (``define_store_rows``); ``weights`` holds a block's R*S
+    weight vectors in turn, ``bias`` the padded channels'. ``in_layout`` and ``out_layout``
+    (``LAYOUT_CODES``) say how the values are held."""
     code = EntryCode(module, f"blocked_depthwise_loop_nest_{dtype}", BLOCKED_GEOM)
     item = DTYPES[dtype].itemsize
     R, S, sh, sw, dh, dw, pt, pl, Q, P = code.geom("R", "S", "sh", "sw", "dh", "dw", "pt", "pl",
