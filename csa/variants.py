@@ -96,9 +96,9 @@ def reads_input_unpacked(spec, vectors_along, tuning):
     in L1 (csa/TUNING.md, "Plan rules" and "Plain 1x1s: packed window tiles")."""
     plane_bytes, k = spec.h * spec.w * spec.itemsize, spec.k_per_group
     wide = tuning.packed_1x1_plane_bytes and plane_bytes >= tuning.packed_1x1_plane_bytes
-    many_filters = ((tuning.packed_1x1_filters and k >= tuning.packed_1x1_filters)
-                    or (wide and k >= tuning.packed_1x1_plane_filters))
-    return (vectors_along == "windows" and plain_1x1(spec) and not many_filters
+    packs = ((tuning.packed_1x1_filters and k >= tuning.packed_1x1_filters)
+             or (wide and k >= tuning.packed_1x1_plane_filters))
+    return (vectors_along == "windows" and plain_1x1(spec) and not packs
             and PAGE // gcd(plane_bytes, PAGE) >= 4)
 
 

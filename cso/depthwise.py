@@ -276,8 +276,8 @@ def define_blocked_depthwise_loop_nest(module, dtype):
         with code.if_((phases & KERNEL) != 0):
             out_held = code.min(L, K - cb * L)
             oh_end = code.min(P, oh0 + band)
+            kept = code.var(0)   # rows before this one in row_blocks
             with code.range(oh0, oh_end) as oh:
-                kept = (oh - oh0) % rows_out   # rows before this one in row_blocks
                 row_out = code.choose(out_layout != BLOCKS, row_blocks + kept * Q * L * item,
                                       out_addr + ((n * K + cb * L) * P * Q + oh * Q * L) * item)
                 with code.range(0, row_tiles) as j:
@@ -288,11 +288,12 @@ def define_blocked_depthwise_loop_nest(module, dtype):
                               base + ((oh * sh - row0) * Ws + ow0 * sw) * L * item, offsets,
                               sw * L, w_addr + cb * R * S * L * item, row_out + ow0 * L * item,
                               bias_addr + cb * L * item, epilogue, params)
-                with code.if_((out_layout != BLOCKS)
-                              & ((kept + 1 == rows_out) | (oh + 1 == oh_end))):
+                store = (kept + 1 == rows_out) | (oh + 1 == oh_end)
+                with code.if_((out_layout != BLOCKS) & store):
                     code.call(define_store_rows(module), out_layout, row_blocks, out_addr,
                               n, cb, (oh - kept) * Q, (kept + 1) * Q, P * Q, K, out_held, L,
                               item, block_transpose)
+                kept.set(code.choose(store, 0, kept + 1))
     code.ret()
     return code.function
 
