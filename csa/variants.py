@@ -8,6 +8,9 @@ from .layout import plain_1x1, slab_shape
 from .register_blocking import blocked_tile
 
 DIRECT_WASTE = 0.1   # padded work a direct plan may add (row-aligned tiles, filter tiles)
+# the largest stride whose taps the packer makes by shuffles from one read of each input row
+# (``microkernels.row_copy.TAP_STRIDES``); past it, each tap of each window is copied alone
+SHUFFLED_TAPS_MAX_STRIDE = 2
 
 
 def use_direct(spec, nwin, nf, tuning):
@@ -22,8 +25,13 @@ def use_direct(spec, nwin, nf, tuning):
     and 36 as tiles of 12), others count padded to ``nwin`` a tile. Other strides are left to
     the packed plans: their taps read R*S runs per channel from the stride's phase planes and
     overflow L1; but not where an output row is one such even tile (10-14 windows) and the
-    windows overlap (a 3x3 at stride 2), whose packed tiles copy each value several times
-    (csa/TUNING.md has the measurements)."""
+    windows overlap (a 3x3 at stride 2), whose packed tiles copy each value several times;
+    and not at strides past SHUFFLED_TAPS_MAX_STRIDE with overlapping windows and at most half
+    as many filters as a window reads values (C*R*S; stems such as 7x7 at stride 4 and 16x16
+    at stride 8 over 3 channels), where twice the padded work is allowed: there the packer
+    copies every tap of every window alone, a cost a packed tile shares among its few filters,
+    while a direct plan's own costs per output (its transposition, a store per call) shrink
+    with the depth of its calls (csa/TUNING.md has the measurements)."""
     tiles = ceil(spec.q / nwin)
     even = (tuning.direct_min_row_windows and spec.q % tiles == 0
             and spec.q // tiles >= tuning.direct_min_row_windows)
@@ -31,10 +39,14 @@ def use_direct(spec, nwin, nf, tuning):
     padded = spec.p * row * ceil(spec.k_per_group / nf) * nf
     (sh, sw), (dh, dw) = spec.stride, spec.dilation
     overlap = (spec.r - 1) * dh + 1 > sh or (spec.s - 1) * dw + 1 > sw
-    return ((spec.stride == (1, 1) or even and tiles == 1 and overlap)
-            and slab_fits(spec, nwin, "filters")
-            and spec.c_per_group * spec.r * spec.s >= tuning.direct_min_depth
-            and padded <= (1 + DIRECT_WASTE) * spec.p * spec.q * spec.k_per_group)
+    depth = spec.c_per_group * spec.r * spec.s
+    deep = ((spec.stride == (1, 1) or even and tiles == 1 and overlap)
+            and depth >= tuning.direct_min_depth)
+    unshuffled = (max(sh, sw) > SHUFFLED_TAPS_MAX_STRIDE and overlap
+                  and 2 * spec.k_per_group <= depth)
+    waste = 2 * DIRECT_WASTE if unshuffled else DIRECT_WASTE   # (beside tap-by-tap packing)
+    return ((deep or unshuffled) and slab_fits(spec, nwin, "filters")
+            and padded <= (1 + waste) * spec.p * spec.q * spec.k_per_group)
 
 
 GROUPED_CHANNELS = (8, 64)     # channels per group of the grouped rule (grouped_direct)
@@ -127,11 +139,11 @@ def use_slab(spec, nwin, nf, nc, vectors_along, machine):
     beside the filter and output tiles. Past that count the packing is shared by enough
     filter tiles, and the slab costs more: its rows, scattered over Nc planes, sit less well in
     L1 than a packed tile, its vector loads are unaligned, and its tiles straddle output rows,
-    which costs split, masked stores (csa/TUNING.md has the measurements). A grouped
-    convolution at a stride packs its tiles: its few filters a group took a slab of stride
-    phases 0.67-1.0x the speed of packing theirs."""
+    which costs split, masked stores (csa/TUNING.md has the measurements). A convolution at a
+    stride packs its tiles: a slab of its stride phases ran at 0.5-0.94x the speed of packed
+    tiles (stems over 3 channels among them), 0.67-1.0x with several groups."""
     _, fw, fout = tile_footprints(spec, nwin, nf, nc)
-    return ((spec.groups == 1 or spec.stride == (1, 1))
+    return (spec.stride == (1, 1)
             and slab_fits(spec, nwin, vectors_along)
             and ceil(spec.k_per_group / nf) <= machine.tuning.slab_max_filter_tiles
             and slab_footprint(spec, nwin, nc, machine.line) + fw + fout <= CACHE_FILL * machine.l1d)

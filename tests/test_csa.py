@@ -6,6 +6,7 @@ import pytest
 
 import csa
 from csa import ConvSpec, Machine
+from microkernels import row_copy
 
 from .machines import AVX2, AVX512, SMALL, ZEN3, ZEN5
 
@@ -252,10 +253,8 @@ def test_slab_where_it_applies_and_pays():
     few_filters = plan("n1c64h56w56k64r3s3p1u1")                # 8 filter tiles
     assert few_filters.slab and "slab" in few_filters.explain()
     assert not plan("n1c256h56w56k256r3s3p1u1").slab            # 32 filter tiles
-    assert plan("n1c3h224w224k64r7s7p3u2").slab                 # stride 2: phases
-    assert plan("n1c32h208w208k64r3s3p1u2").slab                # 2 x 16 channels
-    wide_strided = "n1c64h208w208k64r3s3p1u2"                   # R*S runs x 22 channels > L1
-    assert not plan(wide_strided).slab and plan(wide_strided, slab=True).slab
+    # at a stride, only when forced (test_convolutions_at_a_stride_pack_their_tiles)
+    assert plan("n1c32h208w208k64r3s3p1u2", slab=True).slab     # phase planes
     for name in ("n1c64h56w56k64r3s3p1u2",      # slab rows of 28 + 1 < 32 windows
                  "n1c64h28w28k64r3s3p1u1",      # slab rows of 30 < 32 windows
                  "n1c64h56w56k64r1s1p0u1"):     # unpadded 1x1 reads its input unpacked
@@ -361,9 +360,9 @@ def test_direct_depth_and_slab_filter_tiles_come_from_the_record():
     assert plan("n1c16h112w112k32r3s3p1u1", zen5) == "windows slab"
     assert plan("n1c3h224w224k64r3s3p1u1", zen3) == "windows packed"  # depth 27; 11 filter tiles
     assert plan("n1c3h224w224k64r3s3p1u1", zen5) == "windows slab"    # 8 filter tiles
-    assert plan("n1c3h224w224k16r3s3p1u2", zen3) == "windows slab"    # 3 filter tiles
-    assert plan("n1c32h112w112k64r1s1p0u2", zen3) == "windows packed"
-    assert plan("n1c32h112w112k64r1s1p0u2", zen5) == "windows slab"
+    assert plan("n1c3h224w224k18r3s3p1u1", zen3) == "windows slab"    # 3 filter tiles
+    assert plan("n1c3h224w224k24r3s3p1u1", zen3) == "windows packed"  # 4
+    assert plan("n1c3h224w224k24r3s3p1u1", zen5) == "windows slab"
 
 
 def test_vectors_along_the_filters_where_they_waste_fewer_lanes_than_the_transpose_costs():
@@ -481,6 +480,18 @@ def test_direct_where_it_applies():
         assert not csa.analyze(ConvSpec.parse(name), zen).direct, name
     strided = ConvSpec.parse("n1c64h224w224k128r3s3p1u2")
     assert csa.analyze(strided, zen, vectors_along="filters", slab=True).direct
+    # past the strides whose taps the packer shuffles, overlapping windows of at least twice
+    # as many values (C*R*S) as filters, padded work up to 20%: stems such as 7x7 at stride 4
+    assert csa.variants.SHUFFLED_TAPS_MAX_STRIDE == max(row_copy.TAP_STRIDES)
+    for name in ("n1c3h224w224k64r7s7p3u4", "n1c3h224w224k32r7s7p3u4",
+                 "n1c3h240w240k56r7s7p3u4",     # 56 filters in 64 lanes
+                 "n1c3h224w224k144r16s16p0u8"):  # 144 in 160 (and 27 = 2 x 14 - 1 windows)
+        assert csa.analyze(ConvSpec.parse(name), zen).direct, name
+    for name in ("n1c3h224w224k96r7s7p3u4",     # 2 x 96 filters > 147 values a window
+                 "n1c3h224w224k40r7s7p3u4",     # 40 filters in 64 lanes
+                 "n1c3h224w224k96r4s4p0u4",     # 4x4 at stride 4: windows do not overlap
+                 "n1c3h224w224k64r7s7p3u2"):    # stride 2: its taps shuffled
+        assert not csa.analyze(ConvSpec.parse(name), zen).direct, name
     assert not csa.analyze(ConvSpec.parse("n1c256h56w56k256r3s3p1u1"), zen, slab=False).direct
     assert csa.blocking.direct_channel_tile(ConvSpec.parse("n1c512h28w28k512r3s3p1u1"), 32, zen) == 171
 
@@ -614,13 +625,15 @@ def test_channels_last_depthwise_bands_keep_a_large_images_pixels_in_l2():
 
 
 @pytest.mark.parametrize("machine", [ZEN3, ZEN5], ids=["zen3", "zen5"])
-def test_grouped_convolutions_at_a_stride_pack_their_tiles(machine):
-    """Windows in vectors read a slab only at stride 1 when the convolution is grouped (a
-    slab of stride phases ran their few filters a group 0.67-1.0x the speed of packed tiles,
-    and split over threads worse); one group keeps the rule's choice (a stride-2 stem's slab)."""
+def test_convolutions_at_a_stride_pack_their_tiles(machine):
+    """Windows in vectors read a slab only at stride 1 (a slab of stride phases ran at
+    0.5-0.94x the speed of packed tiles on stems over 3 channels, 0.67-1.0x on grouped
+    layers, and split over threads worse), grouped or not; at stride 1 the slab rule holds."""
     for name in ("n1c184h32w32k184r3s3p1u2g23", "n1c88h64w64k88r3s3p1u2g11",
-                 "n1c32h112w112k32r3s3p1u2g8"):
+                 "n1c32h112w112k32r3s3p1u2g8", "n1c3h224w224k16r3s3p1u2",
+                 "n1c3h224w224k64r7s7p3u2", "n1c32h208w208k64r3s3p1u2",
+                 "n1c64h150w150k128r1s1p0u2", "n1c3h224w224k96r4s4p0u4"):
         plan = csa.analyze(ConvSpec.parse(name), machine)
         assert plan.vectors_along == "windows" and not plan.slab, name
-    stem = csa.analyze(ConvSpec.parse("n1c3h224w224k16r3s3p1u2"), machine)
-    assert stem.vectors_along == "windows" and stem.slab
+    same = csa.analyze(ConvSpec.parse("n1c3h224w224k16r3s3p1u1"), machine)
+    assert same.vectors_along == "windows" and same.slab
