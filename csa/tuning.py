@@ -79,7 +79,7 @@ class Tuning:
     # a channels-last image (all channels) over this many times L2 runs its blocked depthwise
     # plan in bands whose input pixels fit L2 (``csa.depthwise``; 0: not measured, never)
     pixel_band_image: float = 0
-    slab_max_filter_tiles: int = 16  # windows in vectors read a slab when at most this many
+    slab_max_filter_tiles: int = 4  # windows in vectors read a slab when at most this many
     # filter tiles share each window tile (more: packing the tile once is cheaper)
     # the kernel depth (C/groups*R*S rows) whose FMAs the transposing pass of one output costs
     # with filters in vectors (0: not measured, the lanes padding alone chooses the vectors)
@@ -156,18 +156,18 @@ class Tuning:
 AVX512 = Tuning(
     "avx512", "AMD Zen 5 (2 cores); Zen 4 runs zmm FMAs at half rate, same tiles; "
     "output_prefetch on Zen 4 (2 vCPUs); thread_min_flops on Zen 5 and an Intel Xeon (2 vCPUs), "
-    "transpose_depth, packing_filters, direct_min_row_windows, grouped_blocked_max_plane, "
-    "grouped_blocked_max_blocks, grouped_blocked_max_input, merged_groups_max_plane and "
-    "padded_merge_max_plane on that Xeon; direct_l1_filter_tiles, depthwise_blocked_min_taps, "
-    "depthwise_thread_min_flops and the packed_1x1 fields on another (2 vCPUs, 2 MiB of L2, "
-    "480 MiB of L3)",
+    "transpose_depth, packing_filters, direct_min_row_windows, slab_max_filter_tiles, "
+    "grouped_blocked_max_plane, grouped_blocked_max_blocks, grouped_blocked_max_input, "
+    "merged_groups_max_plane and padded_merge_max_plane on that Xeon; direct_l1_filter_tiles, "
+    "depthwise_blocked_min_taps, depthwise_thread_min_flops and the packed_1x1 fields on "
+    "another (2 vCPUs, 2 MiB of L2, 480 MiB of L3)",
     fma_latency=4, fma_pipes=2, loads_per_cycle=2.0, broadcast_operand=True,
     direct_windows=((14, 1.0), (7, 0.93)), direct_min_row_windows=10, direct_l1_filter_tiles=28,
     output_prefetch=2, thread_min_flops=1.2e6, transpose_depth=24, packing_filters=6,
-    grouped_blocked_max_plane=256, grouped_blocked_max_blocks=3, grouped_blocked_max_input=1024,
-    merged_groups_max_plane=1024, padded_merge_max_plane=225, depthwise_blocked_min_taps=5,
-    depthwise_thread_min_flops=0.1e6, packed_1x1_filters=256, packed_1x1_plane_filters=96,
-    packed_1x1_plane_bytes=6144)
+    slab_max_filter_tiles=4, grouped_blocked_max_plane=256, grouped_blocked_max_blocks=3,
+    grouped_blocked_max_input=1024, merged_groups_max_plane=1024, padded_merge_max_plane=225,
+    depthwise_blocked_min_taps=5, depthwise_thread_min_flops=0.1e6, packed_1x1_filters=256,
+    packed_1x1_plane_filters=96, packed_1x1_plane_bytes=6144)
 AVX2 = Tuning(
     "avx2", "AMD Zen 3 EPYC (2 cores); grouped_blocked_max_plane, grouped_blocked_max_blocks, "
     "merged_groups_max_plane and padded_merge_max_plane with these kernels on an Intel Xeon "
