@@ -44,6 +44,9 @@ class Tuning:
     depthwise_thread_min_flops: float = 0.5e6   # the same for a depthwise plan (about 10 us)
     depthwise_part_min_flops: float = 0.5e6     # and its parts past one a thread
     direct_min_depth: int = 512     # C/groups*R*S a direct plan needs (shallower: C's tile costs)
+    # the same where a group's filters fit one direct filter tile, whose windows-in-vectors
+    # plan reads its window tiles for several filter tiles (0: not measured, direct_min_depth)
+    direct_one_tile_min_depth: int = 0
     # windows from which an output row's even direct tiles (one, where the row is narrower
     # than a tile) count at their own width, not padded to the tile
     # (``csa.variants.use_direct``; 0: not measured, never)
@@ -156,18 +159,18 @@ class Tuning:
 AVX512 = Tuning(
     "avx512", "AMD Zen 5 (2 cores); Zen 4 runs zmm FMAs at half rate, same tiles; "
     "output_prefetch on Zen 4 (2 vCPUs); thread_min_flops on Zen 5 and an Intel Xeon (2 vCPUs), "
-    "transpose_depth, packing_filters, direct_min_row_windows, slab_max_filter_tiles, "
-    "grouped_blocked_max_plane, grouped_blocked_max_blocks, grouped_blocked_max_input, "
-    "merged_groups_max_plane and padded_merge_max_plane on that Xeon; direct_l1_filter_tiles, "
-    "depthwise_blocked_min_taps, depthwise_thread_min_flops and the packed_1x1 fields on "
-    "another (2 vCPUs, 2 MiB of L2, 480 MiB of L3)",
+    "transpose_depth, packing_filters, direct_min_row_windows, direct_one_tile_min_depth, "
+    "slab_max_filter_tiles, grouped_blocked_max_plane, grouped_blocked_max_blocks, "
+    "grouped_blocked_max_input, merged_groups_max_plane and padded_merge_max_plane on that "
+    "Xeon; direct_l1_filter_tiles, depthwise_blocked_min_taps, depthwise_thread_min_flops "
+    "and the packed_1x1 fields on another (2 vCPUs, 2 MiB of L2, 480 MiB of L3)",
     fma_latency=4, fma_pipes=2, loads_per_cycle=2.0, broadcast_operand=True,
     direct_windows=((14, 1.0), (7, 0.93)), direct_min_row_windows=10, direct_l1_filter_tiles=28,
-    output_prefetch=2, thread_min_flops=1.2e6, transpose_depth=24, packing_filters=6,
-    slab_max_filter_tiles=4, grouped_blocked_max_plane=256, grouped_blocked_max_blocks=3,
-    grouped_blocked_max_input=1024, merged_groups_max_plane=1024, padded_merge_max_plane=225,
-    depthwise_blocked_min_taps=5, depthwise_thread_min_flops=0.1e6, packed_1x1_filters=256,
-    packed_1x1_plane_filters=96, packed_1x1_plane_bytes=6144)
+    direct_one_tile_min_depth=144, output_prefetch=2, thread_min_flops=1.2e6, transpose_depth=24,
+    packing_filters=6, slab_max_filter_tiles=4, grouped_blocked_max_plane=256,
+    grouped_blocked_max_blocks=3, grouped_blocked_max_input=1024, merged_groups_max_plane=1024,
+    padded_merge_max_plane=225, depthwise_blocked_min_taps=5, depthwise_thread_min_flops=0.1e6,
+    packed_1x1_filters=256, packed_1x1_plane_filters=96, packed_1x1_plane_bytes=6144)
 AVX2 = Tuning(
     "avx2", "AMD Zen 3 EPYC (2 cores); grouped_blocked_max_plane, grouped_blocked_max_blocks, "
     "merged_groups_max_plane and padded_merge_max_plane with these kernels on an Intel Xeon "

@@ -18,7 +18,8 @@ def use_direct(spec, nwin, nf, tuning):
     direct convolution MLAS runs on NCHWc): no window tile is packed. For stride-1
     convolutions a slab applies to (not unpadded 1x1s) with at least
     ``tuning.direct_min_depth`` rows per kernel call (shallower calls spend too much on C's
-    tile), whose row-aligned window tiles and filter tiles waste at most DIRECT_WASTE of the
+    tile; ``tuning.direct_one_tile_min_depth`` where a group's filters fit one tile), whose
+    row-aligned window tiles and filter tiles waste at most DIRECT_WASTE of the
     work. A row is cut into even tiles (``balanced_row_windows``); one that splits into tiles
     of one width of at least ``tuning.direct_min_row_windows`` wastes nothing (10x10 and 12x12
     planes, one tile a row, whose packed tiles waste lanes or cost their packing; rows of 24
@@ -40,8 +41,9 @@ def use_direct(spec, nwin, nf, tuning):
     (sh, sw), (dh, dw) = spec.stride, spec.dilation
     overlap = (spec.r - 1) * dh + 1 > sh or (spec.s - 1) * dw + 1 > sw
     depth = spec.c_per_group * spec.r * spec.s
+    one_tile = spec.k_per_group <= nf and tuning.direct_one_tile_min_depth
     deep = ((spec.stride == (1, 1) or even and tiles == 1 and overlap)
-            and depth >= tuning.direct_min_depth)
+            and depth >= (one_tile or tuning.direct_min_depth))
     unshuffled = (max(sh, sw) > SHUFFLED_TAPS_MAX_STRIDE and overlap
                   and 2 * spec.k_per_group <= depth)
     waste = 2 * DIRECT_WASTE if unshuffled else DIRECT_WASTE   # (beside tap-by-tap packing)

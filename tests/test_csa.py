@@ -354,13 +354,16 @@ def test_unpacked_1x1_only_where_channel_rows_spread_over_l1_sets():
 
 def test_direct_depth_and_slab_filter_tiles_come_from_the_record():
     """The AVX2 record plans direct from a kernel depth (C*R*S) of 144 and reads a slab with
-    windows in vectors for at most 3 filter tiles; the AVX-512 record from 512 and 4."""
+    windows in vectors for at most 3 filter tiles; the AVX-512 record from 512 (144 where the
+    filters fit one direct tile) and 4."""
     zen3, zen5 = ZEN3, ZEN5
     def plan(name, machine):
         p = csa.analyze(ConvSpec.parse(name), machine)
         return "direct" if p.direct else p.vectors_along + (" slab" if p.slab else " packed")
     assert plan("n1c16h112w112k32r3s3p1u1", zen3) == "direct"        # depth 144
-    assert plan("n1c16h112w112k32r3s3p1u1", zen5) == "windows slab"
+    assert plan("n1c16h112w112k32r3s3p1u1", zen5) == "direct"        # one tile of 32
+    assert plan("n1c16h112w112k64r3s3p1u1", zen5) == "windows packed"
+    assert plan("n1c8h112w112k32r3s3p1u1", zen5) == "windows slab"    # depth 72
     assert plan("n1c3h224w224k64r3s3p1u1", zen3) == "windows packed"  # depth 27; 11 filter tiles
     assert plan("n1c3h224w224k64r3s3p1u1", zen5) == "windows packed"  # 8 filter tiles
     assert plan("n1c3h224w224k32r3s3p1u1", zen5) == "windows slab"    # 4
