@@ -48,6 +48,13 @@ CASES = {
     "direct_narrow_rows_s2": (1, 64, 21, 22, 60, 3, 3, 2, 1, 1, 1, {}),
     "direct_bands_s2": (2, 8, 19, 35, 21, 3, 3, 2, 1, 1, 1,
                         {"vectors_along": "filters", "slab": True, "band": 2}),
+    # stems past stride 2 (``csa.variants.use_direct``, forced for every ISA's tiles): 16
+    # stride-4 phase planes a channel, partial filter tiles, rows of 16 and 6 windows, input
+    # columns past the last window
+    "direct_stem_7x7_s4": (1, 3, 45, 61, 56, 7, 7, 4, 3, 1, 1,
+                           {"vectors_along": "filters", "slab": True}),
+    "direct_stem_16x16_s8": (2, 3, 40, 57, 40, 16, 16, 8, 0, 1, 1,
+                             {"vectors_along": "filters", "slab": True}),
     "grouped": (1, 12, 10, 11, 18, 3, 3, 1, 1, 1, 3, {}),
     "grouped_filters": (1, 12, 6, 7, 18, 3, 3, 1, 1, 1, 3, {"vectors_along": "filters"}),
     # groups of 8 channels: direct, a vector of filters a tile (AVX2); 12 filters a group: two
