@@ -29,7 +29,7 @@ def use_direct(spec, nwin, nf, tuning):
     windows overlap (a 3x3 at stride 2), whose packed tiles copy each value several times;
     and not at strides past SHUFFLED_TAPS_MAX_STRIDE with overlapping windows and at most half
     as many filters as a window reads values (C*R*S; stems such as 7x7 at stride 4 and 16x16
-    at stride 8 over 3 channels), where twice the padded work is allowed: there the packer
+    at stride 8 over 3 channels), with up to twice DIRECT_WASTE of padded work: there the packer
     copies every tap of every window alone, a cost a packed tile shares among its few filters,
     while a direct plan's own costs per output (its transposition, a store per call) shrink
     with the depth of its calls (csa/TUNING.md has the measurements)."""
@@ -41,9 +41,10 @@ def use_direct(spec, nwin, nf, tuning):
     (sh, sw), (dh, dw) = spec.stride, spec.dilation
     overlap = (spec.r - 1) * dh + 1 > sh or (spec.s - 1) * dw + 1 > sw
     depth = spec.c_per_group * spec.r * spec.s
-    one_tile = spec.k_per_group <= nf and tuning.direct_one_tile_min_depth
-    deep = ((spec.stride == (1, 1) or even and tiles == 1 and overlap)
-            and depth >= (one_tile or tuning.direct_min_depth))
+    min_depth = (tuning.direct_one_tile_min_depth
+                 if spec.k_per_group <= nf and tuning.direct_one_tile_min_depth
+                 else tuning.direct_min_depth)
+    deep = ((spec.stride == (1, 1) or even and tiles == 1 and overlap) and depth >= min_depth)
     unshuffled = (max(sh, sw) > SHUFFLED_TAPS_MAX_STRIDE and overlap
                   and 2 * spec.k_per_group <= depth)
     waste = 2 * DIRECT_WASTE if unshuffled else DIRECT_WASTE   # (beside tap-by-tap packing)
