@@ -27,23 +27,24 @@ def microtile(machine, itemsize):
 
 def filter_vector_tile(machine, itemsize, positions=49, filter_bytes=0):
     """(windows, filters) when filters are the vector dimension: TILE_VECTORS filter vectors
-    by a window count among those the model finds fastest: 7 when it is among them (planes of
-    real networks are multiples of 7: 7x7, 14x14, 28x28, 56x56), else the one that covers the
-    output plane's ``positions`` fastest (``fastest_windows``, the record's ``filter_windows``).
-    AVX-512: 7 x 32 floats; AVX2: 5 x 16 on a 7x7 plane, 6 x 16 on 14x14 and larger. A
-    single-pixel plane is a matrix-vector product whose weights stream through once: 1 window
-    by up to four vectors (AVX-512: 1 x 64), but TILE_VECTORS where its ``filter_bytes`` are
-    more than L2 holds: there the stream, not the FMAs' latency, sets its speed (4096 x 25088
-    from memory: 0.95-1.04x with 1 x 32, Xeon), and its filters, packed for the plans of a
-    few pixels (a classifier's batch of 8), are held once."""
+    by the window count, among those the model finds fastest, that covers the output plane's
+    ``positions`` fastest (``fastest_windows``, the record's ``filter_windows``: tiles of more
+    windows load fewer filter vectors per FMA, a plane that is not a multiple of the count
+    pads its last tile). AVX-512: 7 x 32 floats on a 7x7 plane, 14 x 32 on 14x14 and larger
+    multiples of 7, 8 x 32 on 4x4, 12 x 32 on 6x6 and 12x12, 9 x 32 on 9x9, 10 x 32 on 10x10;
+    AVX2: 5 x 16 on a 7x7 plane, 6 x 16 on 14x14 and larger. A single-pixel plane is a
+    matrix-vector product whose weights stream through once: 1 window by up to four vectors
+    (AVX-512: 1 x 64), but TILE_VECTORS where its ``filter_bytes`` are more than L2 holds:
+    there the stream, not the FMAs' latency, sets its speed (4096 x 25088 from memory:
+    0.95-1.04x with 1 x 32, Xeon), and its filters, packed for the plans of a few pixels (a
+    classifier's batch of 8), are held once."""
     lanes, registers = machine.vector_bytes // itemsize, machine.vector_registers
     if positions == 1:
         vectors = TILE_VECTORS if filter_bytes > machine.l2 else 4
         return 1, max(1, min(vectors, (registers - 1) // 2)) * lanes
     tuning = machine.tuning
     counts = tuning.broadcast_counts(registers, TILE_VECTORS, FILTER_VARIANTS)
-    windows = 7 if 7 in counts else fastest_windows(positions, counts, tuning.filter_windows)
-    return windows, TILE_VECTORS * lanes
+    return fastest_windows(positions, counts, tuning.filter_windows), TILE_VECTORS * lanes
 
 
 def fastest_windows(positions, counts, measured):
@@ -105,13 +106,19 @@ CALIBRATION_PLANES = (7, 14, 28, 56, 112)   # output widths (square planes) of r
 def calibration_candidates(machine):
     """{kernel variant: broadcast counts} a host calibration measures (float32, TILE_VECTORS
     rows): the counts the rules pick from the model for the usual planes, and their
-    neighbours that fit the registers, so that a calibration can confirm or overturn them."""
+    neighbours, and those the record lists as measured in loop nests (``filter_windows``,
+    ``direct_windows``), that fit the registers: a calibration confirms or overturns them."""
     planes = [ConvSpec.parse(f"n1c64h{q}w{q}k64r3s3p1u1") for q in CALIBRATION_PLANES]
+    tuning = machine.tuning
     picks = {"packed": {filter_vector_tile(machine, 4, s.p * s.q)[0] for s in planes},
              "slab": {microtile(machine, 4)[1]},
              "direct": {direct_windows(s, machine) for s in planes}}
     picks["packed"] |= picks["slab"]   # windows in vectors runs packed tiles too
-    fits = machine.tuning.kernel_efficiency
-    return {variant: sorted({b for p in chosen for b in (p - 1, p, p + 1)
-                             if b > 0 and fits(machine.vector_registers, b, TILE_VECTORS) > 0})
+    # and the tiles the record measured in loop nests, which other planes pick
+    listed = {"packed": tuning.filter_windows, "direct": tuning.direct_windows}
+    registers = machine.vector_registers
+    fitting = {b for b in range(1, registers)
+               if tuning.kernel_efficiency(registers, b, TILE_VECTORS) > 0}
+    return {variant: sorted(({b for p in chosen for b in (p - 1, p, p + 1)}
+                             | {b for b, _ in listed.get(variant, ())}) & fitting)
             for variant, chosen in picks.items()}

@@ -163,9 +163,12 @@ AVX512 = Tuning(
     "slab_max_filter_tiles, grouped_blocked_max_plane, grouped_blocked_max_blocks, "
     "grouped_blocked_max_input, merged_groups_max_plane and padded_merge_max_plane on that "
     "Xeon; direct_l1_filter_tiles, depthwise_blocked_min_taps, depthwise_thread_min_flops "
-    "and the packed_1x1 fields on another (2 vCPUs, 2 MiB of L2, 480 MiB of L3)",
+    "and the packed_1x1 fields and filter_windows on another (2 vCPUs, 2 MiB of L2, 480 MiB "
+    "of L3)",
     fma_latency=4, fma_pipes=2, loads_per_cycle=2.0, broadcast_operand=True,
-    direct_windows=((14, 1.0), (7, 0.93)), direct_min_row_windows=10, direct_l1_filter_tiles=28,
+    direct_windows=((14, 1.0), (7, 0.93)),
+    filter_windows=((14, 1.0), (13, 0.99), (12, 0.99), (10, 0.96), (9, 0.97), (8, 0.97),
+                    (7, 0.95)), direct_min_row_windows=10, direct_l1_filter_tiles=28,
     direct_one_tile_min_depth=144, output_prefetch=2, thread_min_flops=1.2e6, transpose_depth=24,
     packing_filters=6, slab_max_filter_tiles=4, grouped_blocked_max_plane=256,
     grouped_blocked_max_blocks=3, grouped_blocked_max_input=1024, merged_groups_max_plane=1024,

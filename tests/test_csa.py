@@ -39,10 +39,13 @@ def test_register_blocking_per_orientation():
     assert csa.register_blocking.microtile(AVX512, 8) == (16, 8)    # float64
     assert csa.register_blocking.microtile(AVX2, 4) == (16, 6)      # 4..6 fit: the fewest loads per FMA
     assert csa.register_blocking.microtile(AVX2, 8) == (8, 6)
-    # filters in vectors: 7 windows where they fit two vectors, else the count that covers the
-    # plane fastest at the speeds the record measured in loop nests; one window of four
-    # vectors on a single-pixel plane
-    assert csa.register_blocking.filter_vector_tile(AVX512, 4, 49) == (7, 32)
+    # filters in vectors: the count that covers the plane fastest at the speeds the record
+    # measured in loop nests; one window of four vectors on a single-pixel plane
+    for positions, windows in ((49, 7), (196, 14), (784, 14), (16, 8), (36, 12), (81, 9),
+                               (100, 10), (144, 12), (169, 13), (225, 12)):
+        assert csa.register_blocking.filter_vector_tile(AVX512, 4, positions) == (windows, 32), positions
+    # 7 x 7 in 7 tiles of 7 (at 0.95) rather than 5 of 10 (0.96: a whole tile's time more)
+    assert 49 / 0.95 < 50 / 0.96
     assert csa.register_blocking.filter_vector_tile(AVX512, 4, 1) == (1, 64)
     assert csa.register_blocking.filter_vector_tile(AVX2, 4, 49) == (5, 16)     # 50 positions, against 52 and 54
     assert csa.register_blocking.filter_vector_tile(AVX2, 4, 196) == (6, 16)    # 198 at 1.0 against 196 at 0.96
@@ -62,11 +65,14 @@ def calibrated(machine, speeds, fma_in_flight=8):
     return machine.with_(tuning=machine.tuning.calibrated(fma_in_flight, measured, "test CPU"))
 
 
-def test_calibration_candidates_are_the_rules_picks_and_their_neighbours():
+def test_calibration_candidates_are_the_rules_picks_their_neighbours_and_the_records_tiles():
     assert csa.register_blocking.calibration_candidates(AVX2) == {"packed": [4, 5, 6], "slab": [5, 6],
                                                      "direct": [3, 4, 5, 6]}
-    assert csa.register_blocking.calibration_candidates(AVX512) == {"packed": [6, 7, 8, 9], "slab": [7, 8, 9],
-                                                       "direct": [6, 7, 8, 13, 14, 15]}
+    # and the tiles the record measured in loop nests (AVX-512: 10, 12, 13 for planes of 100,
+    # 144, 169 positions)
+    assert csa.register_blocking.calibration_candidates(AVX512) == {
+        "packed": [6, 7, 8, 9, 10, 12, 13, 14, 15], "slab": [7, 8, 9],
+        "direct": [6, 7, 8, 13, 14, 15]}
 
 
 def test_calibration_confirming_the_model_changes_no_tile():
