@@ -19,13 +19,32 @@ def tile_footprints(spec, nwin, nf, nc):
     return nwin * rs * nc * ds, nf * rs * nc * ds, nwin * nf * ds
 
 
-def channel_tile(spec, nwin, nf, l1d):
+def channel_tile(spec, nwin, nf, l1d, filters_streamed=False):
     """Nc: the fewest channel tiles with Nc*(Nwin+Nf)*R*S*ds + Nwin*Nf*ds <= 0.9*L1 (at least 1
     channel each), split evenly: a short last tile would cost a whole pass over the partial
-    outputs for a few channels (csa/TUNING.md, "Plan rules")."""
+    outputs for a few channels (csa/TUNING.md, "Plan rules"). With ``filters_streamed`` the
+    window tile alone (Nc*Nwin*R*S*ds): its filter tile streams from L2, as a direct plan's
+    does, where each channel tile's pass over partial outputs that overflow L2 costs more
+    (``streams_1x1_filters``)."""
     ds, rs = spec.itemsize, spec.r * spec.s
     room = CACHE_FILL * l1d - nwin * nf * ds
-    return even_channel_tile(spec, room // ((nwin + nf) * rs * ds))
+    return even_channel_tile(spec, room // ((nwin + (0 if filters_streamed else nf)) * rs * ds))
+
+
+EXPANSION = 2   # filters per channel from which a 1x1 streams its filter tile (below)
+
+
+def streams_1x1_filters(spec, nwin, machine):
+    """Whether a packed plan with filters in vectors is a 1x1 that expands (at least
+    EXPANSION filters a channel: inverted bottlenecks, MLPs) whose transposed output, all of
+    it in one band (``bands.output_band``), holds more than a band's share of L2
+    (``band_fits_l2``): each channel tile then reads and writes it from L3, and fewer channel
+    tiles, their filter tile streamed from L2, ran 0.89-0.97x the time at 1 thread and
+    0.94-1.01x at 2. 1x1s of fewer filters and larger filters (3x3s, 2x2s) gained at 1 thread
+    only, and lost up to 9% at 2, where each thread's part of the output fits its L2
+    (csa/TUNING.md, "Filters-in-vectors channel tiles past L2")."""
+    return (spec.r == spec.s == 1 and spec.k_per_group >= EXPANSION * spec.c_per_group
+            and not band_fits_l2(spec, nwin, ceil(spec.p * spec.q / nwin), machine))
 
 
 def even_channel_tile(spec, largest):

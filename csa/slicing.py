@@ -8,7 +8,7 @@ from .bands import (band_buffers, direct_band_channel_tile, direct_l2_set, outpu
                     slab_within, workspace_band_cap)
 from .blocking import (CACHE_FILL, DIRECT_FILTER_FILL, DIRECT_L1_FILTER_FILL, OUTPUT_BAND_FILL,
                        SCHEDULES, band_fits_l2, blocking, channel_tile, direct_channel_tile,
-                       filters_in_l1, schedule_costs, tile_footprints)
+                       filters_in_l1, schedule_costs, streams_1x1_filters, tile_footprints)
 from .layout import (LAYOUTS, SlabGeometry, balanced_row_windows, block_channel_tile,
                      blocked_band_rows, blocked_fits, blocked_slab_shape, reads_in_place,
                      row_tiles, slab_band_rows, slab_shape, subsampled, window_positions,
@@ -310,7 +310,8 @@ def analyze_slicing(spec, machine, threads, overrides, layout="nchw"):
     else:
         # (a blocked plan's windows are a block apart: each broadcast its own line)
         nc = (direct_channel_tile(spec, nf, machine, nwin, blocked) if direct else
-              channel_tile(spec, nwin, nf, machine.l1d))
+              channel_tile(spec, nwin, nf, machine.l1d, vectors_along == "filters"
+                           and streams_1x1_filters(spec, nwin, machine)))
     if vectors_along == "filters":
         slab = direct
     elif slab is None:

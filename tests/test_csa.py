@@ -176,6 +176,22 @@ def test_channel_tiles_split_evenly():
         assert csa.analyze(spec, zen, vectors_along="windows").channel_tiles == -(-c // 30)
 
 
+def test_expanding_1x1s_past_l2_stream_their_filter_tile():
+    # 1536 -> 6144 at 7 x 7 on Zen 5: a transposed output of 49*6144*4 = 1.2 MB, past a band's
+    # share of L2 (0.25*0.9*1 MiB): the window tile alone in L1, (0.9*49152 - 7*32*4) // (7*4)
+    # = 1547 channels, all 1536, where the L1 rule of both tiles takes 6 tiles of 256
+    spec = ConvSpec.parse("n1c1536h7w7k6144r1s1p0u1")
+    assert csa.blocking.streams_1x1_filters(spec, 7, ZEN5)
+    assert csa.blocking.channel_tile(spec, 7, 32, ZEN5.l1d) == 256
+    assert csa.blocking.channel_tile(spec, 7, 32, ZEN5.l1d, filters_streamed=True) == 1536
+    plan = csa.analyze(spec, ZEN5)
+    assert (plan.vectors_along, plan.nwin, plan.nc) == ("filters", 7, 1536)
+    # not 1x1s of fewer filters than twice their channels, larger filters, nor an output
+    # within the share (49*1024*4 = 200 KB)
+    for fewer in ("n1c1024h18w18k512r1s1p0u1", "n1c160h56w56k320r3s3p1u2", "n1c256h7w7k1024r1s1p0u1"):
+        assert not csa.blocking.streams_1x1_filters(ConvSpec.parse(fewer), 7, ZEN5), fewer
+
+
 def test_float64_roughly_halves_the_channel_tile():
     f32 = csa.analyze(LAYER, SMALL, **PACKED)
     f64 = csa.analyze(ConvSpec(1, 64, 56, 56, 64, 3, 3, padding=(1,) * 4, dtype="float64"), SMALL,
