@@ -39,8 +39,9 @@ CASES = {
                       {"slab": True, "vectors_along": "windows", "schedule": "WS", "band": 3}),
     "slab_stride2_5x5": (1, 4, 41, 70, 11, 5, 5, 2, 2, 1, 1, {"slab": True, "vectors_along": "windows"}),
     "filters_in_vectors": (1, 16, 7, 9, 37, 3, 3, 1, 1, 1, 1, {"vectors_along": "filters", "slab": False}),
-    # the record's window tile for the plane (``csa.register_blocking.filter_vector_tile``; AVX-512: 13 windows on
-    # 5 x 5, the last tile 12; 14 on 11 x 11, the last 9), partial filter tiles
+    # the record's window tile for the plane (``register_blocking.filter_vector_tile``;
+    # AVX-512: 13 windows on 5 x 5, the last tile 12; 14 on 11 x 11, the last 9), partial
+    # filter tiles
     "filters_in_vectors_1x1_5x5": (1, 24, 5, 5, 37, 1, 1, 1, 0, 1, 1,
                                    {"vectors_along": "filters", "slab": False}),
     "filters_in_vectors_11x11_s2": (2, 8, 21, 22, 40, 3, 3, 2, 1, 1, 1,
