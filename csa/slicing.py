@@ -83,6 +83,18 @@ class SlicingPlan(SlabGeometry):
         return self.machine.tuning.output_prefetch if self.vectors_along == "windows" else 0
 
     @property
+    def prefetch_filters(self):
+        """Whether the kernel brings the next filter tile to L2 while it computes on this one
+        (``KernelSpec.prefetch_next``): with filters in vectors, packed or direct. A filter tile
+        comes from L3 or memory the first time its window tiles read it (in a model, whose
+        other layers evicted it since the last call), at the pace of the kernel's FMAs, faster
+        than one core's bandwidth from there; asked for during the calls before, the same
+        lines arrive in time: timm 1x1s and 3x3s whose filters overflow L2 ran 0.78-0.97x the
+        time at 1 thread, 0.87-1.02x at 2, the others 0.92-1.03x (csa/TUNING.md, "Filter
+        tiles prefetched"). Not yet measured on blocks."""
+        return self.vectors_along == "filters" and not self.blocked
+
+    @property
     def row_tiles(self):
         return row_tiles(self.spec, self.nwin, self.slab, self.vectors_along)
 

@@ -484,6 +484,7 @@ class _LoopNest:
         with code.range(at.fb, at.fend) as ft:
             row = () if start_row is None else (start_row(at),)
             with code.range(at.wb, at.wend) as wt:
+                at.wt = wt
                 kernel(at, ft, window_tile(at, wt, *row))
 
     def packed_tile(self, at, wt):
@@ -556,7 +557,8 @@ class _LoopNest:
                       at.out_base + (f0 * self.PQ + tile.first) * item, self.PQ, self.LANES,
                       tile.windows,
                       code.min(self.NF, self.Kg - f0), self.bias + (at.g * self.Kg + f0) * item,
-                      at.flags, self.rows, tile.column, self.Ws, self.Ws - self.Q, self.params)
+                      at.flags, self.rows, tile.column, self.Ws, self.Ws - self.Q, self.params,
+                      0, 0)
 
     def kernel_into_band(self, at, ft, tile):
         """The kernel (filters in vectors) on filter tile ``ft``, into the band's transposed
@@ -574,11 +576,25 @@ class _LoopNest:
                       self.out_t + ((tile.first - at.p_lo) * self.Kg + f0) * item,
                       self.Kg, self.LANES, code.min(self.NF, self.Kg - f0), tile.windows, self.bias,
                       at.flags,
-                      self.rows, 0, 0, 0, self.params)
+                      self.rows, 0, 0, 0, self.params, *self.next_filters(at, ft))
 
     def _filter_tile_bytes(self):
         """The stride between filter tiles."""
         return self.Cg * self.R * self.S * self.NF * self.item
+
+    def next_filters(self, at, ft):
+        """(next, next_step) of a filters-in-vectors kernel call on filter tile ``ft`` and
+        window tile ``at.wt``, for a ``prefetch_next`` kernel: this call's share of the channel
+        tile's rows of the filter tile the block runs next, its window tiles' calls an equal
+        run of bytes each (one line a trip of their depth loop: all of it where a share is
+        at most a line a trip); the tile itself after the block's last (already here)."""
+        code = self.code
+        tile_bytes = self._filter_tile_bytes()
+        current = at.w_base + ft * tile_bytes
+        share = (at.depth * self.NF * self.item + at.wend - at.wb - 1) // (at.wend - at.wb)
+        has_next = ft + 1 < at.fend
+        return (code.choose(has_next, current + tile_bytes + (at.wt - at.wb) * share, current),
+                code.choose(has_next, (share + at.depth - 1) // at.depth, 0))
 
     def transpose_band(self, at, b1, t_in, f_lo, f_hi):
         """Group ``at.g``'s part of the band, its filter tiles f_lo .. f_hi-1: out[n, g*Kg + k,
@@ -706,4 +722,4 @@ class _BlockedNest(_LoopNest):
                       code.choose(Bo == LANES, self.PQ * LANES, LANES),
                       code.min(self.NF, filters - f0), tile.windows,
                       self.bias + (at.g * self.Kg + f0) * item, at.flags, self.rows, 0, 0, 0,
-                      self.params)
+                      self.params, *self.next_filters(at, ft))

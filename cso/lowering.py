@@ -116,12 +116,13 @@ def kernel_spec(plan, isa, activation=STORE_ACTIVATION):
     """The micro-kernel a plan runs: windows x filters when windows are the vector dimension,
     else filters (vector) x windows (broadcast). A slab plan's kernel reads its windows in
     place, as vectors ("slab") or as broadcasts ("direct"). With windows in vectors it
-    prefetches the output rows of the window tiles after it (``plan.output_prefetch``). Its
-    store applies ``activation`` (a kind) on the ACTIVATE flag."""
+    prefetches the output rows of the window tiles after it (``plan.output_prefetch``), with
+    filters in vectors the next filter tile (``plan.prefetch_filters``). Its store applies
+    ``activation`` (a kind) on the ACTIVATE flag."""
     width, broadcasts = ((plan.nwin, plan.nf) if plan.vectors_along == "windows"
                          else (plan.nf, plan.nwin))
     return KernelSpec(dtype_name(plan.spec.dtype), broadcasts, width, isa, plan.variant,
-                      plan.output_prefetch, activation)
+                      plan.output_prefetch, activation, plan.prefetch_filters)
 
 
 def loop_nest(plan):

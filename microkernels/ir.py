@@ -78,9 +78,20 @@ CACHE_LINE = 64   # bytes: a prefetch brings one line
 def prefetch_for_write(module, bld, address):
     """Ask for the cache line at ``address`` (a pointer) to be written soon (llvm.prefetch:
     a hint that never faults, so it may point past the data)."""
+    _prefetch(module, bld, address, write=1, locality=3)
+
+
+def prefetch_to_l2(module, bld, address):
+    """Ask for the cache line at ``address`` (a pointer) to be brought to L2, to be read later
+    (a hint that never faults)."""
+    _prefetch(module, bld, address, write=0, locality=2)
+
+
+def _prefetch(module, bld, address, write, locality):
     prefetch = declare(module, "llvm.prefetch.p0",
                        ir.FunctionType(ir.VoidType(), [PTR, I32, I32, I32]))
-    bld.call(prefetch, [address, ir.Constant(I32, 1), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+    bld.call(prefetch, [address, ir.Constant(I32, write), ir.Constant(I32, locality),
+                        ir.Constant(I32, 1)])
 
 
 def new_function(module, name, fnty, arg_names, noalias=()):
@@ -140,12 +151,14 @@ def bias_splat(bld, on, address, slot, types):
     return splat(bld, value, types.vec)
 
 
-def accumulate(bld, accs, step, unroll, tests, chains=1):
+def accumulate(bld, accs, step, unroll, tests, chains=1, trip=None):
     """Accumulator vectors ``accs`` carried through a loop over rows i = 0, 1, ...: ``step(bld,
     i, accs)`` returns them updated by row i (it may not add blocks). A main loop takes
     ``unroll`` rows a trip while ``tests[0](bld, i)`` (an i1: ``unroll`` more rows from i), row
     u of a trip into chain u % ``chains`` (each chain its own accumulators, starting at
-    ``accs``), then a remainder loop one row at a time into chain 0 while ``tests[1](bld, i)``.
+    ``accs``), ``trip(bld, i)`` first when given (once a trip, i its first row: a hint such as
+    a prefetch, no accumulators), then a remainder loop one row at a time into chain 0 while
+    ``tests[1](bld, i)``.
     Leaves ``bld`` after the loops; returns [the accumulators of each chain] (chain 0 including
     the remainder)."""
     fn, pre = bld.function, bld.block
@@ -159,6 +172,8 @@ def accumulate(bld, accs, step, unroll, tests, chains=1):
     bld.cbranch(tests[0](bld, i), main_body, rem_head)
     bld.position_at_end(main_body)
     new = [list(chain) for chain in phis]
+    if trip is not None:
+        trip(bld, i)
     for u in range(unroll):
         new[u % chains] = step(bld, bld.add(i, ir.Constant(I64, u)), new[u % chains])
     i_next = bld.add(i, ir.Constant(I64, unroll))

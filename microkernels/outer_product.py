@@ -32,7 +32,12 @@ writes C in place of a blocked output: vector v of row f (a window) at ``c + f*l
 
 ``spec.prefetch`` > 0 adds prefetch hints for C's rows that many tiles further along (the
 loop nest's later window tiles with windows in vectors): hints, not accesses, they never fault
-past the output.
+past the output. ``spec.prefetch_next`` asks, each trip of the depth loop (UNROLL rows, i the
+first), for the line at ``next + i*next_step`` (bytes) to be brought to L2: with filters in
+vectors the caller's share of the filter tile its loop nest reads next, which would otherwise
+stream from L3 or memory when a call first reads it, faster than one core's bandwidth from
+there (csa/TUNING.md, "Filter tiles prefetched"). Other kernels ignore ``next`` and
+``next_step``.
 
 ``flags``: ACCUMULATE adds to C (later channel tiles) instead of overwriting it, BIAS adds
 ``bias[f]`` (``bias`` is read only when this flag is set), ACTIVATE applies ``spec.activation``
@@ -46,15 +51,15 @@ from llvmlite import ir
 
 from .activation import SELECTED, apply, load_params, store_activation
 from .ir import (ACCUMULATE, ACTIVATE, BIAS, CACHE_LINE, I64, PTR, KernelBuilder, accumulate,
-                 bias_splat, flags_on, fma, lane_ids, masked_access, prefetch_for_write, splat,
-                 zero_slot)
+                 bias_splat, flags_on, fma, lane_ids, masked_access, prefetch_for_write,
+                 prefetch_to_l2, splat, zero_slot)
 
 UNROLL = 4  # k-loop unroll; a power of two
 
 ARG_NAMES = ("k", "a", "lda", "b", "ldb", "c", "ldc", "ldv", "width_used", "rows_used", "bias",
-             "flags", "slab_rows", "col0", "row_width", "gap", "params")
+             "flags", "slab_rows", "col0", "row_width", "gap", "params", "next", "next_step")
 FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [I64, PTR, I64, PTR, I64, PTR, I64, I64, I64, I64,
-                                                PTR, I64, PTR, I64, I64, I64, PTR])
+                                                PTR, I64, PTR, I64, I64, I64, PTR, PTR, I64])
 
 
 def define_kernel(module, spec):
@@ -84,9 +89,16 @@ class _KernelBuilder(KernelBuilder):
         tests = (lambda bld, i: bld.icmp_unsigned("<", i, k_main),
                  lambda bld, i: bld.icmp_unsigned("<", i, k))
         accs, = accumulate(bld, [self.zero] * (spec.broadcasts * spec.vectors), self._step,
-                           unroll, tests)
+                           unroll, tests, trip=self._prefetch_next if spec.prefetch_next else None)
         self._epilogue(bld, accs, slot)
         return self.fn
+
+    def _prefetch_next(self, bld, row):
+        """The line at ``next + row*next_step`` to L2, once a trip (``spec.prefetch_next``):
+        a hint in each step instead made LLVM spill accumulators of 12-14 x 32 on AVX-512."""
+        args = self.args
+        address = bld.add(bld.ptrtoint(args["next"], I64), bld.mul(row, args["next_step"]))
+        prefetch_to_l2(self.module, bld, bld.inttoptr(address, PTR))
 
     def _prefetch_output(self, bld):
         """With ``spec.prefetch``, each line of C's rows ``prefetch`` tiles past this one

@@ -207,7 +207,7 @@ def _define_kernel_loop(module):
         # overlapping tiles together stay L1-resident
         offset = (i & 3) * shift_bytes
         code.call((kernel, FUNCTION_TYPE), UKERNEL_K, a + offset, width, b + offset, broadcasts, c,
-                  width, 0, width, broadcasts, bias, ACCUMULATE, rows, 0, width, 0, bias)
+                  width, 0, width, broadcasts, bias, ACCUMULATE, rows, 0, width, 0, bias, 0, 0)
     code.ret()
     return code.function
 

@@ -27,8 +27,8 @@ from one read of each input row, by constant shuffles (see ``define_tap_copy``).
 """
 from llvmlite import ir
 
-from .ir import (I1, I32, I64, PTR, KernelBuilder, declare, lane_number, masked_access, splat,
-                 suffix)
+from .ir import (I1, I32, I64, PTR, KernelBuilder, declare, lane_number, masked_access,
+                 prefetch_to_l2, splat, suffix)
 
 ARGS = ("dst", "dst_step", "src", "src_step", "count", "stride", "j0", "j1", "lo", "hi")
 FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, PTR, I64] + [I64] * 6)
@@ -291,8 +291,6 @@ class _TapCopyBuilder(_RowCopyBuilder):
 
     def build(self):
         args = self.args
-        self.prefetch = declare(self.module, "llvm.prefetch.p0",
-                                ir.FunctionType(ir.VoidType(), [PTR, I32, I32, I32]))
         lanes, vectors = self.lanes, self.vectors
         bld = ir.IRBuilder(self.fn.append_basic_block("entry"))
         # positions loaded: below max(TAP_STRIDES) * (vectors + 1) * lanes (see load_masks)
@@ -341,8 +339,7 @@ class _TapCopyBuilder(_RowCopyBuilder):
             for k in range(stride * (vectors + 1)):
                 ahead = bld.gep(src, [ir.Constant(I64, k * lanes + stride * self.width)],
                                 source_etype=self.scalar)
-                bld.call(self.prefetch, [ahead, ir.Constant(I32, 0), ir.Constant(I32, 2),
-                                         ir.Constant(I32, 1)])
+                prefetch_to_l2(self.module, bld, ahead)
             # phase q, vector k: elements stride*(k*lanes + l) + q of the row
             phases = [loaded] if stride == 1 else [
                 [self._phase(bld, loaded, stride, k, q) for k in range(vectors + 1)]

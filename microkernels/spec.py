@@ -8,6 +8,7 @@ from .dtypes import DTYPES, get_dtype
 from .isa import get_isa
 
 VARIANTS = {"packed": "", "slab": "_slab", "direct": "_direct", "blocked": "_blocked"}   # KernelSpec variant -> suffix
+NEXT = "_next"   # the suffix of a KernelSpec with prefetch_next
 
 # activation kind -> the names of its run-time parameters, in the order kernels take them
 # (``microkernels.activation``; PyTorch's semantics, ``cso.Activation``)
@@ -105,7 +106,10 @@ class KernelSpec(_Spec):
     "direct" (B, the broadcasts, read in place from a slab) or "blocked" (B read in place from
     channel-blocked activations, C stored into them). ``prefetch``: the kernel asks for
     the cache lines of C's rows this many tiles (``width`` elements) further along, to be
-    written (0: none); with windows in vectors the loop nest's later tiles store there."""
+    written (0: none); with windows in vectors the loop nest's later tiles store there.
+    ``prefetch_next``: the kernel asks for a line of the caller's ``next`` operand each trip
+    of its depth loop, to be read (with filters in vectors, its share of the filter tile the
+    loop nest reads next)."""
     dtype: str
     broadcasts: int
     width: int
@@ -113,6 +117,7 @@ class KernelSpec(_Spec):
     variant: str = "packed"
     prefetch: int = 0
     activation: str = STORE_ACTIVATION
+    prefetch_next: bool = False
 
     _FORMAT = "{dtype}_conv_ukernel_{broadcasts}x{width}{suffix}__{isa}"
 
@@ -132,10 +137,16 @@ class KernelSpec(_Spec):
 
     @property
     def suffix(self):
-        return VARIANTS[self.variant] + (f"_pf{self.prefetch}" if self.prefetch else "")
+        return (VARIANTS[self.variant] + (f"_pf{self.prefetch}" if self.prefetch else "")
+                + (NEXT if self.prefetch_next else ""))
 
     @classmethod
     def _parse(cls, name):
+        if NEXT + "__" in name:
+            spec = replace(cls._parse(name.replace(NEXT + "__", "__", 1)), prefetch_next=True)
+            if spec.name != name:   # _next_next
+                raise ValueError(f"not a {cls.__name__} name: {name!r}")
+            return spec
         prefetch = re.search(r"_pf(\d+)__", name)
         if prefetch:
             spec = replace(cls._parse(name[:prefetch.start()] + "__" + name[prefetch.end():]),

@@ -87,11 +87,14 @@ class _Kernel:
 
 class OuterProduct(_Kernel):
     def __call__(self, k, a, b, c, ldc, width_used, rows_used, bias=None, flags=0, lda=None,
-                 ldb=None, slab_rows=None, col0=0, row_width=None, gap=0, params=(), ldv=None):
+                 ldb=None, slab_rows=None, col0=0, row_width=None, gap=0, params=(), ldv=None,
+                 next_address=0, next_step=0):
         """``lda`` and ``ldb`` default to packed tiles' ``width`` and ``broadcasts``. A slab,
         direct or blocked kernel takes ``slab_rows`` (int64 element offsets of A's rows, or
         B's), a slab kernel also its virtual row (``col0``, ``row_width``, ``gap``), a blocked
-        kernel ``ldb`` (its broadcasts' stride, default 1) and ``ldv`` (C's vector stride)."""
+        kernel ``ldb`` (its broadcasts' stride, default 1) and ``ldv`` (C's vector stride). A
+        ``prefetch_next`` kernel asks for lines from ``next_address`` on, ``next_step`` bytes
+        a row (any address: prefetches never fault)."""
         spec, dt = self.spec, self.spec.np_dtype
         blocked = spec.variant == "blocked"
         lda = spec.width if lda is None else lda
@@ -140,7 +143,8 @@ class OuterProduct(_Kernel):
             width_used, rows_used,
             _address("bias", bias, dt, 0, width_used if blocked else rows_used)
             if flags & BIAS else 0,
-            flags, rows_address, col0, row_width or 0, gap, values.ctypes.data)
+            flags, rows_address, col0, row_width or 0, gap, values.ctypes.data, next_address,
+            next_step)
 
 
 class Depthwise(_Kernel):

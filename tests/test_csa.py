@@ -442,6 +442,26 @@ def test_output_prefetch_with_windows_in_vectors_only():
         csa.tuning.GENERIC.output_prefetch if plan.vectors_along == "windows" else 0)
 
 
+def test_next_filter_tile_prefetched_with_filters_in_vectors():
+    """Plans with filters in vectors, packed or direct, run the kernel that prefetches the
+    next filter tile; windows in vectors (filters broadcast) and blocked plans do not."""
+    import cso
+    from cso.lowering import kernel_spec
+    stem, deep = ConvSpec.parse("n1c3h224w224k64r3s3p0u2"), ConvSpec.parse("n1c512h14w14k512r3s3p1u1")
+    windows, filters = csa.analyze(stem, ZEN3), csa.analyze(deep, ZEN3, slab=False)
+    direct = csa.analyze(deep, ZEN5, slab=True)
+    blocked = csa.analyze(deep, ZEN5, layout="blocked")
+    assert (filters.variant, direct.variant, blocked.variant) == ("packed", "direct", "blocked")
+    assert [p.prefetch_filters for p in (windows, filters, direct, blocked)] == [
+        False, True, True, False]
+    assert kernel_spec(filters, "avx2").name == f"f32_conv_ukernel_{filters.nwin}x16_next__avx2"
+    assert not kernel_spec(windows, "avx2").prefetch_next
+    assert not kernel_spec(blocked, "avx512").prefetch_next
+    conv = cso.Conv2d(np.ones((512, 512, 3, 3), np.float32), padding=1, isa="avx2")
+    assert conv.kernel_for((1, 512, 14, 14)).prefetch_next == (
+        conv.plan_for((1, 512, 14, 14)).vectors_along == "filters")
+
+
 def test_slab_planes_the_taps_read():
     assert csa.layout.slab_planes(ConvSpec.parse("n1c8h20w20k8r3s3p1u2")) == 0b1111
     assert csa.layout.slab_planes(ConvSpec.parse("n1c8h20w20k8r1s1p0u2")) == 0b0001

@@ -1,4 +1,6 @@
 """Micro-kernels over their edges, against the NumPy contract, with guard values around C."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -15,7 +17,8 @@ SENTINEL = 12345.0
 def host_specs():
     """The kernels plans choose on each ISA of this CPU: windows in vectors (filters
     broadcast; with and without the prefetch of later tiles' output rows its record asks
-    for), filters in vectors (windows broadcast) on a 2x2, a 7x7 and a 14x14 plane."""
+    for), filters in vectors (windows broadcast, the next filter tile prefetched) on a 2x2, a
+    7x7 and a 14x14 plane."""
     specs = set()
     for isa in mk.supported_isas():
         for dtype, itemsize in (("f32", 4), ("f64", 8)):
@@ -27,7 +30,7 @@ def host_specs():
             specs.add(mk.KernelSpec(dtype, nf, nwin, isa.name, prefetch=tuning.output_prefetch))
             for positions in (4, 49, 196):
                 windows, filters = csa.register_blocking.filter_vector_tile(machine, itemsize, positions)
-                specs.add(mk.KernelSpec(dtype, windows, filters, isa.name))
+                specs.add(mk.KernelSpec(dtype, windows, filters, isa.name, prefetch_next=True))
             # more vectors than broadcasts (a 3 x 32 tile on AVX2): its rows stream the other way
             specs.add(mk.KernelSpec(dtype, 3, 4 * isa.vector_bytes // itemsize, isa.name))
     return sorted(specs, key=str)
@@ -147,7 +150,8 @@ def test_slab_kernel_virtual_rows(spec, rng):
                 check(spec, *run_slab(spec, rng, k, width_used, rows_used, flags, col0, width, gap), k)
 
 
-@pytest.mark.parametrize("spec", sorted({mk.KernelSpec(s.dtype, b, s.width, s.isa, "direct")
+@pytest.mark.parametrize("spec", sorted({mk.KernelSpec(s.dtype, b, s.width, s.isa, "direct",
+                                                        prefetch_next=True)
                                          for s in SPECS for b in (s.broadcasts, 14)}, key=str), ids=str)
 def test_direct_kernel(spec, rng):
     """B rows read in place at scattered, overlapping offsets (windows along a slab row), no
@@ -172,6 +176,31 @@ def test_direct_kernel(spec, rng):
             mk.reference_kernel(spec)(*args[:3], expected[guard:], *args[4:], slab_rows=slab_rows)
             mk.compile(spec)(*args[:3], actual[guard:], *args[4:], slab_rows=slab_rows)
             check(spec, actual, expected, inside, k)
+
+
+@pytest.mark.parametrize("spec", sorted({mk.KernelSpec(s.dtype, s.broadcasts, s.width, s.isa,
+                                                        prefetch_next=True) for s in SPECS},
+                                        key=str), ids=str)
+def test_prefetch_next_stores_what_the_plain_kernel_does(spec, rng):
+    """A kernel that prefetches the next filter tile stores bit for bit what the kernel
+    without it stores, whatever ``next`` (a hint: the next tile's share, a step past each
+    row's line, a null address) and every depth (the remainder rows after the trips)."""
+    plain = mk.compile(replace(spec, prefetch_next=False))
+    dt = spec.np_dtype
+    for k in DEPTHS:
+        a = rng.standard_normal(k * spec.width).astype(dt)
+        b = rng.standard_normal(k * spec.broadcasts).astype(dt)
+        following = rng.standard_normal(2 * k * spec.width).astype(dt)   # "the next tile"
+        bias = rng.standard_normal(spec.broadcasts).astype(dt)
+        c0 = rng.standard_normal(spec.broadcasts * spec.width).astype(dt)
+        expected = c0.copy()
+        plain(k, a, b, expected, spec.width, spec.width, spec.broadcasts, bias,
+              mk.ACCUMULATE | mk.BIAS)
+        for address, step in ((following.ctypes.data, 7), (following.ctypes.data, 128), (0, 0)):
+            actual = c0.copy()
+            mk.compile(spec)(k, a, b, actual, spec.width, spec.width, spec.broadcasts, bias,
+                             mk.ACCUMULATE | mk.BIAS, next_address=address, next_step=step)
+            np.testing.assert_array_equal(actual, expected)
 
 
 @pytest.mark.parametrize("spec", sorted({mk.KernelSpec(s.dtype, b, s.width, s.isa, "blocked")
@@ -288,6 +317,7 @@ def test_python_wrapper_refuses_what_would_touch_foreign_memory():
 FAMILY_SPECS = [mk.KernelSpec("f64", 3, 8, "avx512"), mk.KernelSpec("f32", 8, 32, "avx2", "slab"),
                 mk.KernelSpec("f32", 6, 16, "avx2", "slab", 2), mk.KernelSpec("f64", 8, 8, "neon", prefetch=12),
                 mk.KernelSpec("f32", 14, 32, "avx512", "direct"), mk.DepthwiseSpec("f64", 3, "avx2"),
+                mk.KernelSpec("f64", 7, 16, "avx512", "direct", prefetch_next=True),
                 mk.TransposeSpec("f32", "avx2"), mk.TransposeSpec("f64", "neon"),
                 mk.RowCopySpec("f32", 21, "avx2"), mk.TapCopySpec("f64", 8, "generic")]
 
@@ -303,6 +333,8 @@ def test_kernel_spec_names():
     assert mk.KernelSpec("f32", 6, 16, "avx2", "direct").name == "f32_conv_ukernel_6x16_direct__avx2"
     assert mk.KernelSpec("f32", 6, 16, "avx2").vectors == 2
     assert mk.KernelSpec("f32", 6, 16, "avx2", "slab", 2).name == "f32_conv_ukernel_6x16_slab_pf2__avx2"
+    assert mk.KernelSpec("f32", 14, 32, "avx512", "direct", activation="silu",
+                         prefetch_next=True).name == "f32_conv_ukernel_14x32_direct_next_silu__avx512"
     with pytest.raises(ValueError, match="prefetch >= 0"):
         mk.KernelSpec("f32", 6, 16, "avx2", prefetch=-1)
 
@@ -313,7 +345,9 @@ def test_kernel_spec_names():
                                   "f32_transpose_16x16__avx2", "f32_dw_ukernel_0v__avx2",
                                   "f32_row_copy_0__avx2", "f32_pack_rows_8__avx2", "",
                                   "f32_conv_ukernel_4x16_pf0__avx2", "f32_conv_ukernel_4x16_pf02__avx2",
-                                  "f32_conv_ukernel_4x16_pf2_slab__avx2", "f32_conv_ukernel_4x16_pf__avx2"])
+                                  "f32_conv_ukernel_4x16_pf2_slab__avx2", "f32_conv_ukernel_4x16_pf__avx2",
+                                  "f32_conv_ukernel_4x16_next_next__avx2",
+                                  "f32_conv_ukernel_4x16_next_slab__avx2"])
 def test_spec_names_refused(name):
     with pytest.raises(ValueError):
         mk.parse_name(name)
