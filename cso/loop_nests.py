@@ -481,6 +481,7 @@ class _LoopNest:
                 with code.range(at.fb, at.fend) as ft:
                     kernel(at, ft, tile)
             return
+        self.next_filter_runs(at)
         with code.range(at.fb, at.fend) as ft:
             row = () if start_row is None else (start_row(at),)
             with code.range(at.wb, at.wend) as wt:
@@ -582,19 +583,28 @@ class _LoopNest:
         """The stride between filter tiles."""
         return self.Cg * self.R * self.S * self.NF * self.item
 
+    def next_filter_runs(self, at):
+        """A block's runs of the filter tile after each (``next_filters``), set on ``at`` once
+        for its calls (divisions a call cost a shallow kernel call a few percent): the
+        channel tile's rows of a filter tile split into equal runs of bytes, one per window
+        tile, and the bytes a kernel row (depth step) advances along its run."""
+        at.run_bytes = ((at.depth * self.NF * self.item + at.wend - at.wb - 1)
+                        // (at.wend - at.wb))
+        at.run_step = (at.run_bytes + at.depth - 1) // at.depth
+
     def next_filters(self, at, ft):
         """(next, next_step) of a filters-in-vectors kernel call on filter tile ``ft`` and
-        window tile ``at.wt``, for a ``prefetch_next`` kernel: this call's share of the channel
-        tile's rows of the filter tile the block runs next, its window tiles' calls an equal
-        run of bytes each (one line a trip of their depth loop: all of it where a share is
-        at most a line a trip); the tile itself after the block's last (already here)."""
+        window tile ``at.wt``, for a ``prefetch_next`` kernel: its run of the filter tile the
+        block runs next (``next_filter_runs``; one line a trip of the kernel's depth loop:
+        all of it where a run is at most a line a trip), or, after the block's last, the tile
+        itself (already here)."""
         code = self.code
         tile_bytes = self._filter_tile_bytes()
         current = at.w_base + ft * tile_bytes
-        share = (at.depth * self.NF * self.item + at.wend - at.wb - 1) // (at.wend - at.wb)
         has_next = ft + 1 < at.fend
-        return (code.choose(has_next, current + tile_bytes + (at.wt - at.wb) * share, current),
-                code.choose(has_next, (share + at.depth - 1) // at.depth, 0))
+        return (code.choose(has_next, current + tile_bytes + (at.wt - at.wb) * at.run_bytes,
+                            current),
+                code.choose(has_next, at.run_step, 0))
 
     def transpose_band(self, at, b1, t_in, f_lo, f_hi):
         """Group ``at.g``'s part of the band, its filter tiles f_lo .. f_hi-1: out[n, g*Kg + k,
