@@ -91,7 +91,7 @@ class SlicingPlan(SlabGeometry):
         than one core's bandwidth from there; asked for during the calls before, the same
         lines arrive in time: timm 1x1s and 3x3s whose filters overflow L2 ran 0.78-0.97x the
         time at 1 thread, 0.87-1.02x at 2, the others 0.92-1.03x (csa/TUNING.md, "Filter
-        tiles prefetched"). Not yet measured on blocks."""
+        tiles prefetched"). Not on blocks, whose kernel would ask once a row."""
         return self.vectors_along == "filters" and not self.blocked
 
     @property
