@@ -91,8 +91,15 @@ class SlicingPlan(SlabGeometry):
         than one core's bandwidth from there; asked for during the calls before, the same
         lines arrive in time: timm 1x1s and 3x3s whose filters overflow L2 ran 0.78-0.97x the
         time at 1 thread, 0.87-1.02x at 2, the others 0.92-1.03x (csa/TUNING.md, "Filter
-        tiles prefetched"). Not on blocks, whose kernel would ask once a row."""
-        return self.vectors_along == "filters" and not self.blocked
+        tiles prefetched"). Not on blocks, whose kernel would ask once a row. On several
+        threads, only where a thread's filters (all of them, or its part of them where the
+        split is over filters) overflow L2: a core that keeps its share of a smaller layer's
+        in L2 between calls gained nothing, and paid up to 4% (1x1s of 14 x 14); whole models
+        ran as fast either way."""
+        s = self.spec
+        per_thread = s.k * s.c_per_group * s.r * s.s * s.itemsize / self.split[1]
+        return (self.vectors_along == "filters" and not self.blocked
+                and (self.threads == 1 or per_thread > self.machine.l2))
 
     @property
     def row_tiles(self):

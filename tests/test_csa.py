@@ -444,7 +444,9 @@ def test_output_prefetch_with_windows_in_vectors_only():
 
 def test_next_filter_tile_prefetched_with_filters_in_vectors():
     """Plans with filters in vectors, packed or direct, run the kernel that prefetches the
-    next filter tile; windows in vectors (filters broadcast) and blocked plans do not."""
+    next filter tile; windows in vectors (filters broadcast) and blocked plans do not. On
+    several threads only where a thread's filters overflow its L2 (its part of them where
+    the split is over filters)."""
     import cso
     from cso.lowering import kernel_spec
     stem, deep = ConvSpec.parse("n1c3h224w224k64r3s3p0u2"), ConvSpec.parse("n1c512h14w14k512r3s3p1u1")
@@ -457,6 +459,13 @@ def test_next_filter_tile_prefetched_with_filters_in_vectors():
     assert kernel_spec(filters, "avx2").name == f"f32_conv_ukernel_{filters.nwin}x16_next__avx2"
     assert not kernel_spec(windows, "avx2").prefetch_next
     assert not kernel_spec(blocked, "avx512").prefetch_next
+    small = csa.analyze(ConvSpec.parse("n1c128h14w14k256r3s3p1u1"), ZEN5, threads=2)
+    assert small.split == (1, 2) and 128 * 256 * 9 * 4 / 2 <= ZEN5.l2
+    assert csa.analyze(small.spec, ZEN5).prefetch_filters and not small.prefetch_filters
+    windows_split = csa.analyze(small.spec, ZEN3, threads=2)   # each thread all 1.2 MB
+    assert windows_split.split == (2, 1) and windows_split.prefetch_filters
+    big = csa.analyze(deep, ZEN5, threads=2)
+    assert big.split == (1, 2) and big.prefetch_filters
     conv = cso.Conv2d(np.ones((512, 512, 3, 3), np.float32), padding=1, isa="avx2")
     assert conv.kernel_for((1, 512, 14, 14)).prefetch_next == (
         conv.plan_for((1, 512, 14, 14)).vectors_along == "filters")
