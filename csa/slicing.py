@@ -22,6 +22,11 @@ from .thread_split import (FILTER_SPLIT_COST, GROUPED_FILTER_SPLIT_COST, parts_p
 from .variants import (choose_vector, grouped_direct, reads_input_unpacked, slab_fits, use_direct,
                        use_slab)
 
+# a blocked kernel does not unroll its depth loop, so it asks for a line of the next filter
+# tile every row, not every four: it pays where a thread's filters are twice L2
+BLOCKED_PREFETCH_L2S = 2
+
+
 @dataclass(frozen=True)
 class SlicingPlan(SlabGeometry):
     spec: object
@@ -91,15 +96,18 @@ class SlicingPlan(SlabGeometry):
         than one core's bandwidth from there; asked for during the calls before, the same
         lines arrive in time: timm 1x1s and 3x3s whose filters overflow L2 ran 0.78-0.97x the
         time at 1 thread, 0.87-1.02x at 2, the others 0.92-1.03x (csa/TUNING.md, "Filter
-        tiles prefetched"). Not on blocks, whose kernel would ask once a row. On several
-        threads, only where a thread's filters (all of them, or its part of them where the
-        split is over filters) overflow L2: a core that keeps its share of a smaller layer's
-        in L2 between calls gained nothing, and paid up to 4% (1x1s of 14 x 14); whole models
-        ran as fast either way."""
+        tiles prefetched"). On several threads, only where a thread's filters (all of them,
+        or its part of them where the split is over filters) overflow L2: a core that keeps
+        its share of a smaller layer's in L2 between calls gained nothing, and paid up to 4%
+        (1x1s of 14 x 14). On blocks, where they are BLOCKED_PREFETCH_L2S times L2: ResNet's
+        last stage ran 0.90-0.92x the time, layers of 1-2.4 MB of filters up to 1.05x."""
         s = self.spec
         per_thread = s.k * s.c_per_group * s.r * s.s * s.itemsize / self.split[1]
-        return (self.vectors_along == "filters" and not self.blocked
-                and (self.threads == 1 or per_thread > self.machine.l2))
+        if self.vectors_along != "filters":
+            return False
+        if self.blocked:
+            return per_thread > BLOCKED_PREFETCH_L2S * self.machine.l2
+        return self.threads == 1 or per_thread > self.machine.l2
 
     @property
     def row_tiles(self):

@@ -732,4 +732,4 @@ class _BlockedNest(_LoopNest):
                       code.choose(Bo == LANES, self.PQ * LANES, LANES),
                       code.min(self.NF, filters - f0), tile.windows,
                       self.bias + (at.g * self.Kg + f0) * item, at.flags, self.rows, 0, 0, 0,
-                      self.params, 0, 0)   # (no prefetch: ``plan.prefetch_filters``)
+                      self.params, *self.next_filters(at, ft))

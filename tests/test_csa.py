@@ -444,9 +444,9 @@ def test_output_prefetch_with_windows_in_vectors_only():
 
 def test_next_filter_tile_prefetched_with_filters_in_vectors():
     """Plans with filters in vectors, packed or direct, run the kernel that prefetches the
-    next filter tile; windows in vectors (filters broadcast) and blocked plans do not. On
-    several threads only where a thread's filters overflow its L2 (its part of them where
-    the split is over filters)."""
+    next filter tile; windows in vectors (filters broadcast) do not. On several threads only
+    where a thread's filters overflow its L2 (its part of them where the split is over
+    filters); blocked plans where they are twice L2."""
     import cso
     from cso.lowering import kernel_spec
     stem, deep = ConvSpec.parse("n1c3h224w224k64r3s3p0u2"), ConvSpec.parse("n1c512h14w14k512r3s3p1u1")
@@ -454,11 +454,17 @@ def test_next_filter_tile_prefetched_with_filters_in_vectors():
     direct = csa.analyze(deep, ZEN5, slab=True)
     blocked = csa.analyze(deep, ZEN5, layout="blocked")
     assert (filters.variant, direct.variant, blocked.variant) == ("packed", "direct", "blocked")
+    assert 512 * 512 * 9 * 4 > csa.slicing.BLOCKED_PREFETCH_L2S * ZEN5.l2
     assert [p.prefetch_filters for p in (windows, filters, direct, blocked)] == [
-        False, True, True, False]
+        False, True, True, True]
+    small_blocked = csa.analyze(ConvSpec.parse("n1c128h14w14k256r3s3p1u1"), ZEN5,
+                                layout="blocked")
+    assert 128 * 256 * 9 * 4 <= csa.slicing.BLOCKED_PREFETCH_L2S * ZEN5.l2
+    assert small_blocked.blocked and not small_blocked.prefetch_filters
     assert kernel_spec(filters, "avx2").name == f"f32_conv_ukernel_{filters.nwin}x16_next__avx2"
     assert not kernel_spec(windows, "avx2").prefetch_next
-    assert not kernel_spec(blocked, "avx512").prefetch_next
+    assert kernel_spec(blocked, "avx512").name == f"f32_conv_ukernel_{blocked.nwin}x32_blocked_next__avx512"
+    assert not kernel_spec(small_blocked, "avx512").prefetch_next
     small = csa.analyze(ConvSpec.parse("n1c128h14w14k256r3s3p1u1"), ZEN5, threads=2)
     assert small.split == (1, 2) and 128 * 256 * 9 * 4 / 2 <= ZEN5.l2
     assert csa.analyze(small.spec, ZEN5).prefetch_filters and not small.prefetch_filters
@@ -469,7 +475,7 @@ def test_next_filter_tile_prefetched_with_filters_in_vectors():
     conv = cso.Conv2d(np.ones((512, 512, 3, 3), np.float32), padding=1, isa="generic")
     plan = conv.plan_for((1, 512, 14, 14))
     assert conv.kernel_for((1, 512, 14, 14)).prefetch_next == plan.prefetch_filters
-    assert plan.prefetch_filters <= (plan.vectors_along == "filters" and not plan.blocked)
+    assert plan.prefetch_filters <= (plan.vectors_along == "filters")
 
 
 def test_slab_planes_the_taps_read():

@@ -203,7 +203,8 @@ def test_prefetch_next_stores_what_the_plain_kernel_does(spec, rng):
             np.testing.assert_array_equal(actual, expected)
 
 
-@pytest.mark.parametrize("spec", sorted({mk.KernelSpec(s.dtype, b, s.width, s.isa, "blocked")
+@pytest.mark.parametrize("spec", sorted({mk.KernelSpec(s.dtype, b, s.width, s.isa, "blocked",
+                                                        prefetch_next=b == s.broadcasts)
                                          for s in SPECS for b in (s.broadcasts, 5)}, key=str), ids=str)
 def test_blocked_kernel(spec, rng):
     """Windows broadcast every ``ldb`` elements from rows at scattered offsets (no slack after
