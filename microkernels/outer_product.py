@@ -32,12 +32,12 @@ writes C in place of a blocked output: vector v of row f (a window) at ``c + f*l
 
 ``spec.prefetch`` > 0 adds prefetch hints for C's rows that many tiles further along (the
 loop nest's later window tiles with windows in vectors): hints, not accesses, they never fault
-past the output. ``spec.prefetch_next`` asks, each trip of the depth loop (UNROLL rows, i the
-first), for the line at ``next + i*next_step`` (bytes) to be brought to L2: with filters in
-vectors the caller's share of the filter tile its loop nest reads next, which would otherwise
-stream from L3 or memory when a call first reads it, faster than one core's bandwidth from
-there (csa/TUNING.md, "Filter tiles prefetched"). Other kernels ignore ``next`` and
-``next_step``.
+past the output. ``spec.prefetch_next`` asks, each trip of the depth loop (UNROLL rows, a
+blocked kernel's one; i the first), for the line at ``next + i*next_step`` (bytes) to be
+brought to L2: with filters in vectors the caller's share of the filter tile its loop nest
+reads next, which would otherwise stream from L3 or memory when a call first reads it,
+faster than one core's bandwidth from there (csa/TUNING.md, "Filter tiles prefetched").
+Other kernels ignore ``next`` and ``next_step``.
 
 ``flags``: ACCUMULATE adds to C (later channel tiles) instead of overwriting it, BIAS adds
 ``bias[f]`` (``bias`` is read only when this flag is set), ACTIVATE applies ``spec.activation``
