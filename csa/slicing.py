@@ -22,9 +22,11 @@ from .thread_split import (FILTER_SPLIT_COST, GROUPED_FILTER_SPLIT_COST, parts_p
 from .variants import (choose_vector, grouped_direct, reads_input_unpacked, slab_fits, use_direct,
                        use_slab)
 
-# a blocked kernel does not unroll its depth loop, so it asks for a line of the next filter
-# tile every row, not every four: it pays where a thread's filters are twice L2
+# on blocks, the next filter tile is prefetched where a thread's filters are this many times
+# L2, or overflow L2 on an output plane of at most BLOCKED_PREFETCH_PLANE windows (few windows
+# a filter tile: its lines stream fast); see SlicingPlan.prefetch_filters
 BLOCKED_PREFETCH_L2S = 2
+BLOCKED_PREFETCH_PLANE = 64
 
 
 @dataclass(frozen=True)
@@ -99,14 +101,18 @@ class SlicingPlan(SlabGeometry):
         tiles prefetched"). On several threads, only where a thread's filters (all of them,
         or its part of them where the split is over filters) overflow L2: a core that keeps
         its share of a smaller layer's in L2 between calls gained nothing, and paid up to 4%
-        (1x1s of 14 x 14). On blocks, where they are BLOCKED_PREFETCH_L2S times L2: ResNet's
-        last stage ran 0.90-0.92x the time, layers of 1-2.4 MB of filters up to 1.05x."""
+        (1x1s of 14 x 14). On blocks, where they are BLOCKED_PREFETCH_L2S times L2, or
+        overflow it on a plane of at most BLOCKED_PREFETCH_PLANE windows (each filter tile
+        serves few window tiles there): ResNet's last stage ran 0.90-0.92x the time, its
+        4 MB 1x1s 0.90-0.95x, but 14 x 14 3x3s of 2.4-3.7 MB 1.04-1.06x when they prefetched."""
         s = self.spec
         per_thread = s.k * s.c_per_group * s.r * s.s * s.itemsize / self.split[1]
         if self.vectors_along != "filters":
             return False
         if self.blocked:
-            return per_thread > BLOCKED_PREFETCH_L2S * self.machine.l2
+            return (per_thread > BLOCKED_PREFETCH_L2S * self.machine.l2
+                    or (per_thread > self.machine.l2
+                        and s.p * s.q <= BLOCKED_PREFETCH_PLANE))
         return self.threads == 1 or per_thread > self.machine.l2
 
     @property

@@ -157,8 +157,8 @@ def accumulate(bld, accs, step, unroll, tests, chains=1, trip=None):
     ``unroll`` rows a trip while ``tests[0](bld, i)`` (an i1: ``unroll`` more rows from i), row
     u of a trip into chain u % ``chains`` (each chain its own accumulators, starting at
     ``accs``), ``trip(bld, i)`` first when given (once a trip, i its first row: a hint such as
-    a prefetch, no accumulators), then a remainder loop one row at a time into chain 0 while
-    ``tests[1](bld, i)``.
+    a prefetch, no accumulators; it may branch, leaving ``bld`` where the trip goes on), then
+    a remainder loop one row at a time into chain 0 while ``tests[1](bld, i)``.
     Leaves ``bld`` after the loops; returns [the accumulators of each chain] (chain 0 including
     the remainder)."""
     fn, pre = bld.function, bld.block
@@ -177,13 +177,14 @@ def accumulate(bld, accs, step, unroll, tests, chains=1, trip=None):
     for u in range(unroll):
         new[u % chains] = step(bld, bld.add(i, ir.Constant(I64, u)), new[u % chains])
     i_next = bld.add(i, ir.Constant(I64, unroll))
+    latch = bld.block   # main_body, or the block a ``trip`` that branches ends in
     bld.branch(main_head)
     i.add_incoming(ir.Constant(I64, 0), pre)
-    i.add_incoming(i_next, main_body)
+    i.add_incoming(i_next, latch)
     for chain, updated in zip(phis, new):
         for phi, init, value in zip(chain, accs, updated):
             phi.add_incoming(init, pre)
-            phi.add_incoming(value, main_body)
+            phi.add_incoming(value, latch)
 
     bld.position_at_end(rem_head)
     j = bld.phi(I64, name="j")

@@ -32,11 +32,11 @@ writes C in place of a blocked output: vector v of row f (a window) at ``c + f*l
 
 ``spec.prefetch`` > 0 adds prefetch hints for C's rows that many tiles further along (the
 loop nest's later window tiles with windows in vectors): hints, not accesses, they never fault
-past the output. ``spec.prefetch_next`` asks, each trip of the depth loop (UNROLL rows, a
-blocked kernel's one; i the first), for the line at ``next + i*next_step`` (bytes) to be
-brought to L2: with filters in vectors the caller's share of the filter tile its loop nest
-reads next, which would otherwise stream from L3 or memory when a call first reads it,
-faster than one core's bandwidth from there (csa/TUNING.md, "Filter tiles prefetched").
+past the output. ``spec.prefetch_next`` asks, every UNROLL rows of the depth loop (i the
+first of them), for the line at ``next + i*next_step`` (bytes) to be brought to L2: with
+filters in vectors the caller's share of the filter tile its loop nest reads next, which
+would otherwise stream from L3 or memory when a call first reads it, faster than one core's
+bandwidth from there (csa/TUNING.md, "Filter tiles prefetched").
 Other kernels ignore ``next`` and ``next_step``.
 
 ``flags``: ACCUMULATE adds to C (later channel tiles) instead of overwriting it, BIAS adds
@@ -94,11 +94,21 @@ class _KernelBuilder(KernelBuilder):
         return self.fn
 
     def _prefetch_next(self, bld, row):
-        """The line at ``next + row*next_step`` to L2, once a trip (``spec.prefetch_next``):
-        a hint in each step instead made LLVM spill accumulators of 12-14 x 32 on AVX-512."""
+        """The line at ``next + row*next_step`` to L2 once every UNROLL rows
+        (``spec.prefetch_next``): a hint in each step instead made LLVM spill accumulators of
+        12-14 x 32 on AVX-512, and a blocked kernel's loop, one row a trip, asks on every
+        fourth row behind a branch (a hint each row cost layers that prefetch little 2-5%)."""
         args = self.args
+        if self.spec.variant == "blocked":
+            ask, go_on = self.fn.append_basic_block("prefetch"), self.fn.append_basic_block()
+            bld.cbranch(bld.icmp_unsigned("==", bld.and_(row, ir.Constant(I64, UNROLL - 1)),
+                                          ir.Constant(I64, 0)), ask, go_on)
+            bld.position_at_end(ask)
         address = bld.add(bld.ptrtoint(args["next"], I64), bld.mul(row, args["next_step"]))
         prefetch_to_l2(self.module, bld, bld.inttoptr(address, PTR))
+        if self.spec.variant == "blocked":
+            bld.branch(go_on)
+            bld.position_at_end(go_on)
 
     def _prefetch_output(self, bld):
         """With ``spec.prefetch``, each line of C's rows ``prefetch`` tiles past this one

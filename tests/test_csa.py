@@ -446,7 +446,7 @@ def test_next_filter_tile_prefetched_with_filters_in_vectors():
     """Plans with filters in vectors, packed or direct, run the kernel that prefetches the
     next filter tile; windows in vectors (filters broadcast) do not. On several threads only
     where a thread's filters overflow its L2 (its part of them where the split is over
-    filters); blocked plans where they are twice L2."""
+    filters); blocked plans where they are twice L2, or overflow it on a small plane."""
     import cso
     from cso.lowering import kernel_spec
     stem, deep = ConvSpec.parse("n1c3h224w224k64r3s3p0u2"), ConvSpec.parse("n1c512h14w14k512r3s3p1u1")
@@ -461,6 +461,12 @@ def test_next_filter_tile_prefetched_with_filters_in_vectors():
                                 layout="blocked")
     assert 128 * 256 * 9 * 4 <= csa.slicing.BLOCKED_PREFETCH_L2S * ZEN5.l2
     assert small_blocked.blocked and not small_blocked.prefetch_filters
+    # filters over L2 but not twice it: on blocks, prefetched on a small plane alone
+    plane_7, plane_14 = (csa.analyze(ConvSpec.parse(f"n1c640h{hw}w{hw}k512r1s1p0u1"), ZEN5,
+                                     layout="blocked") for hw in (7, 14))
+    assert ZEN5.l2 < 640 * 512 * 4 <= csa.slicing.BLOCKED_PREFETCH_L2S * ZEN5.l2
+    assert 7 * 7 <= csa.slicing.BLOCKED_PREFETCH_PLANE < 14 * 14
+    assert plane_7.blocked and plane_7.prefetch_filters and not plane_14.prefetch_filters
     assert kernel_spec(filters, "avx2").name == f"f32_conv_ukernel_{filters.nwin}x16_next__avx2"
     assert not kernel_spec(windows, "avx2").prefetch_next
     assert kernel_spec(blocked, "avx512").name == f"f32_conv_ukernel_{blocked.nwin}x32_blocked_next__avx512"
