@@ -9,15 +9,17 @@ transposed (windows x filters) and must write it as NCHW (filters x windows).
 the same for every block of a layer, so a select).
 The transpose is log2(lanes) rounds of two-source constant shuffles, each swapping one bit of
 the row index with the same bit of the lane index; a block smaller than lanes x lanes is
-loaded and stored masked, a whole one plainly. One row written to consecutive elements (``rows``
-and ``ldd`` 1: a one-pixel output plane, where a 1x1 layer is a matrix-vector product) is its own
-transpose: one vector, moved as it is.
+loaded and stored masked, a whole one plainly, asking first for the lines of the next block
+along each row it stores (a hint, never a fault). One row written to consecutive elements
+(``rows`` and ``ldd`` 1: a one-pixel output plane, where a 1x1 layer is a matrix-vector
+product) is its own transpose: one vector, moved as it is.
 """
 from llvmlite import ir
 
 from .activation import load_params, store_activation
 from .ir import (ACCUMULATE, ACTIVATE, BIAS, I32, I64, PTR, VectorTypes, bias_splat, flags_on,
-                 lane_ids, lane_number, masked_access, new_function, splat, zero_slot)
+                 lane_ids, lane_number, masked_access, new_function, prefetch_for_write, splat,
+                 zero_slot)
 
 ARGS = ("src", "lds", "dst", "ldd", "rows", "cols", "bias", "flags", "params")
 FUNCTION_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, PTR, I64, I64, I64, PTR, I64, PTR])
@@ -172,7 +174,13 @@ def _transpose(module, bld, spec, args, masked, accumulate, epilogue):
             bld.store(value, ptr, align=align)
 
     if not masked:
+        # each row's next block along asked for first: callers walk along the rows (the
+        # band pass's k blocks inside its p blocks, back to each row a block later), and its
+        # lines are cold where the output was evicted since the last call
         for j in range(lanes):
+            prefetch_for_write(module, bld, bld.gep(
+                dst, [bld.add(bld.mul(ir.Constant(I64, j), ldd), ir.Constant(I64, lanes))],
+                source_etype=scalar))
             store_column(j)
         return
     # columns cols-1 down to 0, entered at the last: column j (and its bias) only when it
