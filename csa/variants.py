@@ -23,7 +23,9 @@ def use_direct(spec, nwin, nf, tuning):
     work. A row is cut into even tiles (``balanced_row_windows``); one that splits into tiles
     of one width of at least ``tuning.direct_min_row_windows`` wastes nothing (10x10 and 12x12
     planes, one tile a row, whose packed tiles waste lanes or cost their packing; rows of 24
-    and 36 as tiles of 12), others count padded to ``nwin`` a tile. Other strides are left to
+    and 36 as tiles of 12), at stride 1 a row of one tile from
+    ``tuning.direct_row_tile_min_windows`` (8x8 planes, whose filters dominate: the direct plan
+    prefetches them), others count padded to ``nwin`` a tile. Other strides are left to
     the packed plans: their taps read R*S runs per channel from the stride's phase planes and
     overflow L1; but not where an output row is one such even tile (10-14 windows) and the
     windows overlap (a 3x3 at stride 2), whose packed tiles copy each value several times;
@@ -34,8 +36,10 @@ def use_direct(spec, nwin, nf, tuning):
     while a direct plan's own costs per output (its transposition, a store per call) shrink
     with the depth of its calls (csa/TUNING.md has the measurements)."""
     tiles = ceil(spec.q / nwin)
-    even = (tuning.direct_min_row_windows and spec.q % tiles == 0
-            and spec.q // tiles >= tuning.direct_min_row_windows)
+    least = (tuning.direct_row_tile_min_windows
+             if spec.stride == (1, 1) and tiles == 1 and tuning.direct_row_tile_min_windows
+             else tuning.direct_min_row_windows)
+    even = least and spec.q % tiles == 0 and spec.q // tiles >= least
     row = spec.q if even else tiles * nwin
     padded = spec.p * row * ceil(spec.k_per_group / nf) * nf
     (sh, sw), (dh, dw) = spec.stride, spec.dilation

@@ -520,11 +520,16 @@ def test_direct_where_it_applies():
     evened = csa.analyze(ConvSpec.parse("n1c128h104w104k128r3s3p1u1"), zen)
     assert (evened.nwin, evened.row_tiles) == (13, 8)   # tiles of 14 evened out: 104 = 8 x 13
     # a row narrower than a tile is one tile of its width, from the record's
-    # direct_min_row_windows (10 on AVX-512); narrower rows count padded to the tile (8 of 14)
-    for q, direct in ((12, True), (10, True), (8, False)):
+    # direct_min_row_windows (10 on AVX-512), at stride 1 from direct_row_tile_min_windows (8);
+    # narrower rows count padded to the tile (6 of 14), and so do rows of 8 at stride 2
+    for q, direct in ((12, True), (10, True), (8, True), (6, False)):
         narrow = csa.analyze(ConvSpec(1, 256, q, q, 256, 3, 3, padding=(1, 1, 1, 1)), zen)
         assert narrow.direct == direct, q
         assert not direct or (narrow.nwin, narrow.row_tiles) == (q, 1)
+    assert not csa.analyze(ConvSpec.parse("n1c256h16w16k256r3s3p1u2"), zen).direct
+    one_row_unmeasured = zen.with_(tuning=dataclasses.replace(
+        zen.tuning, direct_row_tile_min_windows=0))
+    assert not csa.analyze(ConvSpec.parse("n1c256h8w8k256r3s3p1u1"), one_row_unmeasured).direct
     # so do rows of even tiles that wide (24 = 2 x 12, 36 = 3 x 12), not uneven ones (17 =
     # 9 + 8, counted as 2 x 14)
     for q, direct, tiles in ((24, True, 2), (36, True, 3), (17, False, 0)):
@@ -539,7 +544,8 @@ def test_direct_where_it_applies():
                  "n1c256h28w28k256r2s2p0u2",    # 2x2 at stride 2: windows do not overlap
                  "n1c256h28w28k256r1s1p0u2"):   # nor do a strided 1x1's
         assert not csa.analyze(ConvSpec.parse(name), zen).direct, name
-    unmeasured = zen.with_(tuning=dataclasses.replace(zen.tuning, direct_min_row_windows=0))
+    unmeasured = zen.with_(tuning=dataclasses.replace(zen.tuning, direct_min_row_windows=0,
+                                                      direct_row_tile_min_windows=0))
     assert not csa.analyze(ConvSpec.parse("n1c256h12w12k256r3s3p1u1"), unmeasured).direct
     assert not csa.analyze(ConvSpec.parse("n1c256h24w24k256r3s3p1u1"), unmeasured).direct
     assert not csa.analyze(ConvSpec.parse("n1c64h20w20k64r3s3p1u2"), unmeasured).direct
