@@ -162,23 +162,22 @@ class Tuning:
 AVX512 = Tuning(
     "avx512", "AMD Zen 5 (2 cores); Zen 4 runs zmm FMAs at half rate, same tiles; "
     "output_prefetch on Zen 4 (2 vCPUs); thread_min_flops on Zen 5 and an Intel Xeon (2 vCPUs), "
-    "transpose_depth, packing_filters, direct_min_row_windows, direct_row_tile_min_windows, "
-    "direct_one_tile_min_depth, "
+    "transpose_depth, packing_filters, direct_min_row_windows, direct_one_tile_min_depth, "
     "slab_max_filter_tiles, grouped_blocked_max_plane, grouped_blocked_max_blocks, "
     "grouped_blocked_max_input, merged_groups_max_plane and padded_merge_max_plane on that "
-    "Xeon; direct_l1_filter_tiles, depthwise_blocked_min_taps, depthwise_thread_min_flops "
-    "and the packed_1x1 fields and filter_windows on another (2 vCPUs, 2 MiB of L2, 480 MiB "
-    "of L3)",
+    "Xeon; direct_l1_filter_tiles, direct_row_tile_min_windows, depthwise_blocked_min_taps, "
+    "depthwise_thread_min_flops and the packed_1x1 fields and filter_windows on another "
+    "(2 vCPUs, 2 MiB of L2, 480 MiB of L3)",
     fma_latency=4, fma_pipes=2, loads_per_cycle=2.0, broadcast_operand=True,
     direct_windows=((14, 1.0), (7, 0.93)),
     filter_windows=((14, 1.0), (13, 0.99), (12, 0.99), (10, 0.96), (9, 0.97), (8, 0.97),
                     (7, 0.95)), direct_min_row_windows=10, direct_row_tile_min_windows=8,
-    direct_l1_filter_tiles=28,
-    direct_one_tile_min_depth=144, output_prefetch=2, thread_min_flops=1.2e6, transpose_depth=24,
-    packing_filters=6, slab_max_filter_tiles=4, grouped_blocked_max_plane=256,
-    grouped_blocked_max_blocks=3, grouped_blocked_max_input=1024, merged_groups_max_plane=1024,
-    padded_merge_max_plane=225, depthwise_blocked_min_taps=5, depthwise_thread_min_flops=0.1e6,
-    packed_1x1_filters=256, packed_1x1_plane_filters=96, packed_1x1_plane_bytes=6144)
+    direct_l1_filter_tiles=28, direct_one_tile_min_depth=144, output_prefetch=2,
+    thread_min_flops=1.2e6, transpose_depth=24, packing_filters=6, slab_max_filter_tiles=4,
+    grouped_blocked_max_plane=256, grouped_blocked_max_blocks=3, grouped_blocked_max_input=1024,
+    merged_groups_max_plane=1024, padded_merge_max_plane=225, depthwise_blocked_min_taps=5,
+    depthwise_thread_min_flops=0.1e6, packed_1x1_filters=256, packed_1x1_plane_filters=96,
+    packed_1x1_plane_bytes=6144)
 AVX2 = Tuning(
     "avx2", "AMD Zen 3 EPYC (2 cores); grouped_blocked_max_plane, grouped_blocked_max_blocks, "
     "merged_groups_max_plane and padded_merge_max_plane with these kernels on an Intel Xeon "
