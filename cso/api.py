@@ -101,6 +101,7 @@ class Conv2d:
         self._plain = {}
         self._padded_bias = None
         self._merged_twin = None   # (``_merged``)
+        self._merged_filters = False   # whether this is such a twin (``_merged``)
         # what a copy is built from besides the filters and bias (pickling, ``copy.deepcopy``)
         self._arguments = dict(
             stride=self.stride, dilation=self.dilation, groups=self.groups,
@@ -223,7 +224,7 @@ class Conv2d:
                                      f"depthwise plan (weight {self.weight_shape}, "
                                      f"groups={self.groups}, input of shape {shape})")
                 found = Prepared(plan, flags, self.isa, self.channel_shuffle, self.activation,
-                                 blocks)
+                                 blocks, self._merged_filters)
             except ValueError as err:   # an override this shape or kernel cannot take
                 if not self.overrides:
                     raise
@@ -287,7 +288,8 @@ class Conv2d:
     def _merged(self, spec):
         """The ``Conv2d`` of this convolution with its groups merged onto blocks
         (``csa.layout.merged_groups``: 8 channels a group on blocks of 16, two groups a block,
-        their filters zero on each other's channels), which runs its blocked and channels-last
+        ``packing.merge_groups``: its kernels mask each filter's FMAs off the other groups'
+        channels, ``KernelSpec.merged``), which runs its blocked and channels-last
         calls, and some NCHW ones (``_nchw_on_blocks``); or None. For grouped ``spec``s whose
         groups do not start on blocks, a filter larger than 1x1, an output plane of at most
         ``tuning.merged_groups_max_plane`` pixels (``cso.layouts.merged_on_blocks``): there
@@ -315,6 +317,7 @@ class Conv2d:
             twin = Conv2d(merge_groups(weight, groups, m), bias if bias.size else None,
                           **dict(self._arguments, groups=groups // m, input_shape=None,
                                  input_layout="nchw"))
+            twin._merged_filters = True
             if not zero_filters:   # (either one's calls compute this convolution)
                 twin._plain = self._plain
             with _tables:

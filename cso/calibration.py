@@ -29,6 +29,7 @@ tuning record alone. ``python -m cso calibration`` prints them (``--again``: mea
 import os
 import platform
 import time
+from dataclasses import replace
 
 import llvmlite.binding as llvm
 import numpy as np
@@ -37,6 +38,7 @@ import csa
 from csa.register_blocking import TILE_VECTORS, calibration_candidates
 from microkernels import KernelSpec, get_isa
 from microkernels import cache
+from microkernels.isa import masked_fma
 from microkernels.jit import JitModule
 from microkernels.once import compiled_once
 from microkernels import probe
@@ -76,10 +78,16 @@ def enabled():
 
 def model_machine(isa_name):
     """The machine CSA plans for from the model alone: the host's caches, the vector facts of
-    kernel ISA ``isa_name`` and its tuning record."""
+    kernel ISA ``isa_name`` and its tuning record; without merged groups
+    (``merged_groups_max_plane`` 0) where the host's FMAs take no lane mask at no cost
+    (``microkernels.isa.masked_fma``): a merged kernel's blend after each FMA halved its speed
+    (csa/TUNING.md, "Groups merged onto blocks: masked FMAs")."""
     isa = get_isa(isa_name)
+    tuning = csa.tuning.record(isa_name)
+    if not masked_fma():
+        tuning = replace(tuning, merged_groups_max_plane=0)
     return csa.Machine.host(vector_bytes=isa.vector_bytes, vector_registers=isa.vector_registers,
-                            tuning=csa.tuning.record(isa_name))
+                            tuning=tuning)
 
 
 def calibrated_machine(isa_name):

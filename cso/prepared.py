@@ -2,6 +2,7 @@
 import array
 import ctypes
 import threading
+from dataclasses import replace
 
 import numpy as np
 
@@ -52,16 +53,19 @@ class Prepared:
     applying ``activation`` (a ``cso.Activation``; ReLU when None); a depthwise plan may read
     its input channels through a ``channel_shuffle`` (see ``Conv2d``); a blocked plan reads
     blocks of ``blocks[0]`` channels and writes blocks of ``blocks[1]`` (``cso.layouts``; 1:
-    NCHW planes)."""
+    NCHW planes); ``merged``: its filters are groups merged onto blocks
+    (``packing.merge_groups``), which its kernel masks (``KernelSpec.merged``)."""
 
     def __init__(self, plan, epilogue_flags, isa, channel_shuffle=1, activation=None,
-                 blocks=None):
+                 blocks=None, merged=False):
         self.plan = plan
         self.image_output_shape = plan.spec.output_shape[1:]   # (K, P, Q)
         lowering = depthwise if isinstance(plan, DepthwisePlan) else slicing
         dtype = np.dtype(plan.spec.dtype)
         self.kernel = (lowering.kernel_spec(plan, isa) if activation is None
                        else lowering.kernel_spec(plan, isa, activation.kind))
+        if merged:
+            self.kernel = replace(self.kernel, merged=True)
         self.params = np.empty(0, dtype) if activation is None else activation.vector(dtype)
         self.entry = part_entry(lowering.loop_nest(plan), dtype)
         extra = {"channel_shuffle": channel_shuffle} if channel_shuffle > 1 else {}

@@ -87,6 +87,17 @@ def host_isa():
     return select_isa(host_features())
 
 
+# host features with which an FMA takes a lane mask at no cost: AVX-512's mask registers, on
+# its vectors and (VL) on AVX2's
+MASKED_FMA_FEATURES = ("avx512f", "avx512vl")
+
+
+def masked_fma():
+    """Whether this host's vector FMAs take a lane mask at no cost (kernels of any x86 ISA
+    compiled here use its mask registers); elsewhere a mask is a blend after each FMA."""
+    return all(f in host_features() for f in MASKED_FMA_FEATURES)
+
+
 ISA_ENV = "CSO_ISA"
 
 

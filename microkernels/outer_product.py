@@ -39,6 +39,12 @@ would otherwise stream from L3 or memory when a call first reads it, faster than
 bandwidth from there (csa/TUNING.md, "Filter tiles prefetched").
 Other kernels ignore ``next`` and ``next_step``.
 
+A ``spec.merged`` kernel (blocked) runs filters of groups merged onto blocks
+(``packing.merge_groups``): a row's lanes that hold a NaN of the sign bit
+(``packing.other_group``) are another group's, and their FMAs are masked off, so that a NaN
+or an infinity in one group's input channels reaches its own group's outputs alone, as in
+PyTorch.
+
 ``flags``: ACCUMULATE adds to C (later channel tiles) instead of overwriting it, BIAS adds
 ``bias[f]`` (``bias`` is read only when this flag is set), ACTIVATE applies ``spec.activation``
 (ReLU unless it says; ``microkernels.activation``) with its parameters read from ``params``
@@ -47,6 +53,9 @@ the last channel tile only: a cheap activation is a select on the flag, a costli
 exponential) has stores of its own, so that the earlier tiles do not compute it.
 One generator serves every dtype and ISA: only the vector width and tile shape change.
 """
+import math
+import struct
+
 from llvmlite import ir
 
 from .activation import SELECTED, apply, load_params, store_activation
@@ -154,27 +163,50 @@ class _KernelBuilder(KernelBuilder):
                               source_etype=self.scalar)
             return splat(bld, bld.load(ptr, typ=self.scalar, align=self.align), self.vec)
 
+        out = [None] * (spec.broadcasts * spec.vectors)
+
+        def update(i, avec, bvec, own):
+            out[i] = bld.call(self.fma, [avec, bvec, accs[i]])
+            if own is not None:   # (spec.merged)
+                out[i] = bld.select(own, out[i], accs[i])
+
+        def own_lanes(avec):
+            return self._own_lanes(bld, avec) if spec.merged else None
+
         # the fewer operands are loaded first and each of the others streams past them: the
         # accumulators plus that many registers plus one (3 x 32 filters in AVX2's 16: 12 + 3 +
         # 1, where the vectors first, 12 + 4 + 1, spilled accumulators and ran at half speed)
-        out = [None] * (spec.broadcasts * spec.vectors)
         if spec.vectors <= spec.broadcasts:
             a_vecs = [a_vec(v) for v in range(spec.vectors)]
+            owns = [own_lanes(avec) for avec in a_vecs]
             for f in range(spec.broadcasts):
                 bvec = b_vec(f)
                 for v in range(spec.vectors):
-                    i = f * spec.vectors + v
-                    out[i] = bld.call(self.fma, [a_vecs[v], bvec, accs[i]])
+                    update(f * spec.vectors + v, a_vecs[v], bvec, owns[v])
                 if spec.variant == "blocked":   # (see _blocked_address)
                     bld.asm(ir.FunctionType(ir.VoidType(), []), "", "", [], True)
         else:
             b_vecs = [b_vec(f) for f in range(spec.broadcasts)]
             for v in range(spec.vectors):
                 avec = a_vec(v)
+                own = own_lanes(avec)
                 for f in range(spec.broadcasts):
-                    i = f * spec.vectors + v
-                    out[i] = bld.call(self.fma, [avec, b_vecs[f], accs[i]])
+                    update(f * spec.vectors + v, avec, b_vecs[f], own)
         return out
+
+    def _own_lanes(self, bld, a):
+        """The lanes of filter vector ``a`` that are not another group's (``spec.merged``):
+        all but those holding a NaN of the sign bit (``packing.other_group``; a group's own
+        NaNs are made positive). Their FMAs are dropped rather than added as zero times the
+        input: a NaN or an infinity in one group's channels would make the other groups'
+        outputs NaN. (Bits up to those of -inf: an ordered compare, which the select after
+        each FMA folds into a masked FMA on AVX-512, where a test for the one value was
+        inverted into a compare and a masked move after each FMA.)"""
+        ivec = ir.VectorType(ir.IntType(8 * self.align), self.spec.lanes)   # (its bits)
+        negative_infinity = int.from_bytes(struct.pack({4: "<f", 8: "<d"}[self.align],
+                                                       -math.inf), "little")
+        return bld.icmp_unsigned("<=", bld.bitcast(a, ivec),
+                                 splat(bld, ir.Constant(ivec.element, negative_infinity), ivec))
 
     def _blocked_address(self, bld, bases, f):
         """Broadcast ``f`` of a blocked kernel's row, ``f*ldb`` past ``bases[0]``: 0-3 ``ldb``

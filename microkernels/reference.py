@@ -43,7 +43,8 @@ def stored_windows(width_used, col0=0, row_width=None, gap=0):
 
 def outer_product(spec, k, a, b, c, ldc, width_used, rows_used, bias=None, flags=0, lda=None,
                   ldb=None, slab_rows=None, col0=0, row_width=None, gap=0, params=(), ldv=None):
-    """C rows f < rows_used, stored elements: act((C +) A^T B (+ bias)). A's rows
+    """C rows f < rows_used, stored elements: act((C +) A^T B (+ bias)), a merged kernel's
+    products at another group's lanes (``other_group_lanes``) dropped. A's rows
     are at ``slab_rows`` (element offsets) for a "slab" kernel, else every ``lda``; B's at
     ``slab_rows`` for a "direct" or "blocked" kernel, else every ``ldb``. A blocked kernel's
     broadcast f is ``ldb`` elements after f - 1, its element e of row f at ``f*ldc +
@@ -56,7 +57,13 @@ def outer_product(spec, k, a, b, c, ldc, width_used, rows_used, bias=None, flags
     step = ldb if blocked else 1
     A = np.stack([a[i: i + width_used] for i in a_starts])
     B = np.stack([b[i: i + rows_used * step: step] for i in b_starts])
-    tile = (B.T @ A).astype(spec.np_dtype)
+    if spec.merged:   # each row's products at another group's lanes dropped
+        with np.errstate(invalid="ignore"):
+            products = B[:, :, None] * A[:, None, :]
+            tile = np.where(other_group_lanes(A)[:, None, :], 0, products).sum(axis=0)
+        tile = tile.astype(spec.np_dtype)
+    else:
+        tile = (B.T @ A).astype(spec.np_dtype)
     elements, offsets = stored_windows(width_used, col0,
                                        row_width if spec.variant == "slab" else None, gap)
     if blocked:
@@ -66,6 +73,13 @@ def outer_product(spec, k, a, b, c, ldc, width_used, rows_used, bias=None, flags
         value = tile[f, elements] + c[at] if flags & ACCUMULATE else tile[f, elements]
         row_bias = (bias[elements] if blocked else bias[f]) if flags & BIAS else 0
         c[at] = _epilogue(spec, value, row_bias, flags, params)
+
+
+def other_group_lanes(filters):
+    """Where a merged kernel's ``filters`` hold another group's lanes: a NaN of the sign bit
+    (``packing.other_group``; ``KernelSpec.merged``)."""
+    bits = filters.view(f"u{filters.itemsize}")
+    return np.isnan(filters) & (bits >> (8 * filters.itemsize - 1) == 1)
 
 
 def blocked_depthwise(spec, x, offsets, step, weights, out, bias=None, flags=0, params=()):

@@ -9,6 +9,7 @@ from .isa import get_isa
 
 VARIANTS = {"packed": "", "slab": "_slab", "direct": "_direct", "blocked": "_blocked"}   # KernelSpec variant -> suffix
 NEXT = "_next"   # the suffix of a KernelSpec with prefetch_next
+MERGED = "_merged"   # and of one with merged
 
 # activation kind -> the names of its run-time parameters, in the order kernels take them
 # (``microkernels.activation``; PyTorch's semantics, ``cso.Activation``)
@@ -109,7 +110,9 @@ class KernelSpec(_Spec):
     written (0: none); with windows in vectors the loop nest's later tiles store there.
     ``prefetch_next``: the kernel asks for a line of the caller's ``next`` operand each trip
     of its depth loop, to be read (with filters in vectors, its share of the filter tile the
-    loop nest reads next)."""
+    loop nest reads next). ``merged`` (blocked only): the filters are groups merged onto
+    blocks (``packing.merge_groups``), and a lane whose filter is -0.0 at a row, another
+    group's, takes no FMA from that row."""
     dtype: str
     broadcasts: int
     width: int
@@ -118,6 +121,7 @@ class KernelSpec(_Spec):
     prefetch: int = 0
     activation: str = STORE_ACTIVATION
     prefetch_next: bool = False
+    merged: bool = False
 
     _FORMAT = "{dtype}_conv_ukernel_{broadcasts}x{width}{suffix}__{isa}"
 
@@ -126,6 +130,9 @@ class KernelSpec(_Spec):
         if self.variant not in VARIANTS:
             raise ValueError(f"KernelSpec variant must be one of {sorted(VARIANTS)}, got "
                              f"{self.variant!r}")
+        if self.merged and self.variant != "blocked":
+            raise ValueError(f"KernelSpec merged needs the blocked variant (filters in "
+                             f"vectors), got {self.variant!r}")
         if self.width % self.lanes:
             raise ValueError(f"KernelSpec width must be a multiple of the {self.lanes} vector "
                              f"lanes, got {self.width}")
@@ -138,10 +145,15 @@ class KernelSpec(_Spec):
     @property
     def suffix(self):
         return (VARIANTS[self.variant] + (f"_pf{self.prefetch}" if self.prefetch else "")
-                + (NEXT if self.prefetch_next else ""))
+                + (NEXT if self.prefetch_next else "") + (MERGED if self.merged else ""))
 
     @classmethod
     def _parse(cls, name):
+        if MERGED + "__" in name:
+            spec = replace(cls._parse(name.replace(MERGED + "__", "__", 1)), merged=True)
+            if spec.name != name:   # _merged_merged
+                raise ValueError(f"not a {cls.__name__} name: {name!r}")
+            return spec
         if NEXT + "__" in name:
             spec = replace(cls._parse(name.replace(NEXT + "__", "__", 1)), prefetch_next=True)
             if spec.name != name:   # _next_next

@@ -69,14 +69,24 @@ def unpack_filters(packed, k):
     return np.ascontiguousarray(tiles[:, :k_g].reshape(k, c_g, r, s))
 
 
+def other_group(dtype):
+    """The value of all bits set in ``dtype`` (float32 or float64), a NaN of the sign bit,
+    which ``merge_groups`` writes at a filter's other groups' channels."""
+    dtype = np.dtype(dtype)
+    return np.array(-1, f"i{dtype.itemsize}").view(dtype)[()]
+
+
 def merge_groups(w, groups, m):
     """OIHW weights ``w`` of ``groups`` groups as those of groups // ``m`` groups, each the
-    ``m`` consecutive groups it merges: a filter's weights at its own group's channels, zero
-    at the others' (block-diagonal). The convolution, filters and output channels in the
-    same order, is the same."""
+    ``m`` consecutive groups it merges (block-diagonal): a filter's weights at its own
+    group's channels, ``other_group`` (a NaN of the sign bit) at the others', where the
+    merged kernels (``KernelSpec.merged``) mask their FMAs off. Read as zeros, the
+    convolution, filters and output channels in the same order, is the same; its own NaNs
+    are made positive, to stay its own."""
     k, c_g = w.shape[:2]
-    merged = np.zeros((k, m * c_g) + w.shape[2:], w.dtype)
+    merged = np.full((k, m * c_g) + w.shape[2:], other_group(w.dtype), w.dtype)
+    own = np.where(np.isnan(w), np.array(np.nan, w.dtype), w)
     place = np.arange(k) // (k // groups) % m   # each filter's group's place in its merge
     for j in range(m):
-        merged[place == j, j * c_g:(j + 1) * c_g] = w[place == j]
+        merged[place == j, j * c_g:(j + 1) * c_g] = own[place == j]
     return merged

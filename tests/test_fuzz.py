@@ -7,7 +7,7 @@ views, spellings), and at most one argument replaced by a bad value; another tes
 channel layouts in and out (NCHW, channels last, blocks). ``CSO_FUZZ_EXAMPLES`` sets the number
 of examples of each (the default is a short run for CI, the same examples every run, so that
 a run is reproducible and fails on a change, not on the draw; e.g. 20000 for a long, random
-one, which also finds the known NaN exception of docs/guide/robustness.md)."""
+one)."""
 import os
 
 import numpy as np

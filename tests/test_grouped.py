@@ -8,7 +8,9 @@ import pytest
 
 import csa
 import cso
+import microkernels as mk
 import packing
+from microkernels.reference import other_group_lanes
 from csa import ConvSpec
 
 from .machines import ZEN3, ZEN5
@@ -327,14 +329,23 @@ def test_groups_of_part_of_a_block_merge_into_whole_blocks():
 
 @pytest.mark.parametrize("m", [2, 4])
 def test_merged_filters_are_the_same_convolution(rng, m):
-    """``packing.merge_groups``: G groups' filters as G/m groups', zero off each filter's own
-    group's channels; the convolution (float64) and the order of its outputs unchanged."""
+    """``packing.merge_groups``: G groups' filters as G/m groups', ``packing.other_group``
+    (a NaN of the sign bit) off each filter's own group's channels; read as zeros, the
+    convolution (float64) and the order of its outputs unchanged; a group's own NaN made
+    positive, so that the merged kernels do not take it for another group's lane."""
     x = rng.standard_normal((1, 24, 5, 6))
     w = rng.standard_normal((36, 2, 3, 3))   # 12 groups: 2 channels, 3 filters a group
+    w[4, 1, 2, 0] = -np.nan
     merged = packing.merge_groups(w, 12, m)
     assert merged.shape == (36, 2 * m, 3, 3)
-    assert np.count_nonzero(merged) == np.count_nonzero(w)
-    np.testing.assert_allclose(conv2d_reference(x, merged, padding=(1, 1, 1, 1), groups=12 // m),
+    other = other_group_lanes(merged)
+    assert other.sum() == (m - 1) * w.size
+    assert np.all(merged[other].view(np.uint64) == np.uint64(2 ** 64 - 1))
+    own = np.where(other, 0, merged)
+    assert np.isnan(own).sum() == 1 and not other_group_lanes(own).any()
+    w[4, 1, 2, 0] = 0.5
+    own[np.isnan(own)] = 0.5
+    np.testing.assert_allclose(conv2d_reference(x, own, padding=(1, 1, 1, 1), groups=12 // m),
                                conv2d_reference(x, w, padding=(1, 1, 1, 1), groups=12),
                                rtol=1e-12, atol=1e-12)
 
@@ -432,6 +443,65 @@ def test_groups_merged_onto_blocks_match_the_reference(rng, monkeypatch, restore
                                atol=2e-5)
 
 
+@pytest.mark.parametrize("isa", [isa.name for isa in mk.supported_isas()
+                                 if isa.name in ("avx512", "avx2")] or [None])
+@pytest.mark.parametrize("case", [
+    # (dtype, C/groups as a fraction of the lanes, groups, K/C, padding)
+    (np.float32, 2, 4, 1, (1, 1, 1, 1)),
+    (np.float32, 4, 8, 2, (0, 2, 1, 0)),
+    (np.float64, 2, 4, 1, (1, 0, 1, 2)),
+    (np.float32, 2, 3, 1, (1, 1, 1, 1)),   # the last merge padded with a zero group
+])
+def test_merged_groups_keep_nan_and_infinity_in_their_own_group(rng, monkeypatch,
+                                                                restore_threads, isa, case):
+    """Groups merged onto blocks, a NaN, +inf and -inf in three groups' input channels (of
+    the first merge): only their own groups' outputs are NaN or infinite, as in PyTorch
+    (each group its own convolution); a group's own NaN filter too. Every layout in and
+    out, 1 and 2 threads bit-identical, the kernels of each ISA."""
+    dtype, fraction, groups, k_scale, pads = case
+    lifted_plans(monkeypatch, merged_groups_max_plane=10 ** 6, grouped_blocked_max_plane=10 ** 6,
+                 grouped_blocked_max_blocks=1, padded_merge_max_plane=10 ** 6)
+    lanes = cso.layouts.block_size(np.dtype(dtype), isa)
+    c_g = max(lanes // fraction, 2)
+    c, k = groups * c_g, groups * c_g * k_scale
+    x = rng.standard_normal((2, c, 9, 10)).astype(dtype)
+    x[0, 1, 4, 5] = np.nan                          # group 0
+    x[0, c_g + 1, 2, 3] = np.inf                    # group 1
+    x[1, 2 * c_g, 6, 6] = -np.inf                   # group 2
+    wt = rng.standard_normal((k, c_g, 3, 3)).astype(dtype)
+    wt[-1, 0, 1, 1] = np.nan                        # the last group's last filter
+    b = rng.standard_normal(k).astype(dtype)
+    geometry = dict(stride=(1, 1), padding=pads, dilation=(1, 1), groups=groups)
+    expected = conv2d_reference(x, wt, b, **geometry)
+    assert np.isnan(expected).any() and np.isinf(expected).any() and \
+        np.isfinite(expected).mean() > 0.5
+    values = {"nchw": (x, {}), "blocked": (cso.Blocked.from_nchw(x, lanes), {}),
+              "nhwc": (np.ascontiguousarray(x.transpose(0, 2, 3, 1)), {"layout": "nhwc"})}
+    outputs = []
+    for threads in (1, 2):
+        cso.set_num_threads(threads)
+        conv = conv_of(wt, b, geometry, isa=isa)
+        got = {}
+        for name, (value, kwargs) in values.items():
+            for out_layout in ("nchw", "blocked", "nhwc"):
+                y = as_nchw(conv(value, out_layout=out_layout, **kwargs), out_layout)
+                where = f"{name} -> {out_layout}, {threads} threads"
+                np.testing.assert_array_equal(np.isnan(y), np.isnan(expected), err_msg=where)
+                np.testing.assert_array_equal(np.isposinf(y), np.isposinf(expected),
+                                              err_msg=where)
+                np.testing.assert_array_equal(np.isneginf(y), np.isneginf(expected),
+                                              err_msg=where)
+                finite = np.isfinite(expected)
+                tol = 2e-4 if dtype == np.float32 else 1e-12
+                np.testing.assert_allclose(y[finite], expected[finite], rtol=tol, atol=tol,
+                                           err_msg=where)
+                got[name, out_layout] = y
+        assert conv._merged_twin is not None
+        outputs.append(got)
+    for key, y in outputs[0].items():
+        np.testing.assert_array_equal(outputs[1][key], y)
+
+
 def test_groups_merge_onto_blocks_where_measured(monkeypatch):
     """Blocked and channels-last calls run the merged groups' plan on planes of at most the
     record's ``merged_groups_max_plane`` outputs (1024 in the AVX-512 and AVX2 records, 0,
@@ -463,6 +533,25 @@ def test_groups_merge_onto_blocks_where_measured(monkeypatch):
     assert csa.tuning.AVX512.merged_groups_max_plane == 1024
     assert csa.tuning.AVX2.merged_groups_max_plane == 1024
     assert csa.tuning.NEON.merged_groups_max_plane == 0
+
+
+def test_groups_merge_only_where_fmas_take_masks(monkeypatch):
+    """A host whose FMAs take no lane mask at no cost (``microkernels.isa.masked_fma``: no
+    AVX-512) plans without merged groups whatever the record says: each FMA of a merged
+    kernel would need a blend; one that has them keeps the record's limit."""
+    try:
+        for masked, limit in ((False, 0), (True, 1024)):
+            monkeypatch.setattr(cso.calibration, "masked_fma", lambda: masked)
+            cso.host.host_machine.cache_clear()
+            for isa in (i.name for i in mk.supported_isas() if i.name in ("avx512", "avx2")):
+                assert cso.calibration.model_machine(isa).tuning.merged_groups_max_plane == limit
+                spec = ConvSpec.parse("n1c64h14w14k64r3s3p1u1g16")   # 4 channels a group
+                assert cso.layouts.merged_on_blocks(spec, isa) == (
+                    (4 if isa == "avx512" else 2) if masked else 1)
+    finally:   # (the host's machine as it is, for the tests after)
+        monkeypatch.undo()
+        cso.host.host_machine.cache_clear()
+    assert mk.isa.masked_fma() == ({"avx512f", "avx512vl"} <= mk.isa.host_features())
 
 
 def odd_groups_case(rng, groups, c_g, size, padding):

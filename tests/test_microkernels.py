@@ -6,7 +6,8 @@ import pytest
 
 import csa
 import microkernels as mk
-from microkernels.reference import stored_windows
+import packing
+from microkernels.reference import other_group_lanes, stored_windows
 from microkernels.outer_product import UNROLL
 
 from .machines import NEON
@@ -228,6 +229,40 @@ def test_blocked_kernel(spec, rng):
                                          ldv=ldv), k)
 
 
+@pytest.mark.parametrize("spec", sorted({mk.KernelSpec(s.dtype, b, s.width, s.isa, "blocked",
+                                                        prefetch_next=b == 5, merged=True)
+                                         for s in SPECS for b in (s.broadcasts, 5)}, key=str), ids=str)
+def test_merged_kernel_masks_the_other_groups_lanes(spec, rng):
+    """Filters of groups merged onto blocks (``packing.merge_groups``): a lane whose filter
+    row holds ``packing.other_group`` takes nothing from that row, so NaNs and infinities in
+    the windows reach only the lanes of their own rows' groups; a group's own NaN filters
+    (positive) and -inf count. Every depth and edge count, as the blocked kernel's test."""
+    dt, lanes = spec.np_dtype, spec.lanes
+    poisoned = 0
+    for k in DEPTHS:
+        for rows_used in range(1, spec.broadcasts + 1, 2):
+            width_used = spec.width - (rows_used * 3 + k) % spec.width
+            flags = FLAG_SETS[(rows_used + k) % len(FLAG_SETS)]
+            ldb = (1, 2 * lanes, lanes + 3)[(rows_used + k) % 3]
+            slab_rows = rng.integers(0, 2 * k + lanes, size=k).astype(np.int64)
+            a = rng.standard_normal((k, spec.width)).astype(dt)
+            group = np.arange(spec.width) % lanes * 2 // lanes   # two groups a vector
+            a[group != np.arange(k)[:, None] % 2] = packing.other_group(dt)
+            own = ~other_group_lanes(a)
+            a[0, np.flatnonzero(own[0])[:1]] = (np.nan, -np.inf)[k % 2]
+            b = rng.standard_normal(int(slab_rows.max()) + (spec.broadcasts - 1) * ldb + 1).astype(dt)
+            b[slab_rows[-1]] = (np.nan, np.inf, -np.inf)[k % 3]   # the last row's first window
+            bias = rng.standard_normal(width_used).astype(dt)
+            actual, expected, inside = run_on_rows(
+                spec, rng, (k, a.ravel(), b), spec.width + 2, np.arange(width_used),
+                width_used, rows_used, bias, flags, ldb=ldb, slab_rows=slab_rows, ldv=lanes)
+            assert np.all(actual[~inside] == SENTINEL), "kernel wrote outside its output rows"
+            np.testing.assert_array_equal(np.isnan(actual), np.isnan(expected))
+            check(spec, np.nan_to_num(actual, nan=0), np.nan_to_num(expected, nan=0), inside, k)
+            poisoned += np.isfinite(expected[inside]).sum() > 0 and np.isnan(expected).any()
+    assert poisoned   # (some outputs NaN beside finite ones: the masks were tested)
+
+
 @pytest.mark.parametrize("spec", sorted({mk.BlockedDepthwiseSpec(s.dtype, w, s.isa, act)
                                          for s in SPECS for w in (1, 7, 8)
                                          for act in ("relu", "silu")}, key=str), ids=str)
@@ -319,6 +354,8 @@ FAMILY_SPECS = [mk.KernelSpec("f64", 3, 8, "avx512"), mk.KernelSpec("f32", 8, 32
                 mk.KernelSpec("f32", 6, 16, "avx2", "slab", 2), mk.KernelSpec("f64", 8, 8, "neon", prefetch=12),
                 mk.KernelSpec("f32", 14, 32, "avx512", "direct"), mk.DepthwiseSpec("f64", 3, "avx2"),
                 mk.KernelSpec("f64", 7, 16, "avx512", "direct", prefetch_next=True),
+                mk.KernelSpec("f32", 14, 16, "avx512", "blocked", prefetch_next=True, merged=True),
+                mk.KernelSpec("f32", 5, 8, "avx2", "blocked", activation="silu", merged=True),
                 mk.TransposeSpec("f32", "avx2"), mk.TransposeSpec("f64", "neon"),
                 mk.RowCopySpec("f32", 21, "avx2"), mk.TapCopySpec("f64", 8, "generic")]
 
@@ -336,8 +373,13 @@ def test_kernel_spec_names():
     assert mk.KernelSpec("f32", 6, 16, "avx2", "slab", 2).name == "f32_conv_ukernel_6x16_slab_pf2__avx2"
     assert mk.KernelSpec("f32", 14, 32, "avx512", "direct", activation="silu",
                          prefetch_next=True).name == "f32_conv_ukernel_14x32_direct_next_silu__avx512"
+    assert mk.KernelSpec("f32", 14, 16, "avx512", "blocked", activation="silu",
+                         prefetch_next=True, merged=True).name == \
+        "f32_conv_ukernel_14x16_blocked_next_merged_silu__avx512"
     with pytest.raises(ValueError, match="prefetch >= 0"):
         mk.KernelSpec("f32", 6, 16, "avx2", prefetch=-1)
+    with pytest.raises(ValueError, match="merged needs the blocked variant"):
+        mk.KernelSpec("f32", 6, 16, "avx2", "direct", merged=True)
 
 
 @pytest.mark.parametrize("name", ["f16_conv_ukernel_4x16__avx512", "f32_conv_ukernel_4x16",
@@ -348,7 +390,10 @@ def test_kernel_spec_names():
                                   "f32_conv_ukernel_4x16_pf0__avx2", "f32_conv_ukernel_4x16_pf02__avx2",
                                   "f32_conv_ukernel_4x16_pf2_slab__avx2", "f32_conv_ukernel_4x16_pf__avx2",
                                   "f32_conv_ukernel_4x16_next_next__avx2",
-                                  "f32_conv_ukernel_4x16_next_slab__avx2"])
+                                  "f32_conv_ukernel_4x16_next_slab__avx2",
+                                  "f32_conv_ukernel_4x16_merged__avx2",
+                                  "f32_conv_ukernel_4x16_blocked_merged_merged__avx2",
+                                  "f32_conv_ukernel_4x16_blocked_merged_next__avx2"])
 def test_spec_names_refused(name):
     with pytest.raises(ValueError):
         mk.parse_name(name)
