@@ -72,7 +72,8 @@ class Tuning:
     grouped_blocked_max_input: int = 0
     # outputs a grouped convolution whose groups do not start on blocks may have for its
     # blocked and channels-last calls to run with groups merged onto blocks
-    # (``csa.layout.merged_groups``, ``cso.Conv2d``; 0: not measured, never)
+    # (``csa.layout.merged_groups``, ``cso.Conv2d``; 0: not measured, never; on a host
+    # without masked FMAs, never: ``cso.calibration.model_machine``)
     merged_groups_max_plane: int = 0
     # outputs such a convolution may have, where its last merge is padded with zero groups
     # (``csa.layout.padded_groups``), for its calls on channels last (or on blocks of other
