@@ -111,8 +111,8 @@ class KernelSpec(_Spec):
     ``prefetch_next``: the kernel asks for a line of the caller's ``next`` operand each trip
     of its depth loop, to be read (with filters in vectors, its share of the filter tile the
     loop nest reads next). ``merged`` (blocked only): the filters are groups merged onto
-    blocks (``packing.merge_groups``), and a lane whose filter is -0.0 at a row, another
-    group's, takes no FMA from that row."""
+    blocks (``packing.merge_groups``), and a lane whose filter at a row is a NaN of the sign
+    bit (``packing.other_group``: another group's) takes no FMA from that row."""
     dtype: str
     broadcasts: int
     width: int
