@@ -566,9 +566,11 @@ class Conv2d:
 
     def _one_pixel(self, nhwc_shape):
         """Whether channels-last inputs of ``nhwc_shape`` and their outputs are one pixel
-        each, of the filters' channels: held byte for byte as NCHW."""
+        each, of the filters' channels: held byte for byte as NCHW. Never for groups merged
+        onto blocks (``_merged``): their filters' markers need the merged kernels, which only
+        the blocked plan runs."""
         n, h, w, c = nhwc_shape
-        if (h, w) != (1, 1) or c != self.weight_shape[1] * self.groups:
+        if (h, w) != (1, 1) or c != self.weight_shape[1] * self.groups or self._merged_filters:
             return False
         return self.spec_for((n, c, 1, 1)).output_shape[2:] == (1, 1)
 

@@ -502,6 +502,34 @@ def test_merged_groups_keep_nan_and_infinity_in_their_own_group(rng, monkeypatch
         np.testing.assert_array_equal(outputs[1][key], y)
 
 
+@pytest.mark.parametrize("groups", [2, 4])
+def test_one_pixel_calls_of_merged_groups_run_the_merged_kernels(rng, monkeypatch, groups):
+    """One-pixel calls (a squeeze and excitation's shape) of groups of a quarter of a block,
+    merged (with two zero groups where there are 2): never the NCHW plan's shortcut, whose
+    kernels do not mask the merged filters' markers; a NaN stays in its own group."""
+    lifted_plans(monkeypatch, merged_groups_max_plane=10 ** 6, grouped_blocked_max_plane=10 ** 6,
+                 grouped_blocked_max_blocks=1, padded_merge_max_plane=10 ** 6)
+    lanes = cso.layouts.block_size(np.dtype(np.float32))
+    c_g = max(lanes // 4, 2)
+    c = groups * c_g
+    x = rng.standard_normal((1, c, 1, 1)).astype(np.float32)
+    x[0, 0] = np.nan
+    wt = rng.standard_normal((c, c_g, 2, 1)).astype(np.float32)
+    geometry = dict(stride=(1, 2), padding=(0, 1, 0, 0), dilation=(1, 1), groups=groups)
+    expected = conv2d_reference(x, wt, None, **geometry)
+    assert expected.shape == (1, c, 1, 1) and np.isnan(expected[0, :c_g]).all()
+    conv = conv_of(wt, None, geometry)
+    for value, kwargs in ((cso.Blocked.from_nchw(x), {}),
+                          (np.ascontiguousarray(x.transpose(0, 2, 3, 1)), {"layout": "nhwc"})):
+        for out_layout in ("blocked", "nhwc", "nchw"):
+            for _ in range(2):   # (the second a plain call)
+                y = as_nchw(conv(value, out_layout=out_layout, **kwargs), out_layout)
+                np.testing.assert_array_equal(np.isnan(y), np.isnan(expected))
+                np.testing.assert_allclose(y[0, c_g:], expected[0, c_g:], rtol=2e-5,
+                                           atol=2e-5)
+    assert conv._merged_twin is not None
+
+
 def test_groups_merge_onto_blocks_where_measured(monkeypatch):
     """Blocked and channels-last calls run the merged groups' plan on planes of at most the
     record's ``merged_groups_max_plane`` outputs (1024 in the AVX-512 and AVX2 records, 0,
