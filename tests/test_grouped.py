@@ -496,7 +496,8 @@ def test_merged_groups_keep_nan_and_infinity_in_their_own_group(rng, monkeypatch
                 np.testing.assert_allclose(y[finite], expected[finite], rtol=tol, atol=tol,
                                            err_msg=where)
                 got[name, out_layout] = y
-        assert conv._merged_twin is not None
+        # (float64 on NEON's 2 lanes: groups of 2 channels are whole blocks, not merged)
+        assert (conv._merged_twin is not None) == (c_g < lanes)
         outputs.append(got)
     for key, y in outputs[0].items():
         np.testing.assert_array_equal(outputs[1][key], y)
