@@ -72,9 +72,11 @@ class Tuning:
     grouped_blocked_max_input: int = 0
     # outputs a grouped convolution whose groups do not start on blocks may have for its
     # blocked and channels-last calls to run with groups merged onto blocks
-    # (``csa.layout.merged_groups``, ``cso.Conv2d``; 0: not measured, never; on a host
-    # without masked FMAs, never: ``cso.calibration.model_machine``)
+    # (``csa.layout.merged_groups``, ``cso.Conv2d``; 0: not measured, never)
     merged_groups_max_plane: int = 0
+    # the same limit on a host whose FMAs take no lane mask at no cost (no AVX-512), where
+    # the merged kernels blend each FMA's result (``cso.calibration.model_machine``; 0: never)
+    blended_merge_max_plane: int = 0
     # outputs such a convolution may have, where its last merge is padded with zero groups
     # (``csa.layout.padded_groups``), for its calls on channels last (or on blocks of other
     # lanes) to run merged too, their input copied into blocks of the kernels' lanes first
@@ -183,7 +185,8 @@ AVX2 = Tuning(
     "avx2", "AMD Zen 3 EPYC (2 cores); grouped_blocked_max_plane, grouped_blocked_max_blocks, "
     "merged_groups_max_plane and padded_merge_max_plane with these kernels on an Intel Xeon "
     "(AVX-512, 2 vCPUs), direct_l1_filter_tiles, packed_1x1_plane_filters and "
-    "packed_1x1_plane_bytes on another (2 MiB of L2, 480 MiB of L3)",
+    "packed_1x1_plane_bytes on another (2 MiB of L2, 480 MiB of L3), blended_merge_max_plane "
+    "there with these kernels compiled for Zen 3 (no mask registers)",
     fma_latency=4, fma_pipes=2, loads_per_cycle=1.75, broadcast_operand=False, direct_windows=((6, 1.0), (5, 0.97), (4, 0.90)),
     filter_windows=((6, 1.0), (5, 0.98), (4, 0.96)), thread_min_flops=1e6,
     part_min_flops=1.2e6, depthwise_thread_min_flops=0.2e6, depthwise_part_min_flops=0.2e6,
@@ -192,7 +195,7 @@ AVX2 = Tuning(
     slab_max_filter_tiles=3, transpose_depth=16, packing_filters=6, packed_1x1_filters=256,
     packed_1x1_plane_filters=96, packed_1x1_plane_bytes=6144, direct_l1_filter_tiles=48,
     output_prefetch=2, grouped_blocked_max_plane=196, grouped_blocked_max_blocks=3,
-    merged_groups_max_plane=1024, padded_merge_max_plane=225)
+    merged_groups_max_plane=1024, blended_merge_max_plane=49, padded_merge_max_plane=225)
 # no CPU measured: the usual FMA core (latency 4, two pipes) with SSE/NEON-width vectors; the
 # plan constants as the AVX2 core measured them
 GENERIC = Tuning("generic", "not measured: a typical core", fma_latency=4, fma_pipes=2,

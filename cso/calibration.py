@@ -78,14 +78,15 @@ def enabled():
 
 def model_machine(isa_name):
     """The machine CSA plans for from the model alone: the host's caches, the vector facts of
-    kernel ISA ``isa_name`` and its tuning record; without merged groups
-    (``merged_groups_max_plane`` 0) where the host's FMAs take no lane mask at no cost
+    kernel ISA ``isa_name`` and its tuning record; its groups merged onto blocks on planes up
+    to ``blended_merge_max_plane`` only where the host's FMAs take no lane mask at no cost
     (``microkernels.isa.masked_fma``): a merged kernel's blend after each FMA halved its speed
     (csa/TUNING.md, "Groups merged onto blocks: masked FMAs")."""
     isa = get_isa(isa_name)
     tuning = csa.tuning.record(isa_name)
     if not masked_fma():
-        tuning = replace(tuning, merged_groups_max_plane=0)
+        tuning = replace(tuning, merged_groups_max_plane=min(tuning.merged_groups_max_plane,
+                                                             tuning.blended_merge_max_plane))
     return csa.Machine.host(vector_bytes=isa.vector_bytes, vector_registers=isa.vector_registers,
                             tuning=tuning)
 

@@ -566,17 +566,24 @@ def test_groups_merge_onto_blocks_where_measured(monkeypatch):
 
 def test_groups_merge_only_where_fmas_take_masks(monkeypatch):
     """A host whose FMAs take no lane mask at no cost (``microkernels.isa.masked_fma``: no
-    AVX-512) plans without merged groups whatever the record says: each FMA of a merged
-    kernel would need a blend; one that has them keeps the record's limit."""
+    AVX-512), whose merged kernels blend each FMA's result, merges groups on planes up to
+    the record's ``blended_merge_max_plane`` alone (49 outputs with the AVX2 kernels, none
+    with the AVX-512 ones, which such a host does not run); one that has them keeps the
+    record's ``merged_groups_max_plane``."""
+    limits = {(False, "avx512"): 0, (False, "avx2"): 49, (True, "avx512"): 1024,
+              (True, "avx2"): 1024}
     try:
-        for masked, limit in ((False, 0), (True, 1024)):
+        for masked in (False, True):
             monkeypatch.setattr(cso.calibration, "masked_fma", lambda: masked)
             cso.host.host_machine.cache_clear()
             for isa in (i.name for i in mk.supported_isas() if i.name in ("avx512", "avx2")):
+                limit = limits[masked, isa]
                 assert cso.calibration.model_machine(isa).tuning.merged_groups_max_plane == limit
-                spec = ConvSpec.parse("n1c64h14w14k64r3s3p1u1g16")   # 4 channels a group
-                assert cso.layouts.merged_on_blocks(spec, isa) == (
-                    (4 if isa == "avx512" else 2) if masked else 1)
+                m = 4 if isa == "avx512" else 2   # (4 channels a group)
+                for size in (7, 8, 14):
+                    spec = ConvSpec.parse(f"n1c64h{size}w{size}k64r3s3p1u1g16")
+                    assert cso.layouts.merged_on_blocks(spec, isa) == (
+                        m if size * size <= limit else 1)
     finally:   # (the host's machine as it is, for the tests after)
         monkeypatch.undo()
         cso.host.host_machine.cache_clear()
