@@ -166,11 +166,21 @@ def define_filters_blocked(module, dtype):
                    * nest.item)
         return SimpleNamespace(address=address, windows=ow1 - ow0, first=oh * nest.Q + ow0)
 
+    # a short tile's windows past its row's end read the next slab row where no tail kernel
+    # takes it (the kernel broadcasts NWIN windows): that row is filled too, not left as an
+    # earlier band had it
+    spill = code.choose((nest.Q != nest.row_tiles * nest.NWIN)
+                        & (code.geom("tail_kernel") == 0), 1, 0)
+
+    def slab_rows(b0, b1):
+        # the rows that output rows b0 // row_tiles .. (b1 - 1) // row_tiles read: the last
+        # one's taps reach Hs - (P - 1) * step_h rows
+        last = (b1 - 1) // nest.row_tiles
+        return (code.choose(nest.unpacked, 0, b0 // nest.row_tiles * nest.step_h),
+                code.min(nest.Hs, nest.Hs + spill - (nest.P - 1 - last) * nest.step_h))
+
     nest.loops(window_tile, nest.kernel_into_blocks, windows_innermost=True,
-               band_pass=nest.transpose_into_planes,
-               slab_rows=lambda b0, b1: (code.choose(nest.unpacked, 0,
-                                                     b0 // nest.row_tiles * nest.step_h),
-                                         nest.Hs),
+               band_pass=nest.transpose_into_planes, slab_rows=slab_rows,
                start_row=nest.start_row)
     return nest.finish()
 

@@ -373,6 +373,51 @@ def test_blocked_results_are_bit_identical_across_threads_and_splits(rng, restor
     assert used_blocked_plan(conv)
 
 
+# name: (C, H, W, K, R, S, stride, padding, dilation): padded slabs, output rows of two tiles
+# (short ones among them) at strides 1 and 2, dilated taps, a subsampled 1x1
+SLAB_PART_CASES = {
+    "3x3_s1": (16, 17, 23, 24, 3, 3, 1, 1, 1),
+    "3x3_s2_short_tiles": (16, 23, 29, 20, 3, 3, 2, 1, 1),
+    "3x3_s2_asymmetric": (20, 22, 31, 17, 3, 3, 2, ((0, 1), (0, 1)), 1),
+    "5x5_dilated": (8, 19, 21, 16, 5, 5, 1, 4, 2),
+    "1x1_s2": (24, 21, 27, 19, 1, 1, 2, 0, 1),
+}
+
+
+@pytest.mark.parametrize("in_layout", ["blocked", "nhwc", "nchw"])
+@pytest.mark.parametrize("name", sorted(SLAB_PART_CASES))
+def test_blocked_parts_fill_the_slab_rows_their_tiles_read(rng, restore_threads, name,
+                                                           in_layout):
+    """A blocked plan whose parts split its band: each part fills the slab rows its own
+    tiles read, no more (a part had filled every row to the plane's end: six parts of a
+    14 x 14 output copied the input 3.4 times), and none fewer: run one after the other on
+    one thread, a part that read a row it had not filled would find the previous part's rows
+    there, or NaN from an earlier call, and its bits would differ from one part's."""
+    c, h, w, k, r, s, stride, padding, dilation = SLAB_PART_CASES[name]
+    x = rng.standard_normal((2, c, h, w)).astype(np.float32)
+    wt = (rng.standard_normal((k, c, r, s)) / np.sqrt(c * r * s)).astype(np.float32)
+    b = rng.standard_normal(k).astype(np.float32)
+    kwargs = dict(stride=stride, padding=padding, dilation=dilation)
+    cso.set_num_threads(1)
+
+    def run(conv, values):
+        got = conv(as_layout(values, in_layout), out_layout="blocked",
+                   **({"layout": "nhwc"} if in_layout == "nhwc" else {}))
+        return got.to_nchw()
+
+    one = run(cso.Conv2d(wt, b, plan_overrides={"split": (1, 1)}, **kwargs), x)
+    assert_matches(one, x, wt, b, None, geometry(cso.Conv2d(wt, b, **kwargs), x.shape))
+    for parts in (2, 5, 11):
+        conv = cso.Conv2d(wt, b, plan_overrides={"split": (parts, 1)}, **kwargs)
+        run(conv, np.full_like(x, np.nan))   # (the workspace's slab rows NaN)
+        got = run(conv, x)
+        plan = csa.analyze(conv.spec_for(x.shape), cso.host_machine(), layout="blocked",
+                           split=(parts, 1))
+        assert plan.parts[0] == parts and plan.band >= plan.window_tiles, plan
+        np.testing.assert_array_equal(got, one, err_msg=f"{parts} parts")
+        assert used_blocked_plan(conv)
+
+
 # 4. guard pages -------------------------------------------------------------------------------
 
 # name: (N, C, H, W, K, R, S, stride, padding, dilation, groups): output rows no multiple of
