@@ -97,6 +97,10 @@ class Tuning:
     # where windows in vectors read the input in place: the packing costs as much per value
     # as the FMAs of this many filters (0: not measured, not counted)
     packing_filters: int = 0
+    # FMA lanes a packed window tile's run (windows of one output row) costs per channel and
+    # filter row, beside its elements: windows in vectors on short rows copy a tile in several
+    # runs (``csa.variants.choose_vector``; 0: not measured, not counted)
+    packing_run: float = 0
     # filters per group from which plain 1x1s pack their window tiles rather than read the
     # input in place (0: never, in place wherever it does not alias L1 sets)
     packed_1x1_filters: int = 0
@@ -165,7 +169,8 @@ class Tuning:
 AVX512 = Tuning(
     "avx512", "AMD Zen 5 (2 cores); Zen 4 runs zmm FMAs at half rate, same tiles; "
     "output_prefetch on Zen 4 (2 vCPUs); thread_min_flops on Zen 5 and an Intel Xeon (2 vCPUs), "
-    "transpose_depth, packing_filters, direct_min_row_windows, direct_one_tile_min_depth, "
+    "transpose_depth, packing_filters, packing_run, direct_min_row_windows, "
+    "direct_one_tile_min_depth, "
     "slab_max_filter_tiles, grouped_blocked_max_plane, grouped_blocked_max_blocks, "
     "grouped_blocked_max_input, merged_groups_max_plane and padded_merge_max_plane on that "
     "Xeon; direct_l1_filter_tiles, direct_row_tile_min_windows, depthwise_blocked_min_taps, "
@@ -176,7 +181,8 @@ AVX512 = Tuning(
     filter_windows=((14, 1.0), (13, 0.99), (12, 0.99), (10, 0.96), (9, 0.97), (8, 0.97),
                     (7, 0.95)), direct_min_row_windows=10, direct_row_tile_min_windows=8,
     direct_l1_filter_tiles=28, direct_one_tile_min_depth=144, output_prefetch=2,
-    thread_min_flops=1.2e6, transpose_depth=24, packing_filters=6, slab_max_filter_tiles=4,
+    thread_min_flops=1.2e6, transpose_depth=24, packing_filters=6, packing_run=90,
+    slab_max_filter_tiles=4,
     grouped_blocked_max_plane=256, grouped_blocked_max_blocks=3, grouped_blocked_max_input=1024,
     merged_groups_max_plane=1024, padded_merge_max_plane=225, depthwise_blocked_min_taps=5,
     depthwise_thread_min_flops=0.1e6, packed_1x1_filters=256, packed_1x1_plane_filters=96,

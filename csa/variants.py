@@ -91,15 +91,31 @@ def choose_vector(spec, window_tile, filter_tile, tuning):
     beside hundreds of channels, much beside a few dozen (0: lanes waste alone, with a 5%
     margin). Where windows in vectors would read a plain 1x1's input in place, the packing
     filters in vectors need costs ``tuning.packing_filters`` filters' FMAs a value: much
-    beside 16 or 32 filters (SqueezeNet's squeeze layers), little beside hundreds."""
+    beside 16 or 32 filters (SqueezeNet's squeeze layers), little beside hundreds. Packed
+    window tiles of filters more than a tap wide add ``tuning.packing_run`` FMA lanes for
+    each run they copy (``tile_runs``) per channel and filter row: a tile across several
+    short output rows (32 windows on rows of 14) is copied in as many runs."""
     windows, filters = padded_work(spec, *window_tile), padded_work(spec, *filter_tile)
     depth = spec.c_per_group * spec.r * spec.s
     if tuning.transpose_depth:
         extra = tuning.transpose_depth / depth
         if tuning.packing_filters and reads_input_unpacked(spec, "windows", tuning):
             extra += tuning.packing_filters / spec.k_per_group
+        if tuning.packing_run and spec.s > 1:
+            # (a run's taps come from one copy: its cost per output is over R*C, not R*S*C)
+            windows += tile_runs(spec, window_tile[0]) * tuning.packing_run / spec.s
         return "filters" if filters * (1 + extra) < windows else "windows"
     return "filters" if filters < 0.95 * windows else "windows"
+
+
+def tile_runs(spec, nwin):
+    """The runs of windows that share an output row in the plane's ``nwin``-window tiles (a
+    packed tile is copied run by run): a run a tile, and one more for each row's start inside
+    a tile."""
+    p, q = spec.p, spec.q
+    tiles = ceil(p * q / nwin)
+    starts_on_tiles = (p - 1) * q // (q * nwin // gcd(q, nwin))   # at multiples of both
+    return tiles + (p - 1) - starts_on_tiles
 
 
 def reads_input_unpacked(spec, vectors_along, tuning):

@@ -420,6 +420,39 @@ def test_vectors_along_the_filters_where_they_waste_fewer_lanes_than_the_transpo
     assert vector("n1c128h55w55k16r1s1p0u1", zen3_without) == "filters"
 
 
+def test_tile_runs_count_a_run_a_tile_and_a_row_start_inside_one():
+    """``tile_runs`` against a count tile by tile: the rows each tile's windows lie on."""
+    from csa.variants import tile_runs
+    for p, q, nwin in [(1, 1, 16), (7, 7, 32), (14, 14, 32), (28, 28, 32), (32, 32, 32),
+                       (56, 56, 14), (13, 17, 6), (3, 40, 16), (9, 11, 48), (5, 64, 32)]:
+        spec = ConvSpec.parse(f"n1c8h{p}w{q}k8r1s1p0u1")
+        rows = sum((min(p * q, t0 + nwin) - 1) // q - t0 // q + 1 for t0 in range(0, p * q, nwin))
+        assert tile_runs(spec, nwin) == rows, (p, q, nwin)
+
+
+def test_window_tiles_across_short_rows_weigh_their_runs():
+    """On the AVX-512 record, stride-2 3x3s whose output rows are shorter than a window tile
+    (32 windows on rows of 14 or 28: copied in 3 or 2 runs a tile) take filters in vectors,
+    which the lanes and the transposing pass alone leave to windows (the packing runs cost
+    these 0.81-0.95x the time, csa/TUNING.md); rows of 56 keep windows in vectors, as do
+    1x7s (one tap a row: no tap copies); the AVX2 record does not count runs (its plans of
+    16-window tiles ran slower for them)."""
+    machine = dataclasses.replace(ZEN5, tuning=csa.tuning.record("avx512"))
+    def vector(name, machine=machine):
+        return csa.analyze(ConvSpec.parse(name), machine).vectors_along
+    assert machine.tuning.packing_run > 0
+    short_rows = ("n1c1232h28w28k1232r3s3p1u2g11", "n1c888h14w14k888r3s3p1u2g37",
+                  "n1c128h56w56k128r3s3p1u2")
+    for name in short_rows:
+        assert vector(name) == "filters", name
+        uncounted = dataclasses.replace(machine, tuning=dataclasses.replace(
+            machine.tuning, packing_run=0))
+        assert vector(name, uncounted) == "windows", name
+    assert vector("n1c64h112w112k64r3s3p1u2") == "windows"
+    assert vector("n1c64h73w73k64r7s1p3_3_0_0u1") == "windows"
+    assert csa.tuning.record("avx2").packing_run == 0
+
+
 def test_output_prefetch_with_windows_in_vectors_only():
     """Plans whose kernel stores NCHW output rows (windows in vectors, packed or slab) ask it
     to prefetch them the record's tiles ahead; filters in vectors (stores to the band's
