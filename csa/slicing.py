@@ -325,11 +325,12 @@ def analyze_slicing(spec, machine, threads, overrides, layout="nchw"):
                    (direct_windows(spec, machine),
                     TILE_VECTORS * machine.vector_bytes // spec.itemsize))
     tile = microtile_shape or direct_tile
-    fits_direct = (grouped or use_direct(spec, *tile, machine.tuning)) and slab_within(
+    lanes = machine.vector_bytes // spec.itemsize
+    fits_direct = (grouped or use_direct(spec, *tile, machine.tuning, lanes)) and slab_within(
         spec, tile[0], direct_channel_tile(spec, tile[1], machine), "filters", machine.l3)
     if vectors_along is None:
         vectors_along = ("filters" if slab is not False and fits_direct else
-                  choose_vector(spec, tiles["windows"], tiles["filters"], machine.tuning))
+                  choose_vector(spec, tiles["windows"], tiles["filters"], machine.tuning, lanes))
     direct = vectors_along == "filters" and (fits_direct if slab is None else slab)
     nwin, nf = microtile_shape or (direct_tile if direct else tiles[vectors_along])
     if direct:
@@ -363,7 +364,6 @@ def analyze_slicing(spec, machine, threads, overrides, layout="nchw"):
         one_thread = min(band or min(banded_and_cap(machine)), t_in)
         nc = direct_band_channel_tile(spec, nwin, nf, nc, one_thread, per_row, machine)
     if blocked:
-        lanes = machine.vector_bytes // spec.itemsize
         if "nc" in overrides and nc % lanes and nc < spec.c_per_group:
             raise ValueError(f"nc override {nc}: a blocked plan's channel tiles are whole "
                              f"blocks of {lanes} channels (or all {spec.c_per_group})")

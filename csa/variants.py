@@ -13,7 +13,7 @@ DIRECT_WASTE = 0.1   # padded work a direct plan may add (row-aligned tiles, fil
 SHUFFLED_TAPS_MAX_STRIDE = 2
 
 
-def use_direct(spec, nwin, nf, tuning):
+def use_direct(spec, nwin, nf, tuning, lanes):
     """Filters in vectors and the input windows broadcast in place from a padded slab (the
     direct convolution MLAS runs on NCHWc): no window tile is packed. For stride-1
     convolutions a slab applies to (not unpadded 1x1s) with at least
@@ -25,7 +25,8 @@ def use_direct(spec, nwin, nf, tuning):
     planes, one tile a row, whose packed tiles waste lanes or cost their packing; rows of 24
     and 36 as tiles of 12), at stride 1 a row of one tile from
     ``tuning.direct_row_tile_min_windows`` (8x8 planes, whose filters dominate: the direct plan
-    prefetches them), others count padded to ``nwin`` a tile. Other strides are left to
+    prefetches them), others count padded to ``nwin`` a tile; filter tiles count the lanes
+    they compute (``filter_lanes``, of ``lanes`` a vector). Other strides are left to
     the packed plans: their taps read R*S runs per channel from the stride's phase planes and
     overflow L1; but not where an output row is one such even tile (10-14 windows) and the
     windows overlap (a 3x3 at stride 2), whose packed tiles copy each value several times;
@@ -41,7 +42,7 @@ def use_direct(spec, nwin, nf, tuning):
              else tuning.direct_min_row_windows)
     even = least and spec.q % tiles == 0 and spec.q // tiles >= least
     row = spec.q if even else tiles * nwin
-    padded = spec.p * row * ceil(spec.k_per_group / nf) * nf
+    padded = spec.p * row * filter_lanes(spec.k_per_group, nf, tail_lanes(nwin, lanes, tuning))
     (sh, sw), (dh, dw) = spec.stride, spec.dilation
     overlap = (spec.r - 1) * dh + 1 > sh or (spec.s - 1) * dw + 1 > sw
     depth = spec.c_per_group * spec.r * spec.s
@@ -79,12 +80,36 @@ def grouped_direct(spec, machine):
     return k / (ceil(k / nf) * nf) >= GROUPED_MIN_LANE_USE and slab_fits(spec, nwin, "filters")
 
 
-def padded_work(spec, nwin, nf):
-    """Output elements the tiles compute, edge padding included (per image and group)."""
-    return ceil(spec.p * spec.q / nwin) * nwin * ceil(spec.k_per_group / nf) * nf
+def padded_work(spec, nwin, nf, lanes=None):
+    """Output elements the tiles compute, edge padding included (per image and group); with
+    filters in vectors of ``lanes`` (None: whole tiles), their tiles' lanes
+    (``filter_lanes``)."""
+    filters = (filter_lanes(spec.k_per_group, nf, lanes) if lanes
+               else ceil(spec.k_per_group / nf) * nf)
+    return ceil(spec.p * spec.q / nwin) * nwin * filters
 
 
-def choose_vector(spec, window_tile, filter_tile, tuning):
+def filter_lanes(k, nf, lanes):
+    """The lanes ``k`` filters (a group's) take in tiles of ``nf`` along vectors of ``lanes``:
+    whole tiles, the last one narrowed to the vectors its filters fill (its kernel is a
+    narrower one, ``cso.lowering.filter_tail_kernels``: 112 filters in 3 x 32 + 16). Fewer
+    filters than a tile count it whole: a group all in the narrower kernel runs at its speed
+    (one vector by 14 windows: a load a FMA), which the lanes leave out; plans moved by
+    their lanes alone ran up to 1.23x slower (csa/TUNING.md)."""
+    if k < nf or not lanes:
+        return ceil(k / nf) * nf
+    return k // nf * nf + ceil(k % nf / lanes) * lanes
+
+
+def tail_lanes(nwin, lanes, tuning):
+    """``lanes`` where a narrower last filter tile of ``nwin`` windows keeps the FMA pipes
+    busy with one vector (a chain per window: at least latency x pipes of them), else None:
+    AVX2's 6 windows would wait on their FMAs, and the plans its lanes moved ran 1.05x
+    slower there (csa/TUNING.md)."""
+    return lanes if nwin >= tuning.fma_latency * tuning.fma_pipes else None
+
+
+def choose_vector(spec, window_tile, filter_tile, tuning, lanes):
     """Vectors along the windows unless tiles along the filters waste fewer lanes (small output
     planes: 7x7, 14x14, 1x1) by more than their transposing pass costs: the pass over each
     output costs as much as ``tuning.transpose_depth`` more rows of kernel depth, little
@@ -95,7 +120,8 @@ def choose_vector(spec, window_tile, filter_tile, tuning):
     window tiles of filters more than a tap wide add ``tuning.packing_run`` FMA lanes for
     each run they copy (``tile_runs``) per channel and filter row: a tile across several
     short output rows (32 windows on rows of 14) is copied in as many runs."""
-    windows, filters = padded_work(spec, *window_tile), padded_work(spec, *filter_tile)
+    windows = padded_work(spec, *window_tile)
+    filters = padded_work(spec, *filter_tile, tail_lanes(filter_tile[0], lanes, tuning))
     depth = spec.c_per_group * spec.r * spec.s
     if tuning.transpose_depth:
         extra = tuning.transpose_depth / depth

@@ -55,7 +55,8 @@ GEOM = Geom("R", "S", "sh", "sw", "dh", "dw", "pt", "pl", "Q", "P", "groups", "C
             "k2", "k3", "is_input_stationary", "epilogue", "unpacked", "phases", "Hs", "Ws",
             "windows", "slots", "band", "Hb", "planes", "row_tiles", "nwin", "nf", "lanes",
             "kernel", "transpose", "copy_rows", "copy_taps", "fill_width", "tail_kernel",
-            "params", "in_block", "out_block", "subsample")
+            "filter_tail_kernel", "filter_tail_short_kernel", "params", "in_block",
+            "out_block", "subsample")
 
 # The loop nest's phases (geom "phases"): a call runs all of them; the benchmark's time
 # breakdown runs some alone on the same tiles (ConvBench's packing / micro-kernel / post-conv).
@@ -573,13 +574,19 @@ class _LoopNest:
 
     def kernel_into_band(self, at, ft, tile):
         """The kernel (filters in vectors) on filter tile ``ft``, into the band's transposed
-        output; a direct row's short tile runs ``tail_kernel`` (when there is one)."""
+        output; a direct row's short tile runs ``tail_kernel`` (when there is one), a group's
+        last filter tile of fewer vectors ``filter_tail_kernel`` (its short tiles
+        ``filter_tail_short_kernel``)."""
         code, item = self.code, self.item
         f0 = ft * self.NF
-        kernel = code.geom("kernel")
+        kernel, filter_tail = code.geom("kernel", "filter_tail_kernel")
+        last = (filter_tail != 0) & (f0 + self.NF > self.Kg)
         if self.direct:
             tail = code.geom("tail_kernel")
-            kernel = code.choose((tail != 0) & (tile.windows < self.NWIN), tail, kernel)
+            short = (tail != 0) & (tile.windows < self.NWIN)
+            kernel = code.choose(short, tail, kernel)
+            filter_tail = code.choose(short, code.geom("filter_tail_short_kernel"), filter_tail)
+        kernel = code.choose(last, filter_tail, kernel)
         with code.if_(self.kernels):
             code.call((kernel, outer_product.FUNCTION_TYPE), at.depth,
                       at.w_base + ft * self._filter_tile_bytes(), self.NF, tile.address,

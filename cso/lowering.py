@@ -73,7 +73,8 @@ def geometry(plan, kspec, epilogue_flags, params, in_block=1, out_block=1):
                                         TransposeSpec(kspec.dtype, kspec.isa)).address
                    if plan.blocked and in_block == 1 else 0),
         copy_rows=copy_rows, copy_taps=copy_taps, fill_width=fill_width,
-        tail_kernel=tail_kernel(plan, kspec), params=params, in_block=in_block,
+        tail_kernel=tail_kernel(plan, kspec), **filter_tail_kernels(plan, kspec),
+        params=params, in_block=in_block,
         out_block=out_block, subsample=plan.blocked and subsampled(s))
 
 
@@ -84,6 +85,20 @@ def tail_kernel(plan, kspec):
     short = plan.direct and plan.spec.q % plan.row_tiles
     return (native_function(outer_product.define_kernel,
                             replace(kspec, broadcasts=plan.nwin - 1)).address if short else 0)
+
+
+def filter_tail_kernels(plan, kspec):
+    """With filters in vectors (not on blocks), the kernels of a group's last filter tile
+    where its filters fill fewer vectors than a tile's (112 filters: three tiles of 32 and
+    one of 16, not 128 lanes of FMAs), for full and (direct) short window tiles; else 0."""
+    s, lanes = plan.spec, kspec.lanes
+    width = -(-(s.k_per_group % plan.nf) // lanes) * lanes
+    if plan.vectors_along != "filters" or plan.blocked or not 0 < width < plan.nf:
+        return {"filter_tail_kernel": 0, "filter_tail_short_kernel": 0}
+    narrow = replace(kspec, width=width)
+    short = tail_kernel(plan, narrow)
+    return {"filter_tail_kernel": native_function(outer_product.define_kernel, narrow).address,
+            "filter_tail_short_kernel": short}
 
 
 def scratch_tiles(plan):

@@ -441,8 +441,7 @@ def test_window_tiles_across_short_rows_weigh_their_runs():
     def vector(name, machine=machine):
         return csa.analyze(ConvSpec.parse(name), machine).vectors_along
     assert machine.tuning.packing_run > 0
-    short_rows = ("n1c1232h28w28k1232r3s3p1u2g11", "n1c888h14w14k888r3s3p1u2g37",
-                  "n1c128h56w56k128r3s3p1u2")
+    short_rows = ("n1c888h14w14k888r3s3p1u2g37", "n1c128h56w56k128r3s3p1u2")
     for name in short_rows:
         assert vector(name) == "filters", name
         uncounted = dataclasses.replace(machine, tuning=dataclasses.replace(
@@ -451,6 +450,22 @@ def test_window_tiles_across_short_rows_weigh_their_runs():
     assert vector("n1c64h112w112k64r3s3p1u2") == "windows"
     assert vector("n1c64h73w73k64r7s1p3_3_0_0u1") == "windows"
     assert csa.tuning.record("avx2").packing_run == 0
+
+
+def test_a_groups_last_filter_tile_counts_the_vectors_it_fills():
+    """112 filters a group: three tiles of 32 and one of 16 (a narrower kernel), not 128
+    lanes; so 1232 channels in 11 groups at 14 x 14 (a row a direct tile) run direct, where
+    128 lanes a group (14% of its FMAs on zeros) passed the direct plan's waste bound."""
+    from csa.variants import filter_lanes, padded_work
+    assert [filter_lanes(k, 32, 16) for k in (1, 16, 32, 48, 112, 120, 128)] == [
+        32, 32, 32, 48, 112, 128, 128]
+    assert filter_lanes(112, 32, 8) == 112 and filter_lanes(20, 16, 8) == 24
+    spec = ConvSpec.parse("n1c1232h14w14k1232r3s3p1u1g11")
+    assert padded_work(spec, 14, 32, 16) == 196 * 112
+    assert padded_work(spec, 14, 32) == 196 * 128
+    machine = dataclasses.replace(ZEN5, tuning=csa.tuning.record("avx512"))
+    plan = csa.analyze(spec, machine)
+    assert plan.direct and plan.nf == 32, plan
 
 
 def test_output_prefetch_with_windows_in_vectors_only():
@@ -594,10 +609,11 @@ def test_direct_where_it_applies():
     assert csa.variants.SHUFFLED_TAPS_MAX_STRIDE == max(row_copy.TAP_STRIDES)
     for name in ("n1c3h224w224k64r7s7p3u4", "n1c3h224w224k32r7s7p3u4",
                  "n1c3h240w240k56r7s7p3u4",     # 56 filters in 64 lanes
+                 "n1c3h224w224k40r7s7p3u4",     # 40 in 48 (a narrower last tile)
                  "n1c3h224w224k144r16s16p0u8"):  # 144 in 160 (and 27 = 2 x 14 - 1 windows)
         assert csa.analyze(ConvSpec.parse(name), zen).direct, name
     for name in ("n1c3h224w224k96r7s7p3u4",     # 2 x 96 filters > 147 values a window
-                 "n1c3h224w224k40r7s7p3u4",     # 40 filters in 64 lanes
+                 "n1c3h224w224k20r7s7p3u4",     # 20 filters in 32 lanes
                  "n1c3h224w224k96r4s4p0u4",     # 4x4 at stride 4: windows do not overlap
                  "n1c3h224w224k64r7s7p3u2"):    # stride 2: its taps shuffled
         assert not csa.analyze(ConvSpec.parse(name), zen).direct, name
