@@ -98,7 +98,13 @@ def filter_lanes(k, nf, lanes):
     their lanes alone ran up to 1.23x slower (csa/TUNING.md)."""
     if k < nf or not lanes:
         return ceil(k / nf) * nf
-    return k // nf * nf + ceil(k % nf / lanes) * lanes
+    return k // nf * nf + last_tile_lanes(k, nf, lanes)
+
+
+def last_tile_lanes(k, nf, lanes):
+    """The lanes of the vectors ``k`` filters fill in their last, partial tile of ``nf``
+    (0 where whole tiles hold them)."""
+    return ceil(k % nf / lanes) * lanes
 
 
 def tail_lanes(nwin, lanes, tuning):

@@ -15,6 +15,7 @@ import numpy as np
 from csa.bands import band_buffers
 from csa.layout import subsampled
 from csa.thread_split import filter_part
+from csa.variants import last_tile_lanes
 
 from microkernels import KernelSpec, TransposeSpec, outer_product, row_copy, transpose
 from microkernels.spec import STORE_ACTIVATION
@@ -91,8 +92,7 @@ def filter_tail_kernels(plan, kspec):
     """With filters in vectors (not on blocks), the kernels of a group's last filter tile
     where its filters fill fewer vectors than a tile's (112 filters: three tiles of 32 and
     one of 16, not 128 lanes of FMAs), for full and (direct) short window tiles; else 0."""
-    s, lanes = plan.spec, kspec.lanes
-    width = -(-(s.k_per_group % plan.nf) // lanes) * lanes
+    width = last_tile_lanes(plan.spec.k_per_group, plan.nf, kspec.lanes)
     if plan.vectors_along != "filters" or plan.blocked or not 0 < width < plan.nf:
         return {"filter_tail_kernel": 0, "filter_tail_short_kernel": 0}
     narrow = replace(kspec, width=width)
