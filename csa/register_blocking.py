@@ -3,6 +3,7 @@ tile shapes, chosen among the tiles the register-blocking model (``csa.tuning``)
 calibration finds fastest."""
 from math import ceil
 
+from .layout import balanced_row_windows
 from .spec import ConvSpec
 
 
@@ -59,16 +60,25 @@ def fastest_windows(positions, counts, measured):
 
 def direct_windows(spec, machine):
     """Windows per direct tile: of the window counts the model (or calibration) finds fastest,
-    the one whose row-aligned tiles (a tile never spans two output rows) cover Q fastest
-    (``fastest_windows``, the record's ``direct_windows``). AVX-512: 56, 28, 112, 14 and 104
-    wide planes take 14, 7, 21 and 35 wide ones 7; AVX2: 14 wide planes 5, 7 wide 4, the
-    others 6. The plan then evens a row's tiles out (``csa.layout.balanced_row_windows``: 56 =
-    6 x 6 + 4 x 5), its short tiles run by a kernel of their own (``cso.lowering.tail_kernel``);
-    the choice still counts tiles padded, as the records' speeds were measured
-    (csa/TUNING.md)."""
+    the one whose even tiles cover an output row fastest. A row is cut into as many tiles as
+    the count makes, each that many windows or one fewer (``csa.layout.balanced_row_windows``:
+    32 = 11 + 11 + 10 for a count of 11 to 15; the short ones run a kernel of their own,
+    ``cso.lowering.tail_kernel``), at the speed the record's ``direct_windows`` measured for
+    their width in loop nests; a width it does not list (any, in a record that measured none)
+    counts as the count's tiles padded. Ties to fewer tiles, then to the narrowest count that
+    makes them, which is what ``csa.variants.use_direct`` counts a row's tiles padded to.
+    AVX-512: 14 wide rows 14, 32 wide 11 (not 7), 48 wide 12, 7 wide 7; AVX2: 14 wide rows 5,
+    56 wide 6 (csa/TUNING.md)."""
     tuning = machine.tuning
     counts = tuning.broadcast_counts(machine.vector_registers, TILE_VECTORS, DIRECT_VARIANTS)
-    return fastest_windows(spec.q, counts, tuning.direct_windows)
+    listed = {w: speed for w, speed in tuning.direct_windows if w in counts}
+    speeds = listed or counts
+
+    def row_time(w):
+        even = balanced_row_windows(spec.q, w)
+        return spec.q / listed[even] if even in listed else ceil(spec.q / w) * w / speeds[w]
+
+    return min(speeds, key=lambda w: (row_time(w), ceil(spec.q / w), w))
 
 
 BLOCKED_TILE_VECTORS = (1, 2, 3)   # vectors of filters a blocked plan's tile may take

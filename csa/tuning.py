@@ -48,7 +48,8 @@ class Tuning:
     # plan reads its window tiles for several filter tiles (0: not measured, direct_min_depth)
     direct_one_tile_min_depth: int = 0
     # windows from which an output row's even direct tiles (one, where the row is narrower
-    # than a tile) count at their own width, not padded to the tile
+    # than a tile) count at their own width where ``direct_windows`` lists no tile that
+    # narrow, not padded to a listed one, and a strided row of one such tile runs direct
     # (``csa.variants.use_direct``; 0: not measured, never)
     direct_min_row_windows: int = 0
     # the same at stride 1 for a row that is one tile (8 x 8 planes: a direct plan prefetches
@@ -177,7 +178,8 @@ AVX512 = Tuning(
     "depthwise_thread_min_flops and the packed_1x1 fields and filter_windows on another "
     "(2 vCPUs, 2 MiB of L2, 480 MiB of L3)",
     fma_latency=4, fma_pipes=2, loads_per_cycle=2.0, broadcast_operand=True,
-    direct_windows=((14, 1.0), (7, 0.93)),
+    direct_windows=((14, 1.0), (13, 1.0), (12, 1.0), (11, 0.995), (10, 0.99), (9, 0.985),
+                    (8, 0.975), (7, 0.95), (6, 0.93)),
     filter_windows=((14, 1.0), (13, 0.99), (12, 0.99), (10, 0.96), (9, 0.97), (8, 0.97),
                     (7, 0.95)), direct_min_row_windows=10, direct_row_tile_min_windows=8,
     direct_l1_filter_tiles=28, direct_one_tile_min_depth=144, output_prefetch=2,

@@ -25,7 +25,8 @@ def use_direct(spec, nwin, nf, tuning, lanes):
     planes, one tile a row, whose packed tiles waste lanes or cost their packing; rows of 24
     and 36 as tiles of 12), at stride 1 a row of one tile from
     ``tuning.direct_row_tile_min_windows`` (8x8 planes, whose filters dominate: the direct plan
-    prefetches them), others count padded to ``nwin`` a tile; filter tiles count the lanes
+    prefetches them), others count padded to ``nwin`` a tile (``direct_windows``' narrowest
+    count for as many tiles: 32 = 11 + 11 + 10 as 3 x 11); filter tiles count the lanes
     they compute (``filter_lanes``, of ``lanes`` a vector). Other strides are left to
     the packed plans: their taps read R*S runs per channel from the stride's phase planes and
     overflow L1; but not where an output row is one such even tile (10-14 windows) and the

@@ -50,8 +50,11 @@ def test_register_blocking_per_orientation():
     assert csa.register_blocking.filter_vector_tile(AVX2, 4, 196) == (6, 16)    # 198 at 1.0 against 196 at 0.96
     assert csa.register_blocking.filter_vector_tile(AVX2, 4, 4) == (4, 16)
     assert csa.register_blocking.filter_vector_tile(AVX2, 4, 1) == (1, 32)
-    # direct: the window counts and relative speeds each record measured in loop nests
-    for q, avx512, avx2 in ((56, 14, 6), (28, 14, 6), (14, 14, 5), (7, 7, 4), (35, 7, 6)):
+    # direct: a row in even tiles (the short ones one window fewer) at the speed each record
+    # measured for their width in loop nests, the narrowest count that makes them: AVX-512's 32
+    # as 11 + 11 + 10, not 5 tiles of 7; 48 as 4 x 12 (12-14 wide tiles run as fast)
+    for q, avx512, avx2 in ((56, 14, 6), (28, 14, 6), (14, 14, 5), (7, 7, 4), (35, 12, 6),
+                            (32, 11, 6), (48, 12, 6), (20, 10, 5), (13, 13, 5), (112, 14, 6)):
         spec = ConvSpec(1, 64, q, q, 64, 3, 3, padding=(1, 1, 1, 1))
         assert csa.register_blocking.direct_windows(spec, AVX512) == avx512, q
         assert csa.register_blocking.direct_windows(spec, AVX2) == avx2, q
@@ -68,10 +71,10 @@ def test_calibration_candidates_are_the_rules_picks_their_neighbours_and_the_rec
     assert csa.register_blocking.calibration_candidates(AVX2) == {"packed": [4, 5, 6], "slab": [5, 6],
                                                      "direct": [3, 4, 5, 6]}
     # and the tiles the record measured in loop nests (AVX-512: 10, 12, 13 for planes of 100,
-    # 144, 169 positions)
+    # 144, 169 positions; direct rows' even tiles of 6 to 14)
     assert csa.register_blocking.calibration_candidates(AVX512) == {
         "packed": [6, 7, 8, 9, 10, 12, 13, 14, 15], "slab": [7, 8, 9],
-        "direct": [6, 7, 8, 13, 14, 15]}
+        "direct": [6, 7, 8, 9, 10, 11, 12, 13, 14, 15]}
 
 
 def test_calibration_confirming_the_model_changes_no_tile():
@@ -569,21 +572,23 @@ def test_direct_where_it_applies():
     assert (evened.nwin, evened.row_tiles) == (13, 8)   # tiles of 14 evened out: 104 = 8 x 13
     # a row narrower than a tile is one tile of its width, from the record's
     # direct_min_row_windows (10 on AVX-512), at stride 1 from direct_row_tile_min_windows (8);
-    # narrower rows count padded to the tile (6 of 14), and so do rows of 8 at stride 2
-    for q, direct in ((12, True), (10, True), (8, True), (6, False)):
+    # a row of 6 is one tile of the record's narrowest width (measured as fast as packed tiles);
+    # narrower rows count padded to it (5 of 6), and so do rows of 8 at stride 2 (to 14)
+    for q, direct in ((12, True), (10, True), (8, True), (6, True), (5, False)):
         narrow = csa.analyze(ConvSpec(1, 256, q, q, 256, 3, 3, padding=(1, 1, 1, 1)), zen)
         assert narrow.direct == direct, q
         assert not direct or (narrow.nwin, narrow.row_tiles) == (q, 1)
     assert not csa.analyze(ConvSpec.parse("n1c256h16w16k256r3s3p1u2"), zen).direct
+    # (where the record lists no tile that narrow: 14 and 7 only)
     one_row_unmeasured = zen.with_(tuning=dataclasses.replace(
-        zen.tuning, direct_row_tile_min_windows=0))
+        zen.tuning, direct_row_tile_min_windows=0, direct_windows=((14, 1.0), (7, 0.93))))
     assert not csa.analyze(ConvSpec.parse("n1c256h8w8k256r3s3p1u1"), one_row_unmeasured).direct
-    # so do rows of even tiles that wide (24 = 2 x 12, 36 = 3 x 12), not uneven ones (17 =
-    # 9 + 8, counted as 2 x 14)
-    for q, direct, tiles in ((24, True, 2), (36, True, 3), (17, False, 0)):
+    # so do rows of even tiles that wide (24 = 2 x 12, 36 = 3 x 12); uneven ones count padded
+    # to their wider tiles (17 = 9 + 8 as 2 x 9, 32 = 11 + 11 + 10 as 3 x 11), not to 14
+    for q, direct, tiles in ((24, 12, 2), (36, 12, 3), (17, 9, 2), (32, 11, 3)):
         even = csa.analyze(ConvSpec(1, 256, q, q, 256, 3, 3, padding=(1, 1, 1, 1)), zen)
-        assert even.direct == direct, q
-        assert not direct or (even.nwin, even.row_tiles) == (12, tiles)
+        assert even.direct, q
+        assert (even.nwin, even.row_tiles) == (direct, tiles), q
     # at stride 2 where an output row is one such tile (10-14 wide) and the windows overlap
     for name in ("n1c64h20w20k64r3s3p1u2", "n1c64h28w28k64r3s3p1u2", "n1c64h28w28k64r3s3p2u2d2"):
         assert csa.analyze(ConvSpec.parse(name), zen).direct, name
@@ -593,7 +598,8 @@ def test_direct_where_it_applies():
                  "n1c256h28w28k256r1s1p0u2"):   # nor do a strided 1x1's
         assert not csa.analyze(ConvSpec.parse(name), zen).direct, name
     unmeasured = zen.with_(tuning=dataclasses.replace(zen.tuning, direct_min_row_windows=0,
-                                                      direct_row_tile_min_windows=0))
+                                                      direct_row_tile_min_windows=0,
+                                                      direct_windows=((14, 1.0), (7, 0.93))))
     assert not csa.analyze(ConvSpec.parse("n1c256h12w12k256r3s3p1u1"), unmeasured).direct
     assert not csa.analyze(ConvSpec.parse("n1c256h24w24k256r3s3p1u1"), unmeasured).direct
     assert not csa.analyze(ConvSpec.parse("n1c64h20w20k64r3s3p1u2"), unmeasured).direct
