@@ -17,8 +17,8 @@ from .machine import Machine
 from .register_blocking import (TILE_VECTORS, blocked_tile, direct_windows, filter_vector_tile,
                                 microtile)
 from .overrides import SLICING_OVERRIDES, forced_note
-from .thread_split import (FILTER_SPLIT_COST, GROUPED_FILTER_SPLIT_COST, parts_per_thread,
-                           thread_split)
+from .thread_split import (FILTER_SPLIT_COST, GROUPED_FILTER_SPLIT_COST,
+                           GROUPED_WINDOW_SPLIT_COST, parts_per_thread, thread_split)
 from .variants import (choose_vector, grouped_direct, reads_input_unpacked, slab_fits, use_direct,
                        use_slab)
 
@@ -379,7 +379,8 @@ def analyze_slicing(spec, machine, threads, overrides, layout="nchw"):
         split = (min(split[0], units), min(split[1], spec.groups * t_w))
         per_thread = 1
     else:
-        split = thread_split(spec, units, t_w, threads, machine, repacking)
+        split = thread_split(spec, units, t_w, threads, machine, repacking,
+                             GROUPED_WINDOW_SPLIT_COST if blocked and spec.groups > 1 else 0.0)
         per_thread = parts_per_thread(spec, split, units, machine)
     plan_machine, machine = machine, machine.per_thread(split[0] * split[1])
 

@@ -7,6 +7,11 @@ FILTER_SPLIT_COST = 0.05  # filter parts inside a group each pack (or fill) its 
 # share of its work: on a Xeon (AVX-512) at 2 threads, filter parts that each took part of
 # every group ran 1.07-1.56x slower than window parts on 10 such layers of timm's
 GROUPED_FILTER_SPLIT_COST = 0.4
+# a window part of a grouped blocked plan fills its rows' slab with the filter's halo rows
+# again, and on NCHW planes writes rows whose cache lines the next part's share: 432 in 9
+# groups at 14 x 14 and at stride 2 from 28 x 28 (Xeon, 2 threads, NCHW calls) ran 0.82x and
+# 0.87x the time as two parts of 5 and 4 groups, against two of 7 rows
+GROUPED_WINDOW_SPLIT_COST = 0.15
 # window parts a thread may get at most: with more parts than threads (each thread's own first,
 # then the others' last ones: ``cso.pool``), a thread that is late (its core waking up, or
 # taken by another process) holds up the others by one small part, not by its whole share
@@ -31,11 +36,13 @@ def filter_part_shares(groups, tiles, b):
     return ceil(groups * tiles / b) / (groups * tiles), 1 / groups
 
 
-def thread_split(spec, units, filter_tiles, threads, machine, repacking=FILTER_SPLIT_COST):
+def thread_split(spec, units, filter_tiles, threads, machine, repacking=FILTER_SPLIT_COST,
+                 windowing=0.0):
     """(window parts, filter parts) of the output, one thread each: the split whose busiest
     thread takes the least time. Its FMAs: its share of the output, a filter part costing
     ``repacking`` more where it takes part of a group, since each then repacks that group's
-    input (0 where there is no packing: a 1x1 read in place); a filter part of whole groups
+    input (0 where there is no packing: a 1x1 read in place), a window part ``windowing``
+    more where there are several (GROUPED_WINDOW_SPLIT_COST); a filter part of whole groups
     packs those groups' channels alone, as no other part does. Its bytes, streamed from
     memory at ``machine.stream_mem`` cycles a line against its FMAs at the peak: each window
     part reads the filters of its filter part, each filter part the input of its groups (all
@@ -59,7 +66,8 @@ def thread_split(spec, units, filter_tiles, threads, machine, repacking=FILTER_S
 
     def cost(a, b):   # the busiest thread's time, in shares of the whole work's FMAs
         filters, inputs = filter_part_shares(groups, filter_tiles, b)
-        share = ceil(units / a) / units * filters * (1 + repacking * (b > groups))
+        share = (ceil(units / a) / units * filters * (1 + repacking * (b > groups))
+                 * (1 + windowing * (a > 1)))
         return share + (filter_bytes / b + input_bytes * inputs / a) * byte_share
 
     best, best_cost = (1, 1), cost(1, 1)

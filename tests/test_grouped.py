@@ -166,7 +166,8 @@ def test_grouped_plans_split_over_whole_groups():
     """A grouped plan gives its threads whole groups where there are enough: a one-pixel
     grouped 1x1 (ResNeSt's attention) has one window to share (2.7x at 2 threads on 640 ->
     2560 in 2 groups, Xeon), and 6 groups at 14 x 14 go 3 a thread, on NCHW activations and
-    on blocks (whose NCHW output's rows two window parts would share cache lines of)."""
+    on blocks (whose NCHW output's rows two window parts would share cache lines of), and on
+    blocks 9 groups go 5 and 4 (``GROUPED_WINDOW_SPLIT_COST``)."""
     machine = ZEN5
     pixel = csa.analyze(ConvSpec.parse("n1c640h1w1k2560r1s1p0u1g2"), machine, threads=2)
     assert pixel.vectors_along == "filters" and pixel.split == (1, 2)
@@ -177,6 +178,12 @@ def test_grouped_plans_split_over_whole_groups():
     assert [csa.thread_split.filter_part(6, tiles, 2, j) for j in (0, 1)] == [
         (0, 3 * tiles), (3 * tiles, 6 * tiles)]
     assert csa.analyze(plane, machine, threads=2, layout="blocked").split == (1, 2)
+    # on blocks, groups that split unevenly too (9: 5 and 4), which window parts would halve:
+    # a window part fills its rows' halo again and shares the NCHW rows' lines at its ends
+    odd = ConvSpec.parse("n1c432h14w14k432r3s3p1u1g9")
+    assert csa.analyze(odd, machine, threads=2, layout="blocked").split == (1, 2)
+    no_cost = csa.thread_split.thread_split(odd, odd.p, 1, 2, machine)
+    assert no_cost == (2, 1)   # counted at its FMAs alone: 7 rows of 14 against 5 groups of 9
     # more parts than groups: runs of the tiles, in group order
     assert [csa.thread_split.filter_part(2, 3, 4, j) for j in range(4)] == [
         (0, 1), (1, 3), (3, 4), (4, 6)]
