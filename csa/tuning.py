@@ -31,6 +31,10 @@ class Tuning:
     fma_pipes: int                # full-width vector FMAs issued a cycle
     loads_per_cycle: float        # vector loads and broadcasts the L1 sustains a cycle
     broadcast_operand: bool       # an FMA takes its broadcast from memory: no register for it
+    # vector registers a kernel's loop holds beyond its tile's accumulators, filter rows and
+    # broadcast: where no FMA takes a memory operand (aarch64), LLVM loads the next step's
+    # rows and broadcasts ahead of this step's FMAs
+    spare_registers: int = 0
     # (windows, relative speed) of filters-in-vectors tiles measured in loop nests, direct
     # (windows broadcast from a slab) and packed; () = the model's tiles all equally fast
     direct_windows: tuple = ()
@@ -124,7 +128,8 @@ class Tuning:
         """Modelled fraction of the FMA peak of a ``broadcasts`` x ``vectors`` tile (0 when
         it does not fit ``registers``)."""
         accumulators = broadcasts * vectors
-        if accumulators + vectors + (0 if self.broadcast_operand else 1) > registers:
+        if (accumulators + vectors + (0 if self.broadcast_operand else 1)
+                + self.spare_registers > registers):
             return 0.0
         latency = accumulators / (self.fma_latency * self.fma_pipes)
         loads = self.loads_per_cycle * accumulators / (self.fma_pipes * (broadcasts + vectors))
@@ -211,9 +216,12 @@ GENERIC = Tuning("generic", "not measured: a typical core", fma_latency=4, fma_p
                  grouped_direct_max_plane=1024, depthwise_blocked_min_taps=49,
                  slab_max_filter_tiles=3, transpose_depth=16, packing_filters=6,
                  packed_1x1_filters=256, output_prefetch=2)
+# spare_registers from the kernels cross-compiled for aarch64: 2 x 12, 1 x 26 and 3 x 7
+# (vectors x broadcasts) are the largest tiles whose loops spill no vector register
 NEON = Tuning("neon", "not measured (aarch64 runs here under emulation only): Neoverse/Apple "
               "cores have 2-4 FMA pipes of latency 4", fma_latency=4, fma_pipes=2,
-              loads_per_cycle=2.0, broadcast_operand=False, direct_min_depth=144,
+              loads_per_cycle=2.0, broadcast_operand=False, spare_registers=5,
+              direct_min_depth=144,
               grouped_direct_max_plane=1024, depthwise_blocked_min_taps=49,
               slab_max_filter_tiles=3, transpose_depth=16, packing_filters=6,
               packed_1x1_filters=256, output_prefetch=2)

@@ -435,8 +435,6 @@ def test_neon_kernels_compile_for_aarch64(dtype, itemsize, suffix):
     (fmla), one per accumulator and unrolled step, and spills no vector register to the
     stack."""
     import re
-    from microkernels.jit import cross_assembly
-    from microkernels.wrappers import generator
     nwin, nf = csa.register_blocking.microtile(NEON, itemsize)
     windows, filters = csa.register_blocking.filter_vector_tile(NEON, itemsize, 49)
     direct = csa.register_blocking.direct_windows(csa.ConvSpec(1, 64, 56, 56, 64, 3, 3), NEON)
@@ -447,13 +445,44 @@ def test_neon_kernels_compile_for_aarch64(dtype, itemsize, suffix):
              mk.KernelSpec(dtype, direct, filters, "neon", "direct")]
     assert (nwin // (16 // itemsize), nf) == (2, 8)   # 16 accumulators + 2 rows + 1 broadcast
     for spec in specs:
-        asm = cross_assembly(generator(spec), spec)
-        blocks = re.split(r"^\.LBB\w+:", asm, flags=re.M)
-        loop = max(blocks, key=lambda b: len(re.findall(r"\bfmla\b", b)))
+        asm, loop = aarch64_main_loop(spec)
         assert len(re.findall(rf"\bfmla\s+v\d+\.{suffix}", loop)) == spec.broadcasts * spec.vectors * UNROLL
-        assert not re.search(r"\bq\d+.*\[sp", loop), spec
+        assert not spills(loop), spec
         # a row of 8 values is 32 or 64 bytes: one line, one prefetch (prfm) per row
         assert prefetches(asm) == (spec.broadcasts if spec.prefetch else 0)
+
+
+@pytest.mark.parametrize("dtype, itemsize", [("f32", 4), ("f64", 8)])
+def test_neon_model_tiles_spill_no_register(dtype, itemsize):
+    """The widest tile of one, two and three filter vectors the neon record's model lets a
+    plan take (its ``spare_registers`` beyond the tile), packed and direct, compiles for
+    aarch64 with no vector register spilled in its main loop; two vectors by one broadcast
+    more spill (2 x 13 and 2 x 14: the model once allowed them, and 14x14 planes took them)."""
+    lanes = 16 // itemsize
+    for vectors in (1, 2, 3):
+        widest = max(NEON.tuning.broadcast_counts(NEON.vector_registers, vectors))
+        for variant in ("packed", "direct"):
+            spec = mk.KernelSpec(dtype, widest, vectors * lanes, "neon", variant)
+            assert not spills(aarch64_main_loop(spec)[1]), spec
+    assert max(NEON.tuning.broadcast_counts(NEON.vector_registers, 2)) == 12
+    assert spills(aarch64_main_loop(mk.KernelSpec(dtype, 13, 2 * lanes, "neon"))[1])
+
+
+def aarch64_main_loop(spec):
+    """(assembly, its main loop: the block with the most FMAs) of ``spec`` compiled for
+    aarch64."""
+    import re
+    from microkernels.jit import cross_assembly
+    from microkernels.wrappers import generator
+    asm = cross_assembly(generator(spec), spec)
+    blocks = re.split(r"^\.LBB\w+:", asm, flags=re.M)
+    return asm, max(blocks, key=lambda b: len(re.findall(r"\bfmla\b", b)))
+
+
+def spills(loop):
+    """Whether aarch64 assembly ``loop`` stores or loads a vector (q) register on the stack."""
+    import re
+    return bool(re.search(r"\bq\d+.*\[sp", loop))
 
 
 def prefetches(asm):
