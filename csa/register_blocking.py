@@ -26,12 +26,14 @@ def microtile(machine, itemsize):
     return TILE_VECTORS * machine.vector_bytes // itemsize, nf
 
 
-def filter_vector_tile(machine, itemsize, positions=49, filter_bytes=0):
+def filter_vector_tile(machine, itemsize, positions=49, filter_bytes=0, packing=None):
     """(windows, filters) when filters are the vector dimension: TILE_VECTORS filter vectors
     by the window count, among those the model finds fastest, that covers the output plane's
     ``positions`` fastest (``fastest_windows``, the record's ``filter_windows``: tiles of more
     windows load fewer filter vectors per FMA, a plane that is not a multiple of the count
-    pads its last tile). AVX-512: 7 x 32 floats on a 7x7 plane, 14 x 32 on 14x14 and larger
+    pads its last tile; ``packing``, where given, the cost of copying a count's tiles, in
+    positions: ``csa.variants.packing_positions``). AVX-512: 7 x 32 floats on a 7x7 plane,
+    14 x 32 on 14x14 and larger
     multiples of 7, 8 x 32 on 4x4, 12 x 32 on 6x6 and 12x12, 9 x 32 on 9x9, 10 x 32 on 10x10;
     AVX2: 5 x 16 on a 7x7 plane, 6 x 16 on 14x14 and larger. A single-pixel plane is a
     matrix-vector product whose weights stream through once: 1 window by up to four vectors
@@ -45,17 +47,18 @@ def filter_vector_tile(machine, itemsize, positions=49, filter_bytes=0):
         return 1, max(1, min(vectors, (registers - 1) // 2)) * lanes
     tuning = machine.tuning
     counts = tuning.broadcast_counts(registers, TILE_VECTORS, FILTER_VARIANTS)
-    return fastest_windows(positions, counts, tuning.filter_windows), TILE_VECTORS * lanes
+    return fastest_windows(positions, counts, tuning.filter_windows, packing), TILE_VECTORS * lanes
 
 
-def fastest_windows(positions, counts, measured):
+def fastest_windows(positions, counts, measured, packing=None):
     """Of the window counts ``counts`` (the model's or calibration's fastest), the one whose
     tiles cover ``positions`` windows fastest: padded positions over the relative speed the
     record ``measured`` in loop nests ((windows, speed), ...; of the counts it lists, when it
     lists any), ties to the larger count. The model finds a tile of 8 accumulators (AVX2's
     4 x 16) as fast as one of 12; in a loop nest it is not (csa/TUNING.md)."""
     speeds = {w: speed for w, speed in measured if w in counts} or counts
-    return min(speeds, key=lambda w: (ceil(positions / w) * w / speeds[w], -w))
+    return min(speeds, key=lambda w: (ceil(positions / w) * w / speeds[w]
+                                      + (packing(w) if packing else 0), -w))
 
 
 def direct_windows(spec, machine):

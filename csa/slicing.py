@@ -19,8 +19,8 @@ from .register_blocking import (TILE_VECTORS, blocked_tile, direct_windows, filt
 from .overrides import SLICING_OVERRIDES, forced_note
 from .thread_split import (FILTER_SPLIT_COST, GROUPED_FILTER_SPLIT_COST,
                            GROUPED_WINDOW_SPLIT_COST, parts_per_thread, thread_split)
-from .variants import (choose_vector, grouped_direct, reads_input_unpacked, slab_fits, use_direct,
-                       use_slab)
+from .variants import (choose_vector, grouped_direct, packing_positions, reads_input_unpacked,
+                       slab_fits, use_direct, use_slab)
 
 # on blocks, the next filter tile is prefetched where a thread's filters are this many times
 # L2, or overflow L2 on an output plane of at most BLOCKED_PREFETCH_PLANE windows (few windows
@@ -316,16 +316,17 @@ def analyze_slicing(spec, machine, threads, overrides, layout="nchw"):
     blocked = _check_layout(spec, machine, layout, vectors_along, slab)
     if blocked:
         vectors_along, slab = "filters", True
+    lanes = machine.vector_bytes // spec.itemsize
     tiles = {"windows": microtile(machine, spec.itemsize),
-             "filters": filter_vector_tile(machine, spec.itemsize, spec.p * spec.q,
-                                           spec.k * spec.c_per_group * spec.r * spec.s
-                                           * spec.itemsize)}
+             "filters": filter_vector_tile(
+                 machine, spec.itemsize, spec.p * spec.q,
+                 spec.k * spec.c_per_group * spec.r * spec.s * spec.itemsize,
+                 packing_positions(spec, machine.tuning, TILE_VECTORS * lanes))}
     grouped = not blocked and grouped_direct(spec, machine)
     direct_tile = (blocked_tile(spec, machine) if blocked or grouped else
                    (direct_windows(spec, machine),
                     TILE_VECTORS * machine.vector_bytes // spec.itemsize))
     tile = microtile_shape or direct_tile
-    lanes = machine.vector_bytes // spec.itemsize
     fits_direct = (grouped or use_direct(spec, *tile, machine.tuning, lanes)) and slab_within(
         spec, tile[0], direct_channel_tile(spec, tile[1], machine), "filters", machine.l3)
     if vectors_along is None:

@@ -141,6 +141,18 @@ def choose_vector(spec, window_tile, filter_tile, tuning, lanes):
     return "filters" if filters < 0.95 * windows else "windows"
 
 
+def packing_positions(spec, tuning, nf):
+    """None, or for filters in vectors (``nf`` a tile) the cost of packing the plane's
+    ``nwin``-window tiles in output positions, as ``choose_vector`` weighs the windows' tiles:
+    ``tuning.packing_run`` FMA lanes a run (``tile_runs``) of a channel and filter row, for
+    filters more than a tap wide, over the group's filter lanes. Tiles of 13 across rows of 8
+    copy 12 runs, of 8 one a row (csa/TUNING.md)."""
+    if not tuning.packing_run or spec.s == 1:
+        return None
+    lanes = ceil(spec.k_per_group / nf) * nf
+    return lambda nwin: tile_runs(spec, nwin) * tuning.packing_run / (spec.s * lanes)
+
+
 def tile_runs(spec, nwin):
     """The runs of windows that share an output row in the plane's ``nwin``-window tiles (a
     packed tile is copied run by run): a run a tile, and one more for each row's start inside

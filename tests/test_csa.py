@@ -45,6 +45,16 @@ def test_register_blocking_per_orientation():
                                (100, 10), (144, 12), (169, 13), (225, 12)):
         assert csa.register_blocking.filter_vector_tile(AVX512, 4, positions) == (windows, 32), positions
     # (7 x 7 in 7 tiles of 7 at 0.95 against 5 of 10 at 0.96: 51.6 against 52.1 tiles' time)
+    # and with the cost of packing them counted, where the record weighs runs: a stride-2 3x3
+    # to 8 x 8 in 8-window tiles, a run (output row) each, not 13-window ones of 12 runs
+    strided = ConvSpec.parse("n1c384h16w16k384r3s3p1u2g6")
+    packing = csa.variants.packing_positions(strided, AVX512.tuning, 32)
+    assert csa.register_blocking.filter_vector_tile(AVX512, 4, 64) == (13, 32)
+    assert csa.register_blocking.filter_vector_tile(AVX512, 4, 64, packing=packing) == (8, 32)
+    assert packing(13) == 12 * 90 / (3 * 64) and packing(8) == 8 * 90 / (3 * 64)
+    plan = csa.analyze(strided, AVX512)
+    assert (plan.vectors_along, plan.nwin, plan.nf) == ("filters", 8, 32)
+    assert csa.variants.packing_positions(strided, AVX2.tuning, 16) is None   # runs not weighed
     assert csa.register_blocking.filter_vector_tile(AVX512, 4, 1) == (1, 64)
     assert csa.register_blocking.filter_vector_tile(AVX2, 4, 49) == (5, 16)     # 50 positions, against 52 and 54
     assert csa.register_blocking.filter_vector_tile(AVX2, 4, 196) == (6, 16)    # 198 at 1.0 against 196 at 0.96
