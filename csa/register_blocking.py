@@ -54,7 +54,7 @@ def fastest_windows(positions, counts, measured, packing=None):
     """Of the window counts ``counts`` (the model's or calibration's fastest), the one whose
     tiles cover ``positions`` windows fastest: padded positions over the relative speed the
     record ``measured`` in loop nests ((windows, speed), ...; of the counts it lists, when it
-    lists any), ties to the larger count. The model finds a tile of 8 accumulators (AVX2's
+    lists any), plus ``packing(count)`` where given, ties to the larger count. The model finds a tile of 8 accumulators (AVX2's
     4 x 16) as fast as one of 12; in a loop nest it is not (csa/TUNING.md)."""
     speeds = {w: speed for w, speed in measured if w in counts} or counts
     return min(speeds, key=lambda w: (ceil(positions / w) * w / speeds[w]

@@ -9,8 +9,8 @@ FILTER_SPLIT_COST = 0.05  # filter parts inside a group each pack (or fill) its 
 GROUPED_FILTER_SPLIT_COST = 0.4
 # a window part of a grouped blocked plan fills its rows' slab with the filter's halo rows
 # again, and on NCHW planes writes rows whose cache lines the next part's share: 432 in 9
-# groups at 14 x 14 and at stride 2 from 28 x 28 (Xeon, 2 threads, NCHW calls) ran 0.82x and
-# 0.87x the time as two parts of 5 and 4 groups, against two of 7 rows
+# groups at 14 x 14 and at stride 2 from 28 x 28 (Xeon, 2 threads, NCHW calls) ran 0.86x and
+# 0.85x the time as two parts of 5 and 4 groups, against parts of rows (csa/TUNING.md)
 GROUPED_WINDOW_SPLIT_COST = 0.15
 # window parts a thread may get at most: with more parts than threads (each thread's own first,
 # then the others' last ones: ``cso.pool``), a thread that is late (its core waking up, or
