@@ -324,8 +324,7 @@ def analyze_slicing(spec, machine, threads, overrides, layout="nchw"):
                  packing_positions(spec, machine.tuning, TILE_VECTORS * lanes))}
     grouped = not blocked and grouped_direct(spec, machine)
     direct_tile = (blocked_tile(spec, machine) if blocked or grouped else
-                   (direct_windows(spec, machine),
-                    TILE_VECTORS * machine.vector_bytes // spec.itemsize))
+                   (direct_windows(spec, machine), TILE_VECTORS * lanes))
     tile = microtile_shape or direct_tile
     fits_direct = (grouped or use_direct(spec, *tile, machine.tuning, lanes)) and slab_within(
         spec, tile[0], direct_channel_tile(spec, tile[1], machine), "filters", machine.l3)

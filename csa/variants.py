@@ -134,23 +134,28 @@ def choose_vector(spec, window_tile, filter_tile, tuning, lanes):
         extra = tuning.transpose_depth / depth
         if tuning.packing_filters and reads_input_unpacked(spec, "windows", tuning):
             extra += tuning.packing_filters / spec.k_per_group
-        if tuning.packing_run and spec.s > 1:
-            # (a run's taps come from one copy: its cost per output is over R*C, not R*S*C)
-            windows += tile_runs(spec, window_tile[0]) * tuning.packing_run / spec.s
+        windows += run_lanes(spec, window_tile[0], tuning)
         return "filters" if filters * (1 + extra) < windows else "windows"
     return "filters" if filters < 0.95 * windows else "windows"
 
 
-def packing_positions(spec, tuning, nf):
-    """None, or for filters in vectors (``nf`` a tile) the cost of packing the plane's
-    ``nwin``-window tiles in output positions, as ``choose_vector`` weighs the windows' tiles:
-    ``tuning.packing_run`` FMA lanes a run (``tile_runs``) of a channel and filter row, for
-    filters more than a tap wide, over the group's filter lanes. Tiles of 13 across rows of 8
-    copy 12 runs, of 8 one a row (csa/TUNING.md)."""
+def run_lanes(spec, nwin, tuning):
+    """What copying the plane's packed ``nwin``-window tiles run by run costs, in FMA lanes
+    of a channel and filter row: ``tuning.packing_run`` a run (``tile_runs``), for filters
+    more than a tap wide (a run's taps come from one copy: its cost per output is over R*C,
+    not R*S*C); 0 where the record weighs no runs."""
     if not tuning.packing_run or spec.s == 1:
-        return None
+        return 0
+    return tile_runs(spec, nwin) * tuning.packing_run / spec.s
+
+
+def packing_positions(spec, tuning, nf):
+    """For filters in vectors (``nf`` a tile), the cost of packing the plane's ``nwin``-window
+    tiles in output positions, as ``choose_vector`` weighs the windows' tiles (``run_lanes``,
+    over the group's filter lanes): tiles of 13 across rows of 8 copy 12 runs, of 8 one a row
+    (csa/TUNING.md)."""
     lanes = ceil(spec.k_per_group / nf) * nf
-    return lambda nwin: tile_runs(spec, nwin) * tuning.packing_run / (spec.s * lanes)
+    return lambda nwin: run_lanes(spec, nwin, tuning) / lanes
 
 
 def tile_runs(spec, nwin):

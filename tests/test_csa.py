@@ -54,7 +54,7 @@ def test_register_blocking_per_orientation():
     assert packing(13) == 12 * 90 / (3 * 64) and packing(8) == 8 * 90 / (3 * 64)
     plan = csa.analyze(strided, AVX512)
     assert (plan.vectors_along, plan.nwin, plan.nf) == ("filters", 8, 32)
-    assert csa.variants.packing_positions(strided, AVX2.tuning, 16) is None   # runs not weighed
+    assert csa.variants.packing_positions(strided, AVX2.tuning, 16)(13) == 0   # runs not weighed
     assert csa.register_blocking.filter_vector_tile(AVX512, 4, 1) == (1, 64)
     assert csa.register_blocking.filter_vector_tile(AVX2, 4, 49) == (5, 16)     # 50 positions, against 52 and 54
     assert csa.register_blocking.filter_vector_tile(AVX2, 4, 196) == (6, 16)    # 198 at 1.0 against 196 at 0.96
@@ -595,10 +595,10 @@ def test_direct_where_it_applies():
     assert not csa.analyze(ConvSpec.parse("n1c256h8w8k256r3s3p1u1"), one_row_unmeasured).direct
     # so do rows of even tiles that wide (24 = 2 x 12, 36 = 3 x 12); uneven ones count padded
     # to their wider tiles (17 = 9 + 8 as 2 x 9, 32 = 11 + 11 + 10 as 3 x 11), not to 14
-    for q, direct, tiles in ((24, 12, 2), (36, 12, 3), (17, 9, 2), (32, 11, 3)):
+    for q, nwin, tiles in ((24, 12, 2), (36, 12, 3), (17, 9, 2), (32, 11, 3)):
         even = csa.analyze(ConvSpec(1, 256, q, q, 256, 3, 3, padding=(1, 1, 1, 1)), zen)
         assert even.direct, q
-        assert (even.nwin, even.row_tiles) == (direct, tiles), q
+        assert (even.nwin, even.row_tiles) == (nwin, tiles), q
     # at stride 2 where an output row is one such tile (10-14 wide) and the windows overlap
     for name in ("n1c64h20w20k64r3s3p1u2", "n1c64h28w28k64r3s3p1u2", "n1c64h28w28k64r3s3p2u2d2"):
         assert csa.analyze(ConvSpec.parse(name), zen).direct, name
