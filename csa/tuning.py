@@ -178,8 +178,9 @@ AVX512 = Tuning(
     "transpose_depth, packing_filters, packing_run, direct_min_row_windows, "
     "direct_one_tile_min_depth, "
     "slab_max_filter_tiles, grouped_blocked_max_plane, grouped_blocked_max_blocks, "
-    "grouped_blocked_max_input, merged_groups_max_plane and padded_merge_max_plane on that "
-    "Xeon; direct_l1_filter_tiles, direct_row_tile_min_windows, depthwise_blocked_min_taps, "
+    "grouped_blocked_max_input, merged_groups_max_plane, padded_merge_max_plane and "
+    "grouped_direct_max_plane on that Xeon; direct_l1_filter_tiles, "
+    "direct_row_tile_min_windows, depthwise_blocked_min_taps, "
     "depthwise_thread_min_flops and the packed_1x1 fields and filter_windows on another "
     "(2 vCPUs, 2 MiB of L2, 480 MiB of L3)",
     fma_latency=4, fma_pipes=2, loads_per_cycle=2.0, broadcast_operand=True,
@@ -191,7 +192,8 @@ AVX512 = Tuning(
     thread_min_flops=1.2e6, transpose_depth=24, packing_filters=6, packing_run=90,
     slab_max_filter_tiles=4,
     grouped_blocked_max_plane=256, grouped_blocked_max_blocks=3, grouped_blocked_max_input=1024,
-    merged_groups_max_plane=1024, padded_merge_max_plane=225, depthwise_blocked_min_taps=5,
+    merged_groups_max_plane=1024, padded_merge_max_plane=225, grouped_direct_max_plane=225,
+    depthwise_blocked_min_taps=5,
     depthwise_thread_min_flops=0.1e6, packed_1x1_filters=256, packed_1x1_plane_filters=96,
     packed_1x1_plane_bytes=6144)
 AVX2 = Tuning(
