@@ -90,6 +90,9 @@ class Tuning:
     # outputs a grouped convolution's plane may have for its plan to be direct
     # (``csa.variants.grouped_direct``; 0: not measured, never)
     grouped_direct_max_plane: int = 0
+    # on larger planes, those whose filters fill whole tiles of at least this many vectors
+    # (``csa.variants.grouped_direct``; 0: not measured, never)
+    grouped_direct_whole_vectors: int = 0
     # a channels-last image (all channels) over this many times L2 runs its blocked depthwise
     # plan in bands whose input pixels fit L2 (``csa.depthwise``; 0: not measured, never)
     pixel_band_image: float = 0
@@ -179,7 +182,7 @@ AVX512 = Tuning(
     "direct_one_tile_min_depth, "
     "slab_max_filter_tiles, grouped_blocked_max_plane, grouped_blocked_max_blocks, "
     "grouped_blocked_max_input, merged_groups_max_plane, padded_merge_max_plane and "
-    "grouped_direct_max_plane on that Xeon; direct_l1_filter_tiles, "
+    "grouped_direct_max_plane and _whole_vectors on that Xeon; direct_l1_filter_tiles, "
     "direct_row_tile_min_windows, depthwise_blocked_min_taps, "
     "depthwise_thread_min_flops and the packed_1x1 fields and filter_windows on another "
     "(2 vCPUs, 2 MiB of L2, 480 MiB of L3)",
@@ -193,7 +196,7 @@ AVX512 = Tuning(
     slab_max_filter_tiles=4,
     grouped_blocked_max_plane=256, grouped_blocked_max_blocks=3, grouped_blocked_max_input=1024,
     merged_groups_max_plane=1024, padded_merge_max_plane=225, grouped_direct_max_plane=225,
-    depthwise_blocked_min_taps=5,
+    grouped_direct_whole_vectors=2, depthwise_blocked_min_taps=5,
     depthwise_thread_min_flops=0.1e6, packed_1x1_filters=256, packed_1x1_plane_filters=96,
     packed_1x1_plane_bytes=6144)
 AVX2 = Tuning(

@@ -66,19 +66,25 @@ def grouped_direct(spec, machine):
     """Whether a grouped convolution (2 or more groups of GROUPED_CHANNELS channels) runs
     direct on NCHW, windows broadcast from a slab of each group's channels and filter tiles of
     one, two or three vectors as a blocked plan's (``blocked_tile``: the most lanes a group's
-    filters use): stride 1, a plane of at most ``tuning.grouped_direct_max_plane`` outputs,
-    tiles at least GROUPED_MIN_LANE_USE full. A group's few channels make shallow calls, which
-    ``use_direct`` leaves to packed tiles; but packing R*S shifted copies of each window per
-    group costs more, and 6 or 16 filters a tile leave a group of 8 a third or half of its
-    lanes idle. Larger planes, stride 2, groups of 4 and of hundreds run the other plans as
-    fast or faster (csa/TUNING.md, "Grouped convolutions")."""
+    filters use): stride 1, tiles at least GROUPED_MIN_LANE_USE full, on a plane of at most
+    ``tuning.grouped_direct_max_plane`` outputs, or any plane where the filters fill whole
+    tiles of at least ``tuning.grouped_direct_whole_vectors`` vectors. A group's few channels
+    make shallow calls, which ``use_direct`` leaves to packed tiles; but packing R*S shifted
+    copies of each window per group costs more, and 6 or 16 filters a tile leave a group of 8
+    a third or half of its lanes idle. Larger planes, stride 2, groups of 4 and of hundreds
+    run the other plans as fast or faster (csa/TUNING.md, "Grouped convolutions")."""
     fewest, most = GROUPED_CHANNELS
-    if (spec.groups == 1 or not fewest <= spec.c_per_group <= most or spec.stride != (1, 1)
-            or spec.p * spec.q > machine.tuning.grouped_direct_max_plane):
+    if (spec.groups == 1 or not fewest <= spec.c_per_group <= most
+            or spec.stride != (1, 1)):
         return False
     nwin, nf = blocked_tile(spec, machine)
-    k = spec.k_per_group
-    return k / (ceil(k / nf) * nf) >= GROUPED_MIN_LANE_USE and slab_fits(spec, nwin, "filters")
+    k, tuning = spec.k_per_group, machine.tuning
+    lanes = machine.vector_bytes // spec.itemsize
+    whole = (k % nf == 0 and tuning.grouped_direct_whole_vectors
+             and nf >= tuning.grouped_direct_whole_vectors * lanes)
+    return ((spec.p * spec.q <= tuning.grouped_direct_max_plane or whole)
+            and k / (ceil(k / nf) * nf) >= GROUPED_MIN_LANE_USE
+            and slab_fits(spec, nwin, "filters"))
 
 
 def padded_work(spec, nwin, nf, lanes=None):

@@ -34,6 +34,7 @@ CASES = {
     "cg16_filters40": (1, 48, 9, 10, 120, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 3),
     "cg24": (1, 48, 11, 11, 48, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 2),
     "cg32_large_plane": (1, 64, 40, 36, 64, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 2),
+    "cg48_whole_tiles": (1, 96, 17, 19, 96, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 2),
     "cg64": (1, 128, 7, 9, 128, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 2),
     "cg33_odd": (1, 66, 8, 8, 22, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 2),
 }
@@ -116,7 +117,7 @@ def test_every_layout_matches_the_reference(rng, name):
 
 
 @pytest.mark.parametrize("name", ["cg4_resnext", "cg8_regnet", "cg8_filters12", "cg24",
-                                  "cg32_large_plane", "cg8_stride2"])
+                                  "cg32_large_plane", "cg48_whole_tiles", "cg8_stride2"])
 def test_the_same_bits_on_any_thread_count(rng, name):
     x, wt, b, geometry = operands(rng, CASES[name], np.float32)
     before = cso.get_num_threads()
@@ -193,7 +194,8 @@ def test_a_few_channels_per_group_run_direct_where_measured():
     """The AVX2 record (measured on Zen 3) plans stride-1 groups of 8 or more channels on
     planes of up to 32 x 32 direct, with filter tiles of the lanes a group's filters use; not
     groups of 4, stride 2, larger planes. The AVX-512 record (measured on a Xeon) does up to
-    15 x 15, where a packed window tile of 32 straddles three rows or more."""
+    15 x 15, where a packed window tile of 32 straddles three rows or more, and any plane
+    where a group's filters fill whole tiles of two vectors or more."""
     avx2, avx512 = ZEN3, ZEN5
     regnet = ConvSpec.parse("n1c512h14w14k1024r3s3p1u1g64")   # 8 channels, 16 filters a group
     plan = csa.analyze(regnet, avx2)
@@ -207,6 +209,12 @@ def test_a_few_channels_per_group_run_direct_where_measured():
     assert (plan.vectors_along, plan.slab, plan.nwin, plan.nf) == ("filters", True, 14, 16)
     assert csa.variants.grouped_direct(ConvSpec.parse("n1c1360h7w7k1360r3s3p1u1g34"), avx512)
     assert not csa.variants.grouped_direct(ConvSpec.parse("n1c240h16w16k240r3s3p1u1g10"), avx512)
+    whole = csa.analyze(ConvSpec.parse("n1c96h56w56k96r3s3p1u1g2"), avx512)   # 48 filters
+    assert (whole.vectors_along, whole.slab, whole.nf) == ("filters", True, 48)
+    for other in ("n1c80h56w56k80r3s3p1u1g2",      # 40 filters: a sixth of the lanes idle
+                  "n1c144h56w56k144r3s3p1u1g9"):   # 16 filters: whole tiles of one vector
+        assert not csa.variants.grouped_direct(ConvSpec.parse(other), avx512), other
+    assert not csa.variants.grouped_direct(ConvSpec.parse("n1c96h56w56k96r3s3p1u1g2"), avx2)
 
 
 def test_small_planes_of_whole_blocks_a_group_run_on_blocks_where_measured():
