@@ -18,7 +18,8 @@ from .register_blocking import (TILE_VECTORS, blocked_tile, direct_windows, filt
                                 microtile)
 from .overrides import SLICING_OVERRIDES, forced_note
 from .thread_split import (FILTER_SPLIT_COST, GROUPED_FILTER_SPLIT_COST,
-                           GROUPED_WINDOW_SPLIT_COST, parts_per_thread, thread_split)
+                           GROUPED_WINDOW_SPLIT_COST, parts_per_thread, thread_split,
+                           use_group_runs)
 from .variants import (choose_vector, grouped_direct, packing_positions, reads_input_unpacked,
                        slab_fits, use_direct, use_slab)
 
@@ -46,6 +47,7 @@ class SlicingPlan(SlabGeometry):
     forced: tuple = ()                      # names of the values set by an override
     split: tuple = (1, 1)                   # output split over threads: (windows, filters)
     parts_per_thread: int = 1        # window parts per thread (see parts_per_thread)
+    group_runs: bool = False         # threads take runs of the groups' windows (see use_group_runs)
     origin: str = field(default="", compare=False)   # where it came from when not the model
     layout: str = "nchw"     # the activations': "nchw", or "blocked" (see csa.layout.LAYOUTS)
 
@@ -273,14 +275,21 @@ class SlicingPlan(SlabGeometry):
         lines.append(f"  schedule: {self.schedule} ({why})")
         groups = self.spec.groups
         whole_groups = " (whole groups)" if 1 < self.parts[1] <= groups else ""
-        lines.append(f"  threads: {self.threads}, the output split into {self.parts[0]} part(s) of "
-                     f"the {self.window_units} {'output rows' if self.direct else 'window tiles'} (all images) "
-                     f"x {self.parts[1]} of the {groups * self.filter_tiles} filter "
-                     f"tiles{whole_groups} "
-                     f"({self.parts_per_thread} window part(s) a thread, each thread's own "
-                     f"first, then others' last ones); L3 counted as "
-                     f"{m.per_thread(self.threads).l3 // 1024} KiB per thread"
-                     + forced_note(self, "split"))
+        rows = 'output rows' if self.direct else 'window tiles'
+        if self.group_runs:
+            lines.append(f"  threads: {self.threads}, each a near-equal run of the {groups} groups' "
+                         f"{self.window_units} {rows} (all images) in group order: whole groups "
+                         f"and a share of one's {rows}; L3 counted as "
+                         f"{m.per_thread(self.threads).l3 // 1024} KiB per thread")
+        else:
+                lines.append(f"  threads: {self.threads}, the output split into {self.parts[0]} "
+                         f"part(s) of the {self.window_units} {rows} (all images) "
+                         f"x {self.parts[1]} of the {groups * self.filter_tiles} filter "
+                         f"tiles{whole_groups} "
+                         f"({self.parts_per_thread} window part(s) a thread, each thread's own "
+                         f"first, then others' last ones); L3 counted as "
+                         f"{m.per_thread(self.threads).l3 // 1024} KiB per thread"
+                         + forced_note(self, "split"))
         lines.append(f"  plan: {self.origin or 'from the model'}")
         return "\n".join(lines)
 
@@ -375,13 +384,17 @@ def analyze_slicing(spec, machine, threads, overrides, layout="nchw"):
     repacking = (0 if not blocked and reads_input_unpacked(spec, vectors_along, machine.tuning)
                  else GROUPED_FILTER_SPLIT_COST if spec.groups > 1 and vectors_along == "windows"
                  and not blocked else FILTER_SPLIT_COST)
+    runs = False
     if split:
         split = (min(split[0], units), min(split[1], spec.groups * t_w))
         per_thread = 1
     else:
-        split = thread_split(spec, units, t_w, threads, machine, repacking,
-                             GROUPED_WINDOW_SPLIT_COST if blocked and spec.groups > 1 else 0.0)
-        per_thread = parts_per_thread(spec, split, units, machine)
+        windowing = GROUPED_WINDOW_SPLIT_COST if blocked and spec.groups > 1 else 0.0
+        split = thread_split(spec, units, t_w, threads, machine, repacking, windowing)
+        runs = use_group_runs(spec.groups, units, t_w, split, repacking, windowing)
+        if runs:
+            split = (1, split[0] * split[1])
+        per_thread = 1 if runs else parts_per_thread(spec, split, units, machine)
     plan_machine, machine = machine, machine.per_thread(split[0] * split[1])
 
     def costed(band):
@@ -404,7 +417,7 @@ def analyze_slicing(spec, machine, threads, overrides, layout="nchw"):
     b2, b3 = blocks[chosen]
     return SlicingPlan(spec, plan_machine, nwin, nf, nc, k2 or b2, k3 or b3, chosen,
                        vectors_along, slab, band, costs, tuple(sorted(overrides)), split,
-                       per_thread, layout="blocked" if blocked else "nchw")
+                       per_thread, group_runs=runs, layout="blocked" if blocked else "nchw")
 
 
 def _check_layout(spec, machine, layout, vectors_along, slab):

@@ -65,9 +65,8 @@ def thread_split(spec, units, filter_tiles, threads, machine, repacking=FILTER_S
     groups = spec.groups
 
     def cost(a, b):   # the busiest thread's time, in shares of the whole work's FMAs
-        filters, inputs = filter_part_shares(groups, filter_tiles, b)
-        share = (ceil(units / a) / units * filters * (1 + repacking * (b > groups))
-                 * (1 + windowing * (a > 1)))
+        inputs = filter_part_shares(groups, filter_tiles, b)[1]
+        share = split_share(groups, units, filter_tiles, (a, b), repacking, windowing)
         return share + (filter_bytes / b + input_bytes * inputs / a) * byte_share
 
     best, best_cost = (1, 1), cost(1, 1)
@@ -80,6 +79,64 @@ def thread_split(spec, units, filter_tiles, threads, machine, repacking=FILTER_S
             if c < best_cost - 1e-9:
                 best, best_cost = (a, b), c
     return best
+
+
+def split_share(groups, units, filter_tiles, split, repacking, windowing):
+    """The FMAs of the busiest thread of ``split`` (window parts, filter parts) as a share of
+    all, a filter part inside a group costing ``repacking`` more, several window parts
+    ``windowing`` more (see ``thread_split``)."""
+    a, b = split
+    filters = filter_part_shares(groups, filter_tiles, b)[0]
+    return (ceil(units / a) / units * filters * (1 + repacking * (b > groups))
+            * (1 + windowing * (a > 1)))
+
+
+def group_runs(groups, units, threads):
+    """Each of ``threads`` threads' near-equal run of the groups' ``units`` window units each,
+    in group order, as (first unit, end, first group, end) rectangles: a share of the group it
+    starts in, whole groups, a share of the group it ends in. Every thread gets as many (the
+    pool's lanes are near-equal runs of the parts): a thread with fewer cuts its rectangle of
+    the most groups at a group, else of the most units in halves."""
+    runs = []
+    for t in range(threads):
+        lo, hi, run = groups * units * t // threads, groups * units * (t + 1) // threads, []
+        while lo < hi:
+            g, u = divmod(lo, units)
+            if u == 0 and hi - lo >= units:   # whole groups
+                n = (hi - lo) // units
+                run.append((0, units, g, g + n))
+                lo += n * units
+            else:                             # a share of group g
+                end = min(hi, (g + 1) * units)
+                run.append((u, end - g * units, g, g + 1))
+                lo = end
+        runs.append(run)
+    most = max(len(run) for run in runs)
+    for run in runs:
+        while len(run) < most:
+            i = max(range(len(run)), key=lambda i: (run[i][3] - run[i][2], run[i][1] - run[i][0]))
+            u0, u1, g0, g1 = run[i]
+            cut = ([(u0, u1, g0, g0 + 1), (u0, u1, g0 + 1, g1)] if g1 - g0 > 1 else
+                   [(u0, (u0 + u1) // 2, g0, g1), ((u0 + u1) // 2, u1, g0, g1)])
+            run[i:i + 1] = cut
+    return runs
+
+
+def use_group_runs(groups, units, filter_tiles, split, repacking, windowing):
+    """Whether the threads of ``split`` take runs of the groups' windows in group order
+    (``group_runs``) instead: for a grouped plan whose window parts cost ``windowing`` more
+    (a blocked one: ``GROUPED_WINDOW_SPLIT_COST``), whose groups do not split evenly over its
+    threads, where the runs' busiest thread, whose shares of a group cost that more, takes
+    fewer FMAs than the split's. 432 in 9 groups at 14 x 14 on 2 threads ran 0.88x the
+    time as runs of 4.5 groups against parts of 5 and 4 (csa/TUNING.md). Each run reads the
+    filters and input of its own groups alone, as whole-group filter parts do."""
+    threads = split[0] * split[1]
+    if windowing <= 0 or threads == 1 or groups % threads == 0 or groups * units < 3 * threads:
+        return False
+    busiest = max(sum((u1 - u0) * (g1 - g0) * (1 + windowing * (u1 - u0 < units))
+                      for u0, u1, g0, g1 in run) for run in group_runs(groups, units, threads))
+    return (busiest / (groups * units)
+            < split_share(groups, units, filter_tiles, split, repacking, windowing) - 1e-9)
 
 
 def parts_per_thread(spec, split, units, machine):

@@ -14,7 +14,7 @@ import numpy as np
 
 from csa.bands import band_buffers
 from csa.layout import subsampled
-from csa.thread_split import filter_part
+from csa.thread_split import filter_part, group_runs
 from csa.variants import last_tile_lanes
 
 from microkernels import KernelSpec, TransposeSpec, outer_product, row_copy, transpose
@@ -169,9 +169,16 @@ def output_parts(plan):
     rows for a direct plan, else tiles), filter tiles numbered over all groups
     (``csa.thread_split.filter_part``: whole groups where there are enough). Filter part by
     filter part: the pool's lanes (``cso.pool``) give each thread a run of parts, so that a
-    thread's window parts share its filters."""
+    thread's window parts share its filters. A plan whose threads take runs of the groups
+    (``plan.group_runs``) has each thread's rectangles of ``csa.thread_split.group_runs``, as
+    many a thread."""
     units = plan.window_units
     per_unit = plan.row_tiles or 1
+    if plan.group_runs:
+        tiles = plan.filter_tiles
+        return np.array([(u0 * per_unit, u1 * per_unit, g0 * tiles, g1 * tiles)
+                         for run in group_runs(plan.spec.groups, units, plan.threads)
+                         for u0, u1, g0, g1 in run], np.int64)
     a, b = plan.parts
     return np.array([(units * i // a * per_unit, units * (i + 1) // a * per_unit,
                       *filter_part(plan.spec.groups, plan.filter_tiles, b, j))

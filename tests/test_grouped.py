@@ -190,6 +190,66 @@ def test_grouped_plans_split_over_whole_groups():
         (0, 1), (1, 3), (3, 4), (4, 6)]
 
 
+@pytest.mark.parametrize("groups, units, threads", [(9, 14, 2), (9, 14, 4), (3, 14, 4),
+                                                     (8, 14, 3), (23, 7, 2), (5, 3, 4)])
+def test_group_runs_cover_every_group_window_once(groups, units, threads):
+    """Each thread's run of the groups' windows in group order: every (group, window unit) in
+    exactly one rectangle, as many rectangles a thread (the pool's lanes are near-equal runs
+    of the parts), each thread's units within one of an equal share."""
+    runs = csa.thread_split.group_runs(groups, units, threads)
+    assert len(runs) == threads and len({len(run) for run in runs}) == 1
+    seen = np.zeros((groups, units), int)
+    for run in runs:
+        for u0, u1, g0, g1 in run:
+            assert 0 <= u0 < u1 <= units and 0 <= g0 < g1 <= groups
+            seen[g0:g1, u0:u1] += 1
+        work = sum((u1 - u0) * (g1 - g0) for u0, u1, g0, g1 in run)
+        assert abs(work - groups * units / threads) < 1
+    np.testing.assert_array_equal(seen, 1)
+
+
+def test_odd_groups_on_blocks_take_runs_of_the_groups():
+    """A blocked plan's 9 groups on 2 threads: runs of 4.5 groups (4 whole and half of one's
+    rows each), where whole groups would go 5 and 4 and window parts each fill the filter's
+    halo rows again; 8 groups split evenly, and an NCHW plan's window parts cost nothing more."""
+    odd = ConvSpec.parse("n1c432h14w14k432r3s3p1u1g9")
+    plan = csa.analyze(odd, ZEN5, threads=2, layout="blocked")
+    assert plan.group_runs and plan.split == (1, 2)
+    from cso.lowering import output_parts
+    rows, tiles = plan.row_tiles, plan.filter_tiles
+    np.testing.assert_array_equal(output_parts(plan), [
+        (0, 14 * rows, 0, 4 * tiles), (0, 7 * rows, 4 * tiles, 5 * tiles),
+        (7 * rows, 14 * rows, 4 * tiles, 5 * tiles), (0, 14 * rows, 5 * tiles, 9 * tiles)])
+    assert "in group order" in plan.explain()
+    even = ConvSpec.parse("n1c384h14w14k384r3s3p1u1g8")
+    assert not csa.analyze(even, ZEN5, threads=2, layout="blocked").group_runs
+    assert not csa.analyze(odd, ZEN5, threads=2).group_runs
+    assert not csa.analyze(odd, ZEN5, threads=1, layout="blocked").group_runs
+
+
+@pytest.mark.parametrize("layout", ["nchw", "blocked"])
+def test_group_runs_match_the_reference_on_any_thread_count(rng, restore_threads, layout):
+    """Odd groups on blocks (NCHW calls through them, and blocked calls) at 1-4 threads, whose
+    runs cut groups' rows (on 4 threads a thread's rectangles too, to as many as the
+    others'; 3 threads take 3 groups each): the reference's values, the same bits on every
+    thread count."""
+    case = (1, 144, 11, 13, 144, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 9)   # 16 channels a group
+    x, wt, b, geometry = operands(rng, case, np.float32)
+    value = cso.Blocked.from_nchw(x) if layout == "blocked" else x
+    outputs = []
+    for threads in (1, 2, 3, 4):
+        cso.set_num_threads(threads)
+        conv = conv_of(wt, b, geometry, "relu")
+        plan = conv.plan_for(x.shape)
+        if plan.layout == "blocked":   # (where the record runs such NCHW calls on blocks)
+            assert plan.group_runs == (threads in (2, 4)), threads
+        out = conv(value)
+        outputs.append(out.to_nchw() if layout == "blocked" else out)
+    check(outputs[0], x, wt, b, geometry, "relu")
+    for out in outputs[1:]:
+        np.testing.assert_array_equal(out, outputs[0])
+
+
 def test_a_few_channels_per_group_run_direct_where_measured():
     """The AVX2 record (measured on Zen 3) plans stride-1 groups of 8 or more channels on
     planes of up to 32 x 32 direct, with filter tiles of the lanes a group's filters use; not
