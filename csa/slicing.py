@@ -391,7 +391,7 @@ def analyze_slicing(spec, machine, threads, overrides, layout="nchw"):
     else:
         windowing = GROUPED_WINDOW_SPLIT_COST if blocked and spec.groups > 1 else 0.0
         split = thread_split(spec, units, t_w, threads, machine, repacking, windowing)
-        runs = use_group_runs(spec.groups, units, t_w, split, repacking, windowing)
+        runs = use_group_runs(spec.groups, units, t_w, split, repacking)
         if runs:
             split = (1, split[0] * split[1])
         per_thread = 1 if runs else parts_per_thread(spec, split, units, machine)

@@ -122,17 +122,20 @@ def group_runs(groups, units, threads):
     return runs
 
 
-def use_group_runs(groups, units, filter_tiles, split, repacking, windowing):
+def use_group_runs(groups, units, filter_tiles, split, repacking):
     """Whether the threads of ``split`` take runs of the groups' windows in group order
-    (``group_runs``) instead: for a grouped plan whose window parts cost ``windowing`` more
-    (a blocked one: ``GROUPED_WINDOW_SPLIT_COST``), whose groups do not split evenly over its
-    threads, where the runs' busiest thread, whose shares of a group cost that more, takes
-    fewer FMAs than the split's. 432 in 9 groups at 14 x 14 on 2 threads ran 0.88x the
-    time as runs of 4.5 groups against parts of 5 and 4 (csa/TUNING.md). Each run reads the
-    filters and input of its own groups alone, as whole-group filter parts do."""
+    (``group_runs``) instead: for a grouped plan whose groups do not split evenly over its
+    threads, where the runs' busiest thread takes fewer FMAs than the split's, a share of a
+    group, as a window part, counted GROUPED_WINDOW_SPLIT_COST more (it fills the filter's
+    halo rows again). Each run reads the filters and input of its own groups alone, as
+    whole-group filter parts do. On a Xeon at 2 threads, 432 in 9 groups on blocks ran 0.88x
+    the time as runs of 4.5 groups against parts of 5 and 4 groups, and all 27 timm NCHW
+    plans of odd group counts 0.89-1.0x against window parts or uneven groups
+    (csa/TUNING.md, "Thread split")."""
     threads = split[0] * split[1]
-    if windowing <= 0 or threads == 1 or groups % threads == 0 or groups * units < 3 * threads:
+    if groups == 1 or threads == 1 or groups % threads == 0 or groups * units < 3 * threads:
         return False
+    windowing = GROUPED_WINDOW_SPLIT_COST
     busiest = max(sum((u1 - u0) * (g1 - g0) * (1 + windowing * (u1 - u0 < units))
                       for u0, u1, g0, g1 in run) for run in group_runs(groups, units, threads))
     return (busiest / (groups * units)

@@ -208,10 +208,10 @@ def test_group_runs_cover_every_group_window_once(groups, units, threads):
     np.testing.assert_array_equal(seen, 1)
 
 
-def test_odd_groups_on_blocks_take_runs_of_the_groups():
-    """A blocked plan's 9 groups on 2 threads: runs of 4.5 groups (4 whole and half of one's
-    rows each), where whole groups would go 5 and 4 and window parts each fill the filter's
-    halo rows again; 8 groups split evenly, and an NCHW plan's window parts cost nothing more."""
+def test_odd_groups_take_runs_of_the_groups():
+    """9 groups on 2 threads: runs of 4.5 groups (4 whole and half of one's rows each), where
+    whole groups would go 5 and 4 and window parts each fill the filter's halo rows again,
+    on blocks and on NCHW; 8 groups split evenly, and one thread takes them all."""
     odd = ConvSpec.parse("n1c432h14w14k432r3s3p1u1g9")
     plan = csa.analyze(odd, ZEN5, threads=2, layout="blocked")
     assert plan.group_runs and plan.split == (1, 2)
@@ -221,30 +221,31 @@ def test_odd_groups_on_blocks_take_runs_of_the_groups():
         (0, 14 * rows, 0, 4 * tiles), (0, 7 * rows, 4 * tiles, 5 * tiles),
         (7 * rows, 14 * rows, 4 * tiles, 5 * tiles), (0, 14 * rows, 5 * tiles, 9 * tiles)])
     assert "in group order" in plan.explain()
+    for machine in (ZEN5, ZEN3):
+        assert csa.analyze(odd, machine, threads=2).group_runs
     even = ConvSpec.parse("n1c384h14w14k384r3s3p1u1g8")
     assert not csa.analyze(even, ZEN5, threads=2, layout="blocked").group_runs
-    assert not csa.analyze(odd, ZEN5, threads=2).group_runs
+    assert not csa.analyze(even, ZEN5, threads=2).group_runs
     assert not csa.analyze(odd, ZEN5, threads=1, layout="blocked").group_runs
 
 
-@pytest.mark.parametrize("layout", ["nchw", "blocked"])
-def test_group_runs_match_the_reference_on_any_thread_count(rng, restore_threads, layout):
-    """Odd groups on blocks (NCHW calls through them, and blocked calls) at 1-4 threads, whose
-    runs cut groups' rows (on 4 threads a thread's rectangles too, to as many as the
-    others'; 3 threads take 3 groups each): the reference's values, the same bits on every
-    thread count."""
+@pytest.mark.parametrize("family", ["blocked"] + list(PLANS))
+def test_group_runs_match_the_reference_on_any_thread_count(rng, restore_threads, family):
+    """Odd groups at 1-4 threads, whose runs cut groups' rows (on 4 threads a thread's
+    rectangles too, to as many as the others'; 3 threads take 3 groups each), on blocks
+    (blocked calls) and in every NCHW plan family: the reference's values, the same bits on
+    every thread count."""
     case = (1, 144, 11, 13, 144, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 9)   # 16 channels a group
     x, wt, b, geometry = operands(rng, case, np.float32)
-    value = cso.Blocked.from_nchw(x) if layout == "blocked" else x
+    value = cso.Blocked.from_nchw(x) if family == "blocked" else x
+    overrides = PLANS.get(family)
     outputs = []
     for threads in (1, 2, 3, 4):
         cso.set_num_threads(threads)
-        conv = conv_of(wt, b, geometry, "relu")
-        plan = conv.plan_for(x.shape)
-        if plan.layout == "blocked":   # (where the record runs such NCHW calls on blocks)
-            assert plan.group_runs == (threads in (2, 4)), threads
+        conv = conv_of(wt, b, geometry, "relu", plan_overrides=overrides or None)
+        assert conv.plan_for(x.shape).group_runs == (threads in (2, 4)), threads
         out = conv(value)
-        outputs.append(out.to_nchw() if layout == "blocked" else out)
+        outputs.append(out.to_nchw() if family == "blocked" else out)
     check(outputs[0], x, wt, b, geometry, "relu")
     for out in outputs[1:]:
         np.testing.assert_array_equal(out, outputs[0])

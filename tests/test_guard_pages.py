@@ -67,9 +67,13 @@ CASES = {
     # groups of 8 channels: direct, a vector of filters a tile (AVX2); 12 filters a group: two
     "grouped_direct": (2, 24, 9, 13, 24, 3, 3, 1, 1, 1, 3, {}),
     "grouped_direct_partial_tiles": (1, 16, 7, 11, 24, 3, 3, 1, (1, 2), 1, 2, {}),
-    # 9 groups of a block each, an NCHW call on blocks: at 2 threads runs of 4.5 groups,
-    # parts of half a group's rows (``csa.thread_split.group_runs``)
+    # 9 groups of a block each, an NCHW call on blocks and NCHW plans: at 2 threads runs of
+    # 4.5 groups, parts of half a group's rows (``csa.thread_split.group_runs``)
     "grouped_runs_on_blocks": (1, 144, 11, 13, 144, 3, 3, 1, 1, 1, 9, {}),
+    "grouped_runs_direct": (1, 144, 11, 13, 144, 3, 3, 1, 1, 1, 9,
+                            {"vectors_along": "filters", "slab": True}),
+    "grouped_runs_packed_windows": (1, 144, 11, 13, 144, 3, 3, 1, 1, 1, 9,
+                                    {"vectors_along": "windows", "slab": False}),
     # groups of 8 in an odd number (AVX-512 float32: merged in pairs onto blocks of 16, the
     # last with a zero group; groups of 4 so on AVX2's blocks of 8): NCHW planes read for the
     # real channels alone, written for the real filters alone
