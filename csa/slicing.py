@@ -275,14 +275,14 @@ class SlicingPlan(SlabGeometry):
         lines.append(f"  schedule: {self.schedule} ({why})")
         groups = self.spec.groups
         whole_groups = " (whole groups)" if 1 < self.parts[1] <= groups else ""
-        rows = 'output rows' if self.direct else 'window tiles'
+        rows = "output rows" if self.direct else "window tiles"
         if self.group_runs:
             lines.append(f"  threads: {self.threads}, each a near-equal run of the {groups} groups' "
                          f"{self.window_units} {rows} (all images) in group order: whole groups "
                          f"and a share of one's {rows}; L3 counted as "
                          f"{m.per_thread(self.threads).l3 // 1024} KiB per thread")
         else:
-                lines.append(f"  threads: {self.threads}, the output split into {self.parts[0]} "
+            lines.append(f"  threads: {self.threads}, the output split into {self.parts[0]} "
                          f"part(s) of the {self.window_units} {rows} (all images) "
                          f"x {self.parts[1]} of the {groups * self.filter_tiles} filter "
                          f"tiles{whole_groups} "

@@ -181,11 +181,11 @@ AVX512 = Tuning(
     "transpose_depth, packing_filters, packing_run, direct_min_row_windows, "
     "direct_one_tile_min_depth, "
     "slab_max_filter_tiles, grouped_blocked_max_plane, grouped_blocked_max_blocks, "
-    "grouped_blocked_max_input, merged_groups_max_plane, padded_merge_max_plane and "
-    "grouped_direct_max_plane and _whole_vectors on that Xeon; direct_l1_filter_tiles, "
-    "direct_row_tile_min_windows, depthwise_blocked_min_taps, "
-    "depthwise_thread_min_flops and the packed_1x1 fields and filter_windows on another "
-    "(2 vCPUs, 2 MiB of L2, 480 MiB of L3)",
+    "grouped_blocked_max_input, merged_groups_max_plane and padded_merge_max_plane on that "
+    "Xeon; direct_l1_filter_tiles, direct_row_tile_min_windows, depthwise_blocked_min_taps, "
+    "depthwise_thread_min_flops, the packed_1x1 fields, filter_windows, direct_windows, "
+    "grouped_direct_max_plane and grouped_direct_whole_vectors on another (2 vCPUs, 2 MiB "
+    "of L2, 480 MiB of L3)",
     fma_latency=4, fma_pipes=2, loads_per_cycle=2.0, broadcast_operand=True,
     direct_windows=((14, 1.0), (13, 1.0), (12, 1.0), (11, 0.995), (10, 0.99), (9, 0.985),
                     (8, 0.975), (7, 0.95), (6, 0.93)),
