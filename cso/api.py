@@ -22,6 +22,7 @@ from . import arguments as args
 from . import autotune
 from . import host
 from .activations import Activation
+from .buffers import LARGE_OUTPUT_BYTES, large_outputs
 from .layouts import (Blocked, block_size, check_layout, check_out, from_nchw, input_layout,
                       merged, merged_on_blocks, reads_blocks, runs_padded_merge,
                       to_nchw, written)
@@ -922,10 +923,14 @@ def _output(shape, dtype):
 
 
 def _output_maker(shape, dtype):
-    """``np.empty`` or ``aligned_empty``: what makes an output of ``shape`` (see ``_output``;
-    a plain call picks it once, for a shape allocated before)."""
-    aligned = (math.prod(shape) * dtype.itemsize >= ALIGNED_OUTPUT_BYTES
-               and math.prod(shape[2:]) * dtype.itemsize >= LINE)
+    """``np.empty``, ``aligned_empty`` or, from ``LARGE_OUTPUT_BYTES`` up, the pool of large
+    outputs (``cso.buffers.large_outputs``: the memory of a dropped output, not pages the OS
+    zeroes again): what makes an output of ``shape`` (see ``_output``; a plain call picks it
+    once, for a shape allocated before)."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes >= LARGE_OUTPUT_BYTES:
+        return large_outputs.get
+    aligned = nbytes >= ALIGNED_OUTPUT_BYTES and math.prod(shape[2:]) * dtype.itemsize >= LINE
     return aligned_empty if aligned else np.empty
 
 

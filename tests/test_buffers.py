@@ -1,4 +1,5 @@
-"""cso.onnx's reused output arrays (``cso.onnx.buffers``) and the line-aligned arrays cso makes
+"""The reused arrays of cso.onnx's values and of large convolution outputs (``cso.buffers``)
+and the line-aligned arrays cso makes
 (``microkernels.aligned``): every array starts on a cache line, and a reused array is handed
 out again only when neither it nor any view of it is alive; a thread's kept workspaces
 (``cso.jobs.workspace``), of which a call's kernels read only what the call wrote."""
@@ -13,7 +14,7 @@ import pytest
 
 import csa
 import cso
-from cso.onnx.buffers import Buffers
+from cso.buffers import Buffers
 from microkernels.aligned import LINE, aligned_empty
 from microkernels.jit import JitModule
 
@@ -81,7 +82,7 @@ def test_buffers_share_a_free_block_between_shapes_of_close_sizes():
     """A value takes the smallest free block that holds it, of at most ``SLACK`` times its
     bytes (values of other shapes whose lives do not overlap share memory); a smaller one
     gets a block of its own."""
-    from cso.onnx.buffers import SLACK
+    from cso.buffers import SLACK
     buffers = Buffers()
     big, small = buffers.get((4, 100), np.float32), buffers.get((2, 100), np.float32)
     big_at, small_at = big.ctypes.data, small.ctypes.data
@@ -103,6 +104,64 @@ def test_buffers_share_a_free_block_between_shapes_of_close_sizes():
     made = weakref.ref(kept)
     del kept
     assert buffers.get((7, 9), np.float32) is made()
+
+
+def test_buffers_keep_at_most_their_most_recent_blocks():
+    """``Buffers(most=2)``: a third block lets the least recently handed out one go (its
+    arrays keep it), so dropped outputs hold at most two blocks."""
+    buffers = Buffers(most=2)
+    first, second = buffers.get((64,), np.float32), buffers.get((64,), np.float32)
+    first_at = first.ctypes.data
+    del first
+    again = buffers.get((64,), np.float32)     # free: reused, now the most recent
+    assert again.ctypes.data == first_at
+    third = buffers.get((64,), np.float32)     # both in use: a new block, and second's goes
+    assert len(buffers._blocks) == 2 and not buffers.owns(second) and buffers.owns(third)
+
+
+def test_large_outputs_reuse_a_dropped_outputs_memory(restore_threads):
+    """A convolution's outputs from ``LARGE_OUTPUT_BYTES`` up (which glibc maps, and the OS
+    zeroes, anew each call): a dropped output's memory serves the next call, never one still
+    referred to (by the output or a view of it), nor one another thread's call holds; the
+    values are the call's own."""
+    from cso.buffers import LARGE_OUTPUT_BYTES
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((512, 4, 1, 1)).astype(np.float32)
+    xs = [rng.standard_normal((1, 4, 130, 128)).astype(np.float32) for _ in range(3)]
+    conv = cso.Conv2d(weight)
+    expected = [conv(x, out=np.empty((1, 512, 130, 128), np.float32)) for x in xs]
+    assert expected[0].nbytes >= LARGE_OUTPUT_BYTES
+    first = conv(xs[0])
+    at = first.ctypes.data
+    view = first[0, 3]
+    del first
+    second = conv(xs[1])                       # a view of the first is alive
+    assert second.ctypes.data != at
+    np.testing.assert_array_equal(view, expected[0][0, 3])
+    np.testing.assert_array_equal(second, expected[1])
+    second_at = second.ctypes.data
+    del view, second
+    third = conv(xs[2])                        # nothing refers to the first or second
+    assert third.ctypes.data in (at, second_at)
+    np.testing.assert_array_equal(third, expected[2])
+    del third
+    results = {}
+
+    def calls(i):
+        for _ in range(3):
+            out = conv(xs[i])
+            results.setdefault(i, []).append((out.ctypes.data, out))   # all kept alive
+
+    threads = [threading.Thread(target=calls, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    addresses = [a for i in results for a, _ in results[i]]
+    assert len(set(addresses)) == 6              # none shared while alive
+    for i in results:
+        for _, out in results[i]:
+            np.testing.assert_array_equal(out, expected[i])
 
 
 def _in_a_new_thread(body):

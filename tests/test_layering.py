@@ -11,8 +11,9 @@ import pytest
 
 PACKAGES = ("microkernels", "csa", "packing", "cso", "bench")
 INTEGRATIONS = ("cso.onnx", "cso.dask")
-# what an integration may import of the core (cso.layouts: the blocked values' type and layout)
-PUBLIC_CORE = {"cso", "cso.jobs", "cso.layouts"}
+# what an integration may import of the core (cso.layouts: the blocked values' type and layout;
+# cso.buffers: the pool of reused arrays)
+PUBLIC_CORE = {"cso", "cso.buffers", "cso.jobs", "cso.layouts"}
 
 
 def _sources():

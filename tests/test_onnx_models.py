@@ -527,7 +527,7 @@ def test_concats_of_every_feature_are_the_last_ones_leading_channels(rng, monkey
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_concat_step_copies_into_out_or_buffers_and_checks_shapes(rng, threads):
-    from cso.onnx.buffers import Buffers
+    from cso.buffers import Buffers
     from cso.onnx.concat import ConcatStep
     xs = [rng.standard_normal((3, c, 5, 7)).astype(np.float32) for c in (2, 17, 1)]
     xs[1] = xs[1][:, ::-1]   # not C-contiguous: copied by NumPy
@@ -555,7 +555,7 @@ def test_concat_step_along_any_axis(rng, shape, axis):
     """Along the channels (axis 1 of two or more dimensions, however spelled) compiled copies
     into an array from the buffers or ``out``; along another axis NumPy's, into ``out`` when
     given: the values of ``np.concatenate`` either way."""
-    from cso.onnx.buffers import Buffers
+    from cso.buffers import Buffers
     from cso.onnx.concat import ConcatStep
     sizes = (2, 1, 3)
     xs = []

@@ -357,7 +357,7 @@ def test_spatial_reductions_are_jobs_into_out_or_buffers(op, rng):
     """The compiled pool is one job writing ``out=`` (a Concat's channels) or an array of
     ``buffers=``; other axes, dtypes, layouts and empty tensors run NumPy (no job), into
     ``out=`` too."""
-    from cso.onnx.buffers import Buffers
+    from cso.buffers import Buffers
     run = _spatial_reduce(op)
     x = rand(rng, 1, 3, 6, 5)
     want = SPATIAL[op](x, axis=(2, 3), keepdims=True)
@@ -883,7 +883,7 @@ def test_layer_normalization_kernel(shape, axis, epsilon, bias, dtype, rng):
 def test_layer_normalization_kernel_takes_out_and_buffers_and_numpy_does_the_rest(rng):
     """``out=`` and ``buffers=`` as the pools; Scale or B made at run time and float16 run
     NumPy (no job), into ``out=`` too; a Scale that does not broadcast names the node."""
-    from cso.onnx.buffers import Buffers
+    from cso.buffers import Buffers
     x = rand(rng, 2, 3, 8)
     constants = {"s": rand(rng, 8), "b": rand(rng, 8)}
     run = build("LayerNormalization", opset=17, inputs=("x", "s", "b"), constants=constants)

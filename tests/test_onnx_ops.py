@@ -158,7 +158,7 @@ def test_average_pool_divisor_excludes_ceil_region():
 @pytest.mark.parametrize("op, kernel", [("MaxPool", [2, 3]), ("AveragePool", [2, 3]),
                                         ("AveragePool", [4, 5])])   # the last: a global pool
 def test_pools_make_their_output_in_out_or_buffers(op, kernel, rng):
-    from cso.onnx.buffers import Buffers
+    from cso.buffers import Buffers
     x = rand(rng, 1, 3, 4, 5)
     pool = build(op, dict(kernel_shape=kernel))
     (expected,) = pool(x)[:1]
@@ -383,7 +383,7 @@ def test_softmax_kernel_takes_out_and_buffers_and_leaves_other_dtypes_to_numpy(r
     """Rows along the last axis (or before opset 13 the flattened tail) run the compiled
     kernel into ``out=`` or an array of ``buffers=``; float16, which it has no code for, and
     other axes still run (NumPy), into a new array."""
-    from cso.onnx.buffers import Buffers
+    from cso.buffers import Buffers
     x = rand(rng, 2, 3, 4, 5)
     for opset, axis in ((9, 1), (13, -1)):
         run = OPERATORS["Softmax"](Node.from_proto(_model("Softmax", ["x"], ["y"], dict(axis=axis),

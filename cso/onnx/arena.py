@@ -8,7 +8,7 @@ values it resumes from alive to the end). ``Sizing.plan`` then places them in on
 largest first, each at the lowest offset clear of the values whose lives overlap its own
 (greedy by size). The program's recording run and its replays take their arrays at those
 offsets (``Planned``), in the same order. A pool of blocks, each reused for values of about
-its size (``cso.onnx.buffers``), kept one block per value live at once in the largest run, and
+its size (``cso.buffers``), kept one block per value live at once in the largest run, and
 more where sizes did not fit: ShuffleNet's values took 42.9 MiB of blocks at batch 8, of which
 15.7 MiB were live at once.
 
@@ -24,7 +24,7 @@ import weakref
 import numpy as np
 
 from ..jobs import LINE, data_address
-from .buffers import Buffers, unreferenced
+from ..buffers import Buffers, unreferenced
 
 
 class Plan:

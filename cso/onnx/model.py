@@ -11,7 +11,7 @@ import numpy as np
 from .. import get_num_threads
 from ..jobs import LINE
 from .arena import Planned, Sizing, new_arena
-from .buffers import Buffers
+from ..buffers import Buffers
 from . import layouts, wire
 from .graph import build_steps, read
 from .node import UnsupportedModel

@@ -17,6 +17,13 @@ runs that find its program busy, timed runs), and what a plan did not foresee.
 Each array starts on a cache line (the next layer's kernels read it with vector loads). The
 last array made on a block is kept with it and handed out as is when asked for again (making
 one costs about a microsecond, more than the rest of a small convolution's call).
+
+``cso.Conv2d`` takes its outputs of ``LARGE_OUTPUT_BYTES`` and more from a pool of a few
+blocks (``large_outputs``): glibc maps such a block anew at each call (past its mmap
+threshold, 32 MiB at most) and the OS zeroes each page as the convolution first writes it.
+72 -> 432 1x1 at 238 x 238 (a 98 MB output) took 40.5 ms a call at 1 thread, 32.5 ms into
+an ``out`` array and 30.7 ms from the pool (Xeon); a layer called again and again (a
+benchmark, batches) has dropped its last output by its next call.
 """
 import math
 import sys
@@ -24,8 +31,11 @@ import threading
 
 import numpy as np
 
-from ..jobs import LINE, data_address
+from .jobs import LINE, data_address
 
+# outputs from this size up come from ``large_outputs``: smaller ones glibc serves from its heap
+# once it has freed one (its mmap threshold follows the blocks it unmaps)
+LARGE_OUTPUT_BYTES = 32 << 20
 # a block serves a value of at least 1/SLACK of its bytes: a smaller value would keep the room
 # a larger one needs later from it
 SLACK = 2
@@ -36,9 +46,12 @@ _BLOCK_REFS, _ARRAY_REFS = 3, 3
 
 
 class Buffers:
-    def __init__(self):
-        # [block (bytes, a line more than it holds), offset of its first line, last array]
+    def __init__(self, most=None):
+        # [block (bytes, a line more than it holds), offset of its first line, last array],
+        # most recently handed out last; at most ``most`` blocks (None: any number), the
+        # least recently handed out let go first (its arrays still in use keep it)
         self._blocks = []
+        self._most = most
         self._lock = threading.Lock()
 
     def get(self, shape, dtype):
@@ -51,6 +64,7 @@ class Buffers:
                 # its references)
                 if (entry[2] is not None and entry[2].shape == shape
                         and entry[2].dtype == dtype and unreferenced(entry)):
+                    self._recent(entry)
                     return entry[2]
             fit = None
             for entry in self._blocks:
@@ -62,9 +76,18 @@ class Buffers:
                 block = np.empty(nbytes + LINE, np.uint8)
                 fit = [block, -data_address(block) % LINE, None]
                 self._blocks.append(fit)
+                if self._most is not None:
+                    del self._blocks[:-self._most]
+            self._recent(fit)
             fit[2] = None   # (its old array's reference to the block goes before the new one)
             fit[2] = np.ndarray(shape, dtype, fit[0], fit[1])
             return fit[2]
+
+    def _recent(self, entry):
+        """Move ``entry`` to the end of the blocks: the most recently handed out."""
+        if self._most is not None:   # (by identity: an entry holds arrays)
+            at = next(i for i, other in enumerate(self._blocks) if other is entry)
+            self._blocks.append(self._blocks.pop(at))
 
     def owns(self, array):
         """Whether ``array`` is one of the arrays here or a view of one."""
@@ -88,3 +111,7 @@ def unreferenced(entry):
     block, _, last = entry
     return (sys.getrefcount(block) == _BLOCK_REFS + (last is not None)
             and (last is None or sys.getrefcount(last) == _ARRAY_REFS))
+
+
+# the last outputs of ``LARGE_OUTPUT_BYTES`` and more, in use or dropped: at most two blocks kept
+large_outputs = Buffers(most=2)
