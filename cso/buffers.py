@@ -31,6 +31,8 @@ import threading
 
 import numpy as np
 
+from microkernels.once import fork_safe_lock
+
 from .jobs import LINE, data_address
 
 # outputs from this size up come from ``large_outputs``: smaller ones glibc serves from its heap
@@ -46,13 +48,13 @@ _BLOCK_REFS, _ARRAY_REFS = 3, 3
 
 
 class Buffers:
-    def __init__(self, most=None):
+    def __init__(self, most=None, lock=None):
         # [block (bytes, a line more than it holds), offset of its first line, last array],
         # most recently handed out last; at most ``most`` blocks (None: any number), the
         # least recently handed out let go first (its arrays still in use keep it)
         self._blocks = []
         self._most = most
-        self._lock = threading.Lock()
+        self._lock = lock or threading.Lock()
 
     def get(self, shape, dtype):
         """An array of ``shape`` and ``dtype`` that nothing else refers to."""
@@ -113,5 +115,6 @@ def unreferenced(entry):
             and (last is None or sys.getrefcount(last) == _ARRAY_REFS))
 
 
-# the last outputs of ``LARGE_OUTPUT_BYTES`` and more, in use or dropped: at most two blocks kept
-large_outputs = Buffers(most=2)
+# the last outputs of ``LARGE_OUTPUT_BYTES`` and more, in use or dropped: at most two blocks
+# kept (a process's own pool: its lock one that ``os.fork`` leaves free in the child)
+large_outputs = Buffers(most=2, lock=fork_safe_lock())
