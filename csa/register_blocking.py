@@ -33,8 +33,7 @@ def filter_vector_tile(machine, itemsize, positions=49, filter_bytes=0, packing=
     windows load fewer filter vectors per FMA, a plane that is not a multiple of the count
     pads its last tile; ``packing``, where given, the cost of copying a count's tiles, in
     positions: ``csa.variants.packing_positions``). AVX-512: 7 x 32 floats on a 7x7 plane,
-    14 x 32 on 14x14 and larger
-    multiples of 7, 8 x 32 on 4x4, 12 x 32 on 6x6 and 12x12, 9 x 32 on 9x9, 10 x 32 on 10x10;
+    14 x 32 on 14x14 and larger multiples of 7, 8 x 32 on 4x4, 12 x 32 on 6x6 and 12x12, 9 x 32 on 9x9, 10 x 32 on 10x10;
     AVX2: 5 x 16 on a 7x7 plane, 6 x 16 on 14x14 and larger. A single-pixel plane is a
     matrix-vector product whose weights stream through once: 1 window by up to four vectors
     (AVX-512: 1 x 64), but TILE_VECTORS where its ``filter_bytes`` are more than L2 holds:
@@ -54,8 +53,9 @@ def fastest_windows(positions, counts, measured, packing=None):
     """Of the window counts ``counts`` (the model's or calibration's fastest), the one whose
     tiles cover ``positions`` windows fastest: padded positions over the relative speed the
     record ``measured`` in loop nests ((windows, speed), ...; of the counts it lists, when it
-    lists any), plus ``packing(count)`` where given, ties to the larger count. The model finds a tile of 8 accumulators (AVX2's
-    4 x 16) as fast as one of 12; in a loop nest it is not (csa/TUNING.md)."""
+    lists any), plus ``packing(count)`` where given, ties to the larger count. The model
+    finds a tile of 8 accumulators (AVX2's 4 x 16) as fast as one of 12; in a loop nest it is
+    not (csa/TUNING.md)."""
     speeds = {w: speed for w, speed in measured if w in counts} or counts
     return min(speeds, key=lambda w: (ceil(positions / w) * w / speeds[w]
                                       + (packing(w) if packing else 0), -w))

@@ -277,19 +277,17 @@ class SlicingPlan(SlabGeometry):
         whole_groups = " (whole groups)" if 1 < self.parts[1] <= groups else ""
         rows = "output rows" if self.direct else "window tiles"
         if self.group_runs:
-            lines.append(f"  threads: {self.threads}, each a near-equal run of the {groups} groups' "
-                         f"{self.window_units} {rows} (all images) in group order: whole groups "
-                         f"and a share of one's {rows}; L3 counted as "
-                         f"{m.per_thread(self.threads).l3 // 1024} KiB per thread")
+            split = (f"each a near-equal run of the {groups} groups' {self.window_units} {rows} "
+                     f"(all images) in group order: whole groups and a share of one's {rows}")
         else:
-            lines.append(f"  threads: {self.threads}, the output split into {self.parts[0]} "
-                         f"part(s) of the {self.window_units} {rows} (all images) "
-                         f"x {self.parts[1]} of the {groups * self.filter_tiles} filter "
-                         f"tiles{whole_groups} "
-                         f"({self.parts_per_thread} window part(s) a thread, each thread's own "
-                         f"first, then others' last ones); L3 counted as "
-                         f"{m.per_thread(self.threads).l3 // 1024} KiB per thread"
-                         + forced_note(self, "split"))
+            split = (f"the output split into {self.parts[0]} part(s) of the {self.window_units} "
+                     f"{rows} (all images) x {self.parts[1]} of the "
+                     f"{groups * self.filter_tiles} filter tiles{whole_groups} "
+                     f"({self.parts_per_thread} window part(s) a thread, each thread's own "
+                     f"first, then others' last ones)")
+        lines.append(f"  threads: {self.threads}, {split}; L3 counted as "
+                     f"{m.per_thread(self.threads).l3 // 1024} KiB per thread"
+                     + forced_note(self, "split"))
         lines.append(f"  plan: {self.origin or 'from the model'}")
         return "\n".join(lines)
 
